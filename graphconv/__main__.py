@@ -1,0 +1,3 @@
+from graphconv.cli import main
+
+main()

@@ -1,0 +1,49 @@
+"""Run a graphconv.worker task in a child process and turn every way it can end into a result or an error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from graphconv.errors import InternalError
+
+
+class ChildError(InternalError):
+    """The task raised in the child; `.error` holds its one-line message, `.traceback` the details."""
+
+    def __init__(self, message: str, error: str, tb: str = ""):
+        super().__init__(message)
+        self.error = error
+        self.traceback = tb
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("GLOG_v", "3")  # MindSpore: errors only
+    env.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "upb")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1])] +
+                                         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def run_task(kind: str, task: dict, workdir: Path, label: str) -> dict:
+    """Runs the task with cwd=workdir; returns the worker's result dict or raises ChildError/InternalError."""
+    n = len(list(workdir.glob("task-*.json")))
+    task_path = workdir / f"task-{n}-{kind}.json"
+    result_path = workdir / f"task-{n}-{kind}.result.json"
+    log_path = workdir / f"task-{n}-{kind}.log"
+    task_path.write_text(json.dumps({**task, "kind": kind, "result": str(result_path)}))
+    with open(log_path, "wb") as log:
+        proc = subprocess.run([sys.executable, "-m", "graphconv.worker", str(task_path)], cwd=workdir,
+                              env=child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    if not result_path.exists():
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+        raise InternalError(f"{label}: the child process died ({how}): {' | '.join(tail)[-400:]}")
+    result = json.loads(result_path.read_text())
+    if not result.get("ok"):
+        raise ChildError(f"{label} failed: {result.get('error')}", result.get("error", ""), result.get("traceback", ""))
+    return result

@@ -1,0 +1,114 @@
+"""The `graphconv` command line: thin shells over the Python API.
+
+Every failure ends in one line on stderr and the contract's exit code (1 bad input or unsupported model,
+2 verification failed, 3 internal error); `--debug` adds the traceback. Usage errors are bad input (1).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from graphconv.errors import GraphconvError
+from graphconv.progress import Progress
+from graphconv.version import __version__
+
+_DEBUG = {"on": False}
+
+
+def _parse_dims(values: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    dims = {}
+    for v in values:
+        name, _, sizes = v.partition("=")
+        try:
+            a, b = (int(s) for s in sizes.split(","))
+            if a <= 0 or b <= 0:
+                raise ValueError
+        except ValueError:
+            raise click.UsageError(f"--dim {v!r}: expected NAME=SIZE1,SIZE2 with two positive sizes") from None
+        dims[name] = (a, b)
+    return dims
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="graphconv")
+def cli() -> None:
+    """Compile PyTorch-born ONNX models into verified MindSpore MindIR for Ascend."""
+
+
+@cli.command("compile")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="MindIR to write (default: MODEL with .mindir).")
+@click.option("--target", type=click.Choice(["ascend", "cpu"]), default="ascend", show_default=True,
+              help="ascend: MindSpore fused primitives; cpu: a network that runs on CPU.")
+@click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
+@click.option("--no-verify", is_flag=True, help="Skip running the MindIR against the oracle (report: unverified).")
+@click.option("--inputs", "inputs", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Reference inputs (.npz keyed by graph input name); repeatable. Default: generated.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=A,B",
+              help="Two sizes for a symbolic dim in the generated reference inputs; repeatable.")
+@click.option("--mask-input", "mask_inputs", multiple=True, metavar="NAME",
+              help="Treat this input as an attention mask (left-padded row, padded outputs skipped).")
+@click.option("--atol", type=float, help="Absolute tolerance (default 1e-4 for fp32).")
+@click.option("--rtol", type=float, help="Relative tolerance (default 1e-4 for fp32).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON report here.")
+@click.option("--emit-source", type=click.Path(file_okay=False, path_type=Path),
+              help="Also write the generated MindSpore network.py and network.ckpt into this new directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
+def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, atol, rtol,
+                report_path, emit_source, as_json, quiet, debug):
+    """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU."""
+    from graphconv.pipeline import compile as compile_model
+
+    _DEBUG["on"] = debug
+    if emit_source is not None and emit_source.exists():
+        raise click.UsageError(f"--emit-source {emit_source} already exists")
+    progress = Progress(quiet=quiet)
+    try:
+        report = compile_model(model, output, progress=progress, target=target, simplify=not no_simplify,
+                               verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims),
+                               mask_inputs=tuple(mask_inputs), atol=atol, rtol=rtol, report_path=report_path,
+                               emit_source=emit_source)
+    except GraphconvError as e:
+        if getattr(e, "report", None) is not None and e.exit_code == 2 and not quiet:
+            click.echo(e.report.to_json() if as_json else e.report.summary(), err=not as_json)
+        raise
+    if as_json:
+        click.echo(report.to_json())
+    elif not quiet:
+        click.echo(report.summary())
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="graphconv", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("graphconv: interrupted", err=True)
+        sys.exit(130)
+    except click.UsageError as e:
+        click.echo(f"graphconv: error: {e.format_message()}", err=True)
+        sys.exit(1)
+    except GraphconvError as e:
+        if _DEBUG["on"]:
+            traceback.print_exc()
+        click.echo(f"graphconv: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("graphconv: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the one place internal errors become exit code 3
+        if _DEBUG["on"]:
+            traceback.print_exc()
+        click.echo(f"graphconv: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+                   err=True)
+        sys.exit(3)
+    sys.exit(0)

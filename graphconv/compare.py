@@ -1,0 +1,104 @@
+"""The one comparison rule every part of graphconv uses (verify, debug, matrix, tests).
+
+elementwise |a - b| <= atol + rtol * |b| with b the reference; per-dtype default tolerances; integers and
+bools must match exactly; inf/NaN must match in kind. A result that only holds at 100x the tolerance is
+*suspicious*.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+# (atol, rtol) per floating dtype of the *reference* computation.
+DEFAULT_TOLERANCE = {
+    "float32": (1e-4, 1e-4),
+    "float64": (1e-4, 1e-4),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (3e-2, 3e-2),
+}
+SUSPICIOUS_FACTOR = 100.0
+
+
+def default_tolerance(precision: str) -> tuple[float, float]:
+    return DEFAULT_TOLERANCE.get(precision, DEFAULT_TOLERANCE["float32"])
+
+
+@dataclasses.dataclass
+class Comparison:
+    """How one actual tensor compares with its reference."""
+
+    ok: bool
+    suspicious: bool  # fails the rule but holds at SUSPICIOUS_FACTOR x the tolerance
+    max_abs: float
+    mean_abs: float
+    cosine: float
+    compared: int  # number of elements compared (after masking)
+    reason: str = ""  # why ok is False, in a few words
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def compare(
+    actual: np.ndarray,
+    expected: np.ndarray,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    valid: np.ndarray | None = None,
+) -> Comparison:
+    """Compare actual with the reference `expected`.
+
+    `valid` is a boolean array broadcastable to the leading dims of `expected`: only those positions are
+    compared (left-padded positions of an attention mask are undefined and skipped).
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    if actual.shape != expected.shape:
+        return Comparison(False, False, float("inf"), float("inf"), 0.0, 0,
+                          f"shape {list(actual.shape)} != reference {list(expected.shape)}")
+    if valid is not None:
+        keep = np.broadcast_to(valid.reshape(valid.shape + (1,) * (expected.ndim - valid.ndim)), expected.shape)
+        actual, expected = actual[keep], expected[keep]
+    actual, expected = actual.ravel(), expected.ravel()
+    n = int(expected.size)
+    exact_kind = expected.dtype.kind in "biuU" or actual.dtype.kind in "biuU"
+    if exact_kind:
+        equal = actual == expected
+        diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64)) if n else np.zeros(0)
+        ok = bool(np.all(equal))
+        mx = float(diff.max()) if n else 0.0
+        return Comparison(ok, False, mx, float(diff.mean()) if n else 0.0,
+                          _cosine(actual.astype(np.float64), expected.astype(np.float64)), n,
+                          "" if ok else f"{int((~equal).sum())} of {n} elements differ (exact match required)")
+    a = actual.astype(np.float64)
+    b = expected.astype(np.float64)
+    finite_b = np.isfinite(b)
+    # Non-finite values must match in kind: NaN where NaN, +inf where +inf, -inf where -inf.
+    kind_ok = (np.isnan(a) == np.isnan(b)) & (np.isposinf(a) == np.isposinf(b)) & (np.isneginf(a) == np.isneginf(b))
+    both_finite = finite_b & np.isfinite(a)
+    diff = np.abs(a[both_finite] - b[both_finite])
+    bound = atol + rtol * np.abs(b[both_finite])
+    mx = float(diff.max()) if diff.size else 0.0
+    mean = float(diff.mean()) if diff.size else 0.0
+    cos = _cosine(np.where(both_finite, a, 0.0), np.where(both_finite, b, 0.0))
+    bad_kind = int((~kind_ok).sum())
+    if bad_kind:
+        return Comparison(False, False, mx, mean, cos, n,
+                          f"{bad_kind} of {n} elements differ in inf/NaN kind from the reference")
+    within = diff <= bound
+    if bool(np.all(within)):
+        return Comparison(True, False, mx, mean, cos, n)
+    suspicious = bool(np.all(diff <= SUSPICIOUS_FACTOR * bound))
+    return Comparison(False, suspicious, mx, mean, cos, n,
+                      f"{int((~within).sum())} of {n} elements exceed atol={atol:g} + rtol={rtol:g}*|ref|")

@@ -1,0 +1,131 @@
+"""PyTorch front end: nn.Module + example inputs -> ONNX with dynamic axes, checked against PyTorch.
+
+The dynamo exporter is the default (transformers 5.x models fail the TorchScript one); TorchScript is the
+fallback or an explicit choice. After export: onnx.checker, then onnxruntime vs PyTorch at the export shape
+and at a second shape with every dynamic dim changed (this catches shapes baked into the graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import onnx
+
+from graphconv import compare
+from graphconv.errors import InputError, UnsupportedError
+
+EXPORTERS = ("dynamo", "torchscript")
+MIN_EXPORT_OPSET, MAX_EXPORT_OPSET = 14, 23
+
+
+@dataclasses.dataclass
+class ExportResult:
+    path: Path
+    exporter: str
+    opset: int
+    checks: list[dict]  # per shape: max_abs, mean_abs, cosine, ok
+    warnings: list[str]
+
+
+def _as_tuple(out):
+    if isinstance(out, (tuple, list)):
+        return tuple(out)
+    if isinstance(out, dict):
+        raise UnsupportedError("the model returns a dict: wrap it to return tensors "
+                               "(see models/hf.py for a use_cache=False wrapper)")
+    return (out,)
+
+
+def _grown(example_inputs: dict, dynamic_axes: dict):
+    """Example inputs with every dynamic dim grown by 1-2 (same growth for the same dim name)."""
+    import torch
+
+    growth: dict[str, int] = {}
+    out = {}
+    for name, t in example_inputs.items():
+        axes = dynamic_axes.get(name, {})
+        if not axes:
+            out[name] = t
+            continue
+        shape = list(t.shape)
+        for ax, dim in axes.items():
+            growth.setdefault(dim, 1 + len(growth) % 2)
+            shape[ax] += growth[dim]
+        if t.dtype.is_floating_point:
+            out[name] = torch.randn(shape, dtype=t.dtype, generator=torch.Generator().manual_seed(1))
+        elif "mask" in name.lower():
+            m = torch.ones(shape, dtype=t.dtype)
+            if m.ndim == 2 and shape[1] > 2:
+                m[0, :2] = 0
+            out[name] = m
+        else:
+            hi = int(t.max()) + 1 if t.numel() else 2
+            out[name] = torch.randint(0, max(hi, 2), shape, dtype=t.dtype, generator=torch.Generator().manual_seed(1))
+    return out
+
+
+def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes: dict | None = None, *,
+                   opset: int = 17, exporter: str = "dynamo", output_names: list[str] | None = None,
+                   check: bool = True, atol: float = 1e-4, rtol: float = 1e-4) -> ExportResult:
+    import torch
+
+    path = Path(path)
+    dynamic_axes = dynamic_axes or {}
+    if exporter not in EXPORTERS:
+        raise InputError(f"unknown exporter {exporter!r} (choose from {', '.join(EXPORTERS)})")
+    if not MIN_EXPORT_OPSET <= opset <= MAX_EXPORT_OPSET:
+        raise InputError(f"opset {opset} is outside {MIN_EXPORT_OPSET}-{MAX_EXPORT_OPSET}")
+    for name, axes in dynamic_axes.items():
+        if name not in example_inputs:
+            raise InputError(f"dynamic_axes names {name!r}, which is not an example input")
+        for ax in axes:
+            if example_inputs[name].shape[ax] == 1:
+                raise InputError(f"example input {name!r} has size 1 on dynamic axis {ax}: the exporter would "
+                                 "specialise it; use a size of at least 2")
+    module = module.eval()
+    notes: list[str] = []
+    with torch.no_grad():
+        expected = _as_tuple(module(**example_inputs))
+    names = output_names or (["output"] if len(expected) == 1 else [f"output_{i}" for i in range(len(expected))])
+    input_names = list(example_inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            dims: dict[str, object] = {}
+            dyn = {}
+            for name in input_names:
+                axes = dynamic_axes.get(name, {})
+                dyn[name] = {ax: dims.setdefault(dim, torch.export.Dim(dim)) for ax, dim in axes.items()} or None
+            torch.onnx.export(module, (), str(path), kwargs=example_inputs, dynamo=True, opset_version=opset,
+                              dynamic_shapes=dyn, input_names=input_names, output_names=names,
+                              external_data=False, verbose=False)
+        else:
+            torch.onnx.export(module, tuple(example_inputs.values()), str(path), dynamo=False,
+                              opset_version=opset, input_names=input_names, output_names=names,
+                              dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()})
+    onnx.checker.check_model(str(path))
+    checks = []
+    if check:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feed_names = {i.name for i in sess.get_inputs()}
+        for label, inputs in (("export shape", example_inputs), ("second shape", _grown(example_inputs, dynamic_axes))):
+            with torch.no_grad():
+                ref = _as_tuple(module(**inputs))
+            got = sess.run(None, {k: v.numpy() for k, v in inputs.items() if k in feed_names})
+            for name, r, g in zip(names, ref, got):
+                c = compare.compare(g, r.detach().numpy(), atol, rtol)
+                checks.append({"shape": label, "output": name, **c.as_dict()})
+                if not c.ok:
+                    raise InputError(f"exported model disagrees with PyTorch at the {label}, output {name}: {c.reason}")
+    return ExportResult(path, exporter, opset, checks, notes)
+
+
+def zoo_export(factory, path: str | Path, **kwargs) -> ExportResult:
+    """Export a models/ factory (build() -> (module, example_inputs, dynamic_axes))."""
+    module, example_inputs, dynamic_axes = factory()
+    return export_pytorch(module, example_inputs, path, dynamic_axes, **kwargs)
+

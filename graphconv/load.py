@@ -1,0 +1,124 @@
+"""Load stage: read an ONNX file safely, check it, infer shapes.
+
+Refuses, with one line each: a missing or empty file, bytes that are not an ONNX model, external data whose
+location is absolute or escapes the model's folder (or is missing or shorter than declared), and opsets
+outside the supported range. Models whose protobuf would exceed 2 GB are checked and shape-inferred by path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+from graphconv.errors import InputError, UnsupportedError
+
+MIN_OPSET = 13
+MAX_OPSET = 23
+_PROTO_LIMIT = 2**31 - 1
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    path: Path
+    proto: onnx.ModelProto  # with weights loaded, shapes inferred
+    external_bytes: int  # bytes of weights stored as external data
+
+    @property
+    def opset(self) -> int:
+        return default_opset(self.proto)
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            return imp.version
+    raise InputError("the model imports no opset of the default ONNX domain")
+
+
+def read_proto(path: Path) -> onnx.ModelProto:
+    """Parse the file without its external data; every failure becomes one InputError line."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if not path.is_file():
+        raise InputError(f"{path}: not a file")
+    size = path.stat().st_size
+    if size == 0:
+        raise InputError(f"{path}: empty file, not an ONNX model")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not an ONNX model, or truncated ({type(e).__name__}: {str(e)[:120]})") from None
+    if model.ir_version <= 0 or not model.HasField("graph") or not model.graph.output:
+        raise InputError(f"{path}: not an ONNX model (no IR version, graph or graph outputs)")
+    return model
+
+
+def check_external_data(model: onnx.ModelProto, base_dir: Path) -> int:
+    """Validate every external-data reference before anything reads it. Returns the total bytes referenced."""
+    base = Path(os.path.realpath(base_dir))
+    total = 0
+    for tensor in _get_all_tensors(model):
+        if not uses_external_data(tensor):
+            continue
+        info = ExternalDataInfo(tensor)
+        loc = info.location
+        if not loc:
+            raise InputError(f"tensor {tensor.name!r}: external data without a location")
+        if os.path.isabs(loc) or Path(loc).drive:
+            raise InputError(f"tensor {tensor.name!r}: external data location {loc!r} is absolute; "
+                             "only paths relative to the model's folder are accepted")
+        target = Path(os.path.realpath(base / loc))
+        if base != target and base not in target.parents:
+            raise InputError(f"tensor {tensor.name!r}: external data location {loc!r} escapes the model's folder")
+        if not target.is_file():
+            raise InputError(f"tensor {tensor.name!r}: external data file {loc!r} is missing")
+        offset = info.offset or 0
+        length = info.length
+        if length is None:
+            dims = 1
+            for d in tensor.dims:
+                dims *= d
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+            length = dims * itemsize
+        if offset + length > target.stat().st_size:
+            raise InputError(f"tensor {tensor.name!r}: external data file {loc!r} is shorter than declared "
+                             f"({target.stat().st_size} bytes, needs {offset + length})")
+        total += length
+    return total
+
+
+def check_opsets(model: onnx.ModelProto) -> None:
+    opset = default_opset(model)
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise UnsupportedError(f"opset {opset} is outside the supported range {MIN_OPSET}-{MAX_OPSET}")
+
+
+def load(path: str | os.PathLike) -> LoadedModel:
+    """Read, check and shape-infer. Checks and inference run on the proto without its weights (external
+    tensors keep their dims), so they cost the same for a 10 MB and a 30 GB model."""
+    path = Path(path)
+    model = read_proto(path)
+    external = check_external_data(model, path.parent)
+    check_opsets(model)
+    try:
+        # By path when weights are external: the checker then resolves data files relative to the model.
+        onnx.checker.check_model(str(path) if external else model)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{path}: invalid ONNX model: {first}") from None
+    try:
+        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError) as e:
+        raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
+    if external:
+        if model.ByteSize() + external > _PROTO_LIMIT:
+            raise UnsupportedError(f"{path}: models whose weights exceed 2 GB are not supported yet "
+                                   f"({external / 2**30:.1f} GiB of external data)")
+        onnx.load_external_data_for_model(model, str(path.parent))
+    return LoadedModel(path=path, proto=model, external_bytes=external)

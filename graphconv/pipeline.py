@@ -1,0 +1,331 @@
+"""The compile pipeline: load -> check ops -> simplify -> validate -> lower -> emit -> verify -> commit.
+
+`compile()` is the Python API behind `graphconv compile`; it returns the Report and raises a GraphconvError
+(with the report attached as `.report`) when the run cannot succeed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import resource
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graphconv import census, compare, lower, reference
+from graphconv.child import ChildError, run_task
+from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
+from graphconv.load import LoadedModel, load
+from graphconv.progress import SILENT, Progress
+from graphconv.report import Report
+from graphconv.workspace import Workspace
+
+TARGETS = ("ascend", "cpu")
+# Weights above this size go to an external data file in the workspace (the child maps them lazily).
+_EXTERNAL_THRESHOLD = 1024
+
+
+@dataclasses.dataclass
+class CompileOptions:
+    output: Path | None = None
+    target: str = "ascend"
+    simplify: bool = True
+    verify: bool = True
+    inputs: tuple[Path, ...] = ()
+    dims: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    mask_inputs: tuple[str, ...] = ()
+    atol: float | None = None
+    rtol: float | None = None
+    report_path: Path | None = None
+    emit_source: Path | None = None
+
+
+def tool_versions() -> dict[str, str]:
+    out = {}
+    for dist in ("onnx", "onnxruntime", "onnxsim", "onnx-ir", "onnxscript", "mindspore", "numpy"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def _model_info(model: onnx.ModelProto) -> dict:
+    return {
+        "inputs": [s.as_dict() for s in reference.input_specs(model)],
+        "outputs": reference.output_specs(model),
+        "opset_imports": {(i.domain or "ai.onnx"): i.version for i in model.opset_import},
+        "nodes": len(model.graph.node),
+    }
+
+
+def _histogram(model: onnx.ModelProto) -> dict[str, int]:
+    hist: dict[str, int] = {}
+    for n in model.graph.node:
+        key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        hist[key] = hist.get(key, 0) + 1
+    return dict(sorted(hist.items()))
+
+
+def _peak_rss() -> int:
+    """Peak resident memory of this process or of its largest child, in bytes (Linux reports KiB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, kids) * 1024
+
+
+def placeholders(model: onnx.ModelProto) -> list[dict]:
+    """The graph inputs as MindSpore placeholders: None for every symbolic dim."""
+    return [{"name": s.name, "shape": [d if isinstance(d, int) else None for d in s.shape],
+             "ms_dtype": lower.MS_DTYPES[ir.DataType(s.elem_type)].split(".")[1]}
+            for s in reference.input_specs(model)]
+
+
+class Compiler:
+    def __init__(self, model_path: Path, options: CompileOptions, progress: Progress):
+        self.model_path = Path(model_path)
+        self.opt = options
+        self.progress = progress
+        self.report = Report()
+        self.report.provenance = {
+            "tools": tool_versions(), "passes": [], "plugins": [], "target": options.target, "precision": "fp32",
+        }
+        self.output = Path(options.output) if options.output else self.model_path.with_suffix(".mindir")
+
+    # --- stages -------------------------------------------------------------------------------------
+    def load(self) -> LoadedModel:
+        self.progress.info(f"load {self.model_path}")
+        with self.report.stage("load") as st:
+            loaded = load(self.model_path)
+            st.nodes_after = len(loaded.proto.graph.node)
+        self.report.model = _model_info(loaded.proto)
+        self.report.op_histogram = _histogram(loaded.proto)
+        missing = lower.unsupported_ops(loaded.proto)
+        if missing:
+            self.report.unsupported_ops = missing
+            raise UnsupportedError(f"{len(missing)} unsupported op(s): {', '.join(missing)}")
+        return loaded
+
+    def simplify(self, loaded: LoadedModel, ws: Workspace) -> onnx.ModelProto:
+        model = loaded.proto
+        if not self.opt.simplify:
+            return model
+        self.progress.info("simplify (onnxsim)")
+        with self.report.stage("simplify") as st:
+            st.nodes_before = len(model.graph.node)
+            src, dst = ws.path("input.onnx"), ws.path("simplified.onnx")
+            onnx.save(model, src, save_as_external_data=loaded.external_bytes > 0, location="input.onnx.data")
+            try:
+                run_task("simplify", {"input": str(src), "output": str(dst),
+                                      "external": loaded.external_bytes > 0}, ws.dir, "onnxsim")
+                simplified = onnx.load(str(dst))
+                simplified = onnx.shape_inference.infer_shapes(simplified, data_prop=True)
+            except (InternalError, onnx.shape_inference.InferenceError) as e:
+                self.report.warnings.append(f"simplification skipped: {e}")
+                st.nodes_after = st.nodes_before
+                return model
+            st.nodes_after = len(simplified.graph.node)
+        return simplified
+
+    def reference_cases(self, model: onnx.ModelProto) -> list[reference.ReferenceCase]:
+        if self.opt.inputs:
+            return reference.load_npz_cases(list(self.opt.inputs), model, self.opt.mask_inputs)
+        return reference.make_cases(model, self.opt.mask_inputs, self.opt.dims)
+
+    def validate(self, original: onnx.ModelProto, simplified: onnx.ModelProto,
+                 cases: list[reference.ReferenceCase]) -> tuple[list[dict], onnx.ModelProto]:
+        """Oracle outputs of the original model, and the model to compile: the simplified one if it
+        agrees with the original, else the original (with a warning)."""
+        self.progress.info("validate (reference outputs)")
+        with self.report.stage("validate"):
+            oracle = reference.Oracle(original)
+            expected = oracle.run(cases)
+            self.report.validation["oracle"] = oracle.name
+            if oracle.fallback_reason:
+                self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
+            if simplified is original:
+                return expected, original
+            got = reference.Oracle(simplified).run(cases)
+            atol, rtol = self._tolerance()
+            for case, exp, act in zip(cases, expected, got):
+                for name, ref in exp.items():
+                    c = compare.compare(act[name], ref, atol, rtol, case.valid_positions(ref))
+                    if not c.ok:
+                        self.report.warnings.append(
+                            f"onnxsim changed output {name!r} at {case.shape_text()} ({c.reason}); "
+                            "compiling the unsimplified model")
+                        return expected, original
+        return expected, simplified
+
+    def lower(self, model: onnx.ModelProto, ws: Workspace) -> tuple[lower.LoweredNetwork, dict]:
+        self.progress.info("lower (opmap)")
+        with self.report.stage("lower") as st:
+            st.nodes_before = len(model.graph.node)
+            net, folded = lower.lower(ir.from_proto(model))
+            ws.path("network.py").write_text(net.source)
+            st.nodes_after = st.nodes_before
+            st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n")}
+        return net, folded
+
+    def emit(self, model: onnx.ModelProto, net: lower.LoweredNetwork, folded: dict, ws: Workspace) -> list[Path]:
+        self.progress.info("emit (mindspore.export)")
+        with self.report.stage("emit"):
+            weights = ws.path("weights.onnx")
+            onnx.save(model, weights, save_as_external_data=True, location="weights.onnx.data",
+                      size_threshold=_EXTERNAL_THRESHOLD)
+            folded_npz = None
+            if folded:
+                folded_npz = ws.path("folded.npz")
+                np.savez(folded_npz, **folded)
+            inputs = placeholders(model)
+            out_dir = ws.path("out")
+            out_dir.mkdir()
+            task = {
+                "source": str(ws.path("network.py")), "class_name": net.class_name,
+                "weights_onnx": str(weights), "folded_npz": str(folded_npz) if folded_npz else None,
+                "param_names": [p.onnx_name for p in net.params], "inputs": inputs,
+                "file_base": str(out_dir / self.output.stem),
+                "checkpoint": str(ws.path("network.ckpt")) if self.opt.emit_source else None,
+            }
+            try:
+                result = run_task("export", task, ws.dir, "mindspore.export")
+            except ChildError as e:
+                raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
+        return [Path(p) for p in result["files"]]
+
+    def verify(self, mindir: Path, model: onnx.ModelProto, cases, expected, output_names: list[str],
+               ws: Workspace) -> None:
+        self.progress.info("verify (MindSpore CPU vs oracle)")
+        input_placeholders = placeholders(model)
+        with self.report.stage("verify"):
+            case_files, out_files = [], []
+            for k, case in enumerate(cases):
+                p = ws.path(f"case{k}.npz")
+                np.savez(p, **case.inputs)
+                case_files.append(str(p))
+                out_files.append(str(ws.path(f"case{k}.out.npz")))
+            try:
+                run_task("run_mindir", {"mindir": str(mindir), "cases": case_files, "outputs": out_files,
+                                        "input_names": [s["name"] for s in input_placeholders],
+                                        "inputs": input_placeholders}, ws.dir, "MindSpore CPU run")
+            except ChildError as e:
+                raise InternalError(f"the emitted MindIR does not run on CPU: {e.error}") from e
+            atol, rtol = self._tolerance()
+            results, failures = [], []
+            for case, exp, out_file in zip(cases, expected, out_files):
+                with np.load(out_file) as got:
+                    outs = []
+                    for i, name in enumerate(output_names):
+                        ref = exp[name]
+                        c = compare.compare(got[f"out{i}"], ref, atol, rtol, case.valid_positions(ref))
+                        outs.append({"name": name, "shape": list(ref.shape), **c.as_dict()})
+                        if not c.ok:
+                            failures.append(f"output {name!r} at {case.shape_text()}: {c.reason} "
+                                            f"(max abs {c.max_abs:.3g})")
+                results.append({"name": case.name, "inputs": {k: list(v.shape) for k, v in case.inputs.items()},
+                                "outputs": outs})
+            self.report.validation.update({
+                "status": "failed" if failures else "verified", "checked": mindir.name,
+                "atol": atol, "rtol": rtol, "cases": results,
+            })
+            if failures:
+                raise VerificationError("verification failed: " + "; ".join(failures))
+
+    def _tolerance(self) -> tuple[float, float]:
+        atol, rtol = compare.default_tolerance("float32")
+        return (self.opt.atol if self.opt.atol is not None else atol,
+                self.opt.rtol if self.opt.rtol is not None else rtol)
+
+    # --- the run ------------------------------------------------------------------------------------
+    def run(self) -> Report:
+        if self.opt.target not in TARGETS:
+            raise InputError(f"unknown target {self.opt.target!r} (choose from {', '.join(TARGETS)})")
+        if self.output.suffix != ".mindir":
+            raise InputError(f"output {self.output} must end in .mindir")
+        loaded = self.load()
+        with Workspace(self.output) as ws:
+            try:
+                self._run_in(loaded, ws)
+            except VerificationError:
+                self._commit(ws, {}, report_only=True)
+                raise
+        return self.report
+
+    def _run_in(self, loaded: LoadedModel, ws: Workspace) -> None:
+        original = loaded.proto
+        cases = self.reference_cases(original)
+        simplified = self.simplify(loaded, ws)
+        if self.opt.verify or simplified is not original:
+            expected, model = self.validate(original, simplified, cases)
+        else:
+            expected, model = None, simplified
+        net, folded = self.lower(model, ws)
+        files = self.emit(model, net, folded, ws)
+        mindir = next((f for f in files if f.suffix == ".mindir"), None)
+        if mindir is None:
+            raise InternalError("mindspore.export wrote no .mindir file")
+        self.report.census = census.primitive_census(mindir)
+        if self.opt.verify:
+            self.verify(mindir, model, cases, expected, net.output_names, ws)
+            self.report.status = "verified"
+        else:
+            self.report.validation["status"] = "unverified"
+            self.report.status = "unverified"
+        moves = self._artifacts(files, ws)
+        self._commit(ws, moves)
+
+    def _artifacts(self, files: list[Path], ws: Workspace) -> dict[Path, Path]:
+        """temporary path -> final path for every artifact of this run."""
+        moves: dict[Path, Path] = {}
+        stem = self.output.stem
+        for f in files:
+            if f.suffix == ".mindir":
+                moves[f] = self.output
+                self.report.artifacts["mindir"] = str(self.output)
+            elif f.is_dir() and f.name == f"{stem}_variables":
+                dst = self.output.with_name(f.name)
+                moves[f] = dst
+                self.report.artifacts["variables"] = str(dst)
+        if self.opt.emit_source:
+            src_dir = ws.path("source")
+            src_dir.mkdir()
+            shutil.copy(ws.path("network.py"), src_dir / "network.py")
+            shutil.move(str(ws.path("network.ckpt")), src_dir / "network.ckpt")
+            moves[src_dir] = Path(self.opt.emit_source)
+            self.report.artifacts["source"] = str(Path(self.opt.emit_source) / "network.py")
+            self.report.artifacts["checkpoint"] = str(Path(self.opt.emit_source) / "network.ckpt")
+        return moves
+
+    def _commit(self, ws: Workspace, moves: dict[Path, Path], report_only: bool = False) -> None:
+        self.report.peak_rss_bytes = _peak_rss()
+        if self.opt.report_path:
+            self.report.artifacts["report"] = str(self.opt.report_path)
+            if report_only:
+                self.report.artifacts = {"report": str(self.opt.report_path)}
+            tmp = ws.path("report.json")
+            tmp.write_text(self.report.to_json())
+            moves = {**moves, tmp: Path(self.opt.report_path)}
+        if moves:
+            ws.commit(moves)
+
+
+def compile(model_path: str | Path, output: str | Path | None = None, *, progress: Progress | None = None,
+            **options) -> Report:
+    """Compile an ONNX model into a verified MindIR. Keyword options are CompileOptions fields.
+
+    Raises GraphconvError subclasses (exit_code attribute) with `.report` set to the partial report.
+    """
+    opts = CompileOptions(output=Path(output) if output else None, **options)
+    compiler = Compiler(Path(model_path), opts, progress or SILENT)
+    try:
+        return compiler.run()
+    except GraphconvError as e:
+        compiler.report.status = "failed" if isinstance(e, VerificationError) else "error"
+        compiler.report.error = str(e)
+        compiler.report.exit_code = e.exit_code
+        e.report = compiler.report
+        raise

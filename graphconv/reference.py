@@ -1,0 +1,242 @@
+"""Reference inputs and the oracle (ARCHITECTURE.md contracts).
+
+Reference inputs: two cases, each giving every symbolic dim a concrete size that is unlikely to be the
+export size; integer ids drawn below the size of the table they index; attention masks with one row
+left-padded. The oracle is onnxruntime; where it cannot run the model, onnx.reference.ReferenceEvaluator,
+and the caller records which one answered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from graphconv.errors import InputError, UnsupportedError
+
+# Sizes per symbolic dim, two cases. Chosen to differ from typical export sizes (1, 2, 8, 16, 32...).
+BATCH_SIZES = (3, 5)
+SPATIAL_SIZES = (20, 28)
+OTHER_SIZES = [(5, 11), (9, 6), (13, 4), (7, 10)]
+_BATCH_RE = re.compile(r"batch|^n$|^b$|^bs$|^N$", re.I)
+_SPATIAL_RE = re.compile(r"height|width|^h$|^w$", re.I)
+_MASK_RE = re.compile(r"mask", re.I)
+DEFAULT_INT_HIGH = 8
+
+
+@dataclasses.dataclass
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    shape: list  # int for fixed dims, str for symbolic ones, None for unnamed dynamic ones
+    elem_type: int
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "dtype": str(self.dtype), "shape": self.shape}
+
+
+@dataclasses.dataclass
+class ReferenceCase:
+    name: str
+    inputs: dict[str, np.ndarray]
+    mask: np.ndarray | None = None  # (B, S) 0/1 attention mask, used to skip padded output positions
+
+    def shape_text(self) -> str:
+        return " ".join(f"{k}{list(v.shape)}" for k, v in self.inputs.items())
+
+    def valid_positions(self, output: np.ndarray) -> np.ndarray | None:
+        """Boolean mask over the leading dims of `output` when they are the attention mask's dims."""
+        if self.mask is None or output.ndim < self.mask.ndim:
+            return None
+        if tuple(output.shape[: self.mask.ndim]) != tuple(self.mask.shape):
+            return None
+        return self.mask.astype(bool)
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    if elem_type == onnx.TensorProto.BFLOAT16:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    inits = {t.name for t in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedError(f"graph input {vi.name!r} is not a tensor")
+        shape = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            elif d.dim_param:
+                shape.append(d.dim_param)
+            else:
+                shape.append(None)
+        specs.append(InputSpec(vi.name, _np_dtype(tt.elem_type), shape, tt.elem_type))
+    return specs
+
+
+def output_specs(model: onnx.ModelProto) -> list[dict]:
+    out = []
+    for vi in model.graph.output:
+        tt = vi.type.tensor_type
+        shape = [int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+        out.append({"name": vi.name, "dtype": str(_np_dtype(tt.elem_type)) if tt.elem_type else "?", "shape": shape})
+    return out
+
+
+def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """For graph inputs used as Gather indices into a constant table: the table's size on that axis."""
+    sizes = {t.name: list(t.dims) for t in model.graph.initializer}
+    bounds: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in sizes:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            dims = sizes[node.input[0]]
+            if dims:
+                bound = dims[axis]
+                bounds[node.input[1]] = min(bounds.get(node.input[1], bound), bound)
+    return bounds
+
+
+def is_mask_input(spec: InputSpec, mask_inputs: tuple[str, ...] = ()) -> bool:
+    if spec.name in mask_inputs:
+        return True
+    return bool(_MASK_RE.search(spec.name)) and spec.dtype.kind in "biu"
+
+
+def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | None = None) -> dict:
+    """Two concrete sizes for every symbolic dim name (unnamed dims get a name of their own)."""
+    overrides = overrides or {}
+    sizes: dict[str, tuple[int, int]] = {}
+    others = iter(OTHER_SIZES * 4)
+    for spec in specs:
+        for axis, d in enumerate(spec.shape):
+            if isinstance(d, int):
+                continue
+            name = d if d is not None else f"{spec.name}:{axis}"
+            if name in sizes:
+                continue
+            if name in overrides:
+                sizes[name] = tuple(overrides[name])
+            elif _BATCH_RE.search(name) or (d is None and axis == 0):
+                sizes[name] = BATCH_SIZES
+            elif _SPATIAL_RE.search(name):
+                sizes[name] = SPATIAL_SIZES
+            else:
+                sizes[name] = next(others)
+    unknown = set(overrides) - set(sizes)
+    if unknown:
+        raise InputError(f"--dim names {sorted(unknown)} are not symbolic dims of the model "
+                         f"(it has {sorted(sizes) or 'none'})")
+    return sizes
+
+
+def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
+               dim_overrides: dict | None = None, seed: int = 0) -> list[ReferenceCase]:
+    specs = input_specs(model)
+    sizes = dim_sizes(specs, dim_overrides)
+    bounds = _index_bounds(model)
+    cases = []
+    for case_index in range(2):
+        rng = np.random.default_rng(seed + case_index)
+        inputs: dict[str, np.ndarray] = {}
+        mask = None
+        for spec in specs:
+            shape = [d if isinstance(d, int) else sizes[d if d is not None else f"{spec.name}:{ax}"][case_index]
+                     for ax, d in enumerate(spec.shape)]
+            if is_mask_input(spec, mask_inputs):
+                value = np.ones(shape, dtype=spec.dtype)
+                if len(shape) == 2 and shape[1] >= 2:
+                    value[0, : min(2, shape[1] - 1)] = 0  # row 0 left-padded
+                    mask = value.astype(bool)
+            elif spec.dtype.kind == "f" or spec.dtype.name == "bfloat16":
+                value = rng.standard_normal(shape).astype(spec.dtype)
+            elif spec.dtype.kind == "b":
+                value = rng.random(shape) < 0.5
+            elif spec.dtype.kind in "iu":
+                high = bounds.get(spec.name, DEFAULT_INT_HIGH)
+                value = rng.integers(0, max(high, 1), size=shape).astype(spec.dtype)
+            else:
+                raise UnsupportedError(f"graph input {spec.name!r} has dtype {spec.dtype}, which graphconv cannot feed")
+            inputs[spec.name] = value
+        cases.append(ReferenceCase(f"case{case_index}", inputs, mask))
+    return cases
+
+
+def load_npz_cases(paths: list[Path], model: onnx.ModelProto, mask_inputs: tuple[str, ...] = ()) -> list[ReferenceCase]:
+    specs = input_specs(model)
+    cases = []
+    for path in paths:
+        try:
+            data = dict(np.load(path, allow_pickle=False))
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+            raise InputError(f"--inputs {path}: cannot read as .npz ({type(e).__name__}: {e})") from None
+        expected = {s.name for s in specs}
+        if set(data) != expected:
+            raise InputError(f"--inputs {path}: keys {sorted(data)} do not match the graph inputs {sorted(expected)}")
+        mask = None
+        for spec in specs:
+            arr = data[spec.name]
+            if arr.ndim != len(spec.shape):
+                raise InputError(f"--inputs {path}: {spec.name} has rank {arr.ndim}, the model wants {len(spec.shape)}")
+            for ax, d in enumerate(spec.shape):
+                if isinstance(d, int) and arr.shape[ax] != d:
+                    raise InputError(f"--inputs {path}: {spec.name} dim {ax} is {arr.shape[ax]}, the model wants {d}")
+            data[spec.name] = arr.astype(spec.dtype, copy=False)
+            if is_mask_input(spec, mask_inputs) and arr.ndim == 2:
+                mask = arr.astype(bool)
+        cases.append(ReferenceCase(path.stem, data, mask))
+    return cases
+
+
+class Oracle:
+    """Runs a model (proto or path) on reference inputs; onnxruntime first, ReferenceEvaluator as fallback."""
+
+    def __init__(self, model: onnx.ModelProto | Path):
+        self.model = model
+        self.name: str | None = None
+        self.fallback_reason: str | None = None
+
+    def _ort(self, cases):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        opts.log_severity_level = 3
+        src = str(self.model) if isinstance(self.model, Path) else self.model.SerializeToString()
+        sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return [dict(zip(names, sess.run(names, c.inputs))) for c in cases]
+
+    def _reference(self, cases):
+        from onnx.reference import ReferenceEvaluator
+
+        model = onnx.load(str(self.model)) if isinstance(self.model, Path) else self.model
+        ev = ReferenceEvaluator(model)
+        names = list(ev.output_names)
+        return [dict(zip(names, ev.run(None, c.inputs))) for c in cases]
+
+    def run(self, cases: list[ReferenceCase]) -> list[dict[str, np.ndarray]]:
+        try:
+            out = self._ort(cases)
+            self.name = "onnxruntime"
+            return out
+        except Exception as e:  # noqa: BLE001 - any ORT failure sends us to the fallback
+            self.fallback_reason = f"onnxruntime could not run the model: {str(e).strip().splitlines()[0][:200]}"
+        try:
+            out = self._reference(cases)
+            self.name = "onnx.reference"
+            return out
+        except Exception as e:  # noqa: BLE001
+            raise UnsupportedError(f"no oracle can run this model ({self.fallback_reason}; "
+                                   f"onnx.reference: {str(e).strip().splitlines()[0][:200]})") from None

@@ -1,0 +1,109 @@
+"""The compile report: one object every stage writes into, serialised as the JSON of the shared contract.
+
+Fields (ARCHITECTURE.md): graphconv_version, provenance, model, stages, fusions, census, validation,
+artifacts, warnings. `summary()` renders the same content for a human.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+from graphconv.version import __version__
+
+
+@dataclasses.dataclass
+class Stage:
+    name: str
+    seconds: float = 0.0
+    nodes_before: int | None = None
+    nodes_after: int | None = None
+    detail: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Report:
+    graphconv_version: str = __version__
+    provenance: dict = dataclasses.field(default_factory=dict)
+    model: dict = dataclasses.field(default_factory=dict)
+    stages: list[Stage] = dataclasses.field(default_factory=list)
+    fusions: dict[str, int] = dataclasses.field(default_factory=dict)
+    census: dict[str, int] = dataclasses.field(default_factory=dict)
+    op_histogram: dict[str, int] = dataclasses.field(default_factory=dict)
+    unsupported_ops: list[str] = dataclasses.field(default_factory=list)
+    validation: dict = dataclasses.field(default_factory=dict)
+    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    status: str = "running"  # verified | unverified | failed | error
+    exit_code: int = 0
+    error: str | None = None
+    peak_rss_bytes: int | None = None
+
+    def stage(self, name: str) -> "_StageTimer":
+        """Context manager that appends a Stage and times it."""
+        return _StageTimer(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=_json_default)
+
+    def summary(self) -> str:
+        lines = [f"graphconv {self.graphconv_version}: {self.status}"
+                 + (f" (target {self.provenance.get('target')})" if self.provenance.get("target") else "")]
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        ins = ", ".join(f"{i['name']}{i['shape']}:{i['dtype']}" for i in self.model.get("inputs", []))
+        if ins:
+            lines.append(f"  inputs: {ins}")
+        lines.append("  stages:")
+        for s in self.stages:
+            nodes = ""
+            if s.nodes_before is not None or s.nodes_after is not None:
+                nodes = f"  nodes {s.nodes_before} -> {s.nodes_after}"
+            lines.append(f"    {s.name:<12} {s.seconds:8.2f}s{nodes}")
+        if self.op_histogram:
+            top = sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0]))
+            lines.append("  ops: " + ", ".join(f"{k} {v}" for k, v in top))
+        if self.fusions:
+            lines.append("  fusions: " + ", ".join(f"{k} {v}" for k, v in self.fusions.items()))
+        if self.census:
+            top = sorted(self.census.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
+            lines.append("  MindIR primitives: " + ", ".join(f"{k} {v}" for k, v in top))
+        if self.validation:
+            v = self.validation
+            lines.append(f"  validation: {v.get('status')} (oracle {v.get('oracle')}, checked {v.get('checked', '-')})")
+            for case in v.get("cases", []):
+                for out in case.get("outputs", []):
+                    flag = "ok" if out["ok"] else "FAIL"
+                    lines.append(f"    {case['name']:<8} {out['name']:<20} max_abs {out['max_abs']:.3g}  "
+                                 f"mean_abs {out['mean_abs']:.3g}  cosine {out['cosine']:.6f}  {flag}")
+        for w in self.warnings:
+            lines.append(f"  warning: {w}")
+        for k, v in self.artifacts.items():
+            lines.append(f"  {k}: {v}")
+        if self.peak_rss_bytes:
+            lines.append(f"  peak RSS: {self.peak_rss_bytes / 2**20:.0f} MiB")
+        return "\n".join(lines)
+
+
+class _StageTimer:
+    def __init__(self, report: Report, name: str):
+        self.stage = Stage(name)
+        report.stages.append(self.stage)
+
+    def __enter__(self) -> Stage:
+        self._t0 = time.perf_counter()
+        return self.stage
+
+    def __exit__(self, *exc) -> None:
+        self.stage.seconds = round(time.perf_counter() - self._t0, 4)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)

@@ -1,0 +1,125 @@
+"""The child process: everything that can abort the interpreter from C++ (onnxsim, MindSpore) runs here.
+
+`python -m graphconv.worker TASK.json` reads a task, does it, and writes `TASK.json`'s "result" file as
+JSON ({"ok": true, ...} or {"ok": false, "error": "..."}). A crash leaves no result file; the parent
+(graphconv.child.run_task) turns that into a clean error. The working directory is the run's private
+temporary directory, so files that MindSpore drops in the cwd (rank_0/, kernel_meta/) stay in it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+
+def simplify(task: dict) -> dict:
+    # onnxsim imports torch only for optional integrations; blocking it saves ~2 s per compile.
+    sys.modules.setdefault("torch", None)
+    import onnx
+    import onnxsim
+
+    model = onnx.load(task["input"])
+    # No input shapes are given, so symbolic dims stay symbolic; onnxsim's own random-input check is off
+    # because graphconv validates the result against the original with its own reference inputs.
+    simplified, _ = onnxsim.simplify(model, check_n=0, skip_shape_inference=False)
+    onnx.save(simplified, task["output"], save_as_external_data=task.get("external", False),
+              location=Path(task["output"]).name + ".data")
+    return {"nodes": len(simplified.graph.node)}
+
+
+def _import_network(source: str, class_name: str):
+    spec = importlib.util.spec_from_file_location(Path(source).stem, source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, class_name)
+
+
+def _weights(task: dict) -> dict:
+    """name -> numpy array for every Parameter, read lazily (memory-mapped external data) from the ONNX."""
+    import numpy as np
+    import onnx_ir as ir
+
+    wanted = set(task["param_names"])
+    weights = {}
+    if task.get("weights_onnx"):
+        model = ir.load(task["weights_onnx"])
+        for name, value in model.graph.initializers.items():
+            if name in wanted:
+                weights[name] = value.const_value.numpy()
+    if task.get("folded_npz"):
+        with np.load(task["folded_npz"]) as folded:
+            weights.update({k: folded[k] for k in folded.files})
+    missing = wanted - set(weights)
+    if missing:
+        raise RuntimeError(f"weights missing for parameters {sorted(missing)[:5]}")
+    return weights
+
+
+def export(task: dict) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    network_cls = _import_network(task["source"], task["class_name"])
+    net = network_cls(_weights(task))
+    net.set_train(False)
+    placeholders = [Tensor(shape=spec["shape"], dtype=getattr(ms, spec["ms_dtype"])) for spec in task["inputs"]]
+    ms.export(net, *placeholders, file_name=task["file_base"], file_format="MINDIR")
+    if task.get("checkpoint"):
+        ms.save_checkpoint(net, task["checkpoint"])
+    base = Path(task["file_base"])
+    produced = sorted(str(p) for p in base.parent.iterdir() if p.name.startswith(base.name))
+    return {"files": produced}
+
+
+def run_mindir(task: dict) -> dict:
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, nn
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    graph = ms.load(task["mindir"])
+    cell = nn.GraphCell(graph)
+    # Without dynamic placeholders a GraphCell keeps the shapes of its first call for some nodes and
+    # fails at the second shape (measured with mindspore 2.10 on the tiny Llama); declare them.
+    cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task["inputs"]])
+    results = []
+    for case_path, out_path in zip(task["cases"], task["outputs"]):
+        with np.load(case_path) as data:
+            args = [Tensor(data[name]) for name in task["input_names"]]
+        out = cell(*args)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        np.savez(out_path, **{f"out{i}": o.asnumpy() for i, o in enumerate(out)})
+        results.append(out_path)
+    return {"outputs": results}
+
+
+TASKS = {"simplify": simplify, "export": export, "run_mindir": run_mindir}
+
+
+def main(argv: list[str]) -> int:
+    task_path = Path(argv[1])
+    task = json.loads(task_path.read_text())
+    result_path = Path(task["result"])
+    try:
+        result = {"ok": True, **TASKS[task["kind"]](task)}
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides the exit code
+        message = str(e).strip()
+        # MindSpore errors carry long C++ call stacks: keep the first meaningful line.
+        first = next((line for line in message.splitlines() if line.strip() and not line.startswith("-")), "")
+        result = {"ok": False, "error": f"{type(e).__name__}: {first[:500]}", "traceback": traceback.format_exc()}
+    tmp = result_path.with_suffix(".partial")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,6 @@
+"""ONNX op -> MindSpore lowering handlers, one module per op family, keyed by (domain, op_type, since_version)."""
+
+from opmap.registry import lookup, register, supported_ops  # noqa: F401
+
+# Importing the family modules registers their handlers.
+from opmap import elementwise, linalg, nn, reduce, shape  # noqa: F401,E402

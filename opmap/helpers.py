@@ -1,0 +1,73 @@
+"""Functions copied into the generated network source where a handler needs more than one expression.
+
+They run inside MindSpore's GRAPH_MODE (parsed from source): only `ops`/`ms` calls and Python control flow
+on compile-time values (ranks, dtypes, constants). `ms`, `ops`, `Tensor`, `Parameter` and `np` are the
+generated module's imports; this module is never executed by graphconv itself.
+"""
+# ruff: noqa: F821  (names resolve in the generated module)
+
+import inspect
+import re
+
+
+def _param(weights, name, shape, dtype):
+    """A Parameter named like the ONNX initializer; zeros when no weights are given (then load a .ckpt)."""
+    value = Tensor(weights[name]) if weights is not None else ops.zeros(shape, dtype)
+    return Parameter(value, name=name, requires_grad=value.dtype in (ms.float16, ms.bfloat16, ms.float32))
+
+
+def onnx_reshape(x, shape):
+    """ONNX Reshape with allowzero=0: a 0 in `shape` copies the input's dim at that position."""
+    n = shape.shape[0]
+    dims = ops.dyn_shape(x)
+    if x.ndim < n:
+        dims = ops.concat((dims, ops.ones((n - x.ndim,), ms.int64)))
+    return ops.reshape(x, ops.where(shape == 0, dims[:n], shape))
+
+
+def onnx_flatten(x, axis):
+    """ONNX Flatten: (prod(dims[:axis]), prod(dims[axis:])) for any mix of static and dynamic dims."""
+    dims = ops.dyn_shape(x)
+    one = ops.ones((1,), ms.int64)
+    head = ops.prod(dims[:axis], keep_dims=True) if axis > 0 else one
+    tail = ops.prod(dims[axis:], keep_dims=True) if axis < x.ndim else one
+    return ops.reshape(x, ops.concat((head.reshape((1,)), tail.reshape((1,)))))
+
+
+def onnx_slice_axis(x, start, end, axis, step):
+    """ONNX Slice on one axis with run-time start/end (0-d or 1-element tensors) and a constant step."""
+    dim = ops.dyn_shape(x)[axis]
+    start = start.reshape(()).astype(ms.int64)
+    end = end.reshape(()).astype(ms.int64)
+    start = ops.where(start < 0, start + dim, start)
+    end = ops.where(end < 0, end + dim, end)
+    if step > 0:
+        start = ops.clamp(start, 0, dim)
+        end = ops.clamp(end, 0, dim)
+        end = ops.maximum(end, start)
+    else:
+        start = ops.clamp(start, -1, dim - 1)
+        end = ops.clamp(end, -1, dim - 1)
+        end = ops.minimum(end, start)
+    index = ops.range(start, end, Tensor(step, ms.int64))
+    return ops.gather(x, index, axis)
+
+
+def onnx_gather(x, index, axis):
+    """ONNX Gather: negative indices count from the end of the axis."""
+    dim = ops.dyn_shape(x)[axis]
+    return ops.gather(x, ops.where(index < 0, index + dim, index), axis)
+
+
+def onnx_unsqueeze(x, axes):
+    """ONNX Unsqueeze: `axes` are positions in the output, normalised and sorted by the caller."""
+    for a in axes:
+        x = ops.expand_dims(x, a)
+    return x
+
+
+def dependencies(fn) -> list[str]:
+    """Other helpers that `fn` calls (they are copied into the generated source before it)."""
+    src = inspect.getsource(fn)
+    names = set(re.findall(r"\b(onnx_\w+)\(", src)) - {fn.__name__}
+    return sorted(names)

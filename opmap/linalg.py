@@ -1,0 +1,30 @@
+"""Matrix products: MatMul (numpy semantics, batch broadcasting) and Gemm."""
+
+from __future__ import annotations
+
+from opmap.registry import register
+
+
+@register("MatMul", since=13)
+def matmul(n):
+    return f"ops.matmul({n.x(0)}, {n.x(1)})"
+
+
+@register("Gemm", since=13)
+def gemm(n):
+    a, b = n.x(0), n.x(1)
+    alpha, beta = float(n.attr("alpha", 1.0)), float(n.attr("beta", 1.0))
+    if n.attr("transB", 0) and not n.attr("transA", 0) and alpha == 1.0 and beta in (0.0, 1.0):
+        # Linear layout (weight stored out x in): one fused primitive, no run-time transpose.
+        return f"ops.dense({a}, {b}, {n.x(2) if n.has(2) and beta else None})"
+    if n.attr("transA", 0):
+        a = f"ops.transpose({a}, (1, 0))"
+    if n.attr("transB", 0):
+        b = f"ops.transpose({b}, (1, 0))"
+    y = f"ops.matmul({a}, {b})"
+    if alpha != 1.0:
+        y = f"{alpha!r} * {y}"
+    if n.has(2) and beta != 0.0:
+        c = n.x(2) if beta == 1.0 else f"{beta!r} * {n.x(2)}"
+        y = f"{y} + {c}"
+    return y

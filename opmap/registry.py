@@ -1,0 +1,60 @@
+"""The opmap registry: ONNX (domain, op_type, since_version) -> a lowering handler.
+
+A handler receives a `graphconv.lower.NodeContext` and returns the MindSpore expression of each output (a
+string, or a tuple of strings for several outputs). For a model at opset N, the handler with the largest
+since_version <= N is used, like an ONNX schema lookup; register a new version only where the op's
+signature or semantics changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+DEFAULT_DOMAIN = ""
+_DOMAIN_ALIASES = {"ai.onnx": ""}
+
+
+@dataclasses.dataclass(frozen=True)
+class Handler:
+    domain: str
+    op_type: str
+    since_version: int
+    fn: Callable
+
+
+_HANDLERS: dict[tuple[str, str], list[Handler]] = {}
+
+
+def _norm(domain: str) -> str:
+    return _DOMAIN_ALIASES.get(domain, domain)
+
+
+def register(*op_types: str, since: int = 1, domain: str = DEFAULT_DOMAIN):
+    """Decorator: `@register("Add", "Sub", since=14)`."""
+
+    def deco(fn):
+        for op_type in op_types:
+            key = (_norm(domain), op_type)
+            versions = [h for h in _HANDLERS.get(key, []) if h.since_version != since]
+            versions.append(Handler(_norm(domain), op_type, since, fn))
+            _HANDLERS[key] = sorted(versions, key=lambda h: h.since_version)
+        return fn
+
+    return deco
+
+
+def lookup(domain: str, op_type: str, opset: int) -> Handler | None:
+    best = None
+    for h in _HANDLERS.get((_norm(domain), op_type), []):
+        if h.since_version <= opset:
+            best = h
+    return best
+
+
+def supported_ops(domain: str = DEFAULT_DOMAIN) -> list[str]:
+    return sorted(op for (d, op) in _HANDLERS if d == _norm(domain))
+
+
+def all_handlers() -> list[Handler]:
+    return [h for hs in _HANDLERS.values() for h in hs]

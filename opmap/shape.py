@@ -1,0 +1,308 @@
+"""Shape and data-movement ops: Shape, Reshape, Transpose, Concat, Split, Slice, Gather*, Expand, Pad...
+
+Shapes that are not compile-time constants flow as int64 tensors (`ops.dyn_shape`), so symbolic dims stay
+symbolic in the MindIR. A handler may return a numpy array: the output is then a compile-time constant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from opmap.registry import register
+
+_OPEN = 2**31  # |index| at or beyond this means "to the end of the axis" in ONNX slicing
+
+
+@register("Shape", since=1)
+def shape(n):
+    start, end = n.attr("start", 0), n.attr("end", None)
+    static = n.shape(0)
+    if static is not None and all(isinstance(d, int) for d in static):
+        return np.array(static[start:end], dtype=np.int64)
+    expr = f"ops.dyn_shape({n.x(0)})"
+    if start != 0 or end is not None:
+        expr += f"[{start or ''}:{'' if end is None else end}]"
+    return expr
+
+
+@register("Size", since=1)
+def size(n):
+    return f"ops.prod(ops.dyn_shape({n.x(0)}))"
+
+
+@register("Reshape", since=5)
+def reshape(n):
+    x = n.x(0)
+    target = n.ints(1)
+    allowzero = n.attr("allowzero", 0)
+    if target is None:
+        return f"ops.reshape({x}, {n.x(1)})" if allowzero else f"{n.helper('onnx_reshape')}({x}, {n.x(1)})"
+    if not allowzero and 0 in target:
+        src = n.shape(0) or []
+        if all(i < len(src) and isinstance(src[i], int) for i, v in enumerate(target) if v == 0):
+            target = [src[i] if v == 0 else v for i, v in enumerate(target)]
+        else:
+            return f"{n.helper('onnx_reshape')}({x}, {n.const_tensor(np.array(target, dtype=np.int64), 'shape')})"
+    return f"ops.reshape({x}, {tuple(target)!r})"
+
+
+@register("Flatten", since=13)
+def flatten(n):
+    rank = n.require_rank(0)
+    axis = n.axis(n.attr("axis", 1), rank + 1) if n.attr("axis", 1) != rank else rank
+    src = n.shape(0)
+    head, tail = src[:axis], src[axis:]
+    if all(isinstance(d, int) for d in tail):
+        return f"ops.reshape({n.x(0)}, (-1, {int(np.prod(tail, dtype=np.int64))}))"
+    if all(isinstance(d, int) for d in head):
+        return f"ops.reshape({n.x(0)}, ({int(np.prod(head, dtype=np.int64))}, -1))"
+    return f"{n.helper('onnx_flatten')}({n.x(0)}, {axis})"
+
+
+@register("Transpose", since=1)
+def transpose(n):
+    rank = n.require_rank(0)
+    perm = n.attr("perm") or list(reversed(range(rank)))
+    return f"ops.transpose({n.x(0)}, {tuple(perm)!r})"
+
+
+@register("Concat", since=4)
+def concat(n):
+    rank = n.require_rank(0)
+    xs = n.xs()
+    return f"ops.concat(({', '.join(xs)},), {n.axis(n.attr('axis'), rank)})"
+
+
+@register("Split", since=13)
+def split(n):
+    rank = n.require_rank(0)
+    axis = n.axis(n.attr("axis", 0), rank)
+    sizes = n.ints(1) if n.has(1) else None
+    parts = n.n_outputs
+    x = n.x(0)
+    if sizes is None:
+        dim = (n.shape(0) or [None] * rank)[axis]
+        if isinstance(dim, int):
+            step = -(-dim // parts)  # ceil, the last part smaller (opset 18 num_outputs rule)
+            sizes = [min(step, dim - k * step) for k in range(parts)]
+        else:
+            t = n.tmp(f"ops.chunk({x}, {parts}, {axis})", "parts")
+            return tuple(f"{t}[{k}]" for k in range(parts))
+    t = n.tmp(f"ops.split({x}, {sizes!r}, {axis})", "parts")
+    return tuple(f"{t}[{k}]" for k in range(len(sizes)))
+
+
+@register("Split", since=18)
+def split18(n):
+    return split(n)
+
+
+@register("Slice", since=13)
+def slice_(n):
+    rank = n.require_rank(0)
+    x = n.x(0)
+    starts, ends = n.ints(1), n.ints(2)
+    axes = n.ints(3) if n.has(3) else None
+    steps = n.ints(4) if n.has(4) else None
+    n_axes = len(starts) if starts is not None else len(ends) if ends is not None else None
+    if axes is None:
+        axes = list(range(n_axes if n_axes is not None else 1))
+    axes = [n.axis(a, rank) for a in axes]
+    steps = steps or [1] * len(axes)
+    if 0 in steps:
+        n.fail("a step of 0 is invalid")
+    if starts is not None and ends is not None:
+        index = [":"] * (max(axes) + 1)
+        for a, s, e, st in zip(axes, starts, ends, steps):
+            s = max(min(s, _OPEN), -_OPEN)
+            e = max(min(e, _OPEN), -_OPEN)
+            index[a] = f"{s}:{e}" + (f":{st}" if st != 1 else "")
+        return f"{x}[{', '.join(index)}]"
+    if n.const(4) is None and n.has(4):
+        n.fail("a run-time step is not supported")
+    if len(axes) != 1:
+        n.fail("run-time starts/ends are supported on one axis only")
+    start = n.x(1) if starts is None else n.const_tensor(np.array(starts, np.int64), "start")
+    end = n.x(2) if ends is None else n.const_tensor(np.array(ends, np.int64), "end")
+    return f"{n.helper('onnx_slice_axis')}({x}, {start}, {end}, {axes[0]}, {steps[0]})"
+
+
+@register("Squeeze", since=13)
+def squeeze(n):
+    rank = n.require_rank(0)
+    axes = n.ints(1) if n.has(1) else None
+    if axes is None:
+        shape_ = n.shape(0)
+        if any(not isinstance(d, int) for d in shape_):
+            n.fail("Squeeze without axes needs a fully static input shape")
+        axes = [i for i, d in enumerate(shape_) if d == 1]
+    axes = sorted(n.axis(a, rank) for a in axes)
+    if not axes:
+        return n.x(0)
+    return f"ops.squeeze({n.x(0)}, {tuple(axes)!r})"
+
+
+@register("Unsqueeze", since=13)
+def unsqueeze(n):
+    rank = n.require_rank(0)
+    axes = n.require_ints(1, "Unsqueeze axes")
+    out_rank = rank + len(axes)
+    axes = sorted(n.axis(a, out_rank) for a in axes)
+    if len(axes) == 1:
+        return f"ops.expand_dims({n.x(0)}, {axes[0]})"
+    return f"{n.helper('onnx_unsqueeze')}({n.x(0)}, {tuple(axes)!r})"
+
+
+@register("Expand", since=8)
+def expand(n):
+    # Bidirectional broadcasting, exactly ONNX's: combine with a tensor of the target shape.
+    shape_ = n.x(1)
+    x = n.x(0)
+    if n.dtype(0) == ir.DataType.BOOL:
+        return f"ops.logical_or({x}, ops.zeros({shape_}, ms.bool_))"
+    return f"{x} + ops.zeros({shape_}, {n.ms_dtype(n.dtype(0))})"
+
+
+@register("Tile", since=13)
+def tile(n):
+    reps = n.require_ints(1, "Tile repeats")
+    return f"ops.tile({n.x(0)}, {tuple(reps)!r})"
+
+
+def _nonneg_index(n, i: int, axis: int) -> tuple[str, bool]:
+    """The index input as an expression, and whether it is known to hold no negative values."""
+    idx = n.const(i)
+    if idx is not None:
+        dim = (n.shape(0) or [None] * (axis + 1))[axis]
+        if (idx >= 0).all():
+            return n.x(i), True
+        if isinstance(dim, int):
+            return n.const_tensor(np.where(idx < 0, idx + dim, idx).astype(idx.dtype), "index"), True
+    return n.x(i), False
+
+
+@register("Gather", since=13)
+def gather(n):
+    rank = n.require_rank(0)
+    axis = n.axis(n.attr("axis", 0), rank)
+    idx, safe = _nonneg_index(n, 1, axis)
+    if safe:
+        return f"ops.gather({n.x(0)}, {idx}, {axis})"
+    return f"{n.helper('onnx_gather')}({n.x(0)}, {idx}, {axis})"
+
+
+@register("GatherElements", since=13)
+def gather_elements(n):
+    rank = n.require_rank(0)
+    axis = n.axis(n.attr("axis", 0), rank)
+    idx, safe = _nonneg_index(n, 1, axis)
+    if not safe:
+        dim = f"ops.dyn_shape({n.x(0)})[{axis}]"
+        idx = f"ops.where({idx} < 0, {idx} + {dim}, {idx})"
+    return f"ops.gather_elements({n.x(0)}, {axis}, {idx})"
+
+
+@register("GatherND", since=13)
+def gather_nd(n):
+    if n.attr("batch_dims", 0):
+        n.fail("batch_dims > 0 is not supported")
+    return f"ops.gather_nd({n.x(0)}, {n.x(1)})"
+
+
+@register("ScatterND", since=13)
+def scatter_nd(n):
+    if n.attr("reduction", "none") != "none":
+        n.fail(f"reduction={n.attr('reduction')!r} is not supported")
+    return f"ops.tensor_scatter_update({n.x(0)}, {n.x(1)}, {n.x(2)})"
+
+
+@register("ScatterElements", since=13)
+def scatter_elements(n):
+    rank = n.require_rank(0)
+    axis = n.axis(n.attr("axis", 0), rank)
+    reduction = {"none": "none", "add": "add"}.get(n.attr("reduction", "none"))
+    if reduction is None:
+        n.fail(f"reduction={n.attr('reduction')!r} is not supported")
+    return f"ops.tensor_scatter_elements({n.x(0)}, {n.x(1)}, {n.x(2)}, {axis}, {reduction!r})"
+
+
+@register("ConstantOfShape", since=9)
+def constant_of_shape(n):
+    value = n.attr("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    dt = n.ms_dtype(ir.DataType.from_numpy(value.dtype))
+    v = value[0].item()
+    if v == 0:
+        return f"ops.zeros({n.x(0)}, {dt})"
+    if v == 1:
+        return f"ops.ones({n.x(0)}, {dt})"
+    return f"ops.zeros({n.x(0)}, {dt}) + {v!r}"
+
+
+@register("Range", since=11)
+def range_(n):
+    return f"ops.range({n.x(0)}, {n.x(1)}, {n.x(2)})"
+
+
+@register("CumSum", since=14)
+def cumsum(n):
+    rank = n.require_rank(0)
+    axis = n.axis(n.require_ints(1, "CumSum axis")[0], rank)
+    x = n.x(0)
+    if n.attr("reverse", 0):
+        x = f"ops.flip({x}, ({axis},))"
+    y = f"ops.cumsum({x}, {axis})"
+    if n.attr("exclusive", 0):
+        y = f"({y} - {x})"
+    if n.attr("reverse", 0):
+        y = f"ops.flip({y}, ({axis},))"
+    return y
+
+
+@register("Trilu", since=14)
+def trilu(n):
+    k = n.require_ints(1, "Trilu k")[0] if n.has(1) else 0
+    fn = "ops.triu" if n.attr("upper", 1) else "ops.tril"
+    return f"{fn}({n.x(0)}, {k})"
+
+
+@register("Pad", since=13)
+def pad(n):
+    rank = n.require_rank(0)
+    pads = n.require_ints(1, "Pad pads")
+    axes = n.ints(3) if n.has(3) else list(range(rank))
+    axes = [n.axis(a, rank) for a in axes]
+    mode = n.attr("mode", "constant")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    begins, ends = pads[: len(axes)], pads[len(axes):]
+    per_axis = {a: (b, e) for a, b, e in zip(axes, begins, ends)}
+    # MindSpore/torch order: last axis first, (begin, end) pairs.
+    last = max((a for a, be in per_axis.items() if be != (0, 0)), default=None)
+    if last is None:
+        return n.x(0)
+    first = min(a for a, be in per_axis.items() if be != (0, 0))
+    order = []
+    for a in range(rank - 1, first - 1, -1):
+        order += list(per_axis.get(a, (0, 0)))
+    ms_mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}.get(mode)
+    if ms_mode is None:
+        n.fail(f"mode {mode!r} is not supported")
+    if ms_mode == "constant":
+        value = n.const(2) if n.has(2) else None
+        v = 0 if value is None else np.asarray(value).reshape(-1)[0].item()
+        return f"ops.pad({n.x(0)}, {tuple(order)!r}, 'constant', {v!r})"
+    return f"ops.pad({n.x(0)}, {tuple(order)!r}, {ms_mode!r})"
+
+
+@register("Identity", since=1)
+def identity(n):
+    return n.x(0)
+
+
+@register("Dropout", since=13)
+def dropout(n):
+    # Inference: identity; the optional mask output is all True.
+    x = n.x(0)
+    return (x, f"ops.ones_like({x}).astype(ms.bool_)")
