@@ -105,7 +105,17 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
             torch.onnx.export(module, tuple(example_inputs.values()), str(path), dynamo=False,
                               opset_version=opset, input_names=input_names, output_names=names,
                               dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()})
-    onnx.checker.check_model(str(path))
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as e:
+        path.unlink(missing_ok=True)
+        raise UnsupportedError(f"PyTorch's {exporter} exporter produced an invalid ONNX model at opset {opset}: "
+                               f"{str(e).strip().splitlines()[0]}") from None
+    produced = next(i.version for i in onnx.load(str(path), load_external_data=False).opset_import
+                    if i.domain in ("", "ai.onnx"))
+    if produced != opset:
+        # dynamo exports at 18 and converts down; the conversion can fail (Reduce* axes as inputs).
+        notes.append(f"the {exporter} exporter produced opset {produced}, not the requested {opset}")
     checks = []
     if check:
         import onnxruntime as ort
@@ -121,7 +131,7 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
                 checks.append({"shape": label, "output": name, **c.as_dict()})
                 if not c.ok:
                     raise InputError(f"exported model disagrees with PyTorch at the {label}, output {name}: {c.reason}")
-    return ExportResult(path, exporter, opset, checks, notes)
+    return ExportResult(path, exporter, produced, checks, notes)
 
 
 def zoo_export(factory, path: str | Path, **kwargs) -> ExportResult:

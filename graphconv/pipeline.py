@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 
-from graphconv import census, compare, lower, reference
+from graphconv import census, compare, emit, lower, reference
 from graphconv.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.load import LoadedModel, load
@@ -25,8 +24,6 @@ from graphconv.report import Report
 from graphconv.workspace import Workspace
 
 TARGETS = ("ascend", "cpu")
-# Weights above this size go to an external data file in the workspace (the child maps them lazily).
-_EXTERNAL_THRESHOLD = 1024
 
 
 @dataclasses.dataclass
@@ -76,13 +73,6 @@ def _peak_rss() -> int:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return max(own, kids) * 1024
-
-
-def placeholders(model: onnx.ModelProto) -> list[dict]:
-    """The graph inputs as MindSpore placeholders: None for every symbolic dim."""
-    return [{"name": s.name, "shape": [d if isinstance(d, int) else None for d in s.shape],
-             "ms_dtype": lower.MS_DTYPES[ir.DataType(s.elem_type)].split(".")[1]}
-            for s in reference.input_specs(model)]
 
 
 class Compiler:
@@ -164,33 +154,18 @@ class Compiler:
     def lower(self, model: onnx.ModelProto, ws: Workspace) -> tuple[lower.LoweredNetwork, dict]:
         self.progress.info("lower (opmap)")
         with self.report.stage("lower") as st:
-            st.nodes_before = len(model.graph.node)
-            net, folded = lower.lower(ir.from_proto(model))
-            ws.path("network.py").write_text(net.source)
-            st.nodes_after = st.nodes_before
+            st.nodes_before = st.nodes_after = len(model.graph.node)
+            net, task = emit.prepare(model, ws.dir)
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n")}
-        return net, folded
+        return net, task
 
-    def emit(self, model: onnx.ModelProto, net: lower.LoweredNetwork, folded: dict, ws: Workspace) -> list[Path]:
+    def emit(self, task: dict, ws: Workspace) -> list[Path]:
         self.progress.info("emit (mindspore.export)")
         with self.report.stage("emit"):
-            weights = ws.path("weights.onnx")
-            onnx.save(model, weights, save_as_external_data=True, location="weights.onnx.data",
-                      size_threshold=_EXTERNAL_THRESHOLD)
-            folded_npz = None
-            if folded:
-                folded_npz = ws.path("folded.npz")
-                np.savez(folded_npz, **folded)
-            inputs = placeholders(model)
             out_dir = ws.path("out")
             out_dir.mkdir()
-            task = {
-                "source": str(ws.path("network.py")), "class_name": net.class_name,
-                "weights_onnx": str(weights), "folded_npz": str(folded_npz) if folded_npz else None,
-                "param_names": [p.onnx_name for p in net.params], "inputs": inputs,
-                "file_base": str(out_dir / self.output.stem),
-                "checkpoint": str(ws.path("network.ckpt")) if self.opt.emit_source else None,
-            }
+            task = {**task, "file_base": str(out_dir / self.output.stem),
+                    "checkpoint": str(ws.path("network.ckpt")) if self.opt.emit_source else None}
             try:
                 result = run_task("export", task, ws.dir, "mindspore.export")
             except ChildError as e:
@@ -200,7 +175,7 @@ class Compiler:
     def verify(self, mindir: Path, model: onnx.ModelProto, cases, expected, output_names: list[str],
                ws: Workspace) -> None:
         self.progress.info("verify (MindSpore CPU vs oracle)")
-        input_placeholders = placeholders(model)
+        input_placeholders = emit.placeholders(model)
         with self.report.stage("verify"):
             case_files, out_files = [], []
             for k, case in enumerate(cases):
@@ -246,6 +221,8 @@ class Compiler:
             raise InputError(f"unknown target {self.opt.target!r} (choose from {', '.join(TARGETS)})")
         if self.output.suffix != ".mindir":
             raise InputError(f"output {self.output} must end in .mindir")
+        if not self.output.parent.absolute().is_dir():
+            raise InputError(f"output directory {self.output.parent} does not exist")
         loaded = self.load()
         with Workspace(self.output) as ws:
             try:
@@ -263,8 +240,8 @@ class Compiler:
             expected, model = self.validate(original, simplified, cases)
         else:
             expected, model = None, simplified
-        net, folded = self.lower(model, ws)
-        files = self.emit(model, net, folded, ws)
+        net, task = self.lower(model, ws)
+        files = self.emit(task, ws)
         mindir = next((f for f in files if f.suffix == ".mindir"), None)
         if mindir is None:
             raise InternalError("mindspore.export wrote no .mindir file")

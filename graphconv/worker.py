@@ -101,7 +101,26 @@ def run_mindir(task: dict) -> dict:
     return {"outputs": results}
 
 
-TASKS = {"simplify": simplify, "export": export, "run_mindir": run_mindir}
+def export_and_run(task: dict) -> dict:
+    """Many small networks in one process (op tests, the ONNX backend): export each, then run its MindIR.
+    A failure is recorded per item, so one bad network does not hide the others."""
+    results = []
+    for item in task["items"]:
+        try:
+            export(item)
+            run_mindir({**item, "mindir": item["file_base"] + ".mindir"})
+            results.append({"ok": True})
+        except Exception as e:  # noqa: BLE001 - reported per item
+            results.append({"ok": False, "error": f"{type(e).__name__}: {_first_line(str(e))}"})
+    return {"items": results}
+
+
+def _first_line(message: str) -> str:
+    """MindSpore errors carry long C++ call stacks: keep the first meaningful line."""
+    return next((ln for ln in message.strip().splitlines() if ln.strip() and not ln.startswith("-")), "")[:500]
+
+
+TASKS = {"simplify": simplify, "export": export, "run_mindir": run_mindir, "export_and_run": export_and_run}
 
 
 def main(argv: list[str]) -> int:
@@ -111,10 +130,8 @@ def main(argv: list[str]) -> int:
     try:
         result = {"ok": True, **TASKS[task["kind"]](task)}
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides the exit code
-        message = str(e).strip()
-        # MindSpore errors carry long C++ call stacks: keep the first meaningful line.
-        first = next((line for line in message.splitlines() if line.strip() and not line.startswith("-")), "")
-        result = {"ok": False, "error": f"{type(e).__name__}: {first[:500]}", "traceback": traceback.format_exc()}
+        result = {"ok": False, "error": f"{type(e).__name__}: {_first_line(str(e))}",
+                  "traceback": traceback.format_exc()}
     tmp = result_path.with_suffix(".partial")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, result_path)

@@ -11,7 +11,11 @@ The forward returns one tensor. Attention masks are int64, 1 = keep, 0 = padding
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Callable
+
+# Small exported models shipped with the package (regenerate: python -m models.examples.make_examples).
+EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 
 ZOO: dict[str, str] = {
     "mlp": "models.mlp:build",
