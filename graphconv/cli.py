@@ -59,11 +59,21 @@ def cli() -> None:
               help="Write the JSON report here.")
 @click.option("--emit-source", type=click.Path(file_okay=False, path_type=Path),
               help="Also write the generated MindSpore network.py and network.ckpt into this new directory.")
+@click.option("--passes", "pass_spec", metavar="P1,P2,...",
+              help="The pass pipeline, in order (default: every default pass; see `graphconv passes`).")
+@click.option("--disable-pass", "disable_passes", multiple=True, metavar="NAME", help="Leave this pass out; repeatable.")
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
+              help="Import MODULE first; its register_pass/rewrite_pass calls add passes. Repeatable.")
+@click.option("--verify-each", is_flag=True,
+              help="Check the graph against the oracle after every pass; name the first pass that breaks it.")
+@click.option("--save-fused", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the fused ONNX graph (mindspore-domain ops with their function bodies).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
 def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, atol, rtol,
-                report_path, emit_source, as_json, quiet, debug):
+                report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, save_fused,
+                as_json, quiet, debug):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU."""
     from graphconv.pipeline import compile as compile_model
 
@@ -75,7 +85,8 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
         report = compile_model(model, output, progress=progress, target=target, simplify=not no_simplify,
                                verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims),
                                mask_inputs=tuple(mask_inputs), atol=atol, rtol=rtol, report_path=report_path,
-                               emit_source=emit_source)
+                               emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes),
+                               plugins=tuple(plugins), verify_each=verify_each, save_fused=save_fused)
     except GraphconvError as e:
         if getattr(e, "report", None) is not None and e.exit_code == 2 and not quiet:
             click.echo(e.report.to_json() if as_json else e.report.summary(), err=not as_json)
@@ -84,6 +95,19 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
         click.echo(report.to_json())
     elif not quiet:
         click.echo(report.summary())
+
+
+@cli.command("passes")
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="Import MODULE's passes too.")
+def passes_cmd(plugins):
+    """List the available passes, in default pipeline order."""
+    import passes
+
+    passes.load_plugins(tuple(plugins))
+    for p in passes.available_passes():
+        flag = "" if p.default else " (not in the default pipeline)"
+        origin = "" if p.origin == "builtin" else f" [{p.origin}]"
+        click.echo(f"{p.name:<20} {p.description}{flag}{origin}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+import onnx_ir as ir
+
+import opmap.fused
+import passes
 from graphconv import census, compare, emit, lower, reference
 from graphconv.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
@@ -39,6 +43,11 @@ class CompileOptions:
     rtol: float | None = None
     report_path: Path | None = None
     emit_source: Path | None = None
+    passes: str | None = None  # textual pipeline, e.g. "fuse-rmsnorm"; None = the default pipeline
+    disable_passes: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()
+    verify_each: bool = False
+    save_fused: Path | None = None
 
 
 def tool_versions() -> dict[str, str]:
@@ -81,8 +90,11 @@ class Compiler:
         self.opt = options
         self.progress = progress
         self.report = Report()
+        plugins = passes.load_plugins(options.plugins)
+        self.pass_manager = passes.PassManager(options.passes, options.disable_passes)
         self.report.provenance = {
-            "tools": tool_versions(), "passes": [], "plugins": [], "target": options.target, "precision": "fp32",
+            "tools": tool_versions(), "passes": self.pass_manager.names, "plugins": plugins,
+            "target": options.target, "precision": "fp32",
         }
         self.output = Path(options.output) if options.output else self.model_path.with_suffix(".mindir")
 
@@ -151,21 +163,48 @@ class Compiler:
                         return expected, original
         return expected, simplified
 
-    def lower(self, model: onnx.ModelProto, ws: Workspace) -> tuple[lower.LoweredNetwork, dict]:
-        self.progress.info("lower (opmap)")
-        with self.report.stage("lower") as st:
+    def fuse(self, model: onnx.ModelProto, cases, expected) -> onnx.ModelProto:
+        """Run the pass pipeline; the result carries the function bodies of the fused ops it uses."""
+        self.progress.info(f"passes ({', '.join(self.pass_manager.names) or 'none'})")
+        with self.report.stage("passes") as st:
+            st.nodes_before = len(model.graph.node)
+            ir_model = ir.from_proto(model)
+            check = self._check_pass if self.opt.verify_each and expected is not None else None
+            self.report.fusions = self.pass_manager.run(
+                ir_model, after_each=(lambda p, m, k: check(p, m, cases, expected)) if check else None)
+            fused = opmap.fused.attach_functions(ir.to_proto(ir_model))
+            fused = onnx.shape_inference.infer_shapes(fused, data_prop=True)
+            st.nodes_after = len(fused.graph.node)
+        return fused
+
+    def _check_pass(self, p, ir_model: ir.Model, cases, expected) -> None:
+        """--verify-each: the graph after pass `p` must still match the oracle (run by onnxruntime with
+        the fused ops' function bodies)."""
+        candidate = opmap.fused.attach_functions(ir.to_proto(ir_model))
+        got = reference.Oracle(candidate).run(cases)
+        atol, rtol = self._tolerance()
+        for case, exp, act in zip(cases, expected, got):
+            for name, ref in exp.items():
+                c = compare.compare(act[name], ref, atol, rtol, case.valid_positions(ref))
+                if not c.ok:
+                    raise VerificationError(f"pass {p.name!r} broke equivalence: output {name!r} at "
+                                            f"{case.shape_text()}: {c.reason}")
+
+    def lower(self, model: onnx.ModelProto, ws: Workspace, name: str = "network") -> tuple[lower.LoweredNetwork, dict]:
+        self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
+        with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
-            net, task = emit.prepare(model, ws.dir)
+            net, task = emit.prepare(model, ws.dir, name)
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n")}
         return net, task
 
-    def emit(self, task: dict, ws: Workspace) -> list[Path]:
-        self.progress.info("emit (mindspore.export)")
-        with self.report.stage("emit"):
-            out_dir = ws.path("out")
+    def emit(self, task: dict, ws: Workspace, out: str = "out", checkpoint: bool = False) -> list[Path]:
+        self.progress.info(f"emit (mindspore.export{', cpu twin' if out != 'out' else ''})")
+        with self.report.stage("emit" if out == "out" else f"emit-{out}"):
+            out_dir = ws.path(out)
             out_dir.mkdir()
             task = {**task, "file_base": str(out_dir / self.output.stem),
-                    "checkpoint": str(ws.path("network.ckpt")) if self.opt.emit_source else None}
+                    "checkpoint": str(ws.path("network.ckpt")) if checkpoint else None}
             try:
                 result = run_task("export", task, ws.dir, "mindspore.export")
             except ChildError as e:
@@ -204,7 +243,7 @@ class Compiler:
                 results.append({"name": case.name, "inputs": {k: list(v.shape) for k, v in case.inputs.items()},
                                 "outputs": outs})
             self.report.validation.update({
-                "status": "failed" if failures else "verified", "checked": mindir.name,
+                "status": "failed" if failures else "verified",
                 "atol": atol, "rtol": rtol, "cases": results,
             })
             if failures:
@@ -240,20 +279,40 @@ class Compiler:
             expected, model = self.validate(original, simplified, cases)
         else:
             expected, model = None, simplified
-        net, task = self.lower(model, ws)
-        files = self.emit(task, ws)
-        mindir = next((f for f in files if f.suffix == ".mindir"), None)
-        if mindir is None:
-            raise InternalError("mindspore.export wrote no .mindir file")
+        fused = self.fuse(model, cases, expected)
+        cpu_form = opmap.fused.inline_fused(fused)
+        # ascend: the fused primitives; cpu: every fused op replaced by its reference body.
+        net, task = self.lower(fused if self.opt.target == "ascend" else cpu_form, ws)
+        files = self.emit(task, ws, checkpoint=bool(self.opt.emit_source))
+        mindir = self._mindir(files)
         self.report.census = census.primitive_census(mindir)
         if self.opt.verify:
-            self.verify(mindir, model, cases, expected, net.output_names, ws)
+            checked = mindir
+            if cpu_form is not fused and self.opt.target == "ascend":
+                # Fused primitives have no CPU kernels: numbers are checked on the cpu twin of the same
+                # fused graph, and the ascend MindIR only structurally (census).
+                _, twin_task = self.lower(cpu_form, ws, "cpu_twin")
+                checked = self._mindir(self.emit(twin_task, ws, out="twin"))
+            self.verify(checked, cpu_form, cases, expected, net.output_names, ws)
+            self.report.validation["checked"] = ("cpu twin of " if checked is not mindir else "") + self.output.name
             self.report.status = "verified"
         else:
             self.report.validation["status"] = "unverified"
             self.report.status = "unverified"
         moves = self._artifacts(files, ws)
+        if self.opt.save_fused:
+            fused_path = ws.path("fused.onnx")
+            onnx.save(fused, fused_path)
+            moves[fused_path] = Path(self.opt.save_fused)
+            self.report.artifacts["fused_onnx"] = str(self.opt.save_fused)
         self._commit(ws, moves)
+
+    @staticmethod
+    def _mindir(files: list[Path]) -> Path:
+        mindir = next((f for f in files if f.suffix == ".mindir"), None)
+        if mindir is None:
+            raise InternalError("mindspore.export wrote no .mindir file")
+        return mindir
 
     def _artifacts(self, files: list[Path], ws: Workspace) -> dict[Path, Path]:
         """temporary path -> final path for every artifact of this run."""

@@ -1,0 +1,6 @@
+"""Graph passes run between validation and lowering: canonicalisation and fusions into the `mindspore`
+domain. One file per pass; importing this package registers the built-in ones in pipeline order."""
+
+from passes.manager import PassManager, available_passes, load_plugins, register_pass, rewrite_pass  # noqa: F401
+
+from passes import fuse_rmsnorm  # noqa: E402,F401

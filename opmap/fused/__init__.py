@@ -1,0 +1,76 @@
+"""The fused-op table: each MindSpore fused operator, defined once, as a node of the ONNX domain `mindspore`.
+
+A FusedOp gives the op's inputs and attributes, its reference semantics as an ONNX function body in
+standard ops (attached to a fused model as a model-local FunctionProto, so onnxruntime runs the fused graph
+and the cpu lowering is "inline the body, lower with opmap"), and its ascend lowering (the MindSpore
+primitive), registered in opmap under the `mindspore` domain. Both lowerings read the node's attributes: the
+one argument record the fusion extracted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import onnx
+
+DOMAIN = "mindspore"
+DOMAIN_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedOp:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: tuple[str, ...]
+    body: Callable[[int], list[onnx.NodeProto]]  # opset -> nodes of the function body
+    primitive: str  # the MindSpore primitive the ascend lowering emits
+    doc: str = ""
+
+    def function(self, opset: int) -> onnx.FunctionProto:
+        return onnx.helper.make_function(
+            DOMAIN, self.name, list(self.inputs), list(self.outputs), self.body(opset),
+            opset_imports=[onnx.helper.make_opsetid("", opset)], attributes=list(self.attributes),
+            doc_string=self.doc)
+
+
+FUSED_OPS: dict[str, FusedOp] = {}
+
+
+def define(op: FusedOp) -> FusedOp:
+    FUSED_OPS[op.name] = op
+    return op
+
+
+def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give `model` the function bodies of the fused ops it uses, and the `mindspore` opset import."""
+    used = {n.op_type for n in model.graph.node if n.domain == DOMAIN}
+    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    have = {(f.domain, f.name) for f in model.functions}
+    for name in sorted(used):
+        if (DOMAIN, name) not in have:
+            model.functions.append(FUSED_OPS[name].function(opset))
+    if used and not any(i.domain == DOMAIN for i in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    return model
+
+
+def inline_fused(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The cpu form of a fused model: every `mindspore` node replaced by its function body."""
+    import onnx.inliner
+
+    if not any(n.domain == DOMAIN for n in model.graph.node):
+        return model
+    inlined = onnx.inliner.inline_local_functions(model)
+    del inlined.functions[:]
+    kept = [i for i in inlined.opset_import if i.domain != DOMAIN]
+    del inlined.opset_import[:]
+    inlined.opset_import.extend(kept)
+    for k, node in enumerate(inlined.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{k}"
+    return onnx.shape_inference.infer_shapes(inlined, data_prop=True)
+
+
+from opmap.fused import rms_norm  # noqa: E402,F401  (registers the table entries)

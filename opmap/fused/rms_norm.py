@@ -1,0 +1,50 @@
+"""mindspore::RmsNorm(x, gamma; epsilon) -> y, MindSpore's `ops.rms_norm` (FUSED_OPS.md).
+
+rstd = 1 / sqrt(mean(f32(x)^2 over the last axis) + eps); y = cast_out(f32(x) * rstd * f32(gamma)).
+graphconv fuses only gamma of rank 1 (the last axis), the form whose semantics are confirmed.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from opmap.fused import FusedOp, define
+from opmap.registry import register
+
+
+def _body(opset: int) -> list[onnx.NodeProto]:
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x32", "x32"], ["sq"]),
+    ]
+    if opset >= 18:
+        nodes += [helper.make_node("Constant", [], ["axes"], value_ints=[-1]),
+                  helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1)]
+    else:
+        nodes += [helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1)]
+    eps = helper.make_node("Constant", [], ["eps"])  # value_float taken from the caller's `epsilon`
+    eps.attribute.append(helper.make_attribute_ref("value_float", onnx.AttributeProto.FLOAT,
+                                                   ref_attr_name="epsilon"))
+    nodes += [
+        eps,
+        helper.make_node("Add", ["ms", "eps"], ["ms_eps"]),
+        helper.make_node("Sqrt", ["ms_eps"], ["rms"]),
+        helper.make_node("Reciprocal", ["rms"], ["rstd"]),
+        helper.make_node("Mul", ["x32", "rstd"], ["normed"]),
+        helper.make_node("Cast", ["gamma"], ["gamma32"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["normed", "gamma32"], ["y32"]),
+        helper.make_node("CastLike", ["y32", "x"], ["y"]),
+    ]
+    return nodes
+
+
+RMS_NORM = define(FusedOp(
+    name="RmsNorm", inputs=("x", "gamma"), outputs=("y",), attributes=("epsilon",), body=_body,
+    primitive="RmsNorm", doc=__doc__))
+
+
+@register("RmsNorm", since=1, domain="mindspore")
+def lower_rms_norm(n):
+    eps = float(n.attr("epsilon"))
+    return f"ops.rms_norm({n.x(0)}, {n.x(1)}, {eps!r})[0]"

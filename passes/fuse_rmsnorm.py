@@ -1,0 +1,98 @@
+"""fuse-rmsnorm: decomposed RMSNorm -> mindspore::RmsNorm.
+
+Spellings matched (each with Mul/Add operands in either order):
+  square      Pow(x, 2) | Mul(x, x)
+  mean        ReduceMean over the last axis, keepdims=1 (axes as attribute before opset 18, input from 18)
+  normalise   Mul(x, Reciprocal(Sqrt(m + eps))) | Mul(x, Div(1, Sqrt(m + eps))) | Div(x, Sqrt(m + eps))
+  precision   optional Cast to fp32 before and Cast back after (fp16/bf16 islands)
+  scale       Mul(normed, gamma) with gamma of rank 1 (a Gemma-style (1 + w) is folded into gamma by onnxsim)
+Refused (the report's check reasons): a mean over another axis or keepdims=0, a non-scalar or non-positive
+epsilon, a gamma that is not 1-D of the normalised size, dtypes MindSpore's RmsNorm does not take.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from passes.manager import rewrite_pass
+
+_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant":
+        attr = producer.attributes.get("value")
+        if attr is not None:
+            return attr.value.numpy()
+    return None
+
+
+def _reduced_axes(node: ir.Node) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = _const(node.inputs[1])
+        return None if axes is None else [int(a) for a in axes.reshape(-1)]
+    attr = node.attributes.get("axes")
+    return None if attr is None else [int(a) for a in attr.value]
+
+
+class RmsNormFusion(pattern.RewriteRuleClassBase):
+    def __init__(self, name: str, normalize: str):
+        super().__init__(name)
+        self._normalize = normalize
+
+    def pattern(self, op, x, gamma, epsilon, compute_dtype, target_dtype):
+        xc = pattern.OrValue([op.Cast(x, to=compute_dtype), x], tag_var="cast_in", tag_values=[True, False])
+        square = pattern.OrValue([op.Pow(xc, 2.0), op.Mul(xc, xc)])
+        mean = op.ReduceMean(square, _allow_other_inputs=True, _outputs=["mean"])
+        rms = op.Sqrt(op.Add(mean, epsilon))
+        if self._normalize == "reciprocal":
+            normed = op.Mul(xc, op.Reciprocal(rms))
+        elif self._normalize == "div-one":
+            normed = op.Mul(xc, op.Div(1.0, rms))
+        else:
+            normed = op.Div(xc, rms)
+        normed = pattern.OrValue([op.Cast(normed, to=target_dtype), normed], tag_var="cast_out",
+                                 tag_values=[True, False])
+        return op.Mul(normed, gamma)
+
+    def check(self, context, x, gamma, epsilon, mean, cast_in, cast_out, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        reduce = mean.producer()
+        rank = x.shape.rank() if x.shape is not None else None
+        axes = _reduced_axes(reduce)
+        if rank is None:
+            return result.fail("the input rank is unknown", x)
+        if axes is None or [a % rank for a in axes] != [rank - 1]:
+            return result.fail(f"ReduceMean is over axes {axes}, not the last axis", reduce)
+        keep = reduce.attributes.get("keepdims")
+        if keep is not None and keep.value != 1:
+            return result.fail("ReduceMean drops the reduced axis (keepdims=0)", reduce)
+        eps = _const(epsilon)
+        if eps is None or eps.size != 1 or eps.dtype.kind != "f" or not 0 < float(eps.reshape(-1)[0]) <= 1:
+            return result.fail("epsilon is not a constant scalar in (0, 1]", epsilon)
+        if x.dtype not in _FLOATS or gamma.dtype != x.dtype:
+            return result.fail(f"dtypes x={x.dtype}, gamma={gamma.dtype}: RmsNorm needs one float dtype", gamma)
+        if gamma.shape is None or gamma.shape.rank() != 1:
+            return result.fail("gamma is not 1-D", gamma)
+        last = x.shape[rank - 1]
+        if isinstance(last, int) and gamma.shape[0] != last:
+            return result.fail(f"gamma has {gamma.shape[0]} elements, the normalised axis {last}", gamma)
+        if cast_in != cast_out:
+            return result.fail("a Cast on one side of the precision island only", x)
+        return result
+
+    def rewrite(self, op, x, gamma, epsilon, **_):
+        eps = float(_const(epsilon).reshape(-1)[0])
+        return op.RmsNorm(x, gamma, epsilon=eps, _domain="mindspore")
+
+
+RULES = [RmsNormFusion.rule(f"RmsNorm-{v}", v) for v in ("reciprocal", "div-one", "div")]
+PASS = rewrite_pass("fuse-rmsnorm", "decomposed RMSNorm (Pow/Mul, Sqrt, Reciprocal/Div, Cast islands) -> "
+                    "mindspore::RmsNorm", pattern.RewriteRuleSet(RULES, commute=True))

@@ -1,0 +1,105 @@
+"""The pass manager: named passes in an ordered, textual pipeline, each switchable and counted.
+
+A pass is a function `apply(model: onnx_ir.Model) -> int` (how often it fired) registered under a name.
+Third parties add passes without touching graphconv: a module that calls `register_pass` (or defines
+onnxscript rewrite rules and calls `rewrite_pass`), loaded with `--plugin module.path` or through the
+Python entry-point group `graphconv.passes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+from typing import Callable
+
+import onnx_ir as ir
+
+from graphconv.errors import InputError
+
+ENTRY_POINT_GROUP = "graphconv.passes"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    name: str
+    description: str
+    apply: Callable[[ir.Model], int]
+    default: bool  # in the default pipeline
+    origin: str  # "builtin" or the plugin module that registered it
+
+
+_PASSES: dict[str, Pass] = {}
+_ORIGIN = {"current": "builtin"}
+
+
+def register_pass(name: str, description: str, *, default: bool = True):
+    """Decorator for `apply(model) -> int`. Passes run in registration order in the default pipeline."""
+
+    def deco(fn):
+        if name in _PASSES and _PASSES[name].apply is not fn:
+            raise InputError(f"pass {name!r} is registered twice ({_PASSES[name].origin} and {_ORIGIN['current']})")
+        _PASSES[name] = Pass(name, description, fn, default, _ORIGIN["current"])
+        return fn
+
+    return deco
+
+
+def rewrite_pass(name: str, description: str, rules, *, default: bool = True) -> Pass:
+    """Register a pass that applies onnxscript rewrite rules (a RewriteRuleSet or a list of rules)."""
+    from onnxscript.rewriter import pattern
+
+    ruleset = rules if isinstance(rules, pattern.RewriteRuleSet) else pattern.RewriteRuleSet(list(rules))
+
+    def apply(model: ir.Model) -> int:
+        return ruleset.apply_to_model(model)
+
+    register_pass(name, description, default=default)(apply)
+    return _PASSES[name]
+
+
+def available_passes() -> list[Pass]:
+    return list(_PASSES.values())
+
+
+def load_plugins(modules: tuple[str, ...] = (), entry_points: bool = True) -> list[str]:
+    """Import plugin modules (from --plugin and the entry-point group); returns what was loaded."""
+    loaded = []
+    targets = [(m, m) for m in modules]
+    if entry_points:
+        targets += [(ep.value, ep.name) for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    for target, label in targets:
+        module_name = target.split(":")[0]
+        _ORIGIN["current"] = module_name
+        try:
+            importlib.import_module(module_name)
+        except ImportError as e:
+            raise InputError(f"plugin {label!r}: cannot import {module_name!r} ({e})") from None
+        finally:
+            _ORIGIN["current"] = "builtin"
+        loaded.append(module_name)
+    return loaded
+
+
+class PassManager:
+    def __init__(self, spec: str | None = None, disabled: tuple[str, ...] = ()):
+        if spec is not None:
+            names = [s.strip() for s in spec.split(",") if s.strip()]
+        else:
+            names = [p.name for p in _PASSES.values() if p.default]
+        unknown = [n for n in list(names) + list(disabled) if n not in _PASSES]
+        if unknown:
+            raise InputError(f"unknown pass(es) {', '.join(unknown)}; available: {', '.join(_PASSES)}")
+        self.passes = [_PASSES[n] for n in names if n not in disabled]
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    def run(self, model: ir.Model, after_each: Callable[[Pass, ir.Model, int], None] | None = None) -> dict[str, int]:
+        counts = {}
+        for p in self.passes:
+            counts[p.name] = int(p.apply(model) or 0)
+            if after_each is not None:
+                after_each(p, model, counts[p.name])
+        return counts
