@@ -28,12 +28,14 @@ def placeholders(model: onnx.ModelProto) -> list[dict]:
 def prepare(model: onnx.ModelProto, directory: Path, name: str = "network") -> tuple[lower.LoweredNetwork, dict]:
     """Lower `model`, write <name>.py, its weights and folded constants; return the network and the
     export task (the caller adds file_base and checkpoint)."""
-    net, folded = lower.lower(ir.from_proto(model))
+    ir_model = ir.from_proto(model)
+    net, folded = lower.lower(ir_model)
     source = directory / f"{name}.py"
     source.write_text(net.source)
     weights = directory / f"{name}.weights.onnx"
-    onnx.save(model, weights, save_as_external_data=True, location=f"{name}.weights.onnx.data",
-              size_threshold=_EXTERNAL_THRESHOLD)
+    # Saved from the IR copy: onnx.save(..., save_as_external_data=True) would rewrite `model` in place
+    # to point at this temporary file.
+    ir.save(ir_model, weights, external_data=f"{name}.weights.onnx.data", size_threshold_bytes=_EXTERNAL_THRESHOLD)
     folded_npz = None
     if folded:
         folded_npz = directory / f"{name}.folded.npz"

@@ -120,7 +120,8 @@ class Compiler:
         with self.report.stage("simplify") as st:
             st.nodes_before = len(model.graph.node)
             src, dst = ws.path("input.onnx"), ws.path("simplified.onnx")
-            onnx.save(model, src, save_as_external_data=loaded.external_bytes > 0, location="input.onnx.data")
+            # Through the IR: onnx.save with external data would rewrite loaded.proto in place.
+            ir.save(ir.from_proto(model), src, external_data="input.onnx.data" if loaded.external_bytes else None)
             try:
                 run_task("simplify", {"input": str(src), "output": str(dst),
                                       "external": loaded.external_bytes > 0}, ws.dir, "onnxsim")

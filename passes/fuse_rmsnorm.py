@@ -86,6 +86,9 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"gamma has {gamma.shape[0]} elements, the normalised axis {last}", gamma)
         if cast_in != cast_out:
             return result.fail("a Cast on one side of the precision island only", x)
+        opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
+        if opset < 15 and x.dtype != ir.DataType.FLOAT:
+            return result.fail("below opset 15 RmsNorm's reference body can only express fp32", x)
         return result
 
     def rewrite(self, op, x, gamma, epsilon, **_):

@@ -14,8 +14,12 @@ from opmap.registry import register
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
+    """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype,
+    and the fusion only takes fp32 inputs there (passes/fuse_rmsnorm.py checks it)."""
+    cast = opset >= 15
     nodes = [
-        helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT) if cast else
+        helper.make_node("Identity", ["x"], ["x32"]),
         helper.make_node("Mul", ["x32", "x32"], ["sq"]),
     ]
     if opset >= 18:
@@ -32,9 +36,10 @@ def _body(opset: int) -> list[onnx.NodeProto]:
         helper.make_node("Sqrt", ["ms_eps"], ["rms"]),
         helper.make_node("Reciprocal", ["rms"], ["rstd"]),
         helper.make_node("Mul", ["x32", "rstd"], ["normed"]),
-        helper.make_node("Cast", ["gamma"], ["gamma32"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["gamma"], ["gamma32"], to=TensorProto.FLOAT) if cast else
+        helper.make_node("Identity", ["gamma"], ["gamma32"]),
         helper.make_node("Mul", ["normed", "gamma32"], ["y32"]),
-        helper.make_node("CastLike", ["y32", "x"], ["y"]),
+        helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else helper.make_node("Identity", ["y32"], ["y"]),
     ]
     return nodes
 

@@ -1,0 +1,172 @@
+"""fuse-rmsnorm: every spelling fuses once and the fused graph equals the unfused one; near misses don't fuse;
+on real exports the ascend MindIR holds 2N+1 RmsNorm with the extracted epsilon, and its cpu twin verifies."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphconv
+import opmap.fused
+import passes
+from graphconv import census, compare, reference
+
+H = 16
+EPS = 1e-5
+
+
+def _rms_graph(square="pow", normalize="reciprocal", opset=18, dtype=TensorProto.FLOAT, cast_island=False,
+               gamma_first=False, axes=(-1,), keepdims=1, eps_shape=(), gamma_shape=(H,)):
+    """A decomposed RMSNorm over x[batch, seq, H], spelled as the arguments say."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    inits = [numpy_helper.from_array(np.full(eps_shape, EPS, np.float32), "eps"),
+             numpy_helper.from_array(np.random.default_rng(0).standard_normal(gamma_shape).astype(np_dtype), "gamma"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    nodes = []
+    x = "x"
+    if cast_island:
+        nodes.append(helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT))
+        x = "x32"
+    nodes.append(helper.make_node("Pow", [x, "two"], ["sq"]) if square == "pow" else
+                 helper.make_node("Mul", [x, x], ["sq"]))
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+        nodes.append(helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=keepdims))
+    else:
+        nodes.append(helper.make_node("ReduceMean", ["sq"], ["ms"], axes=list(axes), keepdims=keepdims))
+    nodes += [helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"])]
+    if normalize == "reciprocal":
+        nodes += [helper.make_node("Reciprocal", ["rms"], ["r"]), helper.make_node("Mul", [x, "r"], ["n"])]
+    elif normalize == "div-one":
+        nodes += [helper.make_node("Div", ["one", "rms"], ["r"]), helper.make_node("Mul", ["r", x], ["n"])]
+    else:
+        nodes += [helper.make_node("Div", [x, "rms"], ["n"])]
+    n = "n"
+    if cast_island:
+        nodes.append(helper.make_node("Cast", ["n"], ["n16"], to=dtype))
+        n = "n16"
+    nodes.append(helper.make_node("Mul", ["gamma", n] if gamma_first else [n, "gamma"], ["y"]))
+    g = helper.make_graph(nodes, "rms", [helper.make_tensor_value_info("x", dtype, ["batch", "seq", H])],
+                          [helper.make_tensor_value_info("y", dtype, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _fuse(model: onnx.ModelProto) -> tuple[int, onnx.ModelProto]:
+    model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    m = ir.from_proto(model)
+    count = passes.PassManager("fuse-rmsnorm").run(m)["fuse-rmsnorm"]
+    return count, opmap.fused.attach_functions(ir.to_proto(m))
+
+
+def _assert_equal_numerics(original, fused, atol=1e-5):
+    cases = reference.make_cases(original)
+    for exp, got in zip(reference.Oracle(original).run(cases), reference.Oracle(fused).run(cases)):
+        c = compare.compare(got["y"], exp["y"], atol, atol)
+        assert c.ok, c
+
+
+SPELLINGS = [
+    dict(square="pow", normalize="reciprocal"),
+    dict(square="mul", normalize="reciprocal"),
+    dict(square="pow", normalize="div-one"),
+    dict(square="pow", normalize="div"),
+    dict(square="mul", normalize="div", gamma_first=True),
+    dict(square="pow", normalize="reciprocal", opset=17),
+    dict(square="pow", normalize="reciprocal", opset=14),
+    dict(square="pow", normalize="reciprocal", axes=(2,)),
+    dict(square="pow", normalize="reciprocal", eps_shape=(1,)),
+    dict(square="pow", normalize="reciprocal", dtype=TensorProto.FLOAT16, cast_island=True),
+]
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_each_spelling_fuses_once_and_keeps_numerics(spelling):
+    original = _rms_graph(**spelling)
+    count, fused = _fuse(original)
+    assert count == 1
+    rms = [n for n in fused.graph.node if n.domain == "mindspore"]
+    assert [n.op_type for n in rms] == ["RmsNorm"]
+    assert helper.get_attribute_value(rms[0].attribute[0]) == pytest.approx(EPS)
+    assert not any(n.op_type in ("Pow", "Sqrt", "ReduceMean") for n in fused.graph.node)
+    tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
+    _assert_equal_numerics(original, fused, tol)
+
+
+NEAR_MISSES = {
+    "mean over another axis": dict(axes=(1,)),
+    "keepdims=0": dict(keepdims=0, axes=(-1,)),
+    "non-scalar epsilon": dict(eps_shape=(H,)),
+    "2-D gamma": dict(gamma_shape=(1, H)),
+}
+
+
+@pytest.mark.parametrize("name", NEAR_MISSES)
+def test_near_misses_do_not_fuse(name):
+    original = _rms_graph(**NEAR_MISSES[name]) if name != "keepdims=0" else _keepdims0()
+    count, fused = _fuse(original)
+    assert count == 0
+    assert not any(n.domain == "mindspore" for n in fused.graph.node)
+
+
+def _keepdims0():
+    """keepdims=0 then an Unsqueeze back: the same numbers, but not the pattern's shape contract."""
+    m = _rms_graph()
+    for n in m.graph.node:
+        if n.op_type == "ReduceMean":
+            n.attribute[0].i = 0
+    return m
+
+
+def test_pass_can_be_disabled_and_unknown_passes_are_refused():
+    assert passes.PassManager(disabled=("fuse-rmsnorm",)).names == [
+        p for p in passes.PassManager().names if p != "fuse-rmsnorm"]
+    with pytest.raises(graphconv.InputError, match="unknown pass"):
+        passes.PassManager("fuse-everything")
+
+
+def _mindir_rms_epsilons(path) -> list[float]:
+    """epsilon inputs of every RmsNorm call in a MindIR, read from the protobuf."""
+    model = census.read_mindir(path)
+    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
+    eps = []
+    for n in model.graph.node:
+        if n.op_type.startswith("REF::RmsNorm"):
+            c = consts[n.input[-1]]
+            eps.append(c.attribute[0].f)
+    return eps
+
+
+@pytest.mark.parametrize("exporter,opset", [("dynamo", 18), ("torchscript", 17), ("torchscript", 14)])
+def test_zoo_llama_gets_2n_plus_1_rmsnorm(exporter, opset, export_cache, tmp_path):
+    n_layers = 2
+    onnx_path = export_cache("llama", opset, exporter)
+    out = tmp_path / "llama.mindir"
+    report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx")
+    assert report.fusions["fuse-rmsnorm"] == 2 * n_layers + 1
+    assert report.census.get("RmsNorm") == 2 * n_layers + 1
+    assert "Pow" not in report.census
+    # The ascend MindIR's RmsNorm inputs carry the epsilon the fusion extracted (the argument record).
+    fused = onnx.load(tmp_path / "fused.onnx")
+    record = [helper.get_attribute_value(n.attribute[0]) for n in fused.graph.node if n.op_type == "RmsNorm"]
+    assert sorted(_mindir_rms_epsilons(out)) == pytest.approx(sorted(record))
+    # Numbers: the cpu twin of the same fused graph matched onnxruntime on the original model.
+    assert report.status == "verified" and report.validation["checked"] == "cpu twin of llama.mindir"
+    for case in report.validation["cases"]:
+        assert case["outputs"][0]["max_abs"] <= 1e-4
+    # The saved fused graph runs in onnxruntime (function bodies attached) and equals the original.
+    original = onnx.load(onnx_path)
+    cases = reference.make_cases(original)
+    for case, exp, got in zip(cases, reference.Oracle(original).run(cases), reference.Oracle(fused).run(cases)):
+        assert compare.compare(got["output"], exp["output"], 1e-5, 1e-5, case.valid_positions(exp["output"])).ok
+
+
+def test_transformers_llama_rmsnorm_count(export_cache, tmp_path):
+    pytest.importorskip("transformers")
+    report = graphconv.compile(export_cache("hf-llama", 18), tmp_path / "l.mindir")
+    assert report.fusions["fuse-rmsnorm"] == 5
+    assert report.census.get("RmsNorm") == 5
+    assert report.status == "verified"
