@@ -62,9 +62,11 @@ class Report:
         lines.append("  stages:")
         for s in self.stages:
             nodes = ""
-            if s.nodes_before is not None or s.nodes_after is not None:
+            if s.nodes_before is not None and s.nodes_after is not None:
                 nodes = f"  nodes {s.nodes_before} -> {s.nodes_after}"
-            lines.append(f"    {s.name:<12} {s.seconds:8.2f}s{nodes}")
+            elif s.nodes_after is not None:
+                nodes = f"  nodes {s.nodes_after}"
+            lines.append(f"    {s.name:<15} {s.seconds:8.2f}s{nodes}")
         if self.op_histogram:
             top = sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0]))
             lines.append("  ops: " + ", ".join(f"{k} {v}" for k, v in top))

@@ -29,26 +29,27 @@ def onnx_flatten(x, axis):
     """ONNX Flatten: (prod(dims[:axis]), prod(dims[axis:])) for any mix of static and dynamic dims."""
     dims = ops.dyn_shape(x)
     one = ops.ones((1,), ms.int64)
-    head = ops.prod(dims[:axis], keep_dims=True) if axis > 0 else one
-    tail = ops.prod(dims[axis:], keep_dims=True) if axis < x.ndim else one
-    return ops.reshape(x, ops.concat((head.reshape((1,)), tail.reshape((1,)))))
+    # A full reduction (axis=None) cannot keep dims in MindSpore: reduce, then make it 1-D.
+    head = ops.prod(dims[:axis]).reshape((1,)) if axis > 0 else one
+    tail = ops.prod(dims[axis:]).reshape((1,)) if axis < x.ndim else one
+    return ops.reshape(x, ops.concat((head, tail)))
 
 
 def onnx_slice_axis(x, start, end, axis, step):
-    """ONNX Slice on one axis with run-time start/end (0-d or 1-element tensors) and a constant step."""
+    """ONNX Slice on one axis with run-time start/end (0-d or 1-element tensors) and a constant step: both are
+    clamped like ONNX does (tensor bounds: ops.clamp rejects a tensor bound mixed with an int one)."""
     dim = ops.dyn_shape(x)[axis]
     start = start.reshape(()).astype(ms.int64)
     end = end.reshape(()).astype(ms.int64)
     start = ops.where(start < 0, start + dim, start)
     end = ops.where(end < 0, end + dim, end)
     if step > 0:
-        start = ops.clamp(start, 0, dim)
-        end = ops.clamp(end, 0, dim)
-        end = ops.maximum(end, start)
+        lo, hi = ops.zeros_like(dim), dim
     else:
-        start = ops.clamp(start, -1, dim - 1)
-        end = ops.clamp(end, -1, dim - 1)
-        end = ops.minimum(end, start)
+        lo, hi = ops.zeros_like(dim) - 1, dim - 1
+    start = ops.minimum(ops.maximum(start, lo), hi)
+    end = ops.minimum(ops.maximum(end, lo), hi)
+    end = ops.maximum(end, start) if step > 0 else ops.minimum(end, start)
     index = ops.range(start, end, Tensor(step, ms.int64))
     return ops.gather(x, index, axis)
 

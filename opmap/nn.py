@@ -23,12 +23,14 @@ def _spatial_attrs(n, spatial: int):
         dims = src[2:] if src else [None] * spatial
         if kernel is None:
             kernel = n.shape(1)[2:]
-        if any(not isinstance(d, int) for d in dims):
-            n.fail(f"auto_pad={auto_pad} needs static spatial dims")
         pads_b, pads_e = [], []
         for d, k, s, dl in zip(dims, kernel, strides, dilations):
-            out = -(-d // s)
-            total = max((out - 1) * s + (k - 1) * dl + 1 - d, 0)
+            if isinstance(d, int):
+                total = max((-(-d // s) - 1) * s + (k - 1) * dl + 1 - d, 0)
+            elif s == 1:
+                total = (k - 1) * dl  # at stride 1 the input size cancels out: dynamic dims are fine
+            else:
+                n.fail(f"auto_pad={auto_pad} with a stride > 1 needs static spatial dims")
             small, big = total // 2, total - total // 2
             pads_b.append(small if auto_pad == "SAME_UPPER" else big)
             pads_e.append(big if auto_pad == "SAME_UPPER" else small)
@@ -87,10 +89,23 @@ def max_pool(n):
         n.fail("the Indices output is not supported")
     kernel, strides, dilations, pads = _spatial_attrs(n, spatial)
     x = n.x(0)
-    if any(pads):
+    ceil_mode = bool(n.attr("ceil_mode", 0))
+    if all(d == 1 for d in dilations):
+        # MaxPool3D takes asymmetric pads and applies ONNX's ceil_mode rule to them (a window may not start in
+        # the end padding); explicit padding would let such windows through.
+        pad_list = (0, 0, pads[0], pads[2], pads[1], pads[3])
+        y = (f"ops.MaxPool3D((1, {kernel[0]}, {kernel[1]}), (1, {strides[0]}, {strides[1]}), 'PAD', {pad_list!r}, "
+             f"{ceil_mode})(ops.expand_dims({x}, 2))")
+        return f"ops.squeeze({y}, (2,))"
+    # Dilated windows: MaxPoolWithArgmaxV2 pads symmetrically, at most half the kernel; pad explicitly otherwise.
+    padding = tuple(pads[:spatial])
+    if pads[:spatial] != pads[spatial:] or any(2 * p > k for p, k in zip(padding, kernel)):
+        if ceil_mode:
+            n.fail("ceil_mode=1 with these pads on a dilated MaxPool is not supported")
         x = f"ops.pad({x}, {_ms_padding(pads, spatial)!r}, 'constant', float('-inf'))"
-    return (f"ops.max_pool2d({x}, {tuple(kernel)!r}, {tuple(strides)!r}, 0, {tuple(dilations)!r}, "
-            f"ceil_mode={bool(n.attr('ceil_mode', 0))})")
+        padding = 0
+    return (f"ops.max_pool2d({x}, {tuple(kernel)!r}, {tuple(strides)!r}, {padding!r}, {tuple(dilations)!r}, "
+            f"ceil_mode={ceil_mode})")
 
 
 @register("AveragePool", since=11)
@@ -102,20 +117,10 @@ def average_pool(n):
     kernel, strides, dilations, pads = _spatial_attrs(n, spatial)
     if any(d != 1 for d in dilations):
         n.fail("dilated AveragePool is not supported")
-    include = bool(n.attr("count_include_pad", 0))
-    x = n.x(0)
-    symmetric = pads[:spatial] == pads[spatial:]
-    if any(pads) and symmetric:
-        padding = tuple(pads[:spatial])
-    elif any(pads):
-        if not include:
-            n.fail("asymmetric pads with count_include_pad=0 are not supported")
-        x = f"ops.pad({x}, {_ms_padding(pads, spatial)!r})"
-        padding = 0
-    else:
-        padding = 0
-    return (f"ops.avg_pool2d({x}, {tuple(kernel)!r}, {tuple(strides)!r}, {padding!r}, "
-            f"ceil_mode={bool(n.attr('ceil_mode', 0))}, count_include_pad={include})")
+    # ops.avg_pool2d (AvgPool3D) takes (top, bottom, left, right): asymmetric pads need no special case.
+    padding = (pads[0], pads[2], pads[1], pads[3])
+    return (f"ops.avg_pool2d({n.x(0)}, {tuple(kernel)!r}, {tuple(strides)!r}, {padding!r}, "
+            f"ceil_mode={bool(n.attr('ceil_mode', 0))}, count_include_pad={bool(n.attr('count_include_pad', 0))})")
 
 
 @register("GlobalAveragePool", "GlobalMaxPool", since=1)

@@ -50,7 +50,9 @@ def reshape(n):
 @register("Flatten", since=13)
 def flatten(n):
     rank = n.require_rank(0)
-    axis = n.axis(n.attr("axis", 1), rank + 1) if n.attr("axis", 1) != rank else rank
+    # axis is in [-r, r]: a negative one counts from r (not r + 1), a positive one may equal r.
+    axis = n.attr("axis", 1)
+    axis = n.axis(axis, rank) if axis < 0 else n.axis(axis, rank + 1)
     src = n.shape(0)
     head, tail = src[:axis], src[axis:]
     if all(isinstance(d, int) for d in tail):
@@ -78,17 +80,18 @@ def concat(n):
 def split(n):
     rank = n.require_rank(0)
     axis = n.axis(n.attr("axis", 0), rank)
-    sizes = n.ints(1) if n.has(1) else None
+    sizes = n.require_ints(1, "split sizes") if n.has(1) else None
     parts = n.n_outputs
     x = n.x(0)
     if sizes is None:
         dim = (n.shape(0) or [None] * rank)[axis]
-        if isinstance(dim, int):
-            step = -(-dim // parts)  # ceil, the last part smaller (opset 18 num_outputs rule)
-            sizes = [min(step, dim - k * step) for k in range(parts)]
-        else:
-            t = n.tmp(f"ops.chunk({x}, {parts}, {axis})", "parts")
-            return tuple(f"{t}[{k}]" for k in range(parts))
+        if not isinstance(dim, int):
+            # ops.chunk/ops.split need the dim at compile time (graph mode): slice each part at run time.
+            step = n.tmp(f"(ops.dyn_shape({x})[{axis}] + {parts - 1}) // {parts}", "chunk")
+            fn = n.helper("onnx_slice_axis")
+            return tuple(f"{fn}({x}, {step} * {k}, {step} * {k + 1}, {axis}, 1)" for k in range(parts))
+        step = -(-dim // parts)  # ceil, the last part smaller (opset 18 num_outputs rule)
+        sizes = [min(step, dim - k * step) for k in range(parts)]
     t = n.tmp(f"ops.split({x}, {sizes!r}, {axis})", "parts")
     return tuple(f"{t}[{k}]" for k in range(len(sizes)))
 
@@ -102,25 +105,40 @@ def split18(n):
 def slice_(n):
     rank = n.require_rank(0)
     x = n.x(0)
+    if n.has(4) and n.const(4) is None:
+        n.fail("a run-time step is not supported")
     starts, ends = n.ints(1), n.ints(2)
-    axes = n.ints(3) if n.has(3) else None
+    axes = n.require_ints(3, "Slice axes") if n.has(3) else None
     steps = n.ints(4) if n.has(4) else None
-    n_axes = len(starts) if starts is not None else len(ends) if ends is not None else None
     if axes is None:
-        axes = list(range(n_axes if n_axes is not None else 1))
+        n_axes = len(starts) if starts is not None else len(ends) if ends is not None else (n.shape(1) or [None])[0]
+        if not isinstance(n_axes, int):
+            n.fail("the number of sliced axes is unknown")
+        axes = list(range(n_axes))
     axes = [n.axis(a, rank) for a in axes]
     steps = steps or [1] * len(axes)
     if 0 in steps:
         n.fail("a step of 0 is invalid")
     if starts is not None and ends is not None:
+        dims = n.shape(0)
         index = [":"] * (max(axes) + 1)
         for a, s, e, st in zip(axes, starts, ends, steps):
             s = max(min(s, _OPEN), -_OPEN)
             e = max(min(e, _OPEN), -_OPEN)
-            index[a] = f"{s}:{e}" + (f":{st}" if st != 1 else "")
-        return f"{x}[{', '.join(index)}]"
-    if n.const(4) is None and n.has(4):
-        n.fail("a run-time step is not supported")
+            if isinstance(dims[a], int):
+                s, e, _ = slice(s, e, st).indices(dims[a])  # ONNX clamps exactly like Python
+                e = None if e < 0 else e  # a negative step down to the first element
+            else:
+                s = None if (s >= _OPEN if st < 0 else s <= -_OPEN) else s
+                e = None if (e <= -_OPEN if st < 0 else e >= _OPEN) else e
+                if st < 0 and s is not None and s >= 0:
+                    # MindSpore does not clamp a start past the end of a dynamic dim when stepping backwards (it
+                    # reads out of bounds): clamp at run time.
+                    x = (f"{n.helper('onnx_slice_axis')}({x}, {n.const_tensor(np.array(s, np.int64), 'start')}, "
+                         f"{n.const_tensor(np.array(-_OPEN if e is None else e, np.int64), 'end')}, {a}, {st})")
+                    continue
+            index[a] = f"{'' if s is None else s}:{'' if e is None else e}" + (f":{st}" if st != 1 else "")
+        return f"{x}[{', '.join(index)}]" if any(i != ":" for i in index) else x
     if len(axes) != 1:
         n.fail("run-time starts/ends are supported on one axis only")
     start = n.x(1) if starts is None else n.const_tensor(np.array(starts, np.int64), "start")
@@ -242,7 +260,9 @@ def constant_of_shape(n):
 
 @register("Range", since=11)
 def range_(n):
-    return f"ops.range({n.x(0)}, {n.x(1)}, {n.x(2)})"
+    # ops.range returns int64 for every integer input type (ONNX keeps the input type).
+    y = f"ops.range({n.x(0)}, {n.x(1)}, {n.x(2)})"
+    return y if n.dtype(0) in (ir.DataType.INT64, ir.DataType.FLOAT) else f"ops.cast({y}, {n.ms_dtype(n.dtype(0))})"
 
 
 @register("CumSum", since=14)
