@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-import opmap.fused
 import passes
-from graphconv import census, compare, reference
+from fusion_utils import assert_same_numerics, fuse, mindir_primitive_inputs
+from graphconv import compare, reference
 
 H = 16
 EPS = 1e-5
@@ -55,20 +54,6 @@ def _rms_graph(square="pow", normalize="reciprocal", opset=18, dtype=TensorProto
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _fuse(model: onnx.ModelProto) -> tuple[int, onnx.ModelProto]:
-    model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    m = ir.from_proto(model)
-    count = passes.PassManager("fuse-rmsnorm").run(m)["fuse-rmsnorm"]
-    return count, opmap.fused.attach_functions(ir.to_proto(m))
-
-
-def _assert_equal_numerics(original, fused, atol=1e-5):
-    cases = reference.make_cases(original)
-    for exp, got in zip(reference.Oracle(original).run(cases), reference.Oracle(fused).run(cases)):
-        c = compare.compare(got["y"], exp["y"], atol, atol)
-        assert c.ok, c
-
-
 SPELLINGS = [
     dict(square="pow", normalize="reciprocal"),
     dict(square="mul", normalize="reciprocal"),
@@ -86,14 +71,14 @@ SPELLINGS = [
 @pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
 def test_each_spelling_fuses_once_and_keeps_numerics(spelling):
     original = _rms_graph(**spelling)
-    count, fused = _fuse(original)
+    count, fused = fuse(original, "fuse-rmsnorm")
     assert count == 1
     rms = [n for n in fused.graph.node if n.domain == "mindspore"]
     assert [n.op_type for n in rms] == ["RmsNorm"]
     assert helper.get_attribute_value(rms[0].attribute[0]) == pytest.approx(EPS)
     assert not any(n.op_type in ("Pow", "Sqrt", "ReduceMean") for n in fused.graph.node)
     tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
-    _assert_equal_numerics(original, fused, tol)
+    assert_same_numerics(original, fused, tol, tol)
 
 
 NEAR_MISSES = {
@@ -107,7 +92,7 @@ NEAR_MISSES = {
 @pytest.mark.parametrize("name", NEAR_MISSES)
 def test_near_misses_do_not_fuse(name):
     original = _rms_graph(**NEAR_MISSES[name]) if name != "keepdims=0" else _keepdims0()
-    count, fused = _fuse(original)
+    count, fused = fuse(original, "fuse-rmsnorm")
     assert count == 0
     assert not any(n.domain == "mindspore" for n in fused.graph.node)
 
@@ -128,18 +113,6 @@ def test_pass_can_be_disabled_and_unknown_passes_are_refused():
         passes.PassManager("fuse-everything")
 
 
-def _mindir_rms_epsilons(path) -> list[float]:
-    """epsilon inputs of every RmsNorm call in a MindIR, read from the protobuf."""
-    model = census.read_mindir(path)
-    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
-    eps = []
-    for n in model.graph.node:
-        if n.op_type.startswith("REF::RmsNorm"):
-            c = consts[n.input[-1]]
-            eps.append(c.attribute[0].f)
-    return eps
-
-
 @pytest.mark.parametrize("exporter,opset", [("dynamo", 18), ("torchscript", 17), ("torchscript", 14)])
 def test_zoo_llama_gets_2n_plus_1_rmsnorm(exporter, opset, export_cache, tmp_path):
     n_layers = 2
@@ -152,7 +125,7 @@ def test_zoo_llama_gets_2n_plus_1_rmsnorm(exporter, opset, export_cache, tmp_pat
     # The ascend MindIR's RmsNorm inputs carry the epsilon the fusion extracted (the argument record).
     fused = onnx.load(tmp_path / "fused.onnx")
     record = [helper.get_attribute_value(n.attribute[0]) for n in fused.graph.node if n.op_type == "RmsNorm"]
-    assert sorted(_mindir_rms_epsilons(out)) == pytest.approx(sorted(record))
+    assert sorted(call[-1] for call in mindir_primitive_inputs(out, "RmsNorm")) == pytest.approx(sorted(record))
     # Numbers: the cpu twin of the same fused graph matched onnxruntime on the original model.
     assert report.status == "verified" and report.validation["checked"] == "cpu twin of llama.mindir"
     for case in report.validation["cases"]:

@@ -22,6 +22,7 @@ import pytest
 from onnx import helper as oh, numpy_helper
 
 import opmap
+from opmap import fused
 from graphconv import lower
 from graphconv.compare import compare
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
@@ -60,13 +61,14 @@ class K:
 @dataclasses.dataclass
 class Case:
     id: str
-    op: str  # the op under test: this case covers opmap.lookup("", op, opset)
+    op: str  # the op under test: this case covers opmap.lookup(domain, op, opset)
     opset: int
     model: onnx.ModelProto
     feeds: list[dict[str, np.ndarray]]
     xfail: str | None = None
     atol: float = ATOL
     rtol: float = RTOL
+    domain: str = ""
 
 
 CASES: list[Case] = []
@@ -102,16 +104,18 @@ def _model(nodes, inputs: list[In], inits: dict, outputs: list[str], opset: int)
 
 
 def graph_case(cid, op, nodes, inputs: list[In], inits=None, outputs=("y",), *, opset=OPSET, dims=DIMS,
-               xfail=None, atol=ATOL, rtol=RTOL):
+               xfail=None, atol=ATOL, rtol=RTOL, domain=""):
     """A multi-node case: `inputs` must carry names; the nodes refer to them and to `inits`."""
     assert all(c.id != cid for c in CASES), f"duplicate case id {cid}"
     model = _model(nodes, inputs, dict(inits or {}), list(outputs), opset)
+    if domain == fused.DOMAIN:
+        model = fused.attach_functions(model)  # onnxruntime runs the op's function body
     rng = np.random.default_rng(zlib.crc32(cid.encode()))
     feeds = [{i.name: _draw(i, rng, d) for i in inputs} for d in dims]
-    CASES.append(Case(cid, op, opset, model, feeds, xfail, atol, rtol))
+    CASES.append(Case(cid, op, opset, model, feeds, xfail, atol, rtol, domain))
 
 
-def _single_graph(op, args, attrs, n_out):
+def _single_graph(op, args, attrs, n_out, domain=""):
     inputs, inits, names = [], {}, []
     for j, a in enumerate(args):
         if a is None:
@@ -125,12 +129,12 @@ def _single_graph(op, args, attrs, n_out):
             inits[name] = a.value
             names.append(name)
     outs = [f"y{j}" for j in range(n_out)]
-    return [oh.make_node(op, names, outs, **(attrs or {}))], inputs, inits, outs
+    return [oh.make_node(op, names, outs, domain=domain, **(attrs or {}))], inputs, inits, outs
 
 
 def case(cid, op, args, attrs=None, *, n_out=1, **kw):
     """A one-node case. args: In (graph input), K (initializer) or None (absent optional input), in order."""
-    nodes, inputs, inits, outs = _single_graph(op, args, attrs, n_out)
+    nodes, inputs, inits, outs = _single_graph(op, args, attrs, n_out, kw.get("domain", ""))
     graph_case(cid, op, nodes, inputs, inits, outs, **kw)
 
 
@@ -651,6 +655,13 @@ case("MatMul_1d_both", "MatMul", [x("seq"), x("seq")])
 case("MatMul_2d", "MatMul", [x("batch", 4), x(4, "seq")])
 
 
+# --- fused ops (domain `mindspore`) -------------------------------------------------------------------------
+
+case("RmsNorm", "RmsNorm", [x("batch", "seq", 8), k(weights(8) + 1)], {"epsilon": 1e-5}, domain=fused.DOMAIN,
+     xfail="ops.rms_norm has no CPU kernel (Ascend only); the fused graph's numbers are checked through its cpu "
+           "twin in tests/test_fuse_rmsnorm.py")
+
+
 # --- refusals: what the lowering must reject with a clear UnsupportedError ------------------------------------
 
 refusal("Squeeze_no_axes_dynamic", "without axes needs a fully static", "Squeeze", [x("batch", 1, 4)])
@@ -782,7 +793,8 @@ def test_every_handler_has_a_case():
     """Adding a handler (or a new since_version of one) without a case here fails."""
     covered = set()
     for c in CASES:
-        h = opmap.lookup("", c.op, c.opset)
+        h = opmap.lookup(c.domain, c.op, c.opset if not c.domain else
+                         next(i.version for i in c.model.opset_import if i.domain == c.domain))
         assert h is not None, f"case {c.id}: no handler for {c.op} at opset {c.opset}"
         assert any(nd.op_type == c.op for nd in c.model.graph.node), f"case {c.id} has no {c.op} node"
         covered.add((h.domain, h.op_type, h.since_version))

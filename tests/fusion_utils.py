@@ -1,0 +1,59 @@
+"""Helpers for fusion tests: apply one pass to a hand-built graph, prove the fused graph equals the original.
+
+A fusion test must show (1) the pass fired the expected number of times and (2) the fused graph, run by
+onnxruntime with the fused ops' function bodies, is numerically equal to the unfused graph at the reference
+shapes (two per symbolic dim).
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx_ir as ir
+
+import opmap.fused
+import passes
+from graphconv import census, compare, reference
+
+
+def fuse(model: onnx.ModelProto, pass_name: str) -> tuple[int, onnx.ModelProto]:
+    """Run one pass; return how often it fired and the fused model with function bodies attached."""
+    model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    m = ir.from_proto(model)
+    count = passes.PassManager(pass_name).run(m)[pass_name]
+    fused = opmap.fused.attach_functions(ir.to_proto(m))
+    return count, onnx.shape_inference.infer_shapes(fused, data_prop=True)
+
+
+def assert_same_numerics(original: onnx.ModelProto, fused: onnx.ModelProto, atol: float = 1e-5,
+                         rtol: float = 1e-5) -> None:
+    """onnxruntime on the fused graph equals onnxruntime on the original, at both reference shapes."""
+    cases = reference.make_cases(original)
+    for case, exp, got in zip(cases, reference.Oracle(original).run(cases), reference.Oracle(fused).run(cases)):
+        for name, ref in exp.items():
+            c = compare.compare(got[name], ref, atol, rtol, case.valid_positions(ref))
+            assert c.ok, (name, case.shape_text(), c)
+
+
+def fused_nodes(model: onnx.ModelProto, op_type: str | None = None) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.domain == opmap.fused.DOMAIN and (op_type is None or n.op_type == op_type)]
+
+
+def mindir_primitive_inputs(path, primitive: str) -> list[list]:
+    """For each call of `primitive` in a MindIR: its inputs, constants resolved to their values (float, int,
+    string or tensor dims) and other inputs as their node names. Read from the protobuf, never executed."""
+    model = census.read_mindir(path)
+    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
+    calls = []
+    for n in model.graph.node:
+        if n.op_type.startswith(f"REF::{primitive}:"):
+            args = []
+            for i in n.input:
+                c = consts.get(i)
+                if c is None or not c.attribute:
+                    args.append(i)
+                    continue
+                a = c.attribute[0]
+                args.append(a.f if a.type == a.FLOAT else a.i if a.type == a.INT else
+                            a.s.decode() if a.type == a.STRING else a)
+            calls.append(args)
+    return calls
