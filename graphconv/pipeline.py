@@ -173,6 +173,7 @@ class Compiler:
             check = self._check_pass if self.opt.verify_each and expected is not None else None
             self.report.fusions = self.pass_manager.run(
                 ir_model, after_each=(lambda p, m, k: check(p, m, cases, expected)) if check else None)
+            self.report.skipped_fusions = self.pass_manager.skipped
             fused = opmap.fused.attach_functions(ir.to_proto(ir_model))
             fused = onnx.shape_inference.infer_shapes(fused, data_prop=True)
             st.nodes_after = len(fused.graph.node)

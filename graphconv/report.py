@@ -30,6 +30,7 @@ class Report:
     model: dict = dataclasses.field(default_factory=dict)
     stages: list[Stage] = dataclasses.field(default_factory=list)
     fusions: dict[str, int] = dataclasses.field(default_factory=dict)
+    skipped_fusions: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # pass -> why not fused
     census: dict[str, int] = dataclasses.field(default_factory=dict)
     op_histogram: dict[str, int] = dataclasses.field(default_factory=dict)
     unsupported_ops: list[str] = dataclasses.field(default_factory=list)
@@ -72,6 +73,9 @@ class Report:
             lines.append("  ops: " + ", ".join(f"{k} {v}" for k, v in top))
         if self.fusions:
             lines.append("  fusions: " + ", ".join(f"{k} {v}" for k, v in self.fusions.items()))
+        for name, reasons in self.skipped_fusions.items():
+            for r in reasons[:5]:
+                lines.append(f"  {name} skipped {r}")
         if self.census:
             top = sorted(self.census.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
             lines.append("  MindIR primitives: " + ", ".join(f"{k} {v}" for k, v in top))

@@ -22,9 +22,12 @@ ENTRY_POINT_GROUP = "graphconv.passes"
 
 @dataclasses.dataclass(frozen=True)
 class Pass:
+    """`apply` returns how often the pass fired, or (count, reasons) where reasons say why candidate
+    matches were not rewritten (a failed constraint check); the report lists them."""
+
     name: str
     description: str
-    apply: Callable[[ir.Model], int]
+    apply: Callable[[ir.Model], "int | tuple[int, list[str]]"]
     default: bool  # in the default pipeline
     origin: str  # "builtin" or the plugin module that registered it
 
@@ -51,8 +54,20 @@ def rewrite_pass(name: str, description: str, rules, *, default: bool = True) ->
 
     ruleset = rules if isinstance(rules, pattern.RewriteRuleSet) else pattern.RewriteRuleSet(list(rules))
 
-    def apply(model: ir.Model) -> int:
-        return ruleset.apply_to_model(model)
+    def apply(model: ir.Model) -> tuple[int, list[str]]:
+        from onnxscript.rewriter import _basics
+
+        count = ruleset.apply_to_model(model)
+        # A second, tracing walk over what is left: with a tracer the rewriter only records why candidate
+        # matches failed their checks (it rewrites nothing), which is what the report wants.
+        tracer = _basics.MatchingTracer()
+        ruleset.apply_to_model(model, tracer=tracer)
+        skipped = []
+        for rule, matches in tracer.best_matches_map.items():
+            for m in matches:
+                if m.status == _basics.MatchStatus.CONDITION_FAILED:
+                    skipped.append(f"{m.root_node.name or m.root_node.op_type}: {m.match_result.reason}")
+        return count, sorted(set(skipped))
 
     register_pass(name, description, default=default)(apply)
     return _PASSES[name]
@@ -97,9 +112,15 @@ class PassManager:
         return [p.name for p in self.passes]
 
     def run(self, model: ir.Model, after_each: Callable[[Pass, ir.Model, int], None] | None = None) -> dict[str, int]:
-        counts = {}
+        """Apply the passes in order; returns pass -> count. Skip reasons are left in `self.skipped`."""
+        counts: dict[str, int] = {}
+        self.skipped: dict[str, list[str]] = {}
         for p in self.passes:
-            counts[p.name] = int(p.apply(model) or 0)
+            result = p.apply(model)
+            count, reasons = result if isinstance(result, tuple) else (result, [])
+            counts[p.name] = int(count or 0)
+            if reasons:
+                self.skipped[p.name] = list(reasons)
             if after_each is not None:
                 after_each(p, model, counts[p.name])
         return counts

@@ -50,7 +50,7 @@ def _rms_graph(square="pow", normalize="reciprocal", opset=18, dtype=TensorProto
         n = "n16"
     nodes.append(helper.make_node("Mul", ["gamma", n] if gamma_first else [n, "gamma"], ["y"]))
     g = helper.make_graph(nodes, "rms", [helper.make_tensor_value_info("x", dtype, ["batch", "seq", H])],
-                          [helper.make_tensor_value_info("y", dtype, None)], inits)
+                          [helper.make_tensor_value_info("y", dtype, ["batch", "seq", H])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
@@ -143,3 +143,11 @@ def test_transformers_llama_rmsnorm_count(export_cache, tmp_path):
     assert report.fusions["fuse-rmsnorm"] == 5
     assert report.census.get("RmsNorm") == 5
     assert report.status == "verified"
+
+
+def test_skipped_fusions_are_reported_with_their_reason(tmp_path):
+    p = tmp_path / "m.onnx"
+    onnx.save(_rms_graph(eps_shape=(H,)), p)
+    report = graphconv.compile(p, tmp_path / "m.mindir", simplify=False)
+    assert report.fusions["fuse-rmsnorm"] == 0
+    assert any("epsilon is not a constant scalar" in r for r in report.skipped_fusions["fuse-rmsnorm"])
