@@ -251,6 +251,30 @@ class Compiler:
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))
 
+    def check_ascend_precision(self, fused: onnx.ModelProto, cases, expected) -> None:
+        """Where the ascend lowering computes in lower precision than the fused op's reference body (q/k/v
+        cast to fp16 around FlashAttentionScore), measure that effect separately: onnxruntime runs the fused
+        graph with bodies that round like the ascend lowering, compared at the lower precision's tolerance."""
+        variant = opmap.fused.ascend_precision_variant(fused)
+        if variant is None:
+            return
+        self.progress.info("ascend precision (fp16 casts) vs oracle")
+        with self.report.stage("ascend-precision"):
+            got = reference.Oracle(variant).run(cases)
+            atol, rtol = compare.default_tolerance("float16")
+            results, failures = [], []
+            for case, exp, act in zip(cases, expected, got):
+                for name, ref in exp.items():
+                    c = compare.compare(act[name], ref, atol, rtol, case.valid_positions(ref))
+                    results.append({"case": case.name, "name": name, **c.as_dict()})
+                    if not c.ok:
+                        failures.append(f"output {name!r} at {case.shape_text()}: {c.reason}")
+            self.report.validation["ascend_precision"] = {
+                "precision": "float16", "atol": atol, "rtol": rtol, "outputs": results,
+                "status": "failed" if failures else "ok"}
+            if failures:
+                raise VerificationError("the ascend lowering's fp16 casts exceed fp16 tolerance: " + "; ".join(failures))
+
     def _tolerance(self) -> tuple[float, float]:
         atol, rtol = compare.default_tolerance("float32")
         return (self.opt.atol if self.opt.atol is not None else atol,
@@ -296,6 +320,8 @@ class Compiler:
                 _, twin_task = self.lower(cpu_form, ws, "cpu_twin")
                 checked = self._mindir(self.emit(twin_task, ws, out="twin"))
             self.verify(checked, cpu_form, cases, expected, net.output_names, ws)
+            if self.opt.target == "ascend":
+                self.check_ascend_precision(fused, cases, expected)
             self.report.validation["checked"] = ("cpu twin of " if checked is not mindir else "") + self.output.name
             self.report.status = "verified"
         else:

@@ -87,6 +87,11 @@ class Report:
                     flag = "ok" if out["ok"] else "FAIL"
                     lines.append(f"    {case['name']:<8} {out['name']:<20} max_abs {out['max_abs']:.3g}  "
                                  f"mean_abs {out['mean_abs']:.3g}  cosine {out['cosine']:.6f}  {flag}")
+        ap = self.validation.get("ascend_precision")
+        if ap:
+            worst = max((o["max_abs"] for o in ap["outputs"]), default=0.0)
+            lines.append(f"  ascend precision ({ap['precision']} casts): {ap['status']}, max_abs {worst:.3g} "
+                         f"(atol {ap['atol']:g}, rtol {ap['rtol']:g})")
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         for k, v in self.artifacts.items():

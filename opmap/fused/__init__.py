@@ -27,10 +27,14 @@ class FusedOp:
     body: Callable[[int], list[onnx.NodeProto]]  # opset -> nodes of the function body
     primitive: str  # the MindSpore primitive the ascend lowering emits
     doc: str = ""
+    # The body as the ascend lowering computes it when that differs in precision (e.g. q/k/v cast to fp16
+    # around FlashAttentionScore): run by onnxruntime to measure the cast's effect, never lowered.
+    ascend_body: Callable[[int], list[onnx.NodeProto]] | None = None
 
-    def function(self, opset: int) -> onnx.FunctionProto:
+    def function(self, opset: int, ascend_precision: bool = False) -> onnx.FunctionProto:
+        body = self.ascend_body if ascend_precision and self.ascend_body else self.body
         return onnx.helper.make_function(
-            DOMAIN, self.name, list(self.inputs), list(self.outputs), self.body(opset),
+            DOMAIN, self.name, list(self.inputs), list(self.outputs), body(opset),
             opset_imports=[onnx.helper.make_opsetid("", opset)], attributes=list(self.attributes),
             doc_string=self.doc)
 
@@ -54,6 +58,21 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     if used and not any(i.domain == DOMAIN for i in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     return model
+
+
+def ascend_precision_variant(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of a fused model whose function bodies compute in the ascend lowering's precision, or None
+    when no fused op of the model differs in precision from its reference body."""
+    used = {n.op_type for n in model.graph.node if n.domain == DOMAIN}
+    if not any(FUSED_OPS[name].ascend_body for name in used):
+        return None
+    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    variant = onnx.ModelProto()
+    variant.CopyFrom(model)
+    del variant.functions[:]
+    for name in sorted(used):
+        variant.functions.append(FUSED_OPS[name].function(opset, ascend_precision=True))
+    return variant
 
 
 def inline_fused(model: onnx.ModelProto) -> onnx.ModelProto:
