@@ -97,6 +97,102 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
         click.echo(report.summary())
 
 
+@cli.command("export")
+@click.argument("factory", metavar="PACKAGE.MODULE:FACTORY")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="ONNX file to write.")
+@click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset (14-23).")
+@click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
+              help="auto: dynamo (dynamic_shapes), then TorchScript (dynamic_axes) if dynamo refuses the model.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
+def export_cmd(factory, output, opset, exporter, as_json, quiet, debug):
+    """Export a PyTorch model to ONNX with dynamic axes and check it against PyTorch at two shapes.
+
+    FACTORY() returns (module, example_inputs, dynamic_axes): example_inputs maps input names to tensors
+    (passed as keyword arguments), dynamic_axes maps input names to {axis: dim name}. A zoo name such as
+    `llama` (see models/__init__.py) works too.
+    """
+    import dataclasses
+    import json
+
+    from graphconv.export import export_pytorch
+    from models import load_factory
+
+    _DEBUG["on"] = debug
+    try:
+        build = load_factory(factory)
+    except (ValueError, ImportError) as e:
+        raise click.UsageError(f"cannot load factory {factory!r}: {e}") from None
+    built = build()
+    if not (isinstance(built, tuple) and len(built) == 3 and isinstance(built[1], dict)):
+        raise click.UsageError(f"{factory} must return (module, example_inputs: dict, dynamic_axes: dict)")
+    module, example_inputs, dynamic_axes = built
+    progress = Progress(quiet=quiet)
+    progress.info(f"export {factory} with {exporter} at opset {opset}")
+    result = export_pytorch(module, example_inputs, output, dynamic_axes, opset=opset, exporter=exporter)
+    if as_json:
+        click.echo(json.dumps({**dataclasses.asdict(result), "path": str(result.path)}, indent=2))
+        return
+    for note in result.warnings:
+        progress.warn(note)
+    if not quiet:
+        click.echo(f"wrote {result.path} ({result.exporter} exporter, opset {result.opset})")
+        for c in result.checks:
+            click.echo(f"  onnxruntime vs PyTorch at {c['shape']} {c['inputs']}: max_abs {c['max_abs']:.3g} "
+                       f"cosine {c['cosine']:.6f}")
+
+
+@cli.command("matrix")
+@click.option("--full", is_flag=True, help="Every zoo model x exporter x opset 14-23 (long).")
+@click.option("--model", "models", multiple=True, metavar="NAME", help="Only these zoo models (repeatable).")
+@click.option("--exporter", "exporters", multiple=True, type=click.Choice(["dynamo", "torchscript"]))
+@click.option("--opset", "opsets", multiple=True, type=int)
+@click.option("--no-docs", is_flag=True, help="Do not rewrite docs/opset-matrix.md and .json.")
+@click.option("--json", "as_json", is_flag=True, help="Print the cells as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+def matrix_cmd(full, models, exporters, opsets, no_docs, as_json, quiet):
+    """Run the opset compatibility matrix and regenerate docs/opset-matrix.md.
+
+    Default: the CI slice (dynamo at opsets 17 and 18, every zoo model). Exit code 2 when a cell that passed
+    in docs/opset-matrix.json now fails or a fused-primitive count dropped.
+    """
+    import dataclasses
+    import json
+
+    from graphconv import matrix
+    from graphconv.errors import VerificationError
+    from models import PLAIN_TORCH, ZOO
+
+    names = list(models) or list(ZOO)
+    unknown = [m for m in names if m not in ZOO]
+    if unknown:
+        raise click.UsageError(f"unknown zoo model(s) {unknown}; choose from {', '.join(ZOO)}")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        names = [m for m in names if m in PLAIN_TORCH]
+    exporters = exporters or (matrix.EXPORTERS if full else matrix.SLICE["exporters"])
+    opsets = opsets or (matrix.OPSETS if full else matrix.SLICE["opsets"])
+    progress = Progress(quiet=quiet)
+    baseline = matrix.load_baseline()
+    cells = matrix.run_matrix(names, exporters, opsets, progress)
+    if not no_docs:
+        matrix.write_docs(cells)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(c) for c in cells], indent=1))
+    elif not quiet:
+        passed = sum(c.status == "pass" for c in cells)
+        click.echo(f"{passed} of {len(cells)} cells pass")
+        for c in cells:
+            if c.status != "pass":
+                click.echo(f"  {c.key}: {c.status}: {c.reason[:200]}")
+    found = matrix.regressions(cells, baseline)
+    if found:
+        raise VerificationError(f"{len(found)} regression(s): " + "; ".join(found))
+
+
 @cli.command("passes")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="Import MODULE's passes too.")
 def passes_cmd(plugins):

@@ -16,7 +16,7 @@ import onnx
 from graphconv import compare
 from graphconv.errors import InputError, UnsupportedError
 
-EXPORTERS = ("dynamo", "torchscript")
+EXPORTERS = ("auto", "dynamo", "torchscript")  # auto: dynamo, then TorchScript if dynamo refuses
 MIN_EXPORT_OPSET, MAX_EXPORT_OPSET = 14, 23
 
 
@@ -66,9 +66,36 @@ def _grown(example_inputs: dict, dynamic_axes: dict):
     return out
 
 
+def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, opset: int, exporter: str,
+                  names: list[str]) -> None:
+    import torch
+
+    input_names = list(example_inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if exporter == "dynamo":
+                dims: dict[str, object] = {}
+                dyn = {name: ({ax: dims.setdefault(dim, torch.export.Dim(dim))
+                               for ax, dim in dynamic_axes.get(name, {}).items()} or None) for name in input_names}
+                torch.onnx.export(module, (), str(path), kwargs=example_inputs, dynamo=True, opset_version=opset,
+                                  dynamic_shapes=dyn, input_names=input_names, output_names=names,
+                                  external_data=False, verbose=False)
+            else:
+                torch.onnx.export(module, tuple(example_inputs.values()), str(path), dynamo=False,
+                                  opset_version=opset, input_names=input_names, output_names=names,
+                                  dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()})
+        except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
+            first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
+            raise UnsupportedError(f"PyTorch's {exporter} exporter refused the model at opset {opset}: "
+                                   f"{first[:300]}") from None
+
+
 def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes: dict | None = None, *,
-                   opset: int = 17, exporter: str = "dynamo", output_names: list[str] | None = None,
+                   opset: int = 17, exporter: str = "auto", output_names: list[str] | None = None,
                    check: bool = True, atol: float = 1e-4, rtol: float = 1e-4) -> ExportResult:
+    """Export, check with onnx.checker, compare onnxruntime with PyTorch at two shapes. The file appears at
+    `path` only when every check passed."""
     import torch
 
     path = Path(path)
@@ -77,6 +104,8 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
         raise InputError(f"unknown exporter {exporter!r} (choose from {', '.join(EXPORTERS)})")
     if not MIN_EXPORT_OPSET <= opset <= MAX_EXPORT_OPSET:
         raise InputError(f"opset {opset} is outside {MIN_EXPORT_OPSET}-{MAX_EXPORT_OPSET}")
+    if not path.parent.is_dir():
+        raise InputError(f"output directory {path.parent} does not exist")
     for name, axes in dynamic_axes.items():
         if name not in example_inputs:
             raise InputError(f"dynamic_axes names {name!r}, which is not an example input")
@@ -89,26 +118,32 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
     with torch.no_grad():
         expected = _as_tuple(module(**example_inputs))
     names = output_names or (["output"] if len(expected) == 1 else [f"output_{i}" for i in range(len(expected))])
-    input_names = list(example_inputs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if exporter == "dynamo":
-            dims: dict[str, object] = {}
-            dyn = {}
-            for name in input_names:
-                axes = dynamic_axes.get(name, {})
-                dyn[name] = {ax: dims.setdefault(dim, torch.export.Dim(dim)) for ax, dim in axes.items()} or None
-            torch.onnx.export(module, (), str(path), kwargs=example_inputs, dynamo=True, opset_version=opset,
-                              dynamic_shapes=dyn, input_names=input_names, output_names=names,
-                              external_data=False, verbose=False)
-        else:
-            torch.onnx.export(module, tuple(example_inputs.values()), str(path), dynamo=False,
-                              opset_version=opset, input_names=input_names, output_names=names,
-                              dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()})
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        used = exporter if exporter != "auto" else "dynamo"
+        try:
+            _run_exporter(module, example_inputs, tmp, dynamic_axes, opset, used, names)
+        except UnsupportedError as e:
+            if exporter != "auto":
+                raise
+            notes.append(f"{e}; fell back to the TorchScript exporter")
+            used = "torchscript"
+            _run_exporter(module, example_inputs, tmp, dynamic_axes, opset, used, names)
+        result = _check(module, example_inputs, dynamic_axes, tmp, used, opset, names, notes, check, atol, rtol)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    result.path = path
+    return result
+
+
+def _check(module, example_inputs, dynamic_axes, path: Path, exporter: str, opset: int, names, notes,
+           check: bool, atol: float, rtol: float) -> ExportResult:
+    import torch
+
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:
-        path.unlink(missing_ok=True)
         raise UnsupportedError(f"PyTorch's {exporter} exporter produced an invalid ONNX model at opset {opset}: "
                                f"{str(e).strip().splitlines()[0]}") from None
     produced = next(i.version for i in onnx.load(str(path), load_external_data=False).opset_import
@@ -128,7 +163,8 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
             got = sess.run(None, {k: v.numpy() for k, v in inputs.items() if k in feed_names})
             for name, r, g in zip(names, ref, got):
                 c = compare.compare(g, r.detach().numpy(), atol, rtol)
-                checks.append({"shape": label, "output": name, **c.as_dict()})
+                checks.append({"shape": label, "inputs": {k: list(v.shape) for k, v in inputs.items()},
+                               "output": name, **c.as_dict()})
                 if not c.ok:
                     raise InputError(f"exported model disagrees with PyTorch at the {label}, output {name}: {c.reason}")
     return ExportResult(path, exporter, produced, checks, notes)

@@ -1,0 +1,67 @@
+"""graphconv export: the PyTorch front end and its guards."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import onnx
+import pytest
+import torch
+
+import graphconv
+from graphconv.export import export_pytorch
+
+
+class Doubler(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 + x.shape[0]
+
+
+def test_cli_exports_a_zoo_factory_with_dynamic_dims(tmp_path):
+    out = tmp_path / "mlp.onnx"
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "export", "models.mlp:build", "-o", str(out),
+                           "--opset", "18"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "second shape" in proc.stdout
+    model = onnx.load(out)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert [p.name for p in tmp_path.iterdir()] == ["mlp.onnx"]
+
+
+def test_result_is_checked_against_pytorch_at_two_shapes(tmp_path):
+    result = export_pytorch(Doubler(), {"x": torch.randn(3, 4)}, tmp_path / "d.onnx", {"x": {0: "batch"}},
+                            opset=18, exporter="dynamo")
+    shapes = {c["shape"]: c["inputs"]["x"] for c in result.checks}
+    assert shapes["export shape"] == [3, 4] and shapes["second shape"][0] != 3
+    assert all(c["ok"] for c in result.checks)
+
+
+def test_batch_one_example_is_refused(tmp_path):
+    with pytest.raises(graphconv.InputError, match="size 1 on dynamic axis 0"):
+        export_pytorch(Doubler(), {"x": torch.randn(1, 4)}, tmp_path / "d.onnx", {"x": {0: "batch"}})
+    assert not list(tmp_path.iterdir())
+
+
+def test_models_returning_dicts_are_refused_with_a_hint(tmp_path):
+    class Dicty(torch.nn.Module):
+        def forward(self, x):
+            return {"y": x}
+
+    with pytest.raises(graphconv.UnsupportedError, match="returns a dict"):
+        export_pytorch(Dicty(), {"x": torch.randn(2, 4)}, tmp_path / "d.onnx")
+
+
+def test_eval_mode_is_forced(tmp_path):
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.9)).train()
+    result = export_pytorch(m, {"input": torch.randn(3, 4)}, tmp_path / "d.onnx", {"input": {0: "batch"}},
+                            exporter="torchscript")
+    assert not m.training
+    assert all(c["ok"] for c in result.checks)  # with dropout active the comparison would fail
+
+
+def test_unknown_exporter_and_opset_are_refused(tmp_path):
+    with pytest.raises(graphconv.InputError, match="unknown exporter"):
+        export_pytorch(Doubler(), {"x": torch.randn(2, 4)}, tmp_path / "d.onnx", exporter="jit")
+    with pytest.raises(graphconv.InputError, match="opset 12"):
+        export_pytorch(Doubler(), {"x": torch.randn(2, 4)}, tmp_path / "d.onnx", opset=12)

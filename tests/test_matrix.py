@@ -1,0 +1,43 @@
+"""The opset matrix: CI runs the dynamo/opset-18 column for every zoo model (the rest with --runslow or
+`graphconv matrix --full`); a cell that passed in docs/opset-matrix.json must still pass, with no fused
+primitive count lower than recorded there."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphconv import matrix
+from models import PLAIN_TORCH, ZOO
+
+
+def _params():
+    for model in ZOO:
+        for exporter in matrix.EXPORTERS:
+            for opset in matrix.OPSETS:
+                marks = [] if (exporter, opset) == ("dynamo", 18) else [pytest.mark.slow]
+                yield pytest.param(model, exporter, opset, marks=marks, id=f"{model}-{exporter}-{opset}")
+
+
+@pytest.mark.parametrize("model,exporter,opset", list(_params()))
+def test_matrix_cell(model, exporter, opset, tmp_path):
+    if model not in PLAIN_TORCH:
+        pytest.importorskip("transformers")
+    cell = matrix.run_cell(model, exporter, opset, tmp_path)
+    assert matrix.regressions([cell], matrix.load_baseline()) == []
+    if cell.status == "exporter":
+        pytest.skip(f"PyTorch's exporter: {cell.reason[:200]}")
+    assert cell.status == "pass", cell.reason
+    assert cell.max_abs is not None and cell.max_abs <= 1e-4
+
+
+def test_markdown_lists_every_cell_and_reason(tmp_path):
+    cells = [matrix.Cell("m", "dynamo", 18, "pass"), matrix.Cell("m", "dynamo", 17, "exporter", "refused"),
+             matrix.Cell("n", "dynamo", 18, "fail", "too few fused primitives: RmsNorm 0 < 5")]
+    matrix.write_docs(cells, tmp_path)
+    text = (tmp_path / "opset-matrix.md").read_text()
+    assert "1 of 3 cells pass" in text
+    assert "| m | exporter [1] | pass |" in text and "| n | not run | fail [2] |" in text
+    assert "1. exporter: refused" in text and "2. fail: too few fused primitives" in text
+    baseline = matrix.load_baseline(tmp_path / "opset-matrix.json")
+    now = [matrix.Cell("m", "dynamo", 18, "fail", "broke")]
+    assert matrix.regressions(now, baseline) == ["m/dynamo/18: passed before, now fail: broke"]
