@@ -193,6 +193,21 @@ def matrix_cmd(full, models, exporters, opsets, no_docs, as_json, quiet):
         raise VerificationError(f"{len(found)} regression(s): " + "; ".join(found))
 
 
+@cli.command("inspect")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON on stdout: `ops` (ONNX, custom domains keyed domain::Op) or `primitives` (MindIR, "
+                   "call-weighted census).")
+def inspect_cmd(file, as_json):
+    """Show inputs, outputs, op or primitive histogram, fused ops and parameters of an .onnx or .mindir."""
+    import json
+
+    from graphconv.inspect import inspect, summary
+
+    info = inspect(file)
+    click.echo(json.dumps(info, indent=2) if as_json else summary(info))
+
+
 @cli.command("passes")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="Import MODULE's passes too.")
 def passes_cmd(plugins):
