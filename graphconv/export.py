@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnx
 
-from graphconv import compare
+from graphconv import compare, reference
 from graphconv.errors import InputError, UnsupportedError
 
 EXPORTERS = ("auto", "dynamo", "torchscript")  # auto: dynamo, then TorchScript if dynamo refuses
@@ -153,20 +153,28 @@ def _check(module, example_inputs, dynamic_axes, path: Path, exporter: str, opse
         notes.append(f"the {exporter} exporter produced opset {produced}, not the requested {opset}")
     checks = []
     if check:
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        feed_names = {i.name for i in sess.get_inputs()}
+        # The same oracle as compile (onnxruntime, onnx.reference where ORT cannot run the model) and the same
+        # rule: positions left-padded by an attention mask are undefined and not compared.
+        model = onnx.load(str(path))
+        feed_names = {vi.name for vi in model.graph.input}
+        specs = {s.name: s for s in reference.input_specs(model)}
+        oracle = reference.Oracle(path)
         for label, inputs in (("export shape", example_inputs), ("second shape", _grown(example_inputs, dynamic_axes))):
             with torch.no_grad():
                 ref = _as_tuple(module(**inputs))
-            got = sess.run(None, {k: v.numpy() for k, v in inputs.items() if k in feed_names})
-            for name, r, g in zip(names, ref, got):
-                c = compare.compare(g, r.detach().numpy(), atol, rtol)
+            feed = {k: v.numpy() for k, v in inputs.items() if k in feed_names}
+            mask = next((v for k, v in feed.items() if reference.is_mask_input(specs[k]) and v.ndim == 2), None)
+            case = reference.ReferenceCase(label, feed, None if mask is None else mask.astype(bool))
+            got = oracle.run([case])[0]
+            for name, r in zip(names, ref):
+                expected = r.detach().numpy()
+                c = compare.compare(got[name], expected, atol, rtol, case.valid_positions(expected))
                 checks.append({"shape": label, "inputs": {k: list(v.shape) for k, v in inputs.items()},
-                               "output": name, **c.as_dict()})
+                               "output": name, "oracle": oracle.name, **c.as_dict()})
                 if not c.ok:
                     raise InputError(f"exported model disagrees with PyTorch at the {label}, output {name}: {c.reason}")
+        if oracle.fallback_reason:
+            notes.append(oracle.fallback_reason + "; checked with onnx.reference instead")
     return ExportResult(path, exporter, produced, checks, notes)
 
 

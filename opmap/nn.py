@@ -174,3 +174,21 @@ def layer_norm(n):
     if n.has(2):
         y = f"{y} + {n.x(2)}"
     return y
+
+
+@register("RMSNormalization", since=23)
+def rms_normalization(n):
+    """Opset 23: y = x / sqrt(mean(x^2 over axes[axis:]) + eps) * scale, statistics in fp32 (stash_type=1)."""
+    rank = n.require_rank(0)
+    axes = tuple(range(n.axis(n.attr("axis", -1), rank), rank))
+    eps = float(n.attr("epsilon", 1e-5))
+    x = n.x(0)
+    low_precision = n.dtype(0) is not None and n.dtype(0).name in ("FLOAT16", "BFLOAT16")
+    if low_precision:
+        x = n.tmp(f"ops.cast({x}, ms.float32)", "x32")
+    ms_ = n.tmp(f"ops.mean({x} * {x}, {axes!r}, keep_dims=True)", "meansq")
+    y = f"{x} * ops.rsqrt({ms_} + {eps!r})"
+    if low_precision:
+        y = f"ops.cast({y}, {n.ms_dtype(n.dtype(0))})"
+    return f"{y} * {n.x(1)}"
+

@@ -6,6 +6,7 @@ Spellings matched (each with Mul/Add operands in either order):
   normalise   Mul(x, Reciprocal(Sqrt(m + eps))) | Mul(x, Div(1, Sqrt(m + eps))) | Div(x, Sqrt(m + eps))
   precision   optional Cast to fp32 before and Cast back after (fp16/bf16 islands)
   scale       Mul(normed, gamma) with gamma of rank 1 (a Gemma-style (1 + w) is folded into gamma by onnxsim)
+  native      opset 23's RMSNormalization over the last axis, stash_type fp32
 Refused (the report's check reasons): a mean over another axis or keepdims=0, a non-scalar or non-positive
 epsilon, a gamma that is not 1-D of the normalised size, dtypes MindSpore's RmsNorm does not take.
 """
@@ -96,6 +97,36 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         return op.RmsNorm(x, gamma, epsilon=eps, _domain="mindspore")
 
 
+class NativeRmsNormalization(pattern.RewriteRuleClassBase):
+    """Opset 23's RMSNormalization (what dynamo emits for an RMSNorm formula at opset 23)."""
+
+    def pattern(self, op, x, gamma):
+        return op.RMSNormalization(x, gamma, _outputs=["y"])
+
+    def check(self, context, x, gamma, y, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        attrs = y.producer().attributes
+        get = lambda k, d: attrs[k].value if k in attrs else d  # noqa: E731
+        rank = x.shape.rank() if x.shape is not None else None
+        if rank is None or get("axis", -1) % rank != rank - 1:
+            return result.fail("RMSNormalization over more than the last axis", x)
+        if get("stash_type", 1) != 1:
+            return result.fail("stash_type is not fp32 (RmsNorm computes its statistics in fp32)", x)
+        if x.dtype not in _FLOATS or gamma.dtype != x.dtype:
+            return result.fail(f"dtypes x={x.dtype}, gamma={gamma.dtype}: RmsNorm needs one float dtype", gamma)
+        if gamma.shape is None or gamma.shape.rank() != 1:
+            return result.fail("gamma is not 1-D", gamma)
+        if not 0 < get("epsilon", 1e-5) <= 1:
+            return result.fail("epsilon is not in (0, 1]", x)
+        return result
+
+    def rewrite(self, op, x, gamma, y, **_):
+        attrs = y.producer().attributes
+        eps = float(attrs["epsilon"].value) if "epsilon" in attrs else 1e-5
+        return op.RmsNorm(x, gamma, epsilon=eps, _domain="mindspore")
+
+
 RULES = [RmsNormFusion.rule(f"RmsNorm-{v}", v) for v in ("reciprocal", "div-one", "div")]
+RULES.append(NativeRmsNormalization.rule("RmsNorm-native"))
 PASS = rewrite_pass("fuse-rmsnorm", "decomposed RMSNorm (Pow/Mul, Sqrt, Reciprocal/Div, Cast islands) -> "
                     "mindspore::RmsNorm", pattern.RewriteRuleSet(RULES, commute=True))

@@ -113,7 +113,31 @@ def test_pass_can_be_disabled_and_unknown_passes_are_refused():
         passes.PassManager("fuse-everything")
 
 
-@pytest.mark.parametrize("exporter,opset", [("dynamo", 18), ("torchscript", 17), ("torchscript", 14)])
+def _native_graph(axis=-1, stash_type=1, gamma_shape=(H,)):
+    g = helper.make_graph(
+        [helper.make_node("RMSNormalization", ["x", "gamma"], ["y"], axis=axis, epsilon=EPS, stash_type=stash_type)],
+        "rms23", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", H])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", H])],
+        [numpy_helper.from_array(np.random.default_rng(1).standard_normal(gamma_shape).astype(np.float32), "gamma")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_opset23_native_rmsnormalization_fuses():
+    original = _native_graph()
+    count, fused = fuse(original, "fuse-rmsnorm")
+    assert count == 1
+    (node,) = [n for n in fused.graph.node if n.domain == "mindspore"]
+    assert node.op_type == "RmsNorm" and helper.get_attribute_value(node.attribute[0]) == pytest.approx(EPS)
+    assert_same_numerics(original, fused, 1e-5, 1e-5)
+
+
+def test_opset23_native_rmsnormalization_over_two_axes_does_not_fuse():
+    count, _ = fuse(_native_graph(axis=-2, gamma_shape=(5, H)), "fuse-rmsnorm")
+    assert count == 0
+
+
+@pytest.mark.parametrize("exporter,opset", [("dynamo", 18), ("torchscript", 17), ("torchscript", 14),
+                                            ("dynamo", 23)])
 def test_zoo_llama_gets_2n_plus_1_rmsnorm(exporter, opset, export_cache, tmp_path):
     n_layers = 2
     onnx_path = export_cache("llama", opset, exporter)
