@@ -193,6 +193,29 @@ def matrix_cmd(full, models, exporters, opsets, no_docs, as_json, quiet):
         raise VerificationError(f"{len(found)} regression(s): " + "; ".join(found))
 
 
+@cli.command("debug")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), help="Inputs (.npz); default: generated.")
+@click.option("--target", type=click.Choice(["cpu"]), default="cpu", show_default=True,
+              help="The network to run (fused ops replaced by their reference bodies).")
+@click.option("--passes", "pass_spec", metavar="P1,P2,...", help="Pass pipeline (default: the default one).")
+@click.option("--atol", type=float, help="Absolute tolerance (default 1e-4).")
+@click.option("--rtol", type=float, help="Relative tolerance (default 1e-4).")
+@click.option("--mask-input", "mask_inputs", multiple=True, metavar="NAME", help="Treat NAME as an attention mask.")
+@click.option("--save", type=click.Path(file_okay=False, path_type=Path),
+              help="Write each compared tensor pair as NAME.onnxruntime.npy / NAME.mindspore.npy here.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (rows and first_divergent) on stdout.")
+def debug_cmd(model, inputs, target, pass_spec, atol, rtol, mask_inputs, save, as_json):
+    """Run onnxruntime and the MindSpore network with every intermediate tensor exposed; name the first
+    node that exceeds the tolerance."""
+    import json
+
+    from graphconv.debug import debug
+
+    report = debug(model, inputs, target, pass_spec, atol, rtol, save, tuple(mask_inputs))
+    click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.table())
+
+
 @cli.command("inspect")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True,

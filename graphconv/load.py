@@ -99,6 +99,19 @@ def check_opsets(model: onnx.ModelProto) -> None:
         raise UnsupportedError(f"opset {opset} is outside the supported range {MIN_OPSET}-{MAX_OPSET}")
 
 
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give unnamed nodes the stable name `<op>_<index>` (ARCHITECTURE.md contracts): every later stage,
+    the report and `graphconv debug` then speak of the same nodes."""
+    used = {n.name for n in model.graph.node if n.name}
+    for k, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{k}"
+            while name in used:
+                name += "_"
+            node.name = name
+            used.add(name)
+
+
 def load(path: str | os.PathLike) -> LoadedModel:
     """Read, check and shape-infer. Checks and inference run on the proto without its weights (external
     tensors keep their dims), so they cost the same for a 10 MB and a 30 GB model."""
@@ -116,6 +129,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as e:
         raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
+    name_nodes(model)
     if external:
         if model.ByteSize() + external > _PROTO_LIMIT:
             raise UnsupportedError(f"{path}: models whose weights exceed 2 GB are not supported yet "

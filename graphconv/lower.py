@@ -451,8 +451,8 @@ def _np_literal(value: np.ndarray) -> str:
         value = value.astype(np.float32)  # cast back to the right MindSpore dtype by Tensor(..., dtype)
     if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
         body = repr(value.tolist()).replace("inf", "np.inf").replace("nan", "np.nan")
-        return f"np.array({body}, dtype=np.{value.dtype.name})"
-    return f"np.array({value.tolist()!r}, dtype=np.{value.dtype.name})"
+        return f"np.array({body}, dtype={value.dtype.name!r})"
+    return f"np.array({value.tolist()!r}, dtype={value.dtype.name!r})"
 
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:

@@ -1,0 +1,147 @@
+"""graphconv debug: find the first node where the MindSpore network diverges from onnxruntime.
+
+Both sides run with every intermediate tensor exposed: onnxruntime on the original graph (every node output
+made a graph output), the generated MindSpore network (lowered from the fused graph, with every value that
+also exists in the original graph returned). Tensors are aligned by ONNX value name (a fused node is compared
+at its outputs, which keep the original names), compared with the shared rule in the original graph's
+topological order; `first_divergent` is the first node whose output fails the rule or turns non-finite where
+the reference is finite (graphconv.compare).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+import opmap.fused
+import passes
+from graphconv import compare, reference, runner
+from graphconv.errors import InternalError
+from graphconv.load import load
+
+# What usually makes a node of this kind disagree.
+LIKELY_CAUSES = {
+    "RmsNorm": "epsilon, the normalised axis, or the Cast island around it",
+    "LayerNorm": "epsilon (MindSpore's nn.LayerNorm defaults to 1e-7), the normalised axes",
+    "LayerNormalization": "epsilon, the normalised axes, stash_type",
+    "RotaryPositionEmbedding": "rotary direction (rotate_half vs interleaved), the cos/sin layout",
+    "FlashAttentionScore": "mask polarity (1 = discard), scale, head counts, fp16 casts of q/k/v",
+    "Softmax": "the axis; a mask with the wrong polarity or a non-finite fill value",
+    "Where": "mask polarity",
+    "Cast": "the target dtype; overflow when narrowing",
+    "Exp": "overflow in low precision",
+    "Pow": "overflow in low precision, the exponent",
+    "MatMul": "accumulation precision, transposed operands",
+    "Reshape": "a 0 or -1 in the target shape, a baked-in size",
+    "Gather": "negative indices, the axis",
+    "Slice": "negative or open-ended starts/ends, the step",
+}
+
+
+@dataclasses.dataclass
+class Row:
+    node: str
+    op: str
+    output: str
+    status: str  # ok | suspicious | fail | fused (inside a fused op, not a value of the network)
+    max_abs: float | None = None
+    mean_abs: float | None = None
+    cosine: float | None = None
+    reason: str = ""
+    likely_causes: str = ""
+
+
+@dataclasses.dataclass
+class DebugReport:
+    rows: list[Row]
+    first_divergent: str | None
+    inputs: dict[str, list[int]]
+    oracle: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def table(self) -> str:
+        lines = [f"{'node':<32} {'op':<22} {'max_abs':>10} {'mean_abs':>10} {'cosine':>9}  status"]
+        for r in self.rows:
+            nums = (f"{r.max_abs:>10.3g} {r.mean_abs:>10.3g} {r.cosine:>9.6f}" if r.max_abs is not None
+                    else f"{'-':>10} {'-':>10} {'-':>9}")
+            lines.append(f"{r.node[:32]:<32} {r.op[:22]:<22} {nums}  {r.status}"
+                         + (f"  ({r.likely_causes})" if r.likely_causes else ""))
+        lines.append(f"first divergent node: {self.first_divergent or 'none'}")
+        return "\n".join(lines)
+
+
+def _expose_all(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of `model` whose graph outputs are its own outputs plus every value in `names` with a type."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    typed = {vi.name: vi for vi in list(out.graph.value_info) + list(out.graph.output)}
+    present = {o.name for o in out.graph.output}
+    for name in names:
+        if name in typed and name not in present and typed[name].type.tensor_type.elem_type:
+            out.graph.output.append(typed[name])
+            present.add(name)
+    return out
+
+
+def debug(model_path: str | Path, inputs: Path | None = None, target: str = "cpu", pass_spec: str | None = None,
+          atol: float | None = None, rtol: float | None = None, save: Path | None = None,
+          mask_inputs: tuple[str, ...] = ()) -> DebugReport:
+    """Compare every intermediate tensor of the MindSpore network with onnxruntime on one input case."""
+    loaded = load(model_path)
+    original = onnx.shape_inference.infer_shapes(loaded.proto, data_prop=True)
+    case = (reference.load_npz_cases([Path(inputs)], original, mask_inputs) if inputs
+            else reference.make_cases(original, mask_inputs))[0]
+    order = [(n.name, n.op_type, [o for o in n.output if o]) for n in original.graph.node]
+    all_values = [o for _, _, outs in order for o in outs]
+
+    oracle = reference.Oracle(_expose_all(original, all_values))
+    expected = oracle.run([case])[0]
+
+    ir_model = ir.from_proto(original)
+    passes.PassManager(pass_spec).run(ir_model)
+    fused = opmap.fused.attach_functions(ir.to_proto(ir_model))
+    fused = onnx.shape_inference.infer_shapes(fused, data_prop=True)
+    network = opmap.fused.inline_fused(fused) if target == "cpu" else fused
+    network = onnx.shape_inference.infer_shapes(network, data_prop=True)
+    exposed = _expose_all(network, all_values)
+    result = runner.run_models([(exposed, [case.inputs])])[0]
+    if result.outputs is None:
+        raise InternalError(f"the MindSpore network did not run: {result.error}")
+    got = dict(zip([o.name for o in exposed.graph.output], result.outputs[0]))
+
+    default_atol, default_rtol = compare.default_tolerance("float32")
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    rows, first = [], None
+    for node, op, outs in order:
+        for name in outs:
+            if name not in expected:
+                continue
+            ref = expected[name]
+            if name not in got:
+                rows.append(Row(node, op, name, "fused", reason="inside a fused op: compared at the fused op's outputs"))
+                continue
+            act = got[name]
+            c = compare.compare(act, ref, atol, rtol)
+            nonfinite = (np.asarray(ref).dtype.kind == "f" and np.isfinite(ref).all()
+                         and not np.isfinite(np.asarray(act, dtype=np.float64)).all())
+            status = "ok" if c.ok and not nonfinite else ("suspicious" if c.suspicious else "fail")
+            row = Row(node, op, name, status, c.max_abs, c.mean_abs, c.cosine, c.reason or
+                      ("non-finite where the reference is finite" if nonfinite else ""))
+            if status != "ok":
+                row.likely_causes = LIKELY_CAUSES.get(op, "")
+                if first is None:
+                    first = node
+            rows.append(row)
+            if save is not None:
+                save.mkdir(parents=True, exist_ok=True)
+                safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+                np.save(save / f"{safe}.onnxruntime.npy", ref)
+                np.save(save / f"{safe}.mindspore.npy", act)
+    return DebugReport(rows, first, {k: list(v.shape) for k, v in case.inputs.items()}, oracle.name)
