@@ -346,7 +346,7 @@ class Lowering:
             self.emit(f"{var} = {expr}")
             self.operands[value] = Operand(expr=var)
         for value in node.outputs[len(exprs):]:
-            if value.name and value.uses():
+            if value.name and (value.uses() or value.is_graph_output()):
                 raise UnsupportedError(f"node {node.name!r} ({node.op_type}): output {len(exprs)} is not supported")
 
     def _set_const(self, value: ir.Value, array: np.ndarray) -> None:

@@ -39,6 +39,9 @@ def run_models(items: list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]])
             except GraphconvError as e:
                 results[k] = RunResult(None, str(e))
                 continue
+            except Exception as e:  # noqa: BLE001 - one model's lowering bug must not sink the batch
+                results[k] = RunResult(None, f"internal error while lowering: {type(e).__name__}: {e}")
+                continue
             case_files, out_files = [], []
             for c, inputs in enumerate(cases):
                 p = work / f"net{k}.case{c}.npz"

@@ -151,6 +151,18 @@ def node(op, ins, outs, **attrs):
 
 
 # Value generators: (rng, shape, dims) -> array.
+def ints(lo, hi):
+    return lambda r, s, d: r.integers(lo, hi, s)
+
+
+def uniform(lo, hi):
+    return lambda r, s, d: r.uniform(lo, hi, s)
+
+
+def signed(r, s, d):  # magnitudes in [1, 3), either sign
+    return r.uniform(1, 3, s) * r.choice([-1, 1], s)
+
+
 def wide(r, s, d):  # where transcendental approximations drift (tanh near |x| = 5, say)
     return r.uniform(-7.0, 7.0, s)
 
@@ -229,9 +241,9 @@ case("IsInf_none", "IsInf", [x(gen=specials)], {"detect_positive": 0, "detect_ne
 # --- elementwise: binary -------------------------------------------------------------------------------------
 
 for _op in ("Add", "Sub", "Mul"):
-    case(f"{_op}_broadcast", _op, [x(), x(4)])
     case(f"{_op}_both_sides", _op, [x(), x("seq", 1)])
-    case(f"{_op}_int64", _op, [x(dtype=I64), x("seq", 1, dtype=I64)])
+case("Add_broadcast", "Add", [x(), x(4)])
+case("Mul_int64", "Mul", [x(dtype=I64), x("seq", 1, dtype=I64)])
 case("Sub_scalar_left", "Sub", [k(2.5, F32), x()])
 case("Mul_scalar_right", "Mul", [x(), k(0.5, F32)])
 case("Mul_scalar_fp16", "Mul", [x(dtype=F16), k(0.5, F16)], atol=1e-3, rtol=1e-3)
@@ -243,11 +255,12 @@ case("Add_scalar_input", "Add", [x(), x(name="s", shape=())])
 case("Pow", "Pow", [x(gen=positive), x(4, gen=unit)])
 case("Pow_scalar_exponent", "Pow", [x(), k(2.0, F32)])
 case("Pow_scalar_base", "Pow", [k(2.0, F32), x()])
-case("Pow_negative_base", "Pow", [x(), x(4, gen=lambda r, s, d: r.integers(0, 4, s))])
-case("Pow_int_exponent", "Pow", [x(), x(4, dtype=I64, gen=lambda r, s, d: r.integers(0, 4, s))])
-case("Pow_int64", "Pow", [x(dtype=I64, gen=small_int), x(4, dtype=I64, gen=lambda r, s, d: r.integers(0, 4, s))])
+case("Pow_negative_base", "Pow", [x(), x(4, gen=ints(0, 4))])
+case("Pow_int_exponent", "Pow", [x(), x(4, dtype=I64, gen=ints(0, 4))])
+case("Pow_int64", "Pow", [x(dtype=I64, gen=small_int), x(4, dtype=I64, gen=ints(0, 4))])
 for _op in ("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"):
     case(f"{_op}", _op, [x(), x("seq", 1)])
+for _op in ("Equal", "Less", "Greater"):
     case(f"{_op}_int64", _op, [x(dtype=I64, gen=small_int), x(4, dtype=I64, gen=small_int)])
 case("Equal_bool", "Equal", [x(dtype=BOOL), x(4, dtype=BOOL)])
 case("Less_scalar", "Less", [x(), k(0.0, F32)])
@@ -255,19 +268,17 @@ for _op in ("And", "Or", "Xor"):
     case(f"{_op}", _op, [x(dtype=BOOL), x("seq", 1, dtype=BOOL)])
 for _op in ("BitwiseAnd", "BitwiseOr", "BitwiseXor"):
     case(f"{_op}_int32", _op, [x(dtype=I32), x(4, dtype=I32)], opset=18)
-    case(f"{_op}_int64", _op, [x(dtype=I64), x("seq", 1, dtype=I64)], opset=18)
+case("BitwiseAnd_int64", "BitwiseAnd", [x(dtype=I64), x("seq", 1, dtype=I64)], opset=18)
 case("Div", "Div", [x(), x(4, gen=positive)])
 case("Div_scalar", "Div", [x(), k(4.0, F32)])
 case("Div_scalar_left", "Div", [k(1.0, F32), x(gen=positive)])
-case("Div_int64_trunc", "Div", [x(dtype=I64, gen=lambda r, s, d: r.integers(-20, 21, s)), x(4, dtype=I64, gen=nonzero_int)])
-case("Div_int32_trunc", "Div", [x(dtype=I32, gen=lambda r, s, d: r.integers(-20, 21, s)), x(4, dtype=I32, gen=nonzero_int)])
-case("Div_int_scalar", "Div", [x(dtype=I64, gen=lambda r, s, d: r.integers(-20, 21, s)), k(3, I64)])
-case("Mod_int64", "Mod", [x(dtype=I64, gen=lambda r, s, d: r.integers(-20, 21, s)), x(4, dtype=I64, gen=nonzero_int)])
-case("Mod_int32_fmod", "Mod", [x(dtype=I32, gen=lambda r, s, d: r.integers(-20, 21, s)), x(4, dtype=I32, gen=nonzero_int)],
+case("Div_int64_trunc", "Div", [x(dtype=I64, gen=ints(-20, 21)), x(4, dtype=I64, gen=nonzero_int)])
+case("Div_int32_trunc", "Div", [x(dtype=I32, gen=ints(-20, 21)), x(4, dtype=I32, gen=nonzero_int)])
+case("Div_int_scalar", "Div", [x(dtype=I64, gen=ints(-20, 21)), k(3, I64)])
+case("Mod_int64", "Mod", [x(dtype=I64, gen=ints(-20, 21)), x(4, dtype=I64, gen=nonzero_int)])
+case("Mod_int32_fmod", "Mod", [x(dtype=I32, gen=ints(-20, 21)), x(4, dtype=I32, gen=nonzero_int)],
      {"fmod": 1})
-case("Mod_float_fmod", "Mod", [x(gen=lambda r, s, d: r.uniform(-9, 9, s)), x(4, gen=lambda r, s, d: r.uniform(1, 3, s)
-                                                                                       * r.choice([-1, 1], s))],
-     {"fmod": 1})
+case("Mod_float_fmod", "Mod", [x(gen=uniform(-9, 9)), x(4, gen=signed)], {"fmod": 1})
 
 # --- elementwise: variadic, Where, Cast, Clip ----------------------------------------------------------------
 
@@ -278,58 +289,54 @@ case("Max_int64", "Max", [x(dtype=I64), x(4, dtype=I64)])
 case("Min_two", "Min", [x(4), x()])
 case("Where", "Where", [x("batch", 1, 4, dtype=BOOL), x("seq", 4), x(1)])
 case("Where_int64", "Where", [x(dtype=BOOL), x(dtype=I64), k(-1, I64)])
-case("Where_const_condition", "Where", [k([True, False, False, True]), x(), x(4)],
-     xfail="graphconv.lower._np_literal writes dtype=np.bool, which numpy 1.26 does not have")
-for _src, _dst, _gen in [(F32, I32, halves), (F32, I64, lambda r, s, d: r.uniform(-9, 9, s)), (F32, BOOL, with_zeros),
-                         (BOOL, F32, None), (I64, F32, None), (I32, I64, None), (I64, BOOL, small_int),
+case("Where_const_condition", "Where", [k([True, False, False, True]), x(), x(4)])
+for _src, _dst, _gen in [(F32, I32, halves), (F32, I64, uniform(-9, 9)), (F32, BOOL, with_zeros),
+                         (BOOL, F32, None), (I64, F32, None), (I64, BOOL, small_int),
                          (F32, F16, None), (F16, F32, None), (I64, I32, None), (BOOL, I64, None)]:
     _name = f"Cast_{np.dtype(_src).name}_{np.dtype(_dst).name}"
     case(_name, "Cast", [x(dtype=_src, gen=_gen)], {"to": oh.np_dtype_to_tensor_dtype(np.dtype(_dst))})
-case("CastLike", "CastLike", [x(gen=lambda r, s, d: r.uniform(-9, 9, s)), x(1, dtype=I64)], opset=15)
+case("CastLike", "CastLike", [x(gen=uniform(-9, 9)), x(1, dtype=I64)], opset=15)
 case("Clip", "Clip", [x(), k(-0.5, F32), k(0.5, F32)], opset=13)
 case("Clip_max_only", "Clip", [x(), None, k(0.3, F32)], opset=13)
 case("Clip_min_only", "Clip", [x(), k(-0.2, F32)], opset=13)
 case("Clip_none", "Clip", [x()], opset=13)
 case("Clip_int64", "Clip", [x(dtype=I64), k(-2, I64), k(3, I64)], opset=13)
 case("Clip_runtime_bounds", "Clip", [x(), x(shape=(), name="lo", gen=lambda r, s, d: -r.uniform(0, 1, s)),
-                                     x(shape=(), name="hi", gen=lambda r, s, d: r.uniform(0, 1, s))], opset=13)
+                                     x(shape=(), name="hi", gen=uniform(0, 1))], opset=13)
 case("Clip_opset11", "Clip", [x(), k(-0.5, F32), k(0.5, F32)], opset=11)
 
 # --- activations ---------------------------------------------------------------------------------------------
 
 case("LeakyRelu", "LeakyRelu", [x()], {"alpha": 0.2})
-case("LeakyRelu_default", "LeakyRelu", [x()])
 case("Elu", "Elu", [x()], {"alpha": 0.5})
 case("Selu", "Selu", [x()])
 case("Selu_attrs", "Selu", [x()], {"alpha": 1.5, "gamma": 2.0})
-case("HardSigmoid", "HardSigmoid", [x(gen=lambda r, s, d: r.uniform(-6, 6, s))], {"alpha": 0.3, "beta": 0.4})
-case("HardSigmoid_default", "HardSigmoid", [x(gen=lambda r, s, d: r.uniform(-6, 6, s))])
-case("HardSwish", "HardSwish", [x(gen=lambda r, s, d: r.uniform(-6, 6, s))])
+case("HardSigmoid", "HardSigmoid", [x(gen=uniform(-6, 6))], {"alpha": 0.3, "beta": 0.4})
+case("HardSwish", "HardSwish", [x(gen=uniform(-6, 6))])
 case("PRelu_vector", "PRelu", [x(), x(4)])
 case("PRelu_channels", "PRelu", [x("batch", 3, "h", "w"), k(np.array([[[0.1]], [[0.2]], [[-0.3]]], F32))])
 case("ThresholdedRelu", "ThresholdedRelu", [x()], {"alpha": 0.3})
 case("Gelu_none", "Gelu", [x(gen=wide)], opset=20)
 case("Gelu_tanh", "Gelu", [x(gen=wide)], {"approximate": "tanh"}, opset=20)
 case("Celu", "Celu", [x()], {"alpha": 2.0})
-case("Mish", "Mish", [x(gen=lambda r, s, d: r.uniform(-6, 6, s))], opset=18)
-case("Softplus_large", "Softplus", [x(gen=lambda r, s, d: r.uniform(-30, 30, s))])
+case("Mish", "Mish", [x(gen=uniform(-6, 6))], opset=18)
+case("Softplus_large", "Softplus", [x(gen=uniform(-30, 30))])
 
 # --- reductions ----------------------------------------------------------------------------------------------
 
 REDUCE_INPUTS = {"ReduceMean": None, "ReduceSum": None, "ReduceMax": None, "ReduceMin": None,
-                 "ReduceProd": lambda r, s, d: r.uniform(0.5, 1.5, s), "ReduceL1": None, "ReduceL2": None,
+                 "ReduceProd": uniform(0.5, 1.5), "ReduceL1": None, "ReduceL2": None,
                  "ReduceSumSquare": None, "ReduceLogSum": positive, "ReduceLogSumExp": None}
 for _op, _gen in REDUCE_INPUTS.items():
     attr_opset = 11 if _op == "ReduceSum" else 13  # axes attribute
     input_opset = 13 if _op == "ReduceSum" else 18  # axes input
     case(f"{_op}_attr_axes", _op, [x(gen=_gen)], {"axes": [0, -1], "keepdims": 0}, opset=attr_opset)
     case(f"{_op}_input_axes", _op, [x(gen=_gen), k([-2], I64)], opset=input_opset)
-for _op in ("ReduceMax", "ReduceProd", "ReduceL2", "ReduceLogSumExp"):
+for _op in ("ReduceMax", "ReduceLogSumExp"):
     case(f"{_op}_all_axes", _op, [x(gen=REDUCE_INPUTS[_op])], opset=18)
 case("ReduceMean_opset17", "ReduceMean", [x()], {"axes": [1], "keepdims": 0}, opset=17)
 case("ReduceMean_all_nokeep", "ReduceMean", [x()], {"keepdims": 0}, opset=18)
 case("ReduceMean_noop_empty_axes", "ReduceMean", [x()], {"noop_with_empty_axes": 1}, opset=18)
-case("ReduceSum_input_axes_keep", "ReduceSum", [x(), k([1], I64)], opset=13)
 case("ReduceSum_all_nokeep", "ReduceSum", [x()], {"keepdims": 0}, opset=13)
 case("ReduceSum_empty_axes_input", "ReduceSum", [x(), k(np.zeros(0, I64))], opset=13)
 case("ReduceSum_int64", "ReduceSum", [x(dtype=I64), k([1], I64)], opset=13)
@@ -337,13 +344,13 @@ case("ReduceMax_int64", "ReduceMax", [x(dtype=I64), k([-1], I64)], opset=18)
 for _op in ("ArgMax", "ArgMin"):
     case(f"{_op}_keepdims", _op, [x()], {"axis": -1})
     case(f"{_op}_nokeep", _op, [x()], {"axis": 1, "keepdims": 0})
-    case(f"{_op}_default_axis", _op, [x()])
-    case(f"{_op}_int_ties", _op, [x(dtype=I64, gen=lambda r, s, d: r.integers(0, 2, s))], {"axis": -1})
+    case(f"{_op}_int_ties", _op, [x(dtype=I64, gen=ints(0, 2))], {"axis": -1})
+case("ArgMax_default_axis", "ArgMax", [x()])
 for _op in ("Softmax", "LogSoftmax"):
     case(f"{_op}", _op, [x()])
     case(f"{_op}_axis1", _op, [x()], {"axis": 1})
     case(f"{_op}_negative_axis", _op, [x("batch", "seq", 4, 3)], {"axis": -3})
-    case(f"{_op}_large", _op, [x(gen=lambda r, s, d: r.uniform(-80, 80, s))])
+    case(f"{_op}_large", _op, [x(gen=uniform(-80, 80))])
 
 # --- shape ops -----------------------------------------------------------------------------------------------
 
@@ -386,7 +393,6 @@ for _axis in (0, 1, 2, 3, -1, -3):
     case(f"Flatten_axis{_axis}".replace("-", "m"), "Flatten", [x()], {"axis": _axis}, opset=13)
 case("Flatten_default", "Flatten", [x("batch", 3, "h", "w")], opset=13)
 case("Flatten_rank4_axis2", "Flatten", [x("batch", 3, "h", "w")], {"axis": 2}, opset=13)
-case("Flatten_rank4_axis3", "Flatten", [x("batch", 3, "h", 2)], {"axis": 3}, opset=13)
 case("Transpose_default", "Transpose", [x()])
 case("Transpose_perm", "Transpose", [x()], {"perm": [1, 0, 2]})
 case("Transpose_rank4", "Transpose", [x("batch", 3, "h", "w")], {"perm": [0, 2, 3, 1]})
@@ -457,7 +463,6 @@ case("Squeeze_negative", "Squeeze", [x("batch", "seq", 1), k([-1], I64)])
 case("Squeeze_two", "Squeeze", [x(1, "seq", 1), k([0, 2], I64)])
 case("Squeeze_no_axes_static", "Squeeze", [x(1, 3, 1, 2, name="x")])
 case("Unsqueeze", "Unsqueeze", [x(), k([0], I64)])
-case("Unsqueeze_negative", "Unsqueeze", [x(), k([-1], I64)])
 case("Unsqueeze_unsorted", "Unsqueeze", [x(), k([4, 0], I64)])
 case("Unsqueeze_mixed", "Unsqueeze", [x("batch", 4), k([1, -1], I64)])
 case("Unsqueeze_scalar", "Unsqueeze", [x(shape=()), k([0], I64)])
@@ -471,7 +476,6 @@ graph_case("Expand_runtime_shape_higher_rank", "Expand",
 case("Expand_const_shape", "Expand", [x("batch", 1, 4), k([2, 1, 1, 1], I64)])
 case("Expand_const_lower_rank", "Expand", [x("seq", 1), k([3], I64)])
 case("Expand_bool", "Expand", [x("batch", 1, 4, dtype=BOOL), k([1, 3, 1], I64)])
-case("Expand_int64", "Expand", [x("seq", 1, dtype=I64), k([2, 1, 4], I64)])
 case("Tile", "Tile", [x(), k([1, 2, 3], I64)])
 case("Tile_int64", "Tile", [x("batch", 2, dtype=I64), k([2, 1], I64)])
 
@@ -479,7 +483,6 @@ case("Tile_int64", "Tile", [x("batch", 2, dtype=I64), k([2, 1], I64)])
 case("Gather_const_negative_dynamic_axis", "Gather", [x(), k([0, -1, 1], I64)], {"axis": 1})
 case("Gather_const_negative_static_axis", "Gather", [x(), k([[-1, 0], [2, -3]], I64)], {"axis": 2})
 case("Gather_scalar_index", "Gather", [x(), k(-1, I64)], {"axis": 1})
-case("Gather_scalar_index_static", "Gather", [x(), k(2, I64)], {"axis": -1})
 case("Gather_nonnegative", "Gather", [x(), k([1, 0, 1], I64)])
 case("Gather_runtime_indices", "Gather", [x(), x(2, 3, dtype=I64, gen=index_in("seq"))], {"axis": 1})
 case("Gather_runtime_int32", "Gather", [x(), x(5, dtype=I32, gen=index_in(4))], {"axis": -1})
@@ -506,7 +509,7 @@ case("ScatterElements_negative", "ScatterElements", [x("batch", 4), k([[-1, 0, 3
 case("ScatterElements_add", "ScatterElements", [x("batch", 4), k([[1, 1, 3], [0, 0, 0]], I64), x(2, 3)],
      {"axis": 1, "reduction": "add"}, opset=18)
 case("ScatterElements_axis0", "ScatterElements", [x("batch", 4), k([[1, 0, 1, 0]], I64), x(1, 4)], {"axis": 0})
-for _value, _dt in ((None, None), (1, I64), (2.5, F32), (0, I32), (True, BOOL)):
+for _value, _dt in ((None, None), (1, I64), (2.5, F32), (True, BOOL)):
     _attrs = {} if _value is None else {"value": numpy_helper.from_array(np.array([_value], _dt))}
     graph_case(f"ConstantOfShape_{'default' if _value is None else np.dtype(_dt).name}", "ConstantOfShape",
                [node("Shape", ["x"], ["s"]), node("ConstantOfShape", ["s"], ["y"], **_attrs)],
@@ -537,7 +540,6 @@ case("CumSum_int32_axis", "CumSum", [x(), k(2, I32)], {"reverse": 1})
 case("Trilu_upper", "Trilu", [x("batch", "seq", 4)])
 case("Trilu_lower_k1", "Trilu", [x("batch", "seq", 4), k(1, I64)], {"upper": 0})
 case("Trilu_upper_k_negative", "Trilu", [x("batch", "seq", 4), k(-1, I64)])
-case("Trilu_lower_k_negative", "Trilu", [x("seq", 5), k(-2, I64)], {"upper": 0})
 case("Trilu_int64", "Trilu", [x("batch", 3, 3, dtype=I64), k(1, I64)], {"upper": 1})
 case("Pad_constant", "Pad", [x(), k([0, 1, 2, 0, 2, 1], I64), k(1.5, F32)], {"mode": "constant"})
 case("Pad_constant_default", "Pad", [x(), k([1, 0, 0, 0, 0, 3], I64)])
@@ -545,14 +547,12 @@ case("Pad_constant_int64", "Pad", [x(dtype=I64), k([0, 0, 1, 0, 0, 1], I64), k(-
 case("Pad_reflect", "Pad", [x("batch", 3, "h", "w"), k([0, 0, 1, 2, 0, 0, 2, 1], I64)], {"mode": "reflect"})
 case("Pad_reflect_last", "Pad", [x(), k([0, 0, 2, 0, 0, 3], I64)], {"mode": "reflect"})
 case("Pad_edge", "Pad", [x("batch", 3, "h", "w"), k([0, 0, 2, 1, 0, 0, 1, 3], I64)], {"mode": "edge"})
-case("Pad_edge_3d", "Pad", [x(), k([0, 1, 1, 0, 2, 0], I64)], {"mode": "edge"})
 case("Pad_axes", "Pad", [x(), k([1, 2], I64), k(0.5, F32), k([-2], I64)], opset=18)
 case("Pad_axes_reflect", "Pad", [x(), k([1, 2, 0, 1], I64), None, k([2, 1], I64)], {"mode": "reflect"}, opset=18)
 case("Pad_wrap", "Pad", [x("batch", 3, "h", "w"), k([0, 0, 1, 2, 0, 0, 2, 1], I64)], {"mode": "wrap"}, opset=19)
 case("Pad_zero", "Pad", [x(), k([0, 0, 0, 0, 0, 0], I64)])
 case("Pad_negative", "Pad", [x("batch", "seq", 6), k([0, 1, -1, 0, 0, -2], I64)])
 case("Identity", "Identity", [x()])
-case("Identity_int64", "Identity", [x(dtype=I64)])
 case("Dropout", "Dropout", [x()], opset=13)
 case("Dropout_mask", "Dropout", [x()], n_out=2, opset=13)
 case("Dropout_ratio", "Dropout", [x(), k(0.3, F32), k(False, BOOL)], n_out=2, opset=13)
@@ -573,7 +573,6 @@ case("Conv2d_groups", "Conv", [x(*IMG), k(weights(6, 1, 3, 3)), k(weights(6, see
      {"group": 3, "pads": [1, 1, 1, 1]})
 case("Conv2d_groups_dilations_strides", "Conv", [x("batch", 4, "h", "w"), k(weights(4, 2, 2, 3))],
      {"group": 2, "strides": [1, 2], "dilations": [2, 2], "kernel_shape": [2, 3]})
-case("Conv2d_pointwise", "Conv", [x(*IMG), k(weights(8, 3, 1, 1))])
 case("Conv2d_same_upper_static", "Conv", [x("batch", 3, 7, 8), k(weights(4, 3, 3, 3)), k(weights(4, seed=1))],
      {"auto_pad": "SAME_UPPER", "strides": [2, 2]})
 case("Conv2d_same_lower_static", "Conv", [x("batch", 3, 7, 8), k(weights(4, 3, 4, 4))],
@@ -593,8 +592,8 @@ case("MaxPool_ceil", "MaxPool", [x(*IMG)], {"kernel_shape": [3, 3], "strides": [
 case("MaxPool_ceil_pads", "MaxPool", [x(*IMG)], {"kernel_shape": [2, 3], "strides": [2, 2], "pads": [1, 0, 1, 1],
                                                   "ceil_mode": 1})
 case("MaxPool_dilations", "MaxPool", [x(*IMG)], {"kernel_shape": [2, 2], "dilations": [2, 2]})
-case("MaxPool_dilations_pads_ceil", "MaxPool", [x(*IMG)], {"kernel_shape": [3, 3], "dilations": [2, 1], "strides": [2, 2],
-                                                           "pads": [1, 1, 1, 1], "ceil_mode": 1})
+case("MaxPool_dilations_pads_ceil", "MaxPool", [x(*IMG)],
+     {"kernel_shape": [3, 3], "dilations": [2, 1], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1})
 case("MaxPool_dilations_asymmetric_pads", "MaxPool", [x(*IMG)], {"kernel_shape": [3, 2], "dilations": [1, 2],
                                                                  "pads": [2, 0, 0, 1]})
 case("MaxPool_asymmetric_pads", "MaxPool", [x(*IMG)], {"kernel_shape": [3, 2], "pads": [0, 1, 2, 0]})
@@ -609,7 +608,6 @@ case("AveragePool_pads_include", "AveragePool", [x(*IMG)], {"kernel_shape": [3, 
 case("AveragePool_asymmetric_include", "AveragePool", [x(*IMG)], {"kernel_shape": [2, 3], "pads": [0, 1, 1, 2],
                                                                   "count_include_pad": 1})
 case("AveragePool_asymmetric_exclude", "AveragePool", [x(*IMG)], {"kernel_shape": [2, 3], "pads": [0, 1, 1, 2]})
-case("AveragePool_ceil", "AveragePool", [x(*IMG)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1})
 case("AveragePool_ceil_pads_include", "AveragePool", [x(*IMG)],
      {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1, "count_include_pad": 1})
 case("AveragePool_ceil_pads_exclude", "AveragePool", [x(*IMG)],
@@ -632,6 +630,11 @@ case("LayerNormalization_no_bias", "LayerNormalization", [x("batch", "seq", 8), 
 case("LayerNormalization_fp16", "LayerNormalization", [x("batch", "seq", 8, dtype=F16),
                                                        k(weights(8).astype(F16)), k(weights(8, seed=1).astype(F16))],
      atol=2e-3, rtol=2e-3)
+case("RMSNormalization", "RMSNormalization", [x("batch", "seq", 8), k(weights(8))], opset=23)
+case("RMSNormalization_axis_m2", "RMSNormalization", [x("batch", 5, 4), k(weights(5, 4))], {"axis": -2, "epsilon": 1e-3},
+     opset=23)
+case("RMSNormalization_fp16", "RMSNormalization", [x("batch", "seq", 8, dtype=F16), k(weights(8).astype(F16))],
+     opset=23, atol=2e-3, rtol=2e-3)
 
 # --- linalg --------------------------------------------------------------------------------------------------
 
@@ -652,7 +655,6 @@ case("MatMul_2d_weight", "MatMul", [x("batch", "seq", 4), k(weights(4, 6))])
 case("MatMul_1d_left", "MatMul", [x(4), x("batch", 4, 5)])
 case("MatMul_1d_right", "MatMul", [x("batch", "seq", 4), x(4)])
 case("MatMul_1d_both", "MatMul", [x("seq"), x("seq")])
-case("MatMul_2d", "MatMul", [x("batch", 4), x(4, "seq")])
 
 
 # --- fused ops (domain `mindspore`) -------------------------------------------------------------------------
@@ -661,6 +663,17 @@ case("RmsNorm", "RmsNorm", [x("batch", "seq", 8), k(weights(8) + 1)], {"epsilon"
      xfail="ops.rms_norm has no CPU kernel (Ascend only); the fused graph's numbers are checked through its cpu "
            "twin in tests/test_fuse_rmsnorm.py")
 
+case("LayerNorm_fused", "LayerNorm", [x("batch", "seq", 8), k(weights(8)), k(weights(8, seed=1))], {"epsilon": 1e-5},
+     domain=fused.DOMAIN)
+case("RotaryPositionEmbedding", "RotaryPositionEmbedding",
+     [x("batch", 2, "seq", 8), x(1, 1, "seq", 8, gen=uniform(-1, 1)), x(1, 1, "seq", 8, gen=uniform(-1, 1))],
+     {"mode": 0}, domain=fused.DOMAIN,
+     xfail="ops.rotary_position_embedding has no CPU kernel (Ascend only)")
+case("FlashAttentionScore", "FlashAttentionScore",
+     [x("batch", 2, "seq", 8), x("batch", 2, "seq", 8), x("batch", 2, "seq", 8), k(0.0, F32), k(True, BOOL)],
+     {"scale": 8 ** -0.5, "head_num": 2, "kv_head_num": 2, "mask_kind": "none", "mask_fill": -1e4,
+      "input_layout": "BNSD", "sparse_mode": 0}, domain=fused.DOMAIN,
+     xfail="ops.flash_attention_score has no CPU kernel (Ascend only)")
 
 # --- refusals: what the lowering must reject with a clear UnsupportedError ------------------------------------
 
