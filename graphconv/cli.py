@@ -33,6 +33,23 @@ def _parse_dims(values: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     return dims
 
 
+def _parse_ranges(text: str | None) -> dict[str, tuple[int, int]]:
+    ranges = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, _, span = item.partition("=")
+        lo, sep, hi = span.partition("..")
+        try:
+            lo_i, hi_i = int(lo), int(hi)
+            if not sep or lo_i < 1 or hi_i < lo_i:
+                raise ValueError
+        except ValueError:
+            raise click.UsageError(f"--shape-range {item!r}: expected DIM=MIN..MAX with 1 <= MIN <= MAX") from None
+        ranges[name.strip()] = (lo_i, hi_i)
+    return ranges
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="graphconv")
 def cli() -> None:
@@ -68,25 +85,33 @@ def cli() -> None:
               help="Check the graph against the oracle after every pass; name the first pass that breaks it.")
 @click.option("--save-fused", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the fused ONNX graph (mindspore-domain ops with their function bodies).")
+@click.option("--bundle", type=click.Path(file_okay=False, path_type=Path),
+              help="Also write an Ascend deploy bundle into this new directory (see README).")
+@click.option("--soc", default="Ascend910B", show_default=True, help="Ascend SoC the bundle's commands target.")
+@click.option("--cann", metavar="VERSION", help="CANN version for the bundle's ATC commands (default: newest known).")
+@click.option("--shape-range", "shape_range", metavar="DIM=MIN..MAX,...",
+              help="Ranges of the symbolic dims for the bundle's dynamic-shape profiles, e.g. batch=1..8,seq=1..2048.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
 def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, atol, rtol,
                 report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, save_fused,
-                as_json, quiet, debug):
+                bundle, soc, cann, shape_range, as_json, quiet, debug):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU."""
     from graphconv.pipeline import compile as compile_model
 
     _DEBUG["on"] = debug
-    if emit_source is not None and emit_source.exists():
-        raise click.UsageError(f"--emit-source {emit_source} already exists")
+    for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):
+        if path is not None and path.exists():
+            raise click.UsageError(f"{flag} {path} already exists")
     progress = Progress(quiet=quiet)
     try:
         report = compile_model(model, output, progress=progress, target=target, simplify=not no_simplify,
                                verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims),
                                mask_inputs=tuple(mask_inputs), atol=atol, rtol=rtol, report_path=report_path,
                                emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes),
-                               plugins=tuple(plugins), verify_each=verify_each, save_fused=save_fused)
+                               plugins=tuple(plugins), verify_each=verify_each, save_fused=save_fused,
+                               bundle=bundle, soc=soc, cann=cann, shape_ranges=_parse_ranges(shape_range))
     except GraphconvError as e:
         if getattr(e, "report", None) is not None and e.exit_code == 2 and not quiet:
             click.echo(e.report.to_json() if as_json else e.report.summary(), err=not as_json)

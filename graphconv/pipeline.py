@@ -48,6 +48,10 @@ class CompileOptions:
     plugins: tuple[str, ...] = ()
     verify_each: bool = False
     save_fused: Path | None = None
+    bundle: Path | None = None  # deploy bundle directory (graphconv.bundle)
+    soc: str = "Ascend910B"
+    cann: str | None = None  # None: the newest version graphconv.bundle knows
+    shape_ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # dim -> (min, max)
 
 
 def tool_versions() -> dict[str, str]:
@@ -309,7 +313,7 @@ class Compiler:
         cpu_form = opmap.fused.inline_fused(fused)
         # ascend: the fused primitives; cpu: every fused op replaced by its reference body.
         net, task = self.lower(fused if self.opt.target == "ascend" else cpu_form, ws)
-        files = self.emit(task, ws, checkpoint=bool(self.opt.emit_source))
+        files = self.emit(task, ws, checkpoint=bool(self.opt.emit_source or self.opt.bundle))
         mindir = self._mindir(files)
         self.report.census = census.primitive_census(mindir)
         if self.opt.verify:
@@ -327,13 +331,37 @@ class Compiler:
         else:
             self.report.validation["status"] = "unverified"
             self.report.status = "unverified"
-        moves = self._artifacts(files, ws)
+        bundle_moves = self.write_bundle(model, mindir, files, cases, expected, ws) if self.opt.bundle else {}
+        moves = {**self._artifacts(files, ws), **bundle_moves}
         if self.opt.save_fused:
             fused_path = ws.path("fused.onnx")
             onnx.save(fused, fused_path)
             moves[fused_path] = Path(self.opt.save_fused)
             self.report.artifacts["fused_onnx"] = str(self.opt.save_fused)
         self._commit(ws, moves)
+
+    def write_bundle(self, model: onnx.ModelProto, mindir: Path, files: list[Path], cases, expected,
+                     ws: Workspace) -> dict[Path, Path]:
+        """The Ascend deploy bundle, built in the workspace and moved into place with the other artifacts."""
+        from graphconv import bundle
+
+        self.progress.info("bundle")
+        with self.report.stage("bundle"):
+            directory = ws.path("bundle")
+            directory.mkdir()
+            variables = next((f for f in files if f.is_dir() and f.name.endswith("_variables")), None)
+            ctx = bundle.BundleContext(
+                name=self.output.stem, mindir=mindir, variables=variables, onnx_model=model,
+                source=ws.path("network.py"), checkpoint=ws.path("network.ckpt"),
+                inputs=self.report.model["inputs"], outputs=self.report.model["outputs"],
+                cases=cases, expected=expected, precision=self.report.provenance["precision"],
+                target=self.opt.target, soc=self.opt.soc, cann=self.opt.cann, shape_ranges=self.opt.shape_ranges,
+                census=self.report.census, tools=self.report.provenance["tools"])
+            written = bundle.write_bundle(directory, ctx)
+        self.report.artifacts["bundle"] = str(self.opt.bundle)
+        self.report.warnings.extend(ctx.warnings)
+        self.report.validation.setdefault("bundle_files", written)
+        return {directory: Path(self.opt.bundle)}
 
     @staticmethod
     def _mindir(files: list[Path]) -> Path:
@@ -358,7 +386,7 @@ class Compiler:
             src_dir = ws.path("source")
             src_dir.mkdir()
             shutil.copy(ws.path("network.py"), src_dir / "network.py")
-            shutil.move(str(ws.path("network.ckpt")), src_dir / "network.ckpt")
+            shutil.copy(ws.path("network.ckpt"), src_dir / "network.ckpt")
             moves[src_dir] = Path(self.opt.emit_source)
             self.report.artifacts["source"] = str(Path(self.opt.emit_source) / "network.py")
             self.report.artifacts["checkpoint"] = str(Path(self.opt.emit_source) / "network.ckpt")
