@@ -93,6 +93,37 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path) -> int:
     return total
 
 
+_TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+# Undefined, strings, and sub-byte types packed several to a byte: their sizes are not checked here.
+_UNCHECKED_TYPES = {0, onnx.TensorProto.STRING, onnx.TensorProto.INT4, onnx.TensorProto.UINT4,
+                    getattr(onnx.TensorProto, "FLOAT4E2M1", -1), getattr(onnx.TensorProto, "INT2", -1),
+                    getattr(onnx.TensorProto, "UINT2", -1)}
+
+
+def check_inline_tensors(model: onnx.ModelProto) -> None:
+    """Every inline tensor holds as much data as its dims declare (a hostile file can declare 10^12 elements
+    in a few bytes; converting it would try to allocate terabytes)."""
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            continue
+        count = 1
+        for d in tensor.dims:
+            if d < 0:
+                raise InputError(f"tensor {tensor.name!r} declares a negative dim {d}")
+            count *= d
+        if tensor.data_type in _UNCHECKED_TYPES:
+            continue
+        if tensor.raw_data:
+            have = len(tensor.raw_data)
+            need = count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        else:  # typed fields hold one entry per element (two for complex numbers)
+            have = max(len(getattr(tensor, f)) for f in _TYPED_FIELDS)
+            need = count * (2 if tensor.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128) else 1)
+        if have != need:
+            raise InputError(f"tensor {tensor.name!r} declares {count} elements but holds data for "
+                             f"{'a different number' if have else 'none'}")
+
+
 def check_opsets(model: onnx.ModelProto) -> None:
     opset = default_opset(model)
     if not MIN_OPSET <= opset <= MAX_OPSET:
@@ -118,6 +149,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
     path = Path(path)
     model = read_proto(path)
     external = check_external_data(model, path.parent)
+    check_inline_tensors(model)
     check_opsets(model)
     try:
         # By path when weights are external: the checker then resolves data files relative to the model.
@@ -125,6 +157,8 @@ def load(path: str | os.PathLike) -> LoadedModel:
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"{path}: invalid ONNX model: {first}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: invalid ONNX model: a name or string is not valid UTF-8") from None
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as e:
