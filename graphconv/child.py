@@ -29,6 +29,18 @@ def child_env() -> dict:
     return env
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask Linux to SIGKILL it when graphconv dies (a killed compile must not
+    leave a MindSpore export running and writing)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_task(kind: str, task: dict, workdir: Path, label: str) -> dict:
     """Runs the task with cwd=workdir; returns the worker's result dict or raises ChildError/InternalError."""
     n = len(list(workdir.glob("task-*.json")))
@@ -38,7 +50,8 @@ def run_task(kind: str, task: dict, workdir: Path, label: str) -> dict:
     task_path.write_text(json.dumps({**task, "kind": kind, "result": str(result_path)}))
     with open(log_path, "wb") as log:
         proc = subprocess.run([sys.executable, "-m", "graphconv.worker", str(task_path)], cwd=workdir,
-                              env=child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                              env=child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     if not result_path.exists():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
         how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"

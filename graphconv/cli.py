@@ -269,7 +269,14 @@ def passes_cmd(plugins):
         click.echo(f"{p.name:<20} {p.description}{flag}{origin}")
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # unwinds through the workspace's cleanup like Ctrl-C
+
+
 def main(argv: list[str] | None = None) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(args=argv, prog_name="graphconv", standalone_mode=False)
     except click.exceptions.Exit as e:
