@@ -124,6 +124,39 @@ def check_inline_tensors(model: onnx.ModelProto) -> None:
                              f"{'a different number' if have else 'none'}")
 
 
+def check_names(model: onnx.ModelProto) -> None:
+    """Every name is text: protobuf hands invalid UTF-8 in these fields back as bytes (or raises on access),
+    which no later stage expects."""
+    graph = model.graph
+    where = []
+    try:
+        for n in graph.node:
+            where.append(("node", [n.name, n.op_type, n.domain, *n.input, *n.output, *(a.name for a in n.attribute)]))
+        for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            dims = [d.dim_param for d in vi.type.tensor_type.shape.dim] if vi.type.HasField("tensor_type") else []
+            where.append(("value", [vi.name, *dims]))
+        where.append(("initializer", [t.name for t in graph.initializer]))
+        where.append(("opset import", [i.domain for i in model.opset_import]))
+    except UnicodeDecodeError:
+        raise InputError("invalid ONNX model: a name is not valid UTF-8") from None
+    for kind, names in where:
+        if any(isinstance(x, bytes) for x in names):
+            raise InputError(f"invalid ONNX model: a {kind} name is not valid UTF-8")
+
+
+def check_value_types(model: onnx.ModelProto) -> None:
+    """Graph inputs, outputs and value infos name element types ONNX knows (the checker lets unknown
+    numbers through, and every later stage would trip over them)."""
+    known = set(onnx.TensorProto.DataType.values())
+    graph = model.graph
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type not in known:
+            raise InputError(f"value {vi.name!r} has the unknown element type {vi.type.tensor_type.elem_type}")
+    for t in graph.initializer:
+        if t.data_type not in known:
+            raise InputError(f"tensor {t.name!r} has the unknown element type {t.data_type}")
+
+
 def check_opsets(model: onnx.ModelProto) -> None:
     opset = default_opset(model)
     if not MIN_OPSET <= opset <= MAX_OPSET:
@@ -149,6 +182,8 @@ def load(path: str | os.PathLike) -> LoadedModel:
     path = Path(path)
     model = read_proto(path)
     external = check_external_data(model, path.parent)
+    check_names(model)
+    check_value_types(model)
     check_inline_tensors(model)
     check_opsets(model)
     try:
