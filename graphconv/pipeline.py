@@ -293,6 +293,10 @@ class Compiler:
         if not self.output.parent.absolute().is_dir():
             raise InputError(f"output directory {self.output.parent} does not exist")
         loaded = self.load()
+        if self.opt.bundle:  # refuse bad bundle options now, not after a long compile
+            from graphconv import bundle
+
+            bundle.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
         with Workspace(self.output) as ws:
             try:
                 self._run_in(loaded, ws)

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Compare a device run with this bundle's reference outputs. Runs anywhere: needs numpy only.
+
+    python compare_outputs.py RUN_DIR                 # RUN_DIR/<case>.npz for every case in reference/cases.json
+    python compare_outputs.py RUN.npz --case case0    # one case
+    options: --precision fp32|fp16|bf16 (tolerance; default: the bundle's), --atol X --rtol X, --json
+
+A run file is an .npz keyed by output name (what mindspore/infer_mindspore.py and lite/infer_lite.py write).
+The rule is graphconv's: elementwise |actual - reference| <= atol + rtol * |reference|; integers and bools
+must match exactly; inf/NaN must match in kind; positions whose attention-mask entry is 0 (the left-padded
+row of the reference inputs) are skipped. Exit code 0 when every output of every case passes, 1 when one
+fails, 2 when files are missing or unreadable.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (3e-2, 3e-2)}
+SUSPICIOUS_FACTOR = 100.0
+
+
+def _cosine(a, b):
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def compare(actual, expected, atol=1e-4, rtol=1e-4, valid=None):
+    """The comparison of one output; a dict with ok, suspicious, max_abs, mean_abs, cosine, compared, reason."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+
+    def result(ok, suspicious, mx, mean, cos, n, reason=""):
+        return {"ok": ok, "suspicious": suspicious, "max_abs": mx, "mean_abs": mean, "cosine": cos,
+                "compared": n, "reason": reason}
+
+    if actual.shape != expected.shape:
+        return result(False, False, float("inf"), float("inf"), 0.0, 0,
+                      f"shape {list(actual.shape)} != reference {list(expected.shape)}")
+    if valid is not None:
+        keep = np.broadcast_to(valid.reshape(valid.shape + (1,) * (expected.ndim - valid.ndim)), expected.shape)
+        actual, expected = actual[keep], expected[keep]
+    actual, expected = actual.ravel(), expected.ravel()
+    n = int(expected.size)
+    if expected.dtype.kind in "biuU" or actual.dtype.kind in "biuU":
+        equal = actual == expected
+        diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64)) if n else np.zeros(0)
+        ok = bool(np.all(equal))
+        return result(ok, False, float(diff.max()) if n else 0.0, float(diff.mean()) if n else 0.0,
+                      _cosine(actual.astype(np.float64), expected.astype(np.float64)), n,
+                      "" if ok else f"{int((~equal).sum())} of {n} elements differ (exact match required)")
+    a = actual.astype(np.float64)
+    b = expected.astype(np.float64)
+    kind_ok = (np.isnan(a) == np.isnan(b)) & (np.isposinf(a) == np.isposinf(b)) & (np.isneginf(a) == np.isneginf(b))
+    both = np.isfinite(b) & np.isfinite(a)
+    diff = np.abs(a[both] - b[both])
+    bound = atol + rtol * np.abs(b[both])
+    mx = float(diff.max()) if diff.size else 0.0
+    mean = float(diff.mean()) if diff.size else 0.0
+    cos = _cosine(np.where(both, a, 0.0), np.where(both, b, 0.0))
+    bad_kind = int((~kind_ok).sum())
+    if bad_kind:
+        return result(False, False, mx, mean, cos, n, f"{bad_kind} of {n} elements differ in inf/NaN kind from the reference")
+    within = diff <= bound
+    if bool(np.all(within)):
+        return result(True, False, mx, mean, cos, n)
+    return result(False, bool(np.all(diff <= SUSPICIOUS_FACTOR * bound)), mx, mean, cos, n,
+                  f"{int((~within).sum())} of {n} elements exceed atol={atol:g} + rtol={rtol:g}*|ref|")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Compare a device run with the bundle's reference outputs.")
+    p.add_argument("run", type=Path, help="a directory of <case>.npz, or one .npz with --case")
+    p.add_argument("--case", help="the reference case RUN (a file) belongs to")
+    p.add_argument("--precision", choices=sorted(TOLERANCE), help="tolerance preset (default: the bundle's)")
+    p.add_argument("--atol", type=float)
+    p.add_argument("--rtol", type=float)
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args(argv)
+    meta = json.loads((HERE / "reference" / "cases.json").read_text())
+    precision = args.precision or meta["precision"]
+    atol, rtol = TOLERANCE[precision]
+    atol = args.atol if args.atol is not None else atol
+    rtol = args.rtol if args.rtol is not None else rtol
+    cases = {c["name"]: c for c in meta["cases"] if c.get("outputs")}
+    if not cases:
+        print("this bundle has no reference outputs", file=sys.stderr)
+        return 2
+    if args.run.is_dir():
+        todo = [(name, args.run / f"{name}.npz") for name in cases]
+    elif args.case:
+        if args.case not in cases:
+            print(f"unknown case {args.case!r} (cases: {', '.join(cases)})", file=sys.stderr)
+            return 2
+        todo = [(args.case, args.run)]
+    else:
+        stem = args.run.stem
+        if stem not in cases:
+            print(f"say which case {args.run} is (--case NAME; cases: {', '.join(cases)})", file=sys.stderr)
+            return 2
+        todo = [(stem, args.run)]
+    results, failed, missing = [], False, False
+    for name, path in todo:
+        case = cases[name]
+        if not path.is_file():
+            print(f"missing run file {path} for case {name}", file=sys.stderr)
+            missing = True
+            continue
+        with np.load(HERE / case["outputs"]) as ref, np.load(path) as got:
+            mask = np.load(HERE / case["mask"]) if case.get("mask") else None
+            for out in meta["outputs"]:
+                o = out["name"]
+                if o not in got.files:
+                    r = {"ok": False, "reason": f"output {o!r} missing from {path.name}"}
+                else:
+                    expected = ref[o]
+                    valid = mask if (mask is not None and expected.ndim >= mask.ndim
+                                     and expected.shape[:mask.ndim] == mask.shape) else None
+                    r = compare(got[o], expected, atol, rtol, valid)
+                r.update(case=name, output=o)
+                results.append(r)
+                failed |= not r["ok"]
+    if args.json:
+        print(json.dumps({"precision": precision, "atol": atol, "rtol": rtol, "results": results}, indent=2))
+    else:
+        for r in results:
+            status = "ok" if r["ok"] else ("SUSPICIOUS" if r.get("suspicious") else "FAIL")
+            detail = f"max abs {r['max_abs']:.3g}, cosine {r['cosine']:.6f}" if "max_abs" in r else ""
+            print(f"{r['case']:>10} {r['output']:<24} {status:<10} {detail} {r['reason']}".rstrip())
+        print(f"{'FAILED' if failed or missing else 'passed'} (atol={atol:g}, rtol={rtol:g}, precision {precision})")
+    if missing:
+        return 2
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
