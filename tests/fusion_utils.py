@@ -52,8 +52,26 @@ def mindir_primitive_inputs(path, primitive: str) -> list[list]:
                 if c is None or not c.attribute:
                     args.append(i)
                     continue
-                a = c.attribute[0]
-                args.append(a.f if a.type == a.FLOAT else a.i if a.type == a.INT else
-                            a.s.decode() if a.type == a.STRING else a)
+                args.append(_attribute_value(c.attribute[0]))
             calls.append(args)
     return calls
+
+
+_INTS = {"UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "UINT32", "UINT64"}
+
+
+def _attribute_value(a):
+    """A MindIR constant's Python value (its AttributeProto has per-dtype types, INT64 but no INT)."""
+    kind = census.mind_ir_pb2().AttributeProto.AttributeType.Name(a.type)
+    if kind in _INTS:
+        return a.i
+    if kind == "BOOL":
+        return bool(a.i)
+    if kind in ("FLOAT", "FLOAT16", "BFLOAT16"):
+        return a.f
+    if kind == "DOUBLE":
+        return a.d
+    if kind == "STRING":
+        return a.s.decode()
+    return a
+

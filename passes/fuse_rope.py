@@ -1,0 +1,478 @@
+"""fuse-rope: the application of rotary position embeddings -> mindspore::RotaryPositionEmbedding, one fused node
+per rotated tensor (q and k separately). The cos/sin computation stays as it is (computed on the fly from
+inv_freq and positions, or gathered from a cache); only `x * cos + rot(x) * sin` is fused.
+
+Spellings matched (Add and both Muls with their operands in either order):
+  rotate_half  (mode 0)  rot = Concat(Neg(x2), x1) on the last axis, x1 = x[..., :D/2], x2 = x[..., D/2:] taken
+                         by two Slices or by one Split (halves, or num_outputs=2)
+  interleaved  (mode 1)  rot = Reshape(Concat(Unsqueeze(Neg(x[..., 1::2]), -1), Unsqueeze(x[..., 0::2], -1),
+                         axis=-1)) back to x's shape: GPT-J's rotate_every_two (two step-2 Slices, torch.stack,
+                         flatten); the Reshape's target a constant [0, 0, 0, -1 or D], TorchScript's
+                         Concat(Shape(stacked)[:3], [-1]), or any target whose result provably has x's shape
+  partial rotary         x = x_full[..., :rot_dim] is rotated with D = rot_dim; the Slice and the Concat with
+                         the pass-through part stay around the fused node (NeoX, Phi, GPT-J)
+cos/sin of rank < 4 (e.g. (S, D) from models/llama.py) broadcast exactly like their Unsqueeze to rank 4, which
+the rewrite inserts (one per cos/sin value, shared by every fused node that reads it).
+
+Refused (the report's check reasons): x not 4-D, D not static, odd, or >= 896; a dtype other than fp16/bf16/fp32
+or cos/sin of another dtype than x (fp16/bf16 also below opset 15, where the reference body has no CastLike);
+Slice/Split/Concat/Reshape parameters that do not take exactly the halves or pairs of the last axis; cos/sin
+shapes RotaryPositionEmbedding does not accept: with x read as BNSD, cos/sin must be 11SD, B1SD or BNSD in mode
+0 and 11SD only in mode 1 (BSND: 1S1D, BS1D, BSND / mode 1 1S1D; SBND: S11D, SB1D, SBND / mode 1 S11D), and a
+statically known B or N must be < 1000.
+
+Dims are compared by value where static and by symbol otherwise. TorchScript exports give every unknown dim a
+fresh name (cos's seq and q's seq are then `unk__0` and `unk__14`); for those, onnxruntime's symbolic shape
+inference (no auto-merge) is run once on a weight-less copy of the graph and its symbols are compared instead:
+they are equal when the dims derive from the same shape arithmetic (or the model could not run otherwise).
+Not matched: the half-length forms (x1*cos - x2*sin, x2*cos + x1*sin, then Concat), complex-number RoPE, and
+ONNX's own RotaryEmbedding op (opset 23). MindSpore's `ApplyRotaryPosEmb` (q and k together) is never emitted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from passes.manager import rewrite_pass
+
+_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+MAX_HEAD_DIM = 896  # D < 896 (FUSED_OPS.md)
+MAX_BATCH_HEADS = 1000  # B, N < 1000 (the primitive's docstring)
+# Initializers up to this size are kept in the shape-inference copy (shape constants); bigger ones (weights)
+# become inputs of the same shape.
+_SNAPSHOT_MAX_ELEMENTS = 4096
+
+# The cos/sin shapes RotaryPositionEmbedding accepts, as the axes among x's first three where cos/sin have size
+# 1 (every other axis has x's size): (0, 1) 11SD of BNSD, (1,) B1SD of BNSD, () x's own shape, (0, 2) 1S1D of
+# BSND, (2,) BS1D of BSND or SB1D of SBND, (1, 2) S11D of SBND. The primitive takes no layout argument: it reads
+# the layout from the shapes, and every reading consistent with them broadcasts the same way.
+_LAYOUTS = {0: [(0, 1), (1,), (), (0, 2), (2,), (1, 2)], 1: [(0, 1), (0, 2), (1, 2)]}
+_ACCEPTED = {0: "11SD, B1SD or BNSD for x as BNSD (BSND: 1S1D, BS1D, BSND; SBND: S11D, SB1D, SBND)",
+             1: "11SD for x as BNSD (BSND: 1S1D; SBND: S11D)"}
+# Where B and N sit in x for the layout a cos/sin shape implies (for the static B, N < 1000 check).
+_BN_AXES = {(0, 1): (0, 1), (1,): (0, 1), (): (0, 1), (0, 2): (0, 2), (2,): (0, 2), (1, 2): (1, 2)}
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant":
+        attr = producer.attributes.get("value")
+        if attr is not None:
+            return attr.value.numpy()
+        for name in ("value_int", "value_ints"):
+            attr = producer.attributes.get(name)
+            if attr is not None:
+                return np.array(attr.value, np.int64)
+    return None
+
+
+def _ints(value: ir.Value | None) -> list[int] | None:
+    c = _const(value)
+    return None if c is None or c.dtype.kind not in "iu" else [int(v) for v in c.reshape(-1)]
+
+
+def _input(node: ir.Node, i: int) -> ir.Value | None:
+    return node.inputs[i] if i < len(node.inputs) else None
+
+
+# --- what can be proved about dims ------------------------------------------------------------------------
+def _snapshot(model: ir.Model) -> onnx.ModelProto | None:
+    """The graph as a proto for shape inference: nodes and small initializers, weights as shaped inputs."""
+    try:
+        g = model.graph
+        inputs = [ir.serde.serialize_value(v) for v in g.inputs]
+        names = {v.name for v in g.inputs}
+        inits = []
+        for name, v in g.initializers.items():
+            if name in names:
+                continue
+            t = v.const_value
+            if t is not None and t.size <= _SNAPSHOT_MAX_ELEMENTS:
+                proto = ir.serde.serialize_tensor(t)
+                proto.name = name
+                inits.append(proto)
+            else:
+                shape = list(t.shape) if t is not None else [d if isinstance(d, int) else d.value for d in v.shape]
+                inputs.append(onnx.helper.make_tensor_value_info(name, (t.dtype if t is not None else v.dtype).value,
+                                                                 [int(d) if isinstance(d, int) else d for d in shape]))
+        outputs = [onnx.helper.make_tensor_value_info(v.name, v.dtype.value if v.dtype else 0, None)
+                   for v in g.outputs]
+        graph = onnx.helper.make_graph([ir.serde.serialize_node(n) for n in g], "shapes", inputs, outputs, inits)
+        opsets = [onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()]
+        return onnx.helper.make_model(graph, opset_imports=opsets)
+    except Exception:  # noqa: BLE001 - only a proof aid: without it dims compare by their IR symbols
+        return None
+
+
+def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, list]:
+    """value name -> dims (int, or a sympy expression as text) from onnxruntime's symbolic shape inference.
+
+    auto_merge is off: two dims get one symbol only where the inference derives them from the same shape
+    arithmetic or the model could not run otherwise, never merely because an op broadcasts them. The loop is
+    SymbolicShapeInference.infer_shapes' own, minus its failure path that writes a file into the cwd: an op it
+    cannot infer (or fails on) leaves its outputs, and what comes after, out of the answer.
+    """
+    try:
+        import opmap.fused
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        proto = _plain_constants(opmap.fused.inline_fused(opmap.fused.attach_functions(proto)))
+        ssi = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=False, guess_output_rank=False, verbose=0)
+        ssi._preprocess(proto)
+    except Exception:  # noqa: BLE001 - see _snapshot
+        return {}
+    log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        while ssi.run_:
+            ssi._infer_impl()
+    except Exception:  # noqa: BLE001 - keep what was inferred before the op it could not handle
+        pass
+    finally:
+        log.setLevel(level)
+    try:
+        dims = {}
+        for name, vi in ssi.known_vi_.items():
+            tt = vi.type.tensor_type
+            if tt.HasField("shape"):
+                dims[name] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+        return dims
+    except Exception:  # noqa: BLE001 - see _snapshot
+        return {}
+
+
+def _plain_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Constant nodes with value_float/value_int(s)/value_floats rewritten to a `value` tensor: the only form
+    the symbolic shape inference reads (inlined fused-op bodies take their attributes that way)."""
+    kinds = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
+    for node in model.graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+            continue
+        attr = node.attribute[0]
+        if attr.name in kinds:
+            array = np.array(onnx.helper.get_attribute_value(attr), kinds[attr.name])
+            del node.attribute[:]
+            node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(array)))
+    return model
+
+
+class _ShapeFacts:
+    """Dim proofs for the graph one rewrite walk works on, and the walk's shared Unsqueezes of cos/sin.
+
+    The rewriter calls every rule's setup() before a walk (reset) and each check() before the rewrite it
+    guards, so the first check of a walk sees the graph before this pass changed anything: the weight-less
+    snapshot for symbolic shape inference is taken then, and inferred only if some comparison needs it.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self._graph = None
+        self._snapshot = None
+        self._symbolic: dict[str, list] | None = None
+        self.unsqueezed: dict[int, ir.Value] = {}  # id(cos or sin) -> its Unsqueeze to rank 4
+
+    def bind(self, model: ir.Model) -> None:
+        if self._graph is not model.graph:
+            self.reset()
+            self._graph = model.graph
+            self._snapshot = _snapshot(model)
+
+    def _sym(self, value: ir.Value, k: int):
+        if self._symbolic is None:
+            self._symbolic = _symbolic_shapes(self._snapshot) if self._snapshot is not None else {}
+        dims = self._symbolic.get(value.name) if value.name else None
+        if dims is None or value.shape is None or len(dims) != value.shape.rank():
+            return None
+        return dims[k]
+
+    def static(self, value: ir.Value, k: int, deep: bool = True) -> int | None:
+        """The dim's size if known; `deep` asks the symbolic shape inference when the IR does not know."""
+        d = value.shape[k]
+        if isinstance(d, int) or not deep:
+            return d if isinstance(d, int) else None
+        s = self._sym(value, k)
+        return s if isinstance(s, int) else None
+
+    def same(self, v: ir.Value, i: int, w: ir.Value, j: int, deep: bool = True) -> bool:
+        a, b = v.shape[i], w.shape[j]
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        if isinstance(a, ir.SymbolicDim) and isinstance(b, ir.SymbolicDim) and a.value is not None:
+            if a.value == b.value:
+                return True
+        if not deep:
+            return False
+        sa, sb = self._sym(v, i), self._sym(w, j)
+        if sa is None or sb is None:
+            return False
+        return sa == sb if type(sa) is type(sb) else False
+
+
+FACTS = _ShapeFacts()
+
+
+def _rank(value: ir.Value) -> int | None:
+    return value.shape.rank() if value.shape is not None else None
+
+
+def _show(value: ir.Value, k: int | None = None) -> str:
+    """The value's shape as text, or dim k's."""
+    if value.shape is None:
+        return "(rank unknown)"
+    dims = [str(d) if isinstance(d, int) else (d.value or "?") for d in value.shape]
+    return dims[k] if k is not None else "(" + ", ".join(dims) + ")"
+
+
+def _cos_layouts(x: ir.Value, c: ir.Value, d: int, mode: int) -> list[tuple[int, ...]] | str:
+    """The accepted 1-positions (see _LAYOUTS) cos/sin value `c` satisfies against x, or why none."""
+    rank = _rank(c)
+    if rank is None or not 1 <= rank <= 4:
+        return f"{c.name} is of rank {rank}; RotaryPositionEmbedding takes cos/sin of rank 4 (or fewer, unsqueezed)"
+    if FACTS.static(c, rank - 1) != d:
+        return f"{c.name}'s last dim is {_show(c, rank - 1)}, not the rotated size {d}"
+    lead = 4 - rank  # axes of x that c broadcasts over implicitly (size 1)
+    for deep in (False, True):  # the symbolic shape inference only when the IR's shapes prove nothing
+        one = [k < lead or FACTS.static(c, k - lead, deep) == 1 for k in range(3)]
+        match = [k >= lead and (FACTS.same(c, k - lead, x, k, deep) or (one[k] and FACTS.static(x, k, deep) == 1))
+                 for k in range(3)]
+        fits = [ones for ones in _LAYOUTS[mode] if all(one[k] if k in ones else match[k] for k in range(3))]
+        if fits:
+            return fits
+    return (f"{c.name} {_show(c)} against x {_show(x)}: mode {mode} takes cos/sin of {_ACCEPTED[mode]} "
+            "(or dims not provably equal to x's)")
+
+
+def _slice_range(node: ir.Node, rank: int, size: int) -> tuple[int, int, int] | None:
+    """(start, stop, step) of a Slice over x's last axis only, normalised to that axis' size; else None."""
+    starts, ends = _ints(_input(node, 1)), _ints(_input(node, 2))
+    axes = _ints(_input(node, 3)) if _input(node, 3) is not None else None
+    steps = _ints(_input(node, 4)) if _input(node, 4) is not None else [1]
+    if starts is None or ends is None or axes is None or steps is None:
+        return None
+    if not len(starts) == len(ends) == len(axes) == len(steps) == 1 or axes[0] % rank != rank - 1 or steps[0] < 1:
+        return None
+
+    def clamp(v: int) -> int:
+        return min(max(v + size if v < 0 else v, 0), size)
+
+    return clamp(starts[0]), clamp(ends[0]), steps[0]
+
+
+def _count(start: int, stop: int, step: int) -> int:
+    return max(0, -(-(stop - start) // step))
+
+
+def _last_axis(axis: int | None, rank: int) -> bool:
+    return axis is not None and axis % rank == rank - 1
+
+
+class _RopeFusion(pattern.RewriteRuleClassBase):
+    mode = 0
+
+    def setup(self):
+        FACTS.reset()
+
+    def rotation(self, op, x):
+        raise NotImplementedError
+
+    def check_rotation(self, x: ir.Value, d: int, bindings: dict) -> str | None:
+        """Why the matched rotation is not exactly rot(x) of this mode (None when it is)."""
+        raise NotImplementedError
+
+    def pattern(self, op, x, cos, sin):
+        return op.Add(op.Mul(x, cos), op.Mul(self.rotation(op, x), sin))
+
+    def check(self, context, x, cos, sin, **bindings) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        FACTS.bind(context.model)
+        if _rank(x) != 4:
+            return result.fail(f"x {x.name} is of rank {_rank(x)}; RotaryPositionEmbedding takes a 4-D x", x)
+        d = FACTS.static(x, 3)
+        if d is None:
+            return result.fail(f"the rotated size (x's last dim) of {x.name} is not static", x)
+        if d % 2 or d >= MAX_HEAD_DIM:
+            return result.fail(f"the rotated size {d} is not even and < {MAX_HEAD_DIM}", x)
+        if x.dtype not in _FLOATS or cos.dtype != x.dtype or sin.dtype != x.dtype:
+            return result.fail(f"dtypes x={x.dtype}, cos={cos.dtype}, sin={sin.dtype}: RotaryPositionEmbedding "
+                               "takes one of fp16/bf16/fp32 for all three", x)
+        opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
+        if opset < 15 and x.dtype != ir.DataType.FLOAT:
+            return result.fail("below opset 15 the reference body can only express fp32", x)
+        why = self.check_rotation(x, d, bindings)
+        if why:
+            return result.fail(why, x)
+        fits = []
+        for c in (cos, sin):
+            f = _cos_layouts(x, c, d, self.mode)
+            if isinstance(f, str):
+                return result.fail(f, c)
+            fits.append(f)
+        common = [ones for ones in fits[0] if ones in fits[1]]
+        if not common:
+            return result.fail(f"cos {_show(cos)} and sin {_show(sin)} broadcast to x differently", cos)
+        for axis in _BN_AXES[common[0]]:
+            n = FACTS.static(x, axis, deep=False)
+            if n is not None and n >= MAX_BATCH_HEADS:
+                return result.fail(f"x {_show(x)}: B and N must be < {MAX_BATCH_HEADS}", x)
+        return result
+
+    def rewrite(self, op, x, cos, sin, **_):
+        return op.RotaryPositionEmbedding(x, _rank4(op, cos), _rank4(op, sin), mode=self.mode, _domain="mindspore")
+
+
+def _rank4(op, value: ir.Value) -> ir.Value:
+    """`value` unsqueezed to rank 4 at the front (numpy broadcasting reads it that way already); one
+    Unsqueeze per value and walk, shared by the fused nodes after the first (the walk goes in graph order)."""
+    rank = _rank(value)
+    if rank == 4:
+        return value
+    key = id(value)
+    if key not in FACTS.unsqueezed:
+        axes = op.Constant(value=ir.tensor(np.arange(4 - rank, dtype=np.int64), name=None))
+        FACTS.unsqueezed[key] = op.Unsqueeze(value, axes)
+    return FACTS.unsqueezed[key]
+
+
+class RotateHalfSlices(_RopeFusion):
+    """rot = Concat(Neg(x[..., D/2:]), x[..., :D/2]) with two Slices."""
+
+    def rotation(self, op, x):
+        x1 = op.Slice(x, _allow_other_inputs=True, _outputs=["x1"])
+        x2 = op.Slice(x, _allow_other_inputs=True, _outputs=["x2"])
+        return op.Concat(op.Neg(x2), x1, _outputs=["rot"])
+
+    def check_rotation(self, x, d, b):
+        h = d // 2
+        if _slice_range(b["x1"].producer(), 4, d) != (0, h, 1):
+            return f"the Slice giving x1 does not take x[..., :{h}] (the first half of the last axis)"
+        if _slice_range(b["x2"].producer(), 4, d) != (h, d, 1):
+            return f"the Slice giving x2 does not take x[..., {h}:] (the second half of the last axis)"
+        if not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
+            return "the Concat of (-x2, x1) is not on the last axis"
+        return None
+
+
+class RotateHalfSplit(_RopeFusion):
+    """rot = Concat(Neg(x2), x1) with x1, x2 = Split(x, 2 halves, last axis)."""
+
+    def rotation(self, op, x):
+        x1, x2 = op.Split(x, _allow_other_inputs=True, _outputs=["x1", "x2"])
+        return op.Concat(op.Neg(x2), x1, _outputs=["rot"])
+
+    def check_rotation(self, x, d, b):
+        split = b["x1"].producer()
+        if not _last_axis(split.attributes.get_int("axis", 0), 4):
+            return "the Split is not over the last axis"
+        sizes = _input(split, 1)
+        if sizes is not None and sizes.name:
+            if _ints(sizes) != [d // 2, d // 2]:
+                return f"the Split does not cut the last axis into halves (split {_ints(sizes)})"
+        elif split.attributes.get_int("num_outputs", 2) != 2:
+            return "the Split does not cut the last axis into two halves"
+        if not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
+            return "the Concat of (-x2, x1) is not on the last axis"
+        return None
+
+
+class InterleavedSlices(_RopeFusion):
+    """GPT-J's rotate_every_two: rot = flatten(stack((-x[..., 1::2], x[..., 0::2]), -1), -2)."""
+
+    mode = 1
+
+    def rotation(self, op, x):
+        even = op.Slice(x, _allow_other_inputs=True, _outputs=["even"])
+        odd = op.Slice(x, _allow_other_inputs=True, _outputs=["odd"])
+        stacked = op.Concat(op.Unsqueeze(op.Neg(odd), _allow_other_inputs=True, _outputs=["neg_odd5"]),
+                            op.Unsqueeze(even, _allow_other_inputs=True, _outputs=["even5"]), _outputs=["stacked"])
+        return op.Reshape(stacked, self.flat_shape(op, stacked), _outputs=["rot"])
+
+    def flat_shape(self, op, stacked):
+        return pattern.ANY_VALUE
+
+    def check_rotation(self, x, d, b):
+        h = d // 2
+        even = _slice_range(b["even"].producer(), 4, d)
+        odd = _slice_range(b["odd"].producer(), 4, d)
+        if even is None or even[0] != 0 or even[2] != 2 or _count(*even) != h:
+            return "the Slice giving the even elements does not take x[..., 0::2]"
+        if odd is None or odd[0] != 1 or odd[2] != 2 or _count(*odd) != h:
+            return "the Slice giving the odd elements does not take x[..., 1::2]"
+        for name in ("neg_odd5", "even5"):
+            unsq = b[name].producer()
+            axes = _ints(_input(unsq, 1)) if _input(unsq, 1) is not None else None
+            if axes is None and unsq.attributes.get("axes") is not None:
+                axes = list(unsq.attributes.get_ints("axes"))
+            if axes is None or len(axes) != 1 or axes[0] % 5 != 4:
+                return "the halves are not stacked on a new last axis (Unsqueeze axes)"
+        if not _last_axis(b["stacked"].producer().attributes.get_int("axis"), 5):
+            return "the halves are not stacked on a new last axis (Concat axis)"
+        return _flattens_back(b["rot"], x, d)
+
+
+class InterleavedSlicesFlatten(InterleavedSlices):
+    """The same, flattened as TorchScript writes torch.flatten(-2): Reshape(stacked, Concat(Shape(stacked)[:3],
+    [-1])). The shape arithmetic reads `stacked` a second time, so it must be part of the pattern."""
+
+    def flat_shape(self, op, stacked):
+        lead = op.Slice(op.Shape(stacked, _outputs=["stacked_shape"]), _allow_other_inputs=True, _outputs=["lead"])
+        return op.Concat(lead, pattern.ANY_VALUE, _outputs=["flat_shape"])
+
+
+def _flattens_back(rot: ir.Value, x: ir.Value, d: int) -> str | None:
+    """The Reshape of the stacked (..., D/2, 2) back to x's shape: its target is [0, 0, 0, D or -1] (copying
+    dims), or Concat(Shape(stacked)[:3], [D or -1]), or its output's dims are provably x's. Each merges the last
+    two axes, in row-major order."""
+    reshape = rot.producer()
+    target = _ints(_input(reshape, 1))
+    allowzero = reshape.attributes.get_int("allowzero", 0)
+    if target is not None and len(target) == 4:
+        lead_ok = all((t == 0 and not allowzero) or t == FACTS.static(x, k) for k, t in enumerate(target[:3]))
+        if lead_ok and target[3] in (d, -1):
+            return None
+    if _leading_dims_then(reshape.inputs[1], reshape.inputs[0], d):
+        return None
+    if _rank(rot) == 4 and all(FACTS.same(rot, k, x, k) for k in range(4)):
+        return None
+    return f"the Reshape after the stack does not provably give x's shape {_show(x)} (it gives {_show(rot)})"
+
+
+def _leading_dims_then(target: ir.Value, stacked: ir.Value, d: int) -> bool:
+    """target = Concat(Slice(Shape(stacked), 0, 3), [D or -1]): stacked's first three dims, then the rest."""
+    concat = target.producer()
+    if concat is None or concat.op_type != "Concat" or len(concat.inputs) != 2:
+        return False
+    if concat.attributes.get_int("axis") != 0:
+        return False
+    if _ints(concat.inputs[1]) not in ([d], [-1]):
+        return False
+    lead = concat.inputs[0].producer()
+    if lead is None or lead.op_type != "Slice":
+        return False
+    shape = lead.inputs[0].producer()
+    if shape is None or shape.op_type != "Shape" or shape.inputs[0] is not stacked:
+        return False
+    if shape.attributes.get_int("start", 0) != 0 or shape.attributes.get("end") is not None:
+        return False
+    starts, ends = _ints(_input(lead, 1)), _ints(_input(lead, 2))
+    axes = _ints(_input(lead, 3)) if _input(lead, 3) is not None else [0]
+    steps = _ints(_input(lead, 4)) if _input(lead, 4) is not None else [1]
+    return starts == [0] and ends in ([3], [-2]) and axes in ([0], [-1]) and steps == [1]
+
+
+RULES = [RotateHalfSlices.rule("RoPE-rotate-half-slices"), RotateHalfSplit.rule("RoPE-rotate-half-split"),
+         InterleavedSlices.rule("RoPE-interleaved-slices"),
+         InterleavedSlicesFlatten.rule("RoPE-interleaved-slices-flatten")]
+PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*sin (rotate_half, interleaved, "
+                    "partial) -> mindspore::RotaryPositionEmbedding", pattern.RewriteRuleSet(RULES, commute=True))

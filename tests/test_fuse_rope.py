@@ -1,0 +1,503 @@
+"""fuse-rope: every spelling fuses once per rotated tensor and the fused graph equals the unfused one; cos/sin
+shapes RotaryPositionEmbedding refuses and near misses don't fuse (with the reason reported); on real exports
+the ascend MindIR holds one RotaryPositionEmbedding per rotated q and k, with the mode the fusion extracted, and
+its cpu twin verifies."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphconv
+import onnx_ir as ir
+import opmap.fused
+import passes
+from fusion_utils import assert_same_numerics, fuse, fused_nodes
+from graphconv import census, reference
+
+D = 16
+N = 4
+INT64_MAX = np.iinfo(np.int64).max
+
+
+# --- hand-built graphs --------------------------------------------------------------------------------------
+class _G:
+    """A small graph under construction: nodes, initializers, inputs."""
+
+    def __init__(self, opset: int):
+        self.opset, self.nodes, self.inits, self.inputs, self.k = opset, [], [], [], 0
+
+    def const(self, values, dtype=np.int64) -> str:
+        self.k += 1
+        name = f"c{self.k}"
+        self.inits.append(numpy_helper.from_array(np.asarray(values, dtype), name))
+        return name
+
+    def node(self, op, inputs, **attrs) -> str:
+        self.k += 1
+        out = f"{op.lower()}{self.k}"
+        self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    def input(self, name, elem, shape) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        return name
+
+    def slice(self, x, start, end, axis=-1, step=None) -> str:
+        ins = [x, self.const([start]), self.const([end]), self.const([axis])]
+        if step is not None:
+            ins.append(self.const([step]))
+        return self.node("Slice", ins)
+
+    def unsqueeze(self, x, axes) -> str:
+        if self.opset >= 13:
+            return self.node("Unsqueeze", [x, self.const(axes)])
+        return self.node("Unsqueeze", [x], axes=list(axes))
+
+    def model(self, output, elem, shape) -> onnx.ModelProto:
+        g = helper.make_graph(self.nodes, "rope", self.inputs, [helper.make_tensor_value_info(output, elem, shape)],
+                              self.inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)])
+
+
+def _rotation(g: _G, x: str, form: str, d: int, axis: int = -1) -> str:
+    h = d // 2
+    if form in ("slices", "slices-neg-start", "wrong-direction", "slice-other-axis"):
+        axis = 2 if form == "slice-other-axis" else axis
+        x1 = g.slice(x, 0, h, axis, step=1)
+        x2 = g.slice(x, -h if form == "slices-neg-start" else h, INT64_MAX, axis)
+        if form == "wrong-direction":  # concat(-x1, x2): the rotation the other way round
+            return g.node("Concat", [g.node("Neg", [x1]), x2], axis=-1)
+        return g.node("Concat", [g.node("Neg", [x2]), x1], axis=axis)
+    if form == "split":
+        if g.opset >= 18:
+            x1, x2 = f"split_a{g.k}", f"split_b{g.k}"
+            g.nodes.append(helper.make_node("Split", [x], [x1, x2], axis=axis, num_outputs=2))
+        else:
+            x1, x2 = f"split_a{g.k}", f"split_b{g.k}"
+            g.nodes.append(helper.make_node("Split", [x, g.const([h, h])], [x1, x2], axis=axis))
+        return g.node("Concat", [g.node("Neg", [x2]), x1], axis=-1)
+    if form in ("interleaved", "interleaved-shape", "interleaved-flatten", "interleaved-wrong-order"):
+        even = g.slice(x, 0, INT64_MAX, -1, step=2)
+        odd = g.slice(x, 1, INT64_MAX, -1, step=2)
+        pair = [g.unsqueeze(g.node("Neg", [odd]), [-1]), g.unsqueeze(even, [-1])]
+        if form == "interleaved-wrong-order":
+            pair = [g.unsqueeze(even, [-1]), g.unsqueeze(g.node("Neg", [odd]), [-1])]
+        stacked = g.node("Concat", pair, axis=-1)
+        if form == "interleaved-shape":  # x's own shape
+            target = g.node("Shape", [x])
+        elif form == "interleaved-flatten":  # TorchScript's flatten(-2): stacked's first three dims, then -1
+            lead = g.node("Slice", [g.node("Shape", [stacked]), g.const([0]), g.const([3]), g.const([0])])
+            target = g.node("Concat", [lead, g.const([-1])], axis=0)
+        else:
+            target = g.const([0, 0, 0, -1])
+        return g.node("Reshape", [stacked, target])
+    raise ValueError(form)
+
+
+def _cos_sin(g: _G, *, source: str, shape, elem, d: int, x: str, seq_axis: int, sin_shape=None) -> tuple[str, str]:
+    if source == "input":
+        return g.input("cos", elem, shape), g.input("sin", elem, sin_shape or shape)
+    if source == "computed":  # positions 0..seq-1 from x's shape, inv_freq, Concat(freqs, freqs), Cos/Sin
+        seq = g.node("Gather", [g.node("Shape", [x]), g.const(seq_axis)], axis=0)
+        pos = g.node("Cast", [g.node("Range", [g.const(0), seq, g.const(1)])], to=TensorProto.FLOAT)
+        inv_freq = g.const(1.0 / 10000 ** (np.arange(0, d, 2) / d), np.float32)
+        freqs = g.node("Mul", [g.unsqueeze(pos, [1]), inv_freq])
+        emb = g.node("Concat", [freqs, freqs], axis=-1)  # (seq, d)
+        cos, sin = g.node("Cos", [emb]), g.node("Sin", [emb])
+        if shape is not None and len(shape) == 4:
+            axes = [0, 1] if seq_axis == 2 else [0, 2]
+            cos, sin = g.unsqueeze(cos, axes), g.unsqueeze(sin, axes)
+        if elem != TensorProto.FLOAT:
+            cos, sin = g.node("Cast", [cos], to=elem), g.node("Cast", [sin], to=elem)
+        return cos, sin
+    if source == "gather":  # Gather(cos_cached, position_ids) -> (batch, seq, d), then the heads axis
+        ids = g.input("position_ids", TensorProto.INT64, ["batch", "seq"])
+        rng = np.random.default_rng(1)
+        np_elem = helper.tensor_dtype_to_np_dtype(elem)
+        cos = g.node("Gather", [g.const(rng.uniform(-1, 1, (64, d)), np_elem), ids], axis=0)
+        sin = g.node("Gather", [g.const(rng.uniform(-1, 1, (64, d)), np_elem), ids], axis=0)
+        head_axis = 1 if seq_axis == 2 else 2
+        return g.unsqueeze(cos, [head_axis]), g.unsqueeze(sin, [head_axis])
+    raise ValueError(source)
+
+
+def _rope_graph(form="slices", *, layout="BNSD", cos_shape=("seq", D), source="input", swap_add=False,
+                swap_x_mul=False, swap_rot_mul=False, d=D, rot_dim=None, heads=N, opset=18,
+                elem=TensorProto.FLOAT, x_shape=None, sin_shape=None):
+    """y = x * cos + rot(x) * sin on x of `layout`, spelled as the arguments say; with rot_dim, only
+    x[..., :rot_dim] is rotated and the rest concatenated back unchanged."""
+    g = _G(opset)
+    shape = x_shape or (["batch", heads, "seq", d] if layout == "BNSD" else ["batch", "seq", heads, d])
+    x = g.input("x", elem, shape)
+    rd = rot_dim or d
+    xr = g.slice(x, 0, rd) if rot_dim else x
+    seq_axis = 2 if layout == "BNSD" else 1
+    cos, sin = _cos_sin(g, source=source, shape=cos_shape, elem=elem, d=rd, x=x, seq_axis=seq_axis,
+                        sin_shape=sin_shape)
+    rot = _rotation(g, xr, form, rd)
+    x_cos = g.node("Mul", [cos, xr] if swap_x_mul else [xr, cos])
+    rot_sin = g.node("Mul", [sin, rot] if swap_rot_mul else [rot, sin])
+    y = g.node("Add", [rot_sin, x_cos] if swap_add else [x_cos, rot_sin])
+    if rot_dim:
+        y = g.node("Concat", [y, g.slice(x, rd, INT64_MAX)], axis=-1)
+    return g.model(y, elem, shape)
+
+
+def _run(model: onnx.ModelProto) -> tuple[int, list[str], onnx.ModelProto]:
+    """fuse-rope alone: (count, skip reasons, fused model with function bodies)."""
+    model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    m = ir.from_proto(model)
+    pm = passes.PassManager("fuse-rope")
+    count = pm.run(m)["fuse-rope"]
+    fused = onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(m)), data_prop=True)
+    return count, pm.skipped.get("fuse-rope", []), fused
+
+
+def _modes(model: onnx.ModelProto) -> list[int]:
+    return [helper.get_attribute_value(a) for n in fused_nodes(model, "RotaryPositionEmbedding")
+            for a in n.attribute if a.name == "mode"]
+
+
+SPELLINGS = {
+    "slices": dict(),
+    "slices, (1,1,S,D) cos": dict(cos_shape=(1, 1, "seq", D)),
+    "slices, (B,1,S,D) cos": dict(cos_shape=("batch", 1, "seq", D)),
+    "slices, full-shape cos": dict(cos_shape=("batch", N, "seq", D)),
+    "slices, x2 from -D/2": dict(form="slices-neg-start"),
+    "slices, Add and Muls swapped": dict(swap_add=True, swap_x_mul=True, swap_rot_mul=True),
+    "slices, x*cos Mul swapped": dict(swap_x_mul=True),
+    "slices, opset 14": dict(opset=14),
+    "slices, opset 13": dict(opset=13),
+    "slices, fp16": dict(elem=TensorProto.FLOAT16),
+    "split (num_outputs)": dict(form="split"),
+    "split (sizes), opset 17": dict(form="split", opset=17, swap_add=True),
+    "split, opset 13": dict(form="split", opset=13, swap_rot_mul=True),
+    "BSND, (1,S,1,D) cos": dict(layout="BSND", cos_shape=(1, "seq", 1, D)),
+    "BSND, (B,S,1,D) cos": dict(layout="BSND", cos_shape=("batch", "seq", 1, D)),
+    "SBND, (S,1,1,D) cos": dict(x_shape=["seq", "batch", N, D], cos_shape=("seq", 1, 1, D)),
+    "SBND, (S,B,1,D) cos": dict(x_shape=["seq", "batch", N, D], cos_shape=("seq", "batch", 1, D), form="split"),
+    "cos computed from positions": dict(source="computed", cos_shape=None),
+    "cos computed, unsqueezed to (1,1,S,D)": dict(source="computed", cos_shape=(1, 1, "seq", D), form="split"),
+    "cos computed, opset 14": dict(source="computed", cos_shape=None, opset=14),
+    "cos gathered from a cache": dict(source="gather", swap_add=True),
+    "partial rotary": dict(rot_dim=8, d=32, cos_shape=("seq", 8)),
+    "partial rotary, split, computed cos": dict(form="split", rot_dim=8, d=32, source="computed", cos_shape=None),
+    "interleaved": dict(form="interleaved", cos_shape=(1, 1, "seq", D)),
+    "interleaved, 2-D cos, Muls swapped": dict(form="interleaved", swap_x_mul=True, swap_rot_mul=True),
+    "interleaved, Reshape to Shape(x)": dict(form="interleaved-shape", cos_shape=(1, 1, "seq", D), swap_add=True),
+    "interleaved, flatten(-2) from Shape(stacked)": dict(form="interleaved-flatten", cos_shape=(1, 1, "seq", D)),
+    "interleaved, BSND (1,S,1,D)": dict(form="interleaved", layout="BSND", cos_shape=(1, "seq", 1, D)),
+    "interleaved, SBND (S,1,1,D)": dict(form="interleaved", x_shape=["seq", "batch", N, D],
+                                        cos_shape=("seq", 1, 1, D)),
+    "interleaved, partial, computed cos": dict(form="interleaved", rot_dim=8, d=32, source="computed",
+                                               cos_shape=None),
+    "interleaved, opset 13": dict(form="interleaved", opset=13, cos_shape=(1, 1, "seq", D)),
+    "interleaved, fp16": dict(form="interleaved", elem=TensorProto.FLOAT16),
+}
+
+
+@pytest.mark.parametrize("name", SPELLINGS)
+def test_each_spelling_fuses_once_and_keeps_numerics(name):
+    spelling = SPELLINGS[name]
+    original = _rope_graph(**spelling)
+    count, skipped, fused = _run(original)
+    assert (count, skipped) == (1, [])
+    assert _modes(fused) == [1 if spelling.get("form", "").startswith("interleaved") else 0]
+    left = [n.op_type for n in fused.graph.node]
+    assert "Neg" not in left and "Add" not in left  # the whole application went into the fused node
+    if spelling.get("rot_dim"):  # partial rotary: the slice of the rotated part and the Concat back stay
+        assert left.count("Slice") == 2 and "Concat" in left
+    tol = 1e-2 if spelling.get("elem") == TensorProto.FLOAT16 else 1e-5
+    assert_same_numerics(original, fused, tol, tol)
+    # fusion_utils.fuse (the shared helper) sees the same
+    assert fuse(original, "fuse-rope")[0] == 1
+
+
+def test_q_and_k_get_one_fused_node_each_and_share_one_unsqueeze_of_cos():
+    g = _G(18)
+    q = g.input("q", TensorProto.FLOAT, ["batch", N, "seq", D])
+    k = g.input("k", TensorProto.FLOAT, ["batch", 2, "seq", D])
+    cos, sin = g.input("cos", TensorProto.FLOAT, ["seq", D]), g.input("sin", TensorProto.FLOAT, ["seq", D])
+    outs = []
+    for x in (q, k):
+        rot = _rotation(g, x, "slices", D)
+        outs.append(g.node("Add", [g.node("Mul", [x, cos]), g.node("Mul", [rot, sin])]))
+    g.nodes.append(helper.make_node("Concat", outs, ["y"], axis=1))
+    original = g.model("y", TensorProto.FLOAT, ["batch", N + 2, "seq", D])
+    count, _, fused = _run(original)
+    assert count == 2 and _modes(fused) == [0, 0]
+    assert [n.op_type for n in fused.graph.node].count("Unsqueeze") == 2  # one for cos, one for sin
+    ropes = fused_nodes(fused, "RotaryPositionEmbedding")
+    assert ropes[0].input[1:] == ropes[1].input[1:]
+    assert_same_numerics(original, fused)
+
+
+REFUSALS = {
+    "mode 1 with (B,1,S,D) cos": (dict(form="interleaved", cos_shape=("batch", 1, "seq", D)),
+                                  "mode 1 takes cos/sin of 11SD"),
+    "mode 1 with cos gathered per batch": (dict(form="interleaved", source="gather"), "mode 1 takes cos/sin of 11SD"),
+    "mode 1 with full-shape cos": (dict(form="interleaved", cos_shape=("batch", N, "seq", D)),
+                                   "mode 1 takes cos/sin"),
+    "(1,N,S,D) cos": (dict(cos_shape=(1, N, "seq", D)), "mode 0 takes cos/sin of 11SD, B1SD or BNSD"),
+    "mode 1, SBND with (S,B,1,D) cos": (dict(form="interleaved", x_shape=["seq", "batch", N, D],
+                                             cos_shape=("seq", "batch", 1, D)), "mode 1 takes cos/sin"),
+    "cos and sin shaped differently": (dict(cos_shape=(1, 1, "seq", D), sin_shape=("batch", 1, "seq", D)),
+                                       "broadcast to x differently"),
+    "cos seq not provably x's": (dict(cos_shape=("other_seq", D)), "not provably equal"),
+    "cos broadcast over the head dim": (dict(cos_shape=("seq", 1)), "not the rotated size 16"),
+    "head dim not static": (dict(x_shape=["batch", N, "seq", "head_dim"]), "not static"),
+    "head dim 896": (dict(d=896, cos_shape=("seq", 896)), "not even and < 896"),
+    "1000 heads": (dict(heads=1000), "B and N must be < 1000"),
+    "x of rank 3": (dict(x_shape=["batch", "seq", D]), "takes a 4-D x"),
+    "fp16 below opset 15": (dict(opset=14, elem=TensorProto.FLOAT16), "below opset 15"),
+    "rotation the other way": (dict(form="wrong-direction"), "x[..., :8]"),
+    "halves of another axis": (dict(form="slice-other-axis"), "x[..., :8]"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSALS)
+def test_refusals_do_not_fuse_and_say_why(name):
+    spelling, reason = REFUSALS[name]
+    count, skipped, fused = _run(_rope_graph(**spelling))
+    assert count == 0 and not fused_nodes(fused)
+    assert skipped and all(reason in r for r in skipped), skipped
+
+
+def test_stack_in_the_wrong_order_is_not_a_rotation():
+    count, skipped, fused = _run(_rope_graph(form="interleaved-wrong-order"))
+    assert count == 0 and not fused_nodes(fused) and skipped == []
+
+
+def test_skipped_fusion_is_in_the_compile_report(tmp_path):
+    """The brief's example: exported cos/sin of (B,1,S,D) (gathered per batch) with the interleaved rotation."""
+    p = tmp_path / "m.onnx"
+    onnx.save(_rope_graph(form="interleaved", source="gather"), p)
+    report = graphconv.compile(p, tmp_path / "m.mindir", simplify=False, passes="fuse-rope", verify=False)
+    assert report.fusions["fuse-rope"] == 0 and "RotaryPositionEmbedding" not in report.census
+    assert any("mode 1 takes cos/sin of 11SD" in r for r in report.skipped_fusions["fuse-rope"])
+
+
+# --- the fused op's reference body ---------------------------------------------------------------------------
+def _numpy_rope(x, cos, sin, mode):
+    x32 = x.astype(np.float32)
+    if mode == 0:
+        h = x.shape[-1] // 2
+        rot = np.concatenate([-x32[..., h:], x32[..., :h]], axis=-1)
+    else:
+        rot = np.empty_like(x32)
+        rot[..., 0::2], rot[..., 1::2] = -x32[..., 1::2], x32[..., 0::2]
+    return (x32 * cos.astype(np.float32) + rot * sin.astype(np.float32)).astype(x.dtype)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("opset", [13, 18])
+def test_reference_body_is_the_documented_formula(mode, opset):
+    """The function body equals FUSED_OPS.md's formula written in numpy, with arbitrary cos/sin (no structure
+    assumed), for both modes and for cos/sin broadcast as (1,1,S,D)."""
+    node = helper.make_node("RotaryPositionEmbedding", ["x", "cos", "sin"], ["y"], domain="mindspore", mode=mode)
+    g = helper.make_graph([node], "rpe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, "s", D]),
+                                          helper.make_tensor_value_info("cos", TensorProto.FLOAT, [1, 1, "s", D]),
+                                          helper.make_tensor_value_info("sin", TensorProto.FLOAT, [1, 1, "s", D])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3, "s", D])])
+    model = opmap.fused.attach_functions(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 5, D)).astype(np.float32)
+    cos, sin = rng.uniform(-1, 1, (2, 1, 1, 5, D)).astype(np.float32)
+    got = reference.Oracle(model).run([reference.ReferenceCase("c", {"x": x, "cos": cos, "sin": sin})])[0]["y"]
+    np.testing.assert_allclose(got, _numpy_rope(x, cos, sin, mode), rtol=1e-6, atol=1e-6)
+
+
+# --- real exports -----------------------------------------------------------------------------------------------
+def _mindir_modes(path) -> list[int]:
+    """The `mode` argument of every RotaryPositionEmbedding call in a MindIR (read from the protobuf).
+    (fusion_utils.mindir_primitive_inputs does not resolve integer constants: mind_ir's AttributeProto has
+    INT64 and no INT.)"""
+    model = census.read_mindir(path)
+    graphs = [model.graph, *model.functions]
+    modes = []
+    for graph in graphs:
+        consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+        for n in graph.node:
+            if n.op_type.startswith("REF::RotaryPositionEmbedding:"):
+                assert len(n.input) == 4
+                modes.append(int(consts[n.input[3]].attribute[0].i))
+    return modes
+
+
+def _check_compiled(report, out, fused_path, onnx_path, n_rope):
+    assert report.fusions["fuse-rope"] == n_rope and not report.skipped_fusions.get("fuse-rope")
+    assert report.census.get("RotaryPositionEmbedding") == n_rope
+    # The ascend MindIR's mode arguments are the fused nodes' mode attributes (the argument record).
+    fused = onnx.load(fused_path)
+    assert sorted(_mindir_modes(out)) == sorted(_modes(fused))
+    # Numbers: the cpu twin of the same fused graph matched onnxruntime on the original model.
+    assert report.status == "verified" and report.validation["checked"].startswith("cpu twin of")
+    for case in report.validation["cases"]:
+        assert all(o["max_abs"] <= 1e-4 for o in case["outputs"])
+    # The saved fused graph runs in onnxruntime (function bodies attached) and equals the original.
+    assert_same_numerics(onnx.load(onnx_path), fused)
+    return fused
+
+
+@pytest.mark.parametrize("exporter,opset", [("dynamo", 18), ("torchscript", 17), ("torchscript", 14)])
+def test_zoo_llama_gets_one_rope_per_q_and_k(exporter, opset, export_cache, tmp_path):
+    n_layers = 2
+    onnx_path = export_cache("llama", opset, exporter)
+    out = tmp_path / "llama.mindir"
+    # Behind the passes that run before it in the default pipeline (their mindspore::RmsNorm nodes are in the
+    # graph the symbolic shape inference reads for the TorchScript exports), without the later ones.
+    report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx",
+                               passes="canonicalize,fuse-rmsnorm,fuse-rope")
+    fused = _check_compiled(report, out, tmp_path / "fused.onnx", onnx_path, 2 * n_layers)
+    assert _modes(fused) == [0] * (2 * n_layers)
+    # models/llama.py's cos/sin are (seq, 16): one Unsqueeze each to (1, 1, seq, 16), shared by every layer.
+    ropes = fused_nodes(fused, "RotaryPositionEmbedding")
+    assert len({tuple(n.input[1:]) for n in ropes}) == 1
+
+
+def test_transformers_llama_gets_one_rope_per_q_and_k(export_cache, tmp_path):
+    pytest.importorskip("transformers")
+    onnx_path = export_cache("hf-llama", 18)
+    out = tmp_path / "l.mindir"
+    # The default pipeline: fuse-rope does not depend on the passes after it (fuse-attention reads its output).
+    report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx")
+    _check_compiled(report, out, tmp_path / "fused.onnx", onnx_path, 4)
+
+
+# --- small PyTorch blocks exported for real: the spellings the exporters produce ---------------------------------
+class RotaryBlock:
+    """q = Linear(x) split into heads, rotated, returned. style "chunk": BNSD, rotate_half through torch.chunk,
+    cos/sin gathered from a cache by position_ids (B,1,S,D). style "gptj": BSND, GPT-J's rotate_every_two
+    (interleaved) on the first 8 of 16 dims only (partial rotary), cos/sin of positions 0..S-1 (1,S,1,8)."""
+
+    @staticmethod
+    def build(style: str):
+        import torch
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, heads=2, head_dim=16, rot_dim=None, max_pos=64):
+                super().__init__()
+                self.heads, self.head_dim, self.rot = heads, head_dim, rot_dim or head_dim
+                self.proj = nn.Linear(heads * head_dim, heads * head_dim, bias=False)
+                inv_freq = 1.0 / (10000 ** (torch.arange(0, self.rot, 2, dtype=torch.float32) / self.rot))
+                freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
+                emb = freqs.repeat_interleave(2, -1) if style == "gptj" else torch.cat((freqs, freqs), -1)
+                self.register_buffer("cos_cached", emb.cos(), persistent=False)
+                self.register_buffer("sin_cached", emb.sin(), persistent=False)
+
+            def forward(self, x, position_ids):
+                b, s, _ = x.shape
+                q = self.proj(x).view(b, s, self.heads, self.head_dim)
+                if style == "gptj":
+                    pos = torch.arange(s, device=x.device)[None]
+                    cos, sin = self.cos_cached[pos][:, :, None], self.sin_cached[pos][:, :, None]
+                    q_rot, q_pass = q[..., : self.rot], q[..., self.rot:]
+                    x1, x2 = q_rot[..., ::2], q_rot[..., 1::2]
+                    rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
+                    return torch.cat((q_rot * cos + rot * sin, q_pass), dim=-1)
+                q = q.transpose(1, 2)
+                cos, sin = self.cos_cached[position_ids][:, None], self.sin_cached[position_ids][:, None]
+                x1, x2 = q.chunk(2, dim=-1)
+                return q * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+        torch.manual_seed(0)
+        module = Block(rot_dim=8 if style == "gptj" else None).eval()
+        inputs = {"x": torch.randn(2, 7, 32), "position_ids": torch.randint(0, 64, (2, 7))}
+        axes = {"x": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"}}
+        return module, inputs, axes
+
+
+@pytest.fixture(scope="module")
+def block_export(tmp_path_factory):
+    from graphconv.export import export_pytorch
+
+    done = {}
+
+    def get(style, exporter, opset):
+        if (style, exporter, opset) not in done:
+            path = tmp_path_factory.mktemp("rope") / f"{style}.onnx"
+            module, inputs, axes = RotaryBlock.build(style)
+            export_pytorch(module, inputs, path, axes, opset=opset, exporter=exporter)
+            done[style, exporter, opset] = path
+        return done[style, exporter, opset]
+
+    return get
+
+
+EXPORTS = [("dynamo", 18), ("torchscript", 17), ("torchscript", 14)]
+
+
+@pytest.mark.parametrize("style", ["chunk", "gptj"])
+@pytest.mark.parametrize("exporter,opset", EXPORTS)
+def test_exported_spellings_fuse_after_onnxsim(style, exporter, opset, block_export):
+    pytest.importorskip("torch")
+    import onnxsim
+
+    original = onnx.load(block_export(style, exporter, opset))
+    simplified, _ = onnxsim.simplify(original, check_n=0)
+    count, skipped, fused = _run(simplified)
+    assert (count, skipped) == (1, [])
+    assert _modes(fused) == [1 if style == "gptj" else 0]
+    if style == "chunk":  # dynamo writes torch.chunk as Split, TorchScript as two Slices
+        assert ("Split" in [n.op_type for n in simplified.graph.node]) == (exporter == "dynamo")
+    assert_same_numerics(original, fused)
+
+
+def test_interleaved_export_reads_back_mode_1_from_the_mindir(block_export, tmp_path):
+    """GPT-J-style block (TorchScript, whose dims only the symbolic shape inference relates) compiled for
+    ascend: one RotaryPositionEmbedding with mode 1 in the MindIR, verified through the cpu twin."""
+    pytest.importorskip("torch")
+    onnx_path = block_export("gptj", "torchscript", 17)
+    out = tmp_path / "gptj.mindir"
+    report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx", passes="fuse-rope")
+    fused = _check_compiled(report, out, tmp_path / "fused.onnx", onnx_path, 1)
+    assert _modes(fused) == [1] and _mindir_modes(out) == [1]
+
+
+def test_dims_of_torchscript_exports_are_related_by_symbolic_shape_inference(monkeypatch):
+    """Without the symbolic shape inference, cos computed from Range(0, Shape(x)[2]) has a seq dim of its own
+    name (unk__0): the fusion is then refused, not assumed."""
+    import passes.fuse_rope as fuse_rope
+
+    graph = _rope_graph(source="computed", cos_shape=None)
+    assert _run(graph)[0] == 1
+    monkeypatch.setattr(fuse_rope, "_symbolic_shapes", lambda proto: {})
+    count, skipped, _ = _run(graph)
+    assert count == 0 and all("not provably equal" in r for r in skipped)
+
+
+# --- transformers models with other RoPE spellings (slow: export and compile take ~1 min each) -------------------
+def _hf_causal_lm(kind: str):
+    import torch
+    import transformers as tf
+    from models.hf import INITIALIZER_RANGE, _finish
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=128, initializer_range=INITIALIZER_RANGE, attn_implementation="eager")
+    if kind == "gptj":  # interleaved, partial (16 of 32), BSND with cos (1,S,1,16)
+        model = tf.GPTJForCausalLM(tf.GPTJConfig(n_embd=64, n_layer=2, n_head=2, rotary_dim=16, n_positions=128,
+                                                 **common))
+    else:  # GPT-NeoX: rotate_half, partial (rotary_pct 0.5), BNSD with cos (1,1,S,16)
+        model = tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                                       intermediate_size=128, rotary_pct=0.5,
+                                                       max_position_embeddings=128, **common))
+    return _finish(model, "logits", 128, 2, 7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,mode", [("gptj", 1), ("neox", 0)])
+def test_transformers_partial_rotary_models(kind, mode, tmp_path):
+    pytest.importorskip("transformers")
+    from graphconv.export import export_pytorch
+
+    module, inputs, axes = _hf_causal_lm(kind)
+    onnx_path = tmp_path / f"{kind}.onnx"
+    export_pytorch(module, inputs, onnx_path, axes, opset=18, exporter="dynamo")
+    out = tmp_path / f"{kind}.mindir"
+    report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx")
+    fused = _check_compiled(report, out, tmp_path / "fused.onnx", onnx_path, 4)
+    assert _modes(fused) == [mode] * 4
