@@ -73,5 +73,7 @@ def _attribute_value(a):
         return a.d
     if kind == "STRING":
         return a.s.decode()
+    if kind == "NONE":
+        return None
     return a
 
