@@ -471,8 +471,45 @@ def _leading_dims_then(target: ir.Value, stacked: ir.Value, d: int) -> bool:
     return starts == [0] and ends in ([3], [-2]) and axes in ([0], [-1]) and steps == [1]
 
 
+class NativeRotaryEmbedding(pattern.RewriteRuleClassBase):
+    """Opset 23's RotaryEmbedding on a 4-D (B, N, S, D) x with cos/sin of width D/2 and no position_ids
+    (what dynamo emits at opset 23). ONNX computes [x1*c - x2*s, x2*c + x1*s] on the halves, which is mode 0
+    with cos/sin widened to concat(c, c) and given a head axis: (B|1, 1, S, D)."""
+
+    def pattern(self, op, x, cos, sin):
+        return op.RotaryEmbedding(x, cos, sin, _outputs=["y"])
+
+    def check(self, context, x, cos, sin, y, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        attrs = y.producer().attributes
+        if attrs.get_int("interleaved", 0):
+            return result.fail("interleaved RotaryEmbedding (its cos/sin widening is not a concat)", x)
+        if _rank(x) != 4:
+            return result.fail(f"RotaryEmbedding on a rank-{_rank(x)} x; only 4-D (B, N, S, D) is fused", x)
+        d = x.shape[3] if x.shape is not None else None
+        if not isinstance(d, int) or d % 2 or d >= MAX_HEAD_DIM:
+            return result.fail(f"the head dim {d} is not static, even and < {MAX_HEAD_DIM}", x)
+        if attrs.get_int("rotary_embedding_dim", 0) not in (0, d):
+            return result.fail("partial rotary (rotary_embedding_dim < head dim)", x)
+        for c in (cos, sin):
+            if _rank(c) != 3 or c.shape[2] != d // 2:
+                return result.fail(f"cos/sin {c.name} is not (B, S, {d // 2})", c)
+            if c.dtype != x.dtype or x.dtype not in _FLOATS:
+                return result.fail(f"dtypes x={x.dtype}, {c.name}={c.dtype}", c)
+        opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
+        if opset < 15 and x.dtype != ir.DataType.FLOAT:
+            return result.fail("below opset 15 the reference body can only express fp32", x)
+        return result
+
+    def rewrite(self, op, x, cos, sin, **_):
+        head_axis = op.Constant(value=ir.tensor(np.array([1], dtype=np.int64), name=None))
+        full = [op.Unsqueeze(op.Concat(c, c, axis=-1), head_axis) for c in (cos, sin)]
+        return op.RotaryPositionEmbedding(x, full[0], full[1], mode=0, _domain="mindspore")
+
+
 RULES = [RotateHalfSlices.rule("RoPE-rotate-half-slices"), RotateHalfSplit.rule("RoPE-rotate-half-split"),
          InterleavedSlices.rule("RoPE-interleaved-slices"),
-         InterleavedSlicesFlatten.rule("RoPE-interleaved-slices-flatten")]
+         InterleavedSlicesFlatten.rule("RoPE-interleaved-slices-flatten"),
+         NativeRotaryEmbedding.rule("RoPE-native-opset23")]
 PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*sin (rotate_half, interleaved, "
                     "partial) -> mindspore::RotaryPositionEmbedding", pattern.RewriteRuleSet(RULES, commute=True))

@@ -501,3 +501,42 @@ def test_transformers_partial_rotary_models(kind, mode, tmp_path):
     report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx")
     fused = _check_compiled(report, out, tmp_path / "fused.onnx", onnx_path, 4)
     assert _modes(fused) == [mode] * 4
+
+
+def _native_rope_graph(interleaved=0, rot_dim=0, d=16):
+    """Opset 23's RotaryEmbedding as dynamo emits it: x (B, N, S, D), cos/sin (1, S, D/2) computed on the fly."""
+    from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+
+    inv = nh.from_array((1.0 / 10000 ** (np.arange(0, d, 2) / d)).astype(np.float32).reshape(1, 1, d // 2), "inv")
+    nodes = [h.make_node("Shape", ["x"], ["shape"], start=2, end=3),
+             h.make_node("Squeeze", ["shape"], ["s"]),
+             h.make_node("Range", ["zero", "s", "one"], ["pos"]),
+             h.make_node("Cast", ["pos"], ["posf"], to=TP.FLOAT),
+             h.make_node("Unsqueeze", ["posf", "axes01"], ["pos3"]),
+             h.make_node("Transpose", ["pos3"], ["pos3t"], perm=[0, 2, 1]),
+             h.make_node("Mul", ["pos3t", "inv"], ["freqs"]),
+             h.make_node("Cos", ["freqs"], ["cos"]), h.make_node("Sin", ["freqs"], ["sin"]),
+             h.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=interleaved,
+                         **({"rotary_embedding_dim": rot_dim} if rot_dim else {}))]
+    inits = [inv, nh.from_array(np.array(0, np.int64), "zero"), nh.from_array(np.array(1, np.int64), "one"),
+             nh.from_array(np.array([0, 1], np.int64), "axes01")]
+    g = h.make_graph(nodes, "rope23", [h.make_tensor_value_info("x", TP.FLOAT, ["batch", 4, "seq", d])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", 4, "seq", d])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 23)])
+
+
+def test_opset23_native_rotary_embedding_fuses_to_mode0():
+    original = _native_rope_graph()
+    count, fused = fuse(original, "fuse-rope")
+    assert count == 1
+    (node,) = [n for n in fused.graph.node if n.domain == "mindspore"]
+    assert node.op_type == "RotaryPositionEmbedding"
+    assert onnx.helper.get_attribute_value(node.attribute[0]) == 0
+    # onnxruntime 1.32 refuses this RotaryEmbedding at batch != 1: the oracle falls back to onnx.reference.
+    assert_same_numerics(original, fused, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(interleaved=1), dict(rot_dim=8)], ids=["interleaved", "partial"])
+def test_opset23_native_rotary_embedding_refusals(kwargs):
+    count, _ = fuse(_native_rope_graph(**kwargs), "fuse-rope")
+    assert count == 0
