@@ -256,6 +256,46 @@ def inspect_cmd(file, as_json):
     click.echo(json.dumps(info, indent=2) if as_json else summary(info))
 
 
+@cli.command("conformance")
+@click.option("--filter", "pattern", metavar="REGEX", help="Only node tests whose name matches (re.search).")
+@click.option("--no-docs", is_flag=True, help="Do not rewrite docs/conformance.md (a --filter run never does).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary and every case as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+def conformance_cmd(pattern, no_docs, as_json, quiet):
+    """Run onnx's node test suite through graphconv.backend; print passed / failed / unsupported per op and in
+    total, and regenerate docs/conformance.md (full runs only)."""
+    import dataclasses
+    import json
+    import re
+
+    from graphconv import conformance
+
+    if pattern:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise click.UsageError(f"--filter {pattern!r}: {e}") from None
+    progress = Progress(quiet=quiet)
+    summary, outcomes, seconds = conformance.conformance(pattern, progress)
+    if not pattern and not no_docs:
+        progress.info(f"wrote {conformance.write_docs(summary, outcomes, seconds)}")
+    if as_json:
+        click.echo(json.dumps({"summary": summary, "seconds": round(seconds, 1),
+                               "cases": [dataclasses.asdict(o) for o in outcomes]}, indent=1))
+        return
+    if quiet:
+        return
+    click.echo(f"{'op':<28} {'passed':>6} {'failed':>6} {'unsupp':>6}   (applicable cases; +N not applicable)")
+    for op, c in summary["ops"].items():
+        ap, ot = c["applicable"], c["other"]
+        extra = f"   +{ot['cases']} n/a ({ot['passed']} pass)" if ot["cases"] else ""
+        click.echo(f"{op:<28} {ap['passed']:>6} {ap['failed']:>6} {ap['unsupported']:>6}{extra}")
+    t, a = summary["total"], summary["applicable"]
+    click.echo(f"total {t['cases']} cases: {t['passed']} passed, {t['failed']} failed, {t['unsupported']} unsupported")
+    click.echo(f"applicable {a['cases']}: {a['passed']} passed ({a['percent']}%), {a['failed']} failed, "
+               f"{a['unsupported']} unsupported  [{seconds / 60:.1f} min]")
+
+
 @cli.command("passes")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="Import MODULE's passes too.")
 def passes_cmd(plugins):

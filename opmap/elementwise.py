@@ -56,7 +56,19 @@ def _binary(template):
 for _op, _t in UNARY.items():
     register(_op, since=1)(_unary(_t))
 for _op, _t in BINARY.items():
-    register(_op, since=1)(_binary(_t))
+    if _op != "Pow":
+        register(_op, since=1)(_binary(_t))
+
+
+@register("Pow", since=1)
+def pow_(n):
+    """The result has the base's type: an integer base with a float exponent is computed in float, then cast
+    (truncated) like the ONNX reference."""
+    y = _binary(BINARY["Pow"])(n)
+    base, exponent = n.dtype(0), n.dtype(1)
+    if base is not None and exponent is not None and base != exponent and base not in _FLOATS:
+        return f"ops.cast({y}, {n.ms_dtype(base)})"
+    return y
 
 
 @register("Div", since=1)
@@ -183,3 +195,10 @@ def celu(n):
 @register("Mish", since=18)
 def mish(n):
     return f"ops.mish({n.x(0)})"  # not x * tanh(softplus(x)): ops.tanh is off by up to 1e-4 on CPU
+
+
+@register("Shrink", since=9)
+def shrink(n):
+    x, bias, lambd = n.x(0), float(n.attr("bias", 0.0)), float(n.attr("lambd", 0.5))
+    return (f"ops.where({x} < {-lambd!r}, {x} + {bias!r}, ops.where({x} > {lambd!r}, {x} - {bias!r}, "
+            f"ops.zeros_like({x})))")

@@ -14,7 +14,8 @@ def matmul(n):
 def gemm(n):
     a, b = n.x(0), n.x(1)
     alpha, beta = float(n.attr("alpha", 1.0)), float(n.attr("beta", 1.0))
-    if n.attr("transB", 0) and not n.attr("transA", 0) and alpha == 1.0 and beta in (0.0, 1.0):
+    if n.attr("transB", 0) and not n.attr("transA", 0) and alpha == 1.0 and beta in (0.0, 1.0) and \
+            (not n.has(2) or n.rank(2) == 1):
         # Linear layout (weight stored out x in): one fused primitive, no run-time transpose.
         return f"ops.dense({a}, {b}, {n.x(2) if n.has(2) and beta else None})"
     if n.attr("transA", 0):
@@ -28,3 +29,8 @@ def gemm(n):
         c = n.x(2) if beta == 1.0 else f"{beta!r} * {n.x(2)}"
         y = f"{y} + {c}"
     return y
+
+
+@register("Det", since=11)
+def det(n):
+    return f"ops.det({n.x(0)})"

@@ -6,11 +6,12 @@ asymmetric ONNX pads need no special case.
 
 from __future__ import annotations
 
+import numpy as np
 
 from opmap.registry import register
 
 
-def _spatial_attrs(n, spatial: int):
+def _spatial_attrs(n, spatial: int, w_index: int = 1):
     kernel = n.attr("kernel_shape")
     strides = n.attr("strides") or [1] * spatial
     dilations = n.attr("dilations") or [1] * spatial
@@ -22,7 +23,7 @@ def _spatial_attrs(n, spatial: int):
         src = n.shape(0)
         dims = src[2:] if src else [None] * spatial
         if kernel is None:
-            kernel = n.shape(1)[2:]
+            kernel = n.shape(w_index)[2:]
         pads_b, pads_e = [], []
         for d, k, s, dl in zip(dims, kernel, strides, dilations):
             if isinstance(d, int):
@@ -52,14 +53,25 @@ def _ms_padding(pads: list[int], spatial: int) -> tuple:
 def conv(n):
     """The Conv2D/Conv3D primitives directly: ops.conv2d's Python argument checks turn into run-time
     `raise` nodes when the channel dim is dynamic, and a MindIR holding them cannot be loaded."""
-    w_shape = n.shape(1)
+    y = conv_expr(n, n.x(0), n.x(1))
+    spatial = len(n.shape(1)) - 2
+    if n.has(2):
+        b = n.const(2)
+        bias = (n.const_tensor(b.reshape((-1,) + (1,) * spatial), "bias") if b is not None
+                else f"ops.reshape({n.x(2)}, {(-1,) + (1,) * spatial!r})")
+        y = f"{y} + {bias}"
+    return y
+
+
+def conv_expr(n, x: str, w: str, w_index: int = 1) -> str:
+    """The convolution of x by w (the shape of input w_index, the node's attributes), without bias."""
+    w_shape = n.shape(w_index)
     if w_shape is None or not all(isinstance(d, int) for d in w_shape):
         n.fail("the weight shape must be static")
     spatial = len(w_shape) - 2
     if spatial not in (1, 2, 3):
         n.fail(f"{spatial}-D convolution is not supported")
-    _, strides, dilations, pads = _spatial_attrs(n, spatial)
-    x, w = n.x(0), n.x(1)
+    _, strides, dilations, pads = _spatial_attrs(n, spatial, w_index)
     if any(pads):
         x = f"ops.pad({x}, {_ms_padding(pads, spatial)!r})"
     if spatial == 1:  # as 2-D with a height of 1
@@ -71,11 +83,6 @@ def conv(n):
          f"dilation={tuple(dilations)!r}, group={n.attr('group', 1)})({x}, {w})")
     if spatial == 1:
         y = f"ops.squeeze({y}, (2,))"
-    if n.has(2):
-        b = n.const(2)
-        bias = (n.const_tensor(b.reshape((-1,) + (1,) * spatial), "bias") if b is not None
-                else f"ops.reshape({n.x(2)}, {(-1,) + (1,) * spatial!r})")
-        y = f"{y} + {bias}"
     return y
 
 
@@ -83,13 +90,15 @@ def conv(n):
 def max_pool(n):
     rank = n.require_rank(0)
     spatial = rank - 2
-    if spatial != 2:
-        n.fail("only 2-D MaxPool is supported")
-    if n.n_outputs > 1 and n.node.outputs[1].name:
-        n.fail("the Indices output is not supported")
+    indices = n.n_outputs > 1 and bool(n.node.outputs[1].name)
+    floating = n.dtype(0) is not None and n.dtype(0).name in ("FLOAT", "FLOAT16", "DOUBLE")
+    if spatial != 2 or indices or not floating:
+        return _window_pool(n, "max")
     kernel, strides, dilations, pads = _spatial_attrs(n, spatial)
     x = n.x(0)
     ceil_mode = bool(n.attr("ceil_mode", 0))
+    if any(pads[a] + pads[a + spatial] > kernel[a] for a in range(spatial)):
+        return _window_pool(n, "max")  # the primitives refuse pads larger than the window
     if all(d == 1 for d in dilations):
         # MaxPool3D takes asymmetric pads and applies ONNX's ceil_mode rule to them (a window may not start in
         # the end padding); explicit padding would let such windows through.
@@ -101,7 +110,7 @@ def max_pool(n):
     padding = tuple(pads[:spatial])
     if pads[:spatial] != pads[spatial:] or any(2 * p > k for p, k in zip(padding, kernel)):
         if ceil_mode:
-            n.fail("ceil_mode=1 with these pads on a dilated MaxPool is not supported")
+            return _window_pool(n, "max")
         x = f"ops.pad({x}, {_ms_padding(pads, spatial)!r}, 'constant', float('-inf'))"
         padding = 0
     return (f"ops.max_pool2d({x}, {tuple(kernel)!r}, {tuple(strides)!r}, {padding!r}, {tuple(dilations)!r}, "
@@ -113,14 +122,123 @@ def average_pool(n):
     rank = n.require_rank(0)
     spatial = rank - 2
     if spatial != 2:
-        n.fail("only 2-D AveragePool is supported")
+        return _window_pool(n, "avg")
     kernel, strides, dilations, pads = _spatial_attrs(n, spatial)
-    if any(d != 1 for d in dilations):
-        n.fail("dilated AveragePool is not supported")
+    if any(d != 1 for d in dilations) or any(pads[a] + pads[a + spatial] > kernel[a] for a in range(spatial)):
+        return _window_pool(n, "avg")
     # ops.avg_pool2d (AvgPool3D) takes (top, bottom, left, right): asymmetric pads need no special case.
     padding = (pads[0], pads[2], pads[1], pads[3])
     return (f"ops.avg_pool2d({n.x(0)}, {tuple(kernel)!r}, {tuple(strides)!r}, {padding!r}, "
             f"ceil_mode={bool(n.attr('ceil_mode', 0))}, count_include_pad={bool(n.attr('count_include_pad', 0))})")
+
+
+def _pool_geometry(n, spatial: int, dims: list[int]):
+    """Output sizes and begin/end pads of a pooling window, as the ONNX reference defines them."""
+    kernel = list(n.attr("kernel_shape"))
+    strides = list(n.attr("strides") or [1] * spatial)
+    dilations = list(n.attr("dilations") or [1] * spatial)
+    auto_pad = n.attr("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    k_eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-d // s) for d, s in zip(dims, strides)]
+        total = [max((o - 1) * s + k - d, 0) for o, s, k, d in zip(out, strides, k_eff, dims)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+        return kernel, strides, dilations, out, begin, [t - b for t, b in zip(total, begin)]
+    if auto_pad == "VALID":
+        out = [-(-(d - k + 1) // s) for d, k, s in zip(dims, k_eff, strides)]
+        return kernel, strides, dilations, out, [0] * spatial, [0] * spatial
+    pads = list(n.attr("pads") or [0] * (2 * spatial))
+    begin, end = pads[:spatial], pads[spatial:]
+    out = []
+    for d, b, e, k, s in zip(dims, begin, end, k_eff, strides):
+        size = (d + b + e - k) / s + 1
+        if n.attr("ceil_mode", 0):
+            o = int(np.ceil(size))
+            if (o - 1) * s >= d + b:  # no window may start in the end padding
+                o -= 1
+        else:
+            o = int(np.floor(size))
+        out.append(o)
+    return kernel, strides, dilations, out, begin, end
+
+
+def _window_pool(n, kind: str, p: int = 2):
+    """Max / average / Lp pooling for any rank, dtype, pads, dilations and ceil_mode, from static shapes: one strided
+    slice of the padded input per kernel offset, combined elementwise. Window o of an axis covers input
+    positions o*stride - pad_begin + j*dilation; max ignores positions outside the input, average divides by the
+    positions inside the input (or inside input + pads with count_include_pad), both compile-time counts.
+    MaxPool's Indices output is the flat (row-major, or column-major over the spatial dims with storage_order=1)
+    index of the first maximum."""
+    xs = n.shape(0)
+    if xs is None or not all(isinstance(d, int) for d in xs[2:]):
+        n.fail("pooling needs static spatial dims")
+    spatial = len(xs) - 2
+    dims = xs[2:]
+    kernel, strides, dilations, out, begin, end = _pool_geometry(n, spatial, dims)
+    np_dt = n.dtype(0).numpy()
+    need_end = [(o - 1) * s + (k - 1) * dl + 1 - d - b for o, s, k, dl, d, b in zip(out, strides, kernel, dilations, dims, begin)]
+    x = n.x(0)
+    if kind == "lp":
+        x = n.tmp(f"ops.pow(ops.abs({x}), {float(p)!r})" if p != 1 else f"ops.abs({x})", "abs_p")
+    fill = "0"
+    if kind == "max":
+        fill = "float('-inf')" if np.dtype(np_dt).kind == "f" else repr(int(np.iinfo(np_dt).min))
+    if any(begin) or any(need_end):
+        x = n.tmp(f"ops.pad({x}, {_ms_padding(begin + need_end, spatial)!r}, 'constant', {fill})", "padded")
+    combos = list(np.ndindex(*kernel))
+    acc = best_idx = None
+    indices = kind == "max" and n.n_outputs > 1 and bool(n.node.outputs[1].name)
+    col_major = bool(n.attr("storage_order", 0))
+    for combo in combos:
+        index = ", ".join(f"{j * dl}:{j * dl + (o - 1) * s + 1}:{s}" for j, dl, o, s in zip(combo, dilations, out, strides))
+        window = n.tmp(f"{x}[:, :, {index}]", "window")
+        if kind == "max":
+            if acc is None:
+                acc = window
+            else:
+                better = n.tmp(f"{window} > {acc}", "better") if indices else None
+                acc = n.tmp(f"ops.maximum({acc}, {window})", "acc")
+            if indices:
+                pos = [np.arange(o) * s - b + j * dl for o, s, b, j, dl in zip(out, strides, begin, combo, dilations)]
+                grid = np.meshgrid(*pos, indexing="ij")
+                if col_major:
+                    strides_flat = [int(np.prod(dims[:a])) for a in range(spatial)]
+                else:
+                    strides_flat = [int(np.prod(dims[a + 1:])) for a in range(spatial)]
+                flat = sum(g.astype(np.int64) * st for g, st in zip(grid, strides_flat))
+                flat_t = n.const_tensor(flat.astype(np.int64)[None, None], "flat")
+                best_idx = flat_t if best_idx is None else n.tmp(f"ops.where({better}, {flat_t}, {best_idx})", "argmax")
+        else:
+            acc = window if acc is None else n.tmp(f"{acc} + {window}", "acc")
+    if kind == "max":
+        if indices:
+            if not all(isinstance(d, int) for d in xs[:2]):
+                n.fail("the Indices output needs static N and C")
+            base = (np.arange(xs[0] * xs[1], dtype=np.int64) * int(np.prod(dims))).reshape(xs[0], xs[1], *[1] * spatial)
+            return acc, f"ops.broadcast_to({best_idx}, {tuple(xs[:2]) + tuple(out)!r}) + {n.const_tensor(base, 'base')}"
+        return acc
+    if kind == "lp":
+        return f"ops.pow({acc}, {1.0 / p!r})" if p != 1 else acc
+    include = bool(n.attr("count_include_pad", 0))
+    counts = np.ones(out)
+    for a in range(spatial):
+        pos = np.arange(out[a])[:, None] * strides[a] - begin[a] + np.arange(kernel[a])[None, :] * dilations[a]
+        lo, hi = (-begin[a], dims[a] + end[a]) if include else (0, dims[a])
+        c = ((pos >= lo) & (pos < hi)).sum(axis=1)
+        counts = counts * c.reshape([-1] + [1] * (spatial - a - 1))
+    return f"{acc} / {n.const_tensor(counts.astype(np_dt), 'count')}"
+
+
+@register("LpPool", since=11)
+def lp_pool(n):
+    """Opset 11+ (18 adds ceil_mode, 22 only types): (sum |x|^p over the window)^(1/p), pads contributing 0."""
+    return _window_pool(n, "lp", int(n.attr("p", 2)))
+
+
+@register("LpPool", since=18)
+def lp_pool18(n):
+    return _window_pool(n, "lp", int(n.attr("p", 2)))
 
 
 @register("GlobalAveragePool", "GlobalMaxPool", since=1)
@@ -142,14 +260,117 @@ def _channel_param(n, i: int, spatial: int, hint: str) -> str:
 
 @register("BatchNormalization", since=15)
 def batch_norm(n):
-    if n.attr("training_mode", 0):
-        n.fail("training_mode=1 is not supported (inference only)")
     rank = n.require_rank(0)
     spatial = rank - 2
     eps = float(n.attr("epsilon", 1e-5))
+    if n.attr("training_mode", 0):
+        return _batch_norm_training(n, rank, eps)
     scale, bias, mean, var = (_channel_param(n, i, spatial, h) for i, h in
                               ((1, "bn_scale"), (2, "bn_bias"), (3, "bn_mean"), (4, "bn_var")))
     return f"({n.x(0)} - {mean}) * ({scale} / ops.sqrt({var} + {eps!r})) + {bias}"
+
+
+def _batch_norm_training(n, rank: int, eps: float):
+    """training_mode=1: normalise with the batch statistics (population variance); the optional outputs are the
+    updated running mean and variance, input * momentum + batch statistic * (1 - momentum)."""
+    spatial = rank - 2
+    axes = (0,) + tuple(range(2, rank))
+    x = n.x(0)
+    mean = n.tmp(f"ops.mean({x}, {axes!r}, keep_dims=True)", "batch_mean")
+    centered = n.tmp(f"{x} - {mean}", "centered")
+    var = n.tmp(f"ops.mean({centered} * {centered}, {axes!r}, keep_dims=True)", "batch_var")
+    scale, bias = _channel_param(n, 1, spatial, "bn_scale"), _channel_param(n, 2, spatial, "bn_bias")
+    y = f"{centered} / ops.sqrt({var} + {eps!r}) * {scale} + {bias}"
+    if n.n_outputs == 1:
+        return y
+    m = float(n.attr("momentum", 0.9))
+    flat_mean, flat_var = f"ops.reshape({mean}, (-1,))", f"ops.reshape({var}, (-1,))"
+    return (y, f"{n.x(3)} * {m!r} + {flat_mean} * {1 - m!r}", f"{n.x(4)} * {m!r} + {flat_var} * {1 - m!r}")
+
+
+@register("InstanceNormalization", since=6)
+def instance_norm(n):
+    rank = n.require_rank(0)
+    axes = tuple(range(2, rank))
+    x = n.x(0)
+    mean = n.tmp(f"ops.mean({x}, {axes!r}, keep_dims=True)", "mean")
+    centered = n.tmp(f"{x} - {mean}", "centered")
+    var = f"ops.mean({centered} * {centered}, {axes!r}, keep_dims=True)"
+    eps = float(n.attr("epsilon", 1e-5))
+    return (f"{_channel_param(n, 1, rank - 2, 'in_scale')} * {centered} / ops.sqrt({var} + {eps!r}) + "
+            f"{_channel_param(n, 2, rank - 2, 'in_bias')}")
+
+
+@register("GroupNormalization", since=21)
+def group_norm(n):
+    """Opset 21: statistics per group of C/num_groups channels, scale and bias per channel (stash in fp32)."""
+    xs = n.shape(0)
+    if xs is None or not isinstance(xs[1], int):
+        n.fail("the channel dim must be static")
+    groups = int(n.attr("num_groups"))
+    rank = len(xs)
+    x = n.x(0)
+    dt = n.dtype(0)
+    low = dt is not None and dt.name in ("FLOAT16", "BFLOAT16")
+    if low:
+        x = n.tmp(f"ops.cast({x}, ms.float32)", "x32")
+    head = n.const_tensor(np.array([groups, -1], np.int64), "groups")
+    grouped = n.tmp(f"ops.reshape({x}, ops.concat((ops.dyn_shape({x})[:1], {head})))", "grouped")
+    mean = n.tmp(f"ops.mean({grouped}, 2, keep_dims=True)", "mean")
+    centered = n.tmp(f"{grouped} - {mean}", "centered")
+    var = f"ops.mean({centered} * {centered}, 2, keep_dims=True)"
+    eps = float(n.attr("epsilon", 1e-5))
+    y = f"ops.reshape({centered} / ops.sqrt({var} + {eps!r}), ops.dyn_shape({n.x(0)}))"
+    if low:
+        y = f"ops.cast({y}, {n.ms_dtype(dt)})"
+    return f"{_channel_param(n, 1, rank - 2, 'gn_scale')} * {y} + {_channel_param(n, 2, rank - 2, 'gn_bias')}"
+
+
+@register("LRN", since=13)
+def lrn(n):
+    """Square sums over a window of channels [c - floor((size-1)/2), c + ceil((size-1)/2)], as a padded sum of
+    channel slices."""
+    xs = n.shape(0)
+    if xs is None or not isinstance(xs[1], int):
+        n.fail("the channel dim must be static")
+    size = int(n.attr("size"))
+    alpha, beta, bias = float(n.attr("alpha", 1e-4)), float(n.attr("beta", 0.75)), float(n.attr("bias", 1.0))
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    x = n.x(0)
+    sq = n.tmp(f"{x} * {x}", "square")
+    spatial = len(xs) - 2
+    padded = n.tmp(f"ops.pad({sq}, {(0, 0) * spatial + (before, after)!r})", "padded")
+    c = xs[1]
+    total = " + ".join(f"{padded}[:, {k}:{k + c}]" for k in range(size))
+    return f"{x} / ops.pow({bias!r} + {alpha / size!r} * ({total}), {beta!r})"
+
+
+@register("MeanVarianceNormalization", since=13)
+def mean_variance_normalization(n):
+    """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (default 0, 2, 3), as the ONNX function body."""
+    rank = n.require_rank(0)
+    axes = tuple(sorted(n.axis(a, rank) for a in (n.attr("axes") or [0, 2, 3])))
+    x = n.x(0)
+    mean = n.tmp(f"ops.mean({x}, {axes!r}, keep_dims=True)", "mean")
+    mean_sq = f"ops.mean({x} * {x}, {axes!r}, keep_dims=True)"
+    return f"({x} - {mean}) / (ops.sqrt({mean_sq} - {mean} * {mean}) + 1e-9)"
+
+
+@register("LpNormalization", since=1)
+def lp_normalization(n):
+    """x / (sum |x|^p)^(1/p) along axis (p 1 or 2); 0 where the norm is 0."""
+    rank = n.require_rank(0)
+    axis = n.axis(n.attr("axis", -1), rank)
+    p = int(n.attr("p", 2))
+    x = n.x(0)
+    if p == 1:
+        norm = f"ops.sum(ops.abs({x}), ({axis},), keepdim=True)"
+    elif p == 2:
+        norm = f"ops.sqrt(ops.sum({x} * {x}, ({axis},), keepdim=True))"
+    else:
+        n.fail(f"p={p} is not supported (1 or 2)")
+    norm = n.tmp(norm, "norm")
+    return f"ops.where({norm} == 0, ops.zeros_like({x}), {x} / {norm})"
 
 
 @register("LayerNormalization", since=17)
@@ -157,8 +378,7 @@ def layer_norm(n):
     rank = n.require_rank(0)
     axis = n.axis(n.attr("axis", -1), rank)
     eps = float(n.attr("epsilon", 1e-5))
-    if n.n_outputs > 1 and any(v.name for v in n.node.outputs[1:]):
-        n.fail("the Mean/InvStdDev outputs are not supported")
+    stats = n.n_outputs > 1 and any(v.name for v in n.node.outputs[1:])
     axes = tuple(range(axis, rank))
     x = n.x(0)
     low_precision = n.dtype(0) is not None and n.dtype(0).name in ("FLOAT16", "BFLOAT16")
@@ -167,13 +387,15 @@ def layer_norm(n):
     mean = n.tmp(f"ops.mean({x}, {axes!r}, keep_dims=True)", "mean")
     centered = n.tmp(f"{x} - {mean}", "centered")
     var = n.tmp(f"ops.mean({centered} * {centered}, {axes!r}, keep_dims=True)", "var")
-    y = f"{centered} * ops.rsqrt({var} + {eps!r})"
+    inv_std = n.tmp(f"ops.rsqrt({var} + {eps!r})", "inv_std") if stats else f"ops.rsqrt({var} + {eps!r})"
+    y = f"{centered} * {inv_std}"
     if low_precision:
         y = f"ops.cast({y}, {n.ms_dtype(n.dtype(0))})"
     y = f"{y} * {n.x(1)}"
     if n.has(2):
         y = f"{y} + {n.x(2)}"
-    return y
+    # Mean and InvStdDev (optional outputs): the statistics, reduced axes kept as 1, in the stash type (fp32).
+    return (y, mean, inv_std) if stats else y
 
 
 @register("RMSNormalization", since=23)
@@ -192,3 +414,135 @@ def rms_normalization(n):
         y = f"ops.cast({y}, {n.ms_dtype(n.dtype(0))})"
     return f"{y} * {n.x(1)}"
 
+
+
+@register("ConvTranspose", since=11)
+def conv_transpose(n):
+    """As a stride-1 convolution: the input gets stride-1 zeros between elements and k_eff-1-pad on each side
+    (negative: cropped; output_padding at the end), the kernel is transposed per group and flipped. pads
+    follow the spec: from output_shape or auto_pad (total padding split begin/end) when given, else `pads`."""
+    xs, ws = n.shape(0), n.shape(1)
+    if xs is None or ws is None or not all(isinstance(d, int) for d in xs[1:] + ws):
+        n.fail("static input (but the batch) and weight shapes are needed")
+    spatial = len(ws) - 2
+    if spatial not in (1, 2, 3):
+        n.fail(f"{spatial}-D transposed convolution is not supported")
+    group = n.attr("group", 1)
+    kernel = list(ws[2:])
+    strides = n.attr("strides") or [1] * spatial
+    dilations = n.attr("dilations") or [1] * spatial
+    out_pad = n.attr("output_padding") or [0] * spatial
+    auto_pad = n.attr("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    k_eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    in_dims = xs[2:]
+    out_shape = n.attr("output_shape")
+    if out_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out_shape = [d * s for d, s in zip(in_dims, strides)]
+    if out_shape is not None:
+        out_shape = list(out_shape)[-spatial:]
+        total = [s * (d - 1) + op + k - o for s, d, op, k, o in zip(strides, in_dims, out_pad, k_eff, out_shape)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+        pads = begin + [t - b for t, b in zip(total, begin)]
+    else:
+        pads = list(n.attr("pads") or [0] * (2 * spatial))
+    x, w = n.x(0), n.x(1)
+    cin, cout_g = ws[0], ws[1]
+    cout = cout_g * group
+    # Kernel (Cin, Cout/g, k..) -> (Cout, Cin/g, k..), flipped in every spatial dim.
+    w = (f"ops.reshape(ops.transpose(ops.reshape({w}, {(group, cin // group, cout_g) + tuple(kernel)!r}), "
+         f"{(0, 2, 1) + tuple(range(3, 3 + spatial))!r}), {(cout, cin // group) + tuple(kernel)!r})")
+    w = n.tmp(f"ops.flip({w}, {tuple(range(2, 2 + spatial))!r})", "kernel")
+    dims = list(xs)
+    for a, s in enumerate(strides):
+        if s == 1 or dims[2 + a] == 0:
+            continue
+        ax = 2 + a
+        zshape = dims[:ax + 1] + [s - 1] + dims[ax + 1:]
+        zshape[0] = 1
+        zeros = n.const_tensor(np.zeros(zshape, n.dtype(0).numpy()), "zeros")
+        zeros = f"ops.broadcast_to({zeros}, (-1,) + {tuple(zshape[1:])!r})"
+        merged = dims[:ax] + [dims[ax] * s] + dims[ax + 1:]
+        merged[0] = -1
+        x = n.tmp(f"ops.reshape(ops.concat((ops.expand_dims({x}, {ax + 1}), {zeros}), {ax + 1}), {tuple(merged)!r})",
+                  "dilated")
+        dims[ax] = (dims[ax] - 1) * s + 1
+        x = n.tmp(f"{x}[{', '.join([':'] * ax)}, :{dims[ax]}]", "dilated")
+    pad_b = [k - 1 - p for k, p in zip(k_eff, pads[:spatial])]
+    pad_e = [k - 1 - p + op for k, p, op in zip(k_eff, pads[spatial:], out_pad)]
+    if any(pad_b) or any(pad_e):
+        x = f"ops.pad({x}, {_ms_padding(pad_b + pad_e, spatial)!r})"
+    kshape = kernel
+    if spatial == 1:
+        x, w = f"ops.expand_dims({x}, 2)", f"ops.expand_dims({w}, 2)"
+        kshape, dilations = [1] + kernel, [1] + list(dilations)
+    prim = "ops.Conv3D" if spatial == 3 else "ops.Conv2D"
+    y = f"{prim}({cout}, {tuple(kshape)!r}, dilation={tuple(dilations)!r}, group={group})({x}, {w})"
+    if spatial == 1:
+        y = f"ops.squeeze({y}, (2,))"
+    if n.has(2):
+        y = f"{y} + {_channel_param(n, 2, spatial, 'bias')}"
+    return y
+
+
+@register("MaxUnpool", since=11)
+def max_unpool(n):
+    """Scatter X into zeros at the flat indices I (MaxPool's Indices: over the whole tensor) of the inferred shape,
+    (in - 1) * stride + kernel - pads per spatial dim; with output_shape, zero-padded at the end to it."""
+    xs = n.shape(0)
+    if xs is None or not all(isinstance(d, int) for d in xs):
+        n.fail("MaxUnpool needs a static input shape")
+    spatial = len(xs) - 2
+    kernel = n.attr("kernel_shape")
+    strides = n.attr("strides") or [1] * spatial
+    pads = n.attr("pads") or [0] * (2 * spatial)
+    inferred = xs[:2] + [(d - 1) * s + k - pads[a] - pads[a + spatial]
+                         for a, (d, s, k) in enumerate(zip(xs[2:], strides, kernel))]
+    total = int(np.prod(inferred))
+    zeros = n.const_tensor(np.zeros(total, n.dtype(0).numpy()), "zeros")
+    idx = f"ops.reshape(ops.cast({n.x(1)}, ms.int64), (-1, 1))"
+    flat = f"ops.tensor_scatter_update({zeros}, {idx}, ops.reshape({n.x(0)}, (-1,)))"
+    y = f"ops.reshape({flat}, {tuple(inferred)!r})"
+    if n.has(2):  # as the reference: the inferred-shape result, zero-padded at the end to output_shape
+        out = n.require_ints(2, "MaxUnpool output_shape")
+        extra = [o - i for o, i in zip(out, inferred)]
+        if any(e < 0 for e in extra):
+            n.fail("output_shape smaller than the inferred shape is not supported")
+        if any(extra):
+            order = []
+            for e in reversed(extra):
+                order += [0, e]
+            y = f"ops.pad({y}, {tuple(order)!r})"
+    return y
+
+
+@register("Col2Im", since=18)
+def col2im(n):
+    """Sum each column block back into the image: input (N, C * prod(block), L) -> (N, C, *image_shape), with
+    constant scatter-add indices (positions falling in the padding go to a discarded extra slot)."""
+    xs = n.shape(0)
+    image = n.require_ints(1, "Col2Im image_shape")
+    block = n.require_ints(2, "Col2Im block_shape")
+    if xs is None or not all(isinstance(d, int) for d in xs[1:]):
+        n.fail("Col2Im needs static input dims (but the batch)")
+    r = len(image)
+    dil = n.attr("dilations") or [1] * r
+    strides = n.attr("strides") or [1] * r
+    pads = n.attr("pads") or [0] * (2 * r)
+    k = int(np.prod(block))
+    channels = xs[1] // k
+    counts = [(image[a] + pads[a] + pads[a + r] - dil[a] * (block[a] - 1) - 1) // strides[a] + 1 for a in range(r)]
+    # For each kernel offset (row within the channel) and block (column): the pixel it lands on.
+    offs = np.stack(np.meshgrid(*[np.arange(b) for b in block], indexing="ij"), -1).reshape(-1, r)
+    blocks = np.stack(np.meshgrid(*[np.arange(c) for c in counts], indexing="ij"), -1).reshape(-1, r)
+    pos = blocks[None, :, :] * np.array(strides) - np.array(pads[:r]) + offs[:, None, :] * np.array(dil)
+    inside = np.all((pos >= 0) & (pos < np.array(image)), axis=-1)
+    flat = np.ravel_multi_index(tuple(np.clip(pos, 0, np.array(image) - 1).transpose(2, 0, 1)), image)
+    total = int(np.prod(image))
+    flat = np.where(inside, flat, total).reshape(1, 1, -1).astype(np.int64)
+    index = n.const_tensor(np.broadcast_to(flat, (1, channels, flat.shape[-1])).copy(), "col_index")
+    x = f"ops.reshape({n.x(0)}, (-1, {channels}, {k * xs[2]}))"
+    zeros = f"ops.zeros((ops.dyn_shape({n.x(0)})[0], {channels}, {total + 1}), {n.ms_dtype(n.dtype(0))})"
+    index = f"ops.broadcast_to({index}, (ops.dyn_shape({n.x(0)})[0], {channels}, {k * xs[2]}))"
+    summed = f"ops.tensor_scatter_elements({zeros}, {index}, {x}, 2, 'add')"
+    return f"ops.reshape({summed}[:, :, :{total}], (-1, {channels}) + {tuple(image)!r})"

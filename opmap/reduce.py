@@ -5,6 +5,9 @@ Reduce* took `axes` as an attribute until opset 18 (ReduceSum: 13) and as an inp
 
 from __future__ import annotations
 
+import numpy as np
+import onnx_ir as ir
+
 from opmap.registry import register
 
 _REDUCE = {
@@ -33,9 +36,39 @@ def _reduce(template, axes_is_input: bool):
                 return n.x(0)
             axes = list(range(rank))
         axes = tuple(sorted(n.axis(a, rank) for a in axes))
-        return template.format(x=n.x(0), axes=axes, k=bool(n.attr("keepdims", 1)))
+        keep = bool(n.attr("keepdims", 1))
+        op = n.node.op_type
+        shape = n.shape(0) or []
+        if any(i < len(shape) and shape[i] == 0 for i in axes):
+            return _empty_reduction(n, op, axes, keep)
+        if n.dtype(0) == ir.DataType.BOOL and op in ("ReduceMax", "ReduceMin"):
+            fn = "ops.any" if op == "ReduceMax" else "ops.all"  # max of bools is any, min is all
+            return f"{fn}({n.x(0)}, {axes}, {keep})"
+        return template.format(x=n.x(0), axes=axes, k=keep)
 
     return lower
+
+
+def _empty_reduction(n, op: str, axes: tuple, keep: bool):
+    """A reduction over an empty axis: the identity of the reduction, in the output's shape (0 for sums, 1 for
+    products, the lowest / highest value for max / min, -inf for the log-sums)."""
+    shape = n.shape(0)
+    if not all(isinstance(d, int) for d in shape):
+        n.fail("a reduction over an empty axis needs a static shape")
+    out = [1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes]
+    np_dt = n.dtype(0).numpy()
+    kind = np.dtype(np_dt).kind
+    if op == "ReduceProd":
+        value = 1
+    elif op in ("ReduceMax", "ReduceMin"):
+        big = True if kind == "b" else (np.inf if kind == "f" else np.iinfo(np_dt).max)
+        low = False if kind == "b" else (-np.inf if kind == "f" else np.iinfo(np_dt).min)
+        value = low if op == "ReduceMax" else big
+    elif op in ("ReduceLogSum", "ReduceLogSumExp"):
+        value = -np.inf
+    else:
+        value = 0
+    return np.full(out, value, dtype=np_dt)
 
 
 for _op, _t in _REDUCE.items():
@@ -47,19 +80,43 @@ for _op, _t in _REDUCE.items():
 def arg_reduce(n):
     rank = n.require_rank(0)
     axis = n.axis(n.attr("axis", 0), rank)
-    if n.attr("select_last_index", 0):
-        n.fail("select_last_index=1 is not supported")
     fn = "ops.argmax" if n.node.op_type == "ArgMax" else "ops.argmin"
-    return f"ops.cast({fn}({n.x(0)}, {axis}, {bool(n.attr('keepdims', 1))}), ms.int64)"
+    keep = bool(n.attr("keepdims", 1))
+    if n.attr("select_last_index", 0):
+        # The last extreme is the first one of the reversed axis: index dim - 1 - (argmax of the flip).
+        dim = (n.shape(0) or [None] * rank)[axis]
+        dim = dim if isinstance(dim, int) else f"ops.dyn_shape({n.x(0)})[{axis}]"
+        return f"({dim} - 1 - ops.cast({fn}(ops.flip({n.x(0)}, ({axis},)), {axis}, {keep}), ms.int64))"
+    return f"ops.cast({fn}({n.x(0)}, {axis}, {keep}), ms.int64)"
 
 
 @register("Softmax", since=13)
 def softmax(n):
+    """MindSpore's CPU softmax (graph mode) returns zeros for the whole tensor when one slice along the axis is
+    all -inf: such slices go in as zeros and come out as NaN, as ONNX defines them (exp(-inf - -inf))."""
     rank = n.require_rank(0)
-    return f"ops.softmax({n.x(0)}, {n.axis(n.attr('axis', -1), rank)})"
+    axis = n.axis(n.attr("axis", -1), rank)
+    x = n.x(0)
+    live = n.tmp(f"ops.amax({x}, {axis}, keepdims=True) > float('-inf')", "live")
+    y = f"ops.softmax(ops.where({live}, {x}, ops.zeros_like({x})), {axis})"
+    nan = n.const_tensor(np.array(np.nan, n.dtype(0).numpy()), "nan")
+    return f"ops.where({live}, {y}, {nan})"
 
 
 @register("LogSoftmax", since=13)
 def log_softmax(n):
     rank = n.require_rank(0)
     return f"ops.log_softmax({n.x(0)}, {n.axis(n.attr('axis', -1), rank)})"
+
+
+@register("Hardmax", since=13)
+def hardmax(n):
+    """1 at the first maximum along axis, 0 elsewhere."""
+    rank = n.require_rank(0)
+    axis = n.axis(n.attr("axis", -1), rank)
+    dim = (n.shape(0) or [None] * rank)[axis]
+    if not isinstance(dim, int):
+        n.fail("the axis must have a static size")
+    positions = n.const_tensor(np.arange(dim, dtype=np.int64).reshape((-1,) + (1,) * (rank - axis - 1)), "positions")
+    first = f"ops.cast(ops.argmax({n.x(0)}, {axis}, True), ms.int64)"
+    return f"ops.cast(ops.equal({positions}, {first}), {n.ms_dtype(n.dtype(0))})"

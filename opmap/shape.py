@@ -139,11 +139,14 @@ def slice_(n):
                     continue
             index[a] = f"{'' if s is None else s}:{'' if e is None else e}" + (f":{st}" if st != 1 else "")
         return f"{x}[{', '.join(index)}]" if any(i != ":" for i in index) else x
-    if len(axes) != 1:
-        n.fail("run-time starts/ends are supported on one axis only")
     start = n.x(1) if starts is None else n.const_tensor(np.array(starts, np.int64), "start")
     end = n.x(2) if ends is None else n.const_tensor(np.array(ends, np.int64), "end")
-    return f"{n.helper('onnx_slice_axis')}({x}, {start}, {end}, {axes[0]}, {steps[0]})"
+    fn = n.helper("onnx_slice_axis")
+    if len(axes) == 1:
+        return f"{fn}({x}, {start}, {end}, {axes[0]}, {steps[0]})"
+    for k, (a, st) in enumerate(zip(axes, steps)):  # one axis at a time
+        x = n.tmp(f"{fn}({x}, {start}[{k}:{k + 1}], {end}[{k}:{k + 1}], {a}, {st})", "sliced")
+    return x
 
 
 @register("Squeeze", since=13)
@@ -223,26 +226,57 @@ def gather_elements(n):
 
 @register("GatherND", since=13)
 def gather_nd(n):
-    if n.attr("batch_dims", 0):
-        n.fail("batch_dims > 0 is not supported")
-    return f"ops.gather_nd({n.x(0)}, {n.x(1)})"
+    b = int(n.attr("batch_dims", 0))
+    if not b:
+        return f"ops.gather_nd({n.x(0)}, {n.x(1)})"
+    # batch_dims=b: prefix every index tuple with its own batch coordinates, then one plain gather_nd.
+    ishape = n.shape(1)
+    if ishape is None or not all(isinstance(d, int) for d in ishape):
+        n.fail("batch_dims > 0 needs a static indices shape")
+    grids = np.meshgrid(*[np.arange(d) for d in ishape[:b]], indexing="ij")
+    prefix = np.stack(grids, -1).reshape(tuple(ishape[:b]) + (1,) * (len(ishape) - 1 - b) + (b,))
+    prefix = np.broadcast_to(prefix, tuple(ishape[:-1]) + (b,)).astype(np.int64)
+    full = f"ops.concat(({n.const_tensor(prefix, 'batch_index')}, ops.cast({n.x(1)}, ms.int64)), -1)"
+    return f"ops.gather_nd({n.x(0)}, {full})"
+
+
+_SCATTER = {"none": "ops.tensor_scatter_update", "add": "ops.tensor_scatter_add", "mul": "ops.tensor_scatter_mul",
+            "max": "ops.tensor_scatter_max", "min": "ops.tensor_scatter_min"}
+
+
+def _reduction(n) -> str:
+    r = n.attr("reduction", "none")
+    r = r.decode() if isinstance(r, bytes) else r
+    if r not in _SCATTER:
+        n.fail(f"reduction={r!r} is not supported")
+    return r
 
 
 @register("ScatterND", since=13)
 def scatter_nd(n):
-    if n.attr("reduction", "none") != "none":
-        n.fail(f"reduction={n.attr('reduction')!r} is not supported")
-    return f"ops.tensor_scatter_update({n.x(0)}, {n.x(1)}, {n.x(2)})"
+    """Opset 16 adds reduction add / mul, 18 max / min: duplicates accumulate, as MindSpore's tensor_scatter_*."""
+    return f"{_SCATTER[_reduction(n)]}({n.x(0)}, {n.x(1)}, {n.x(2)})"
 
 
 @register("ScatterElements", since=13)
 def scatter_elements(n):
     rank = n.require_rank(0)
     axis = n.axis(n.attr("axis", 0), rank)
-    reduction = {"none": "none", "add": "add"}.get(n.attr("reduction", "none"))
-    if reduction is None:
-        n.fail(f"reduction={n.attr('reduction')!r} is not supported")
-    return f"ops.tensor_scatter_elements({n.x(0)}, {n.x(1)}, {n.x(2)}, {axis}, {reduction!r})"
+    reduction = _reduction(n)
+    if reduction in ("none", "add"):
+        return f"ops.tensor_scatter_elements({n.x(0)}, {n.x(1)}, {n.x(2)}, {axis}, {reduction!r})"
+    # mul / max / min: as ScatterND with full coordinates (the element's own position, the index on `axis`).
+    ishape = n.shape(1)
+    if ishape is None or not all(isinstance(d, int) for d in ishape):
+        n.fail(f"reduction={reduction!r} needs a static indices shape")
+    dim = (n.shape(0) or [None] * rank)[axis]
+    idx = f"ops.cast({n.x(1)}, ms.int64)"
+    if isinstance(dim, int):
+        idx = n.tmp(f"ops.where({idx} < 0, {idx} + {dim}, {idx})", "index")
+    grids = np.meshgrid(*[np.arange(d, dtype=np.int64) for d in ishape], indexing="ij")
+    parts = [idx if a == axis else n.const_tensor(g, f"coord{a}") for a, g in enumerate(grids)]
+    coords = f"ops.stack(({', '.join(parts)},), -1)"
+    return f"{_SCATTER[reduction]}({n.x(0)}, {coords}, {n.x(2)})"
 
 
 @register("ConstantOfShape", since=9)
@@ -283,6 +317,8 @@ def cumsum(n):
 @register("Trilu", since=14)
 def trilu(n):
     k = n.require_ints(1, "Trilu k")[0] if n.has(1) else 0
+    if 0 in (n.shape(0) or []):
+        return n.x(0)  # nothing to mask (and MindSpore's CPU kernels refuse empty matrices)
     fn = "ops.triu" if n.attr("upper", 1) else "ops.tril"
     return f"{fn}({n.x(0)}, {k})"
 
@@ -326,3 +362,49 @@ def dropout(n):
     # Inference: identity; the optional mask output is all True.
     x = n.x(0)
     return (x, f"ops.ones_like({x}).astype(ms.bool_)")
+
+
+@register("EyeLike", since=9)
+def eye_like(n):
+    """Ones on diagonal k of a 2-D tensor shaped like the input: a compile-time constant of its static shape."""
+    s = n.shape(0)
+    if s is None or len(s) != 2 or not all(isinstance(d, int) for d in s):
+        n.fail("EyeLike needs a static 2-D input shape")
+    dt = n.attr("dtype", None)
+    dt = n.dtype(0) if dt is None else ir.DataType(dt)
+    n.ms_dtype(dt)  # refuses dtypes MindSpore has no equivalent for
+    return np.eye(s[0], s[1], k=int(n.attr("k", 0)), dtype=dt.numpy())
+
+
+@register("CenterCropPad", since=18)
+def center_crop_pad(n):
+    """Per axis: crop (start (dim - size) // 2) or pad (begin (size - dim) // 2, the rest at the end) to `shape`."""
+    rank = n.require_rank(0)
+    target = n.require_ints(1, "CenterCropPad shape")
+    axes = [n.axis(a, rank) for a in (n.attr("axes") or range(rank))]
+    dims = n.shape(0)
+    x = n.x(0)
+    index, pads = [":"] * rank, {}
+    for a, size in zip(axes, target):
+        d = dims[a]
+        if not isinstance(d, int):
+            n.fail("cropped or padded axes must have static sizes")
+        if d > size:
+            start = (d - size) // 2
+            index[a] = f"{start}:{start + size}"
+        elif d < size:
+            pads[a] = ((size - d) // 2, size - d - (size - d) // 2)
+    if any(i != ":" for i in index):
+        x = n.tmp(f"{x}[{', '.join(index)}]", "cropped")
+    if pads:
+        order = []
+        for a in range(rank - 1, min(pads) - 1, -1):
+            order += list(pads.get(a, (0, 0)))
+        x = f"ops.pad({x}, {tuple(order)!r})"
+    return x
+
+
+@register("NonZero", since=13)
+def non_zero(n):
+    """(rank, count) int64 indices of the non-zero elements in row-major order; the count is data-dependent."""
+    return f"ops.transpose(ops.cast(ops.nonzero({n.x(0)}), ms.int64), (1, 0))"

@@ -5,3 +5,9 @@ from passes.manager import PassManager, available_passes, load_plugins, register
 
 from passes import canonicalize  # noqa: E402,F401
 from passes import fuse_rmsnorm  # noqa: E402,F401
+from passes import fuse_layernorm  # noqa: E402,F401
+from passes import fuse_gelu  # noqa: E402,F401
+from passes import fuse_silu  # noqa: E402,F401
+from passes import fuse_swiglu  # noqa: E402,F401
+from passes import fuse_rope  # noqa: E402,F401
+from passes import fuse_attention  # noqa: E402,F401

@@ -43,6 +43,17 @@ def _reduced_axes(node: ir.Node) -> list[int] | None:
     return None if attr is None else [int(a) for a in attr.value]
 
 
+def _is_centered(x: ir.Value) -> bool:
+    """x = Sub(y, ReduceMean(y)) (through an optional Cast): the inside of a decomposed LayerNorm."""
+    node = x.producer()
+    if node is not None and node.op_type == "Cast":
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if node is None or node.op_type != "Sub" or len(node.inputs) != 2:
+        return False
+    mean = node.inputs[1].producer() if node.inputs[1] is not None else None
+    return mean is not None and mean.op_type == "ReduceMean" and mean.inputs[0] is node.inputs[0]
+
+
 class RmsNormFusion(pattern.RewriteRuleClassBase):
     def __init__(self, name: str, normalize: str):
         super().__init__(name)
@@ -87,6 +98,8 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"gamma has {gamma.shape[0]} elements, the normalised axis {last}", gamma)
         if cast_in != cast_out:
             return result.fail("a Cast on one side of the precision island only", x)
+        if _is_centered(x):
+            return result.fail("x is x' - mean(x'): this is a LayerNorm (left to fuse-layernorm)", x)
         opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
         if opset < 15 and x.dtype != ir.DataType.FLOAT:
             return result.fail("below opset 15 RmsNorm's reference body can only express fp32", x)

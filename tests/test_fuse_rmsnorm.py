@@ -175,3 +175,21 @@ def test_skipped_fusions_are_reported_with_their_reason(tmp_path):
     report = graphconv.compile(p, tmp_path / "m.mindir", simplify=False)
     assert report.fusions["fuse-rmsnorm"] == 0
     assert any("epsilon is not a constant scalar" in r for r in report.skipped_fusions["fuse-rmsnorm"])
+
+
+def test_a_decomposed_layernorm_is_not_taken_for_an_rmsnorm():
+    """RMSNorm of (x - mean(x)) is a LayerNorm's inside: fuse-rmsnorm leaves it (with the reason)."""
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["mu"], keepdims=1),
+             helper.make_node("Sub", ["x", "mu"], ["d"]),
+             helper.make_node("Pow", ["d", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["var"], keepdims=1),
+             helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+             helper.make_node("Div", ["d", "sd"], ["n"]), helper.make_node("Mul", ["n", "gamma"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(EPS, np.float32), "eps"),
+             numpy_helper.from_array(np.ones(H, np.float32), "gamma")]
+    g = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", H])], inits)
+    count, _ = fuse(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), "fuse-rmsnorm")
+    assert count == 0

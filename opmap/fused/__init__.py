@@ -93,3 +93,9 @@ def inline_fused(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 from opmap.fused import rms_norm  # noqa: E402,F401  (registers the table entries)
+from opmap.fused import layer_norm  # noqa: E402,F401
+from opmap.fused import gelu  # noqa: E402,F401
+from opmap.fused import silu  # noqa: E402,F401
+from opmap.fused import swiglu  # noqa: E402,F401
+from opmap.fused import rotary  # noqa: E402,F401
+from opmap.fused import flash_attention  # noqa: E402,F401

@@ -1,0 +1,158 @@
+"""mindspore::FlashAttentionScore(query, key, value, attn_mask; scale, head_num, kv_head_num, mask_kind,
+input_layout, sparse_mode[, dtype]) -> attention_out, MindSpore's `ops.flash_attention_score` (FUSED_OPS.md).
+
+Layout BNSD: query (B, N1, S1, D), key and value (B, N2, S2, D), output (B, N1, S1, D). GQA: N1 is a multiple
+of N2 and query head n reads kv head n // (N1 / N2) (repeat_interleave of the kv heads, as HF's repeat_kv).
+
+attn_mask is additive (float, broadcastable to (B, N1, S1, S2)), added to the scaled scores: 0 keeps, a
+large negative discards. The pass proved its values are 0 or <= -1e4 (or -inf), so the ascend lowering's
+discard mask (FlashAttentionScore's polarity: 1 = discard) is exactly `attn_mask < 0`, broadcast to
+(B, 1, S1, S2) (or (B, N1, S1, S2) for a per-head mask), with sparse_mode 0. mask_kind records what the graph
+had: "additive" (its own mask), "keep_bool" / "discard_bool" (a Where(c, scores, fill) / Where(c, fill,
+scores) on a bool mask: the pass feeds Where(c, 0, fill) / Where(c, fill, 0) instead, which leaves every
+partly masked row's softmax bit-identical: S + fill rounds to fill, or underflows in exp like fill), or "none"
+(attn_mask is a scalar 0).
+(Why not the bool mask itself: one typed function input cannot be a float mask at one call and a bool mask
+at another, and an ONNX function body cannot branch on a missing input; two inputs would need placeholders,
+and the ascend cost of Where(c, 0, fill) < 0 instead of not(c) is one elementwise op on the mask.)
+
+Reference body, fp32: repeat the kv heads (n -> n // (N1/N2)); S = (Q . K^T) * scale + max(attn_mask,
+lowest); P = Softmax(S, -1); O = P . V; cast back to query's dtype. (-inf in the mask is clamped to fp32's
+lowest finite value: the probabilities are the same in every row that keeps a key, and MindSpore's CPU
+softmax in graph mode turns other rows to NaN when some row is all -inf, which the cpu twin would otherwise
+hit on padded rows.) The ascend-precision body is the same with q/k/v and the output rounded through fp16,
+as the ascend lowering casts them around the fp16-only primitive (the compile measures that effect at fp16
+tolerance). Fully masked rows are undefined on Ascend (never compared).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import TensorProto, helper, numpy_helper
+
+from opmap.fused import FusedOp, define
+from opmap.registry import register
+
+ATTRIBUTES = ("scale", "head_num", "kv_head_num", "mask_kind", "input_layout", "sparse_mode", "dtype")
+MASK_KINDS = ("none", "additive", "keep_bool", "discard_bool")
+_COMPUTE = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
+
+
+def _ints(name: str, values) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def _attr_const(name: str, kind: str, attr: str) -> onnx.NodeProto:
+    node = helper.make_node("Constant", [], [name])
+    node.attribute.append(helper.make_attribute_ref(
+        kind, onnx.AttributeProto.FLOAT if kind == "value_float" else onnx.AttributeProto.INT, ref_attr_name=attr))
+    return node
+
+
+def _make_body(round_to: int | None):
+    """The body; with round_to (a TensorProto dtype) q/k/v and the output are rounded through that dtype."""
+
+    def body(opset: int) -> list[onnx.NodeProto]:
+        # Before opset 15 there is no CastLike back to the query's dtype: the fusion takes fp32 only there.
+        cast_back = opset >= 15
+        nodes: list[onnx.NodeProto] = []
+
+        def to32(src: str, dst: str) -> None:
+            if round_to is None:
+                nodes.append(helper.make_node("Cast", [src], [dst], to=TensorProto.FLOAT))
+            else:
+                nodes.append(helper.make_node("Cast", [src], [dst + "_lp"], to=round_to))
+                nodes.append(helper.make_node("Cast", [dst + "_lp"], [dst], to=TensorProto.FLOAT))
+
+        to32("query", "q32")
+        to32("key", "k32")
+        to32("value", "v32")
+        nodes += [
+            _attr_const("n1", "value_int", "head_num"),
+            _attr_const("n2", "value_int", "kv_head_num"),
+            helper.make_node("Div", ["n1", "n2"], ["rep"]),                   # N1 / N2
+            _ints("ax0", [0]), _ints("ax2", [2]), _ints("one", [1]),
+            helper.make_node("Unsqueeze", ["rep", "ax0"], ["rep1"]),
+            helper.make_node("Concat", ["one", "one", "rep1", "one", "one"], ["expand_shape"], axis=0),
+            helper.make_node("Concat", ["one", "rep1", "one", "one"], ["heads_mul"], axis=0),
+        ]
+        for t in ("k", "v"):  # (B, N2, S2, D) -> (B, N2, rep, S2, D) -> (B, N1, S2, D): kv head n // rep
+            nodes += [
+                helper.make_node("Unsqueeze", [f"{t}32", "ax2"], [f"{t}5"]),
+                helper.make_node("Expand", [f"{t}5", "expand_shape"], [f"{t}5r"]),
+                helper.make_node("Shape", [f"{t}32"], [f"{t}_shape"]),
+                helper.make_node("Mul", [f"{t}_shape", "heads_mul"], [f"{t}_rep_shape"]),
+                helper.make_node("Reshape", [f"{t}5r", f"{t}_rep_shape"], [f"{t}_rep"]),
+            ]
+        nodes += [
+            helper.make_node("Transpose", ["k_rep"], ["k_t"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", ["q32", "k_t"], ["qk"]),
+            _attr_const("scale_v", "value_float", "scale"),
+            helper.make_node("Mul", ["qk", "scale_v"], ["scores"]),
+            helper.make_node("Cast", ["attn_mask"], ["mask_raw"], to=TensorProto.FLOAT),
+            helper.make_node("Constant", [], ["lowest"], value=numpy_helper.from_array(
+                np.array(np.finfo(np.float32).min, np.float32), "lowest")),
+            helper.make_node("Max", ["mask_raw", "lowest"], ["mask32"]),          # -inf -> lowest finite
+            helper.make_node("Add", ["scores", "mask32"], ["masked"]),
+            helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+            helper.make_node("MatMul", ["probs", "v_rep"], ["o32" if round_to is None else "o32_full"]),
+        ]
+        if round_to is not None:
+            nodes += [helper.make_node("Cast", ["o32_full"], ["o_lp"], to=round_to),
+                      helper.make_node("Cast", ["o_lp"], ["o32"], to=TensorProto.FLOAT)]
+        nodes.append(helper.make_node("CastLike", ["o32", "query"], ["attention_out"]) if cast_back else
+                     helper.make_node("Identity", ["o32"], ["attention_out"]))
+        return nodes
+
+    return body
+
+
+FLASH_ATTENTION_SCORE = define(FusedOp(
+    name="FlashAttentionScore", inputs=("query", "key", "value", "attn_mask"),
+    outputs=("attention_out",), attributes=ATTRIBUTES, body=_make_body(None), primitive="FlashAttentionScore",
+    doc=__doc__, ascend_body=_make_body(TensorProto.FLOAT16)))
+
+
+def compute_dtype(model_dtype: ir.DataType | None, requested: str | None) -> ir.DataType:
+    """The dtype FlashAttentionScore runs in: the node's `dtype` ("fp16" / "bf16") if given, else the model's
+    own when it is fp16/bf16, else fp16."""
+    if requested is not None:
+        return _COMPUTE[requested]
+    if model_dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        return model_dtype
+    return ir.DataType.FLOAT16
+
+
+@register("FlashAttentionScore", since=1, domain="mindspore")
+def lower_flash_attention_score(n):
+    layout, sparse_mode = n.attr("input_layout", "BNSD"), int(n.attr("sparse_mode", 0))
+    if layout != "BNSD" or sparse_mode != 0:
+        n.fail(f"only input_layout BNSD with sparse_mode 0 is emitted (got {layout}, {sparse_mode})")
+    requested = n.attr("dtype", None)
+    if requested is not None and requested not in _COMPUTE:
+        n.fail(f"dtype must be one of {', '.join(_COMPUTE)}, not {requested!r}")
+    model_dt = n.dtype(0)
+    compute = compute_dtype(model_dt, requested)
+    cdt = n.ms_dtype(compute)
+    head_num, scale = int(n.attr("head_num")), float(n.attr("scale"))
+    q, k, v = (n.x(i) if model_dt == compute else n.tmp(f"ops.cast({n.x(i)}, {cdt})", h)
+               for i, h in ((0, "q"), (1, "k"), (2, "v")))
+    kind = n.attr("mask_kind", "none")
+    if kind not in MASK_KINDS:
+        n.fail(f"unknown mask_kind {kind!r}")
+    mask = "None"
+    if kind != "none":
+        discard = f"ops.less({n.x(3)}, 0.0)"  # values proven 0 or <= -1e4 / -inf by the pass
+        shape = n.shape(3) or []
+        heads = head_num if len(shape) >= 3 and shape[-3] == head_num and head_num != 1 else 1
+        # FlashAttentionScore takes (B, 1, S1, S2) or (B, N1, S1, S2): broadcast the graph's mask to it.
+        target = (f"ops.concat((ops.dyn_shape({n.x(0)})[0:1], {n.const_tensor(np.array([heads], np.int64), 'heads')}, "
+                  f"ops.dyn_shape({n.x(0)})[2:3], ops.dyn_shape({n.x(1)})[2:3]))")
+        mask = n.tmp(f"ops.cast(ops.logical_or({discard}, ops.zeros({target}, ms.bool_)), ms.uint8)", "discard")
+    out = (f"ops.flash_attention_score({q}, {k}, {v}, {head_num}, attn_mask={mask}, keep_prob=1.0, "
+           f"scalar_value={scale!r}, input_layout='BNSD', sparse_mode=0)")
+    if model_dt != compute:
+        out = f"ops.cast({out}, {n.ms_dtype(model_dt)})"
+    return out

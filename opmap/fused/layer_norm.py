@@ -1,0 +1,64 @@
+"""mindspore::LayerNorm(x, gamma, beta; epsilon) -> y, MindSpore's `ops.LayerNorm` primitive (FUSED_OPS.md).
+
+y = (f32(x) - mean) / sqrt(var + eps) * f32(gamma) + f32(beta), cast back to x's dtype, with mean and the
+population variance over the last axis. graphconv fuses only the last-axis form with gamma and beta of that
+axis' size (gamma.shape == beta.shape == x.shape[-1:]); MindSpore's own default epsilon (1e-7) differs from
+ONNX's (1e-5), so the lowering always passes the model's.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from opmap.fused import FusedOp, define
+from opmap.registry import register
+
+
+def _body(opset: int) -> list[onnx.NodeProto]:
+    """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype,
+    and the fusion only takes fp32 inputs there (passes/fuse_layernorm.py checks it)."""
+    cast = opset >= 15
+
+    def to32(name: str) -> onnx.NodeProto:
+        return (helper.make_node("Cast", [name], [f"{name}32"], to=TensorProto.FLOAT) if cast else
+                helper.make_node("Identity", [name], [f"{name}32"]))
+
+    def mean(src: str, dst: str) -> list[onnx.NodeProto]:
+        if opset >= 18:
+            return [helper.make_node("ReduceMean", [src, "axes"], [dst], keepdims=1)]
+        return [helper.make_node("ReduceMean", [src], [dst], axes=[-1], keepdims=1)]
+
+    nodes = [to32("x")]
+    if opset >= 18:
+        nodes.append(helper.make_node("Constant", [], ["axes"], value_ints=[-1]))
+    nodes += mean("x32", "mu")
+    nodes += [helper.make_node("Sub", ["x32", "mu"], ["d"]), helper.make_node("Mul", ["d", "d"], ["d2"])]
+    nodes += mean("d2", "var")
+    eps = helper.make_node("Constant", [], ["eps"])  # value_float taken from the caller's `epsilon`
+    eps.attribute.append(helper.make_attribute_ref("value_float", onnx.AttributeProto.FLOAT,
+                                                   ref_attr_name="epsilon"))
+    nodes += [
+        eps,
+        helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+        helper.make_node("Sqrt", ["var_eps"], ["std"]),
+        helper.make_node("Div", ["d", "std"], ["normed"]),
+        to32("gamma"),
+        to32("beta"),
+        helper.make_node("Mul", ["normed", "gamma32"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "beta32"], ["y32"]),
+        helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else helper.make_node("Identity", ["y32"], ["y"]),
+    ]
+    return nodes
+
+
+LAYER_NORM = define(FusedOp(
+    name="LayerNorm", inputs=("x", "gamma", "beta"), outputs=("y",), attributes=("epsilon",), body=_body,
+    primitive="LayerNorm", doc=__doc__))
+
+
+@register("LayerNorm", since=1, domain="mindspore")
+def lower_layer_norm(n):
+    eps = float(n.attr("epsilon"))
+    # begin_norm_axis = begin_params_axis = -1: normalise the last axis, gamma/beta of its size.
+    return f"ops.LayerNorm(-1, -1, {eps!r})({n.x(0)}, {n.x(1)}, {n.x(2)})[0]"

@@ -1,0 +1,182 @@
+"""Quantization: QuantizeLinear / DequantizeLinear (opsets 13, 19, 21; int8 / uint8 / int32), DynamicQuantizeLinear,
+MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, as the ONNX reference computes them.
+
+Integer products are computed exactly in floating point (float64 for matmuls; float32 for convolutions, whose
+CPU kernels have no float64: exact while a sum of products stays below 2^24), then cast to int32. Rounding is
+half to even (ops.round), saturation to the output type's range.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from opmap.nn import conv_expr
+from opmap.registry import register
+
+_INT_RANGE = {ir.DataType.INT8: (-128, 127), ir.DataType.UINT8: (0, 255), ir.DataType.INT16: (-32768, 32767),
+              ir.DataType.UINT16: (0, 65535), ir.DataType.INT32: (-2**31, 2**31 - 1)}
+
+
+def _range(n, dt) -> tuple[int, int]:
+    if dt not in _INT_RANGE:
+        n.fail(f"quantized type {ir.DataType(dt).name} is not supported")
+    return _INT_RANGE[dt]
+
+
+def _per_axis(n, i: int, rank: int) -> str:
+    """Input i (a scale or zero point): as is when 0-d or 1 element, else shaped to broadcast along `axis`."""
+    shape = n.shape(i)
+    x = n.x(i)
+    if shape is None or len(shape) == 0 or shape == [1]:
+        return x
+    if len(shape) == 1:
+        axis = n.axis(n.attr("axis", 1), rank)
+        return f"ops.reshape({x}, {(-1,) + (1,) * (rank - axis - 1)!r})"
+    n.fail("blocked quantization (block_size) is not supported")
+
+
+def _quantize(n):
+    if n.attr("block_size", 0):
+        n.fail("blocked quantization (block_size) is not supported")
+    rank = n.require_rank(0)
+    out = n.out_dtype(0)
+    if out is None or out == ir.DataType.UNDEFINED:
+        out = n.dtype(2) if n.has(2) else ir.DataType(n.attr("output_dtype", 0) or ir.DataType.UINT8)
+    lo, hi = _range(n, out)
+    scale = _per_axis(n, 1, rank)
+    y = f"ops.round(ops.cast({n.x(0)}, ms.float32) / ops.cast({scale}, ms.float32))"
+    if n.has(2):
+        y = f"{y} + ops.cast({_per_axis(n, 2, rank)}, ms.float32)"
+    return f"ops.cast(ops.clamp({y}, {float(lo)!r}, {float(hi)!r}), {n.ms_dtype(out)})"
+
+
+def _dequantize(n):
+    if n.attr("block_size", 0):
+        n.fail("blocked quantization (block_size) is not supported")
+    rank = n.require_rank(0)
+    scale = _per_axis(n, 1, rank)
+    out = n.out_dtype(0) or n.dtype(1)
+    x = f"ops.cast({n.x(0)}, ms.float32)"
+    if n.has(2):
+        x = f"({x} - ops.cast({_per_axis(n, 2, rank)}, ms.float32))"
+    return f"ops.cast({x} * ops.cast({scale}, ms.float32), {n.ms_dtype(out)})"
+
+
+@register("QuantizeLinear", since=13)
+def quantize13(n):
+    return _quantize(n)
+
+
+@register("QuantizeLinear", since=19)
+def quantize19(n):
+    """Opset 19 adds float8 outputs (refused: no MindSpore type) and saturate."""
+    return _quantize(n)
+
+
+@register("QuantizeLinear", since=21)
+def quantize21(n):
+    """Opset 21 adds block_size (refused) and output_dtype."""
+    return _quantize(n)
+
+
+@register("DequantizeLinear", since=13)
+def dequantize13(n):
+    return _dequantize(n)
+
+
+@register("DequantizeLinear", since=19)
+def dequantize19(n):
+    return _dequantize(n)
+
+
+@register("DequantizeLinear", since=21)
+def dequantize21(n):
+    return _dequantize(n)
+
+
+@register("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(n):
+    """uint8: scale = (max(0, max x) - min(0, min x)) / 255 (1/255 for a constant 0 input), zero point =
+    round(clamp(-min / scale, 0, 255)), y = clamp(round(x / scale) + zero point, 0, 255); fp32 throughout."""
+    x = n.x(0)
+    hi = n.tmp(f"ops.maximum(ops.amax({x}), 0.0)", "max")
+    lo = n.tmp(f"ops.minimum(ops.amin({x}), 0.0)", "min")
+    scale = n.tmp(f"ops.where({hi} == {lo}, ops.ones_like({hi}), {hi} - {lo}) / 255.0", "scale")
+    zp = n.tmp(f"ops.round(ops.clamp(0.0 - {lo} / {scale}, 0.0, 255.0))", "zero_point")
+    y = f"ops.cast(ops.clamp(ops.round({x} / {scale}) + {zp}, 0.0, 255.0), ms.uint8)"
+    return y, scale, f"ops.cast({zp}, ms.uint8)"
+
+
+def _centered(n, i: int, zp: int | None, work: str, zp_shape_axis: int | None = None) -> str:
+    """Input i in the work float type, minus its zero point (input zp) when given."""
+    x = f"ops.cast({n.x(i)}, {work})"
+    if zp is not None and n.has(zp):
+        z = n.x(zp)
+        zs = n.shape(zp)
+        if zp_shape_axis is not None and zs is not None and len(zs) == 1 and zs[0] != 1:
+            rank = n.require_rank(i)
+            z = f"ops.reshape({z}, {(-1,) + (1,) * (rank - zp_shape_axis - 1)!r})"
+        x = f"({x} - ops.cast({z}, {work}))"
+    return x
+
+
+@register("MatMulInteger", since=10)
+def matmul_integer(n):
+    a = _centered(n, 0, 2, "ms.float64")
+    b_zp = n.shape(3) if n.has(3) else None
+    b = _centered(n, 1, 3, "ms.float64")
+    if b_zp and len(b_zp) == 1 and b_zp[0] != 1:  # per-column zero point of B
+        b = f"(ops.cast({n.x(1)}, ms.float64) - ops.cast({n.x(3)}, ms.float64))"
+    return f"ops.cast(ops.round(ops.matmul({a}, {b})), ms.int32)"
+
+
+@register("ConvInteger", since=10)
+def conv_integer(n):
+    x = _centered(n, 0, 2, "ms.float32")
+    w = _centered(n, 1, 3, "ms.float32", zp_shape_axis=0)
+    return f"ops.cast(ops.round({conv_expr(n, x, w)}), ms.int32)"
+
+
+def _requantize(n, acc: str, scale: str, zp_i: int, out_dt) -> str:
+    lo, hi = _range(n, out_dt)
+    y = f"{acc} * ops.cast({scale}, ms.float64)"
+    if n.has(zp_i):
+        y = f"{y} + ops.cast({n.x(zp_i)}, ms.float64)"
+    return f"ops.cast(ops.clamp(ops.round({y}), {float(lo)!r}, {float(hi)!r}), {n.ms_dtype(out_dt)})"
+
+
+@register("QLinearMatMul", since=10)
+def qlinear_matmul(n):
+    """Opset 10 (21 adds float16 / bfloat16 scales): the scale product a_scale * b_scale / y_scale is computed in
+    the scales' type, the rest in float64."""
+    a = _centered(n, 0, 2, "ms.float64")
+    b = _centered(n, 3, 5, "ms.float64")
+    acc = n.tmp(f"ops.matmul({a}, {b})", "acc")
+    scale = n.tmp(f"{n.x(1)} * {n.x(4)} / {n.x(6)}", "scale")
+    out = n.dtype(7) if n.has(7) else n.dtype(0)
+    return _requantize(n, acc, scale, 7, out)
+
+
+@register("QLinearMatMul", since=21)
+def qlinear_matmul21(n):
+    return qlinear_matmul(n)
+
+
+@register("QLinearConv", since=10)
+def qlinear_conv(n):
+    x = _centered(n, 0, 2, "ms.float32")
+    w = _centered(n, 3, 5, "ms.float32", zp_shape_axis=0)
+    acc = f"ops.cast(ops.round({conv_expr(n, x, w, w_index=3)}), ms.float64)"
+    if n.has(8):
+        rank = n.require_rank(0)
+        acc = f"({acc} + ops.cast(ops.reshape({n.x(8)}, {(-1,) + (1,) * (rank - 2)!r}), ms.float64))"
+    acc = n.tmp(acc, "acc")
+    rank = n.require_rank(0)
+    w_scale = n.shape(4)
+    ws = n.x(4)
+    if w_scale and len(w_scale) == 1 and w_scale[0] != 1:
+        ws = f"ops.reshape({ws}, {(-1,) + (1,) * (rank - 2)!r})"
+    scale = n.tmp(f"{n.x(1)} * {ws} / {n.x(6)}", "scale")
+    out = n.dtype(7) if n.has(7) else n.dtype(0)
+    return _requantize(n, acc, scale, 7, out)

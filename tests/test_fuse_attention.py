@@ -1,0 +1,502 @@
+"""fuse-attention: every spelling fuses once into mindspore::FlashAttentionScore and the fused graph equals the
+unfused one; near misses don't fuse (with the reason in skipped_fusions); real exports get exactly one
+FlashAttentionScore per layer, no Softmax left, a verified cpu twin, and an ascend MindIR whose
+FlashAttentionScore arguments (head_num, scale, layout, sparse_mode) are the fused node's attributes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphconv
+import opmap.fused
+import passes
+from fusion_utils import assert_same_numerics, fuse, fused_nodes
+from graphconv import census, compare, reference
+
+FMIN = float(np.finfo(np.float32).min)
+# FlashAttentionScore's call arguments after q, k, v, real_shift, drop_mask, padding_mask, attn_mask, prefix,
+# actual_seq_qlen, actual_seq_kvlen: head_num, keep_prob, scale_value, pre_tokens, next_tokens, inner_precise,
+# input_layout (enum: BSH 0, BNSD 1, SBH 2, BSND 3, TND 4), sparse_mode.
+HEAD_NUM, KEEP_PROB, SCALE_VALUE, INPUT_LAYOUT, SPARSE_MODE = 10, 11, 12, 16, 17
+BNSD = 1
+
+
+class _G:
+    """A tiny graph builder: unique names, initializers from numpy."""
+
+    def __init__(self):
+        self.nodes, self.inits, self.k = [], [], 0
+
+    def name(self, hint):
+        self.k += 1
+        return f"{hint}_{self.k}"
+
+    def const(self, value, hint="c"):
+        n = self.name(hint)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), n))
+        return n
+
+    def op(self, op_type, *inputs, hint=None, **attrs):
+        out = self.name(hint or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+
+def _unsq(g, x, axes, opset):
+    return g.op("Unsqueeze", x, g.const(np.array(axes, np.int64))) if opset >= 13 else \
+        g.op("Unsqueeze", x, axes=axes)
+
+
+def _shape_piece(g, x, start, end):
+    return g.op("Slice", g.op("Shape", x), g.const(np.array([start], np.int64)), g.const(np.array([end], np.int64)))
+
+
+def _repeat(g, x, how, n2, n1, d):
+    """(B, n2, S, d) -> (B, n1, S, d), query head n reading kv head n // (n1 / n2) (or n % n2 for tile-heads)."""
+    rep = n1 // n2
+    back = g.const(np.array([0, n1, -1, d], np.int64))
+    if how == "expand":
+        five = _unsq(g, x, [2], 18)
+        return g.op("Reshape", g.op("Expand", five, g.const(np.array([1, 1, rep, 1, 1], np.int64))), back)
+    if how == "tile":
+        five = _unsq(g, x, [2], 18)
+        return g.op("Reshape", g.op("Tile", five, g.const(np.array([1, 1, rep, 1, 1], np.int64))), back)
+    if how == "reshape-expand":
+        five = g.op("Reshape", x, g.const(np.array([0, n2, 1, -1, d], np.int64)))
+        return g.op("Reshape", g.op("Expand", five, g.const(np.array([1, 1, rep, 1, 1], np.int64))), back)
+    if how == "tile-heads":  # k.repeat(1, rep, 1, 1): head n reads kv head n % n2, which is not GQA
+        return g.op("Tile", x, g.const(np.array([1, rep, 1, 1], np.int64)))
+    raise ValueError(how)
+
+
+def _attention_graph(scale_on="scores-mul", kt="transpose", mask="add", causal="trilu", padding=True, gqa=None,
+                     n1=4, n2=None, d=16, scale=0.3, fill=FMIN, opset=18, dtype=TensorProto.FLOAT, softmax_axis=-1,
+                     probs_output=False, native=False, bias_input=False, mask_last_dim_one=False, full_mask=False,
+                     old_bert_mask=None, softmax_fp32=False):
+    """Attention over q (B, n1, S, d), k/v (B, n2, S, d) and an int64 attention_mask (B, S), spelled as the
+    arguments say; the output is (B, S, n1, d) so padded query rows are not compared."""
+    n2 = n2 or (2 if gqa and gqa != "tile-heads" else (1 if gqa == "mqa" else n1))
+    if gqa == "mqa":
+        n2 = 1
+    npdt = helper.tensor_dtype_to_np_dtype(dtype)
+    g = _G()
+    k_shape = {"bsnd": ["batch", "seq", n2, d], "input": ["batch", n2, d, "seq"]}.get(kt, ["batch", n2, "seq", d])
+    inputs = [helper.make_tensor_value_info("q", dtype, ["batch", n1, "seq", d]),
+              helper.make_tensor_value_info("k", dtype, k_shape),
+              helper.make_tensor_value_info("v", dtype, ["batch", n2, "seq", d]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])]
+    q, k, v = "q", "k", "v"
+    if gqa and gqa != "mqa":
+        k, v = _repeat(g, k, gqa, n2, n1, d), _repeat(g, v, gqa, n2, n1, d)
+    # the mask: causal (Trilu or Range/compare) and padding -> allowed (B, 1, S, S) bool
+    allowed = None
+    if causal == "trilu":
+        s = _shape_piece(g, "attention_mask", 1, 2)
+        ones = g.op("ConstantOfShape", g.op("Concat", s, s, axis=0),
+                    value=numpy_helper.from_array(np.array([1.0], np.float32)))
+        allowed = _unsq(g, g.op("Cast", g.op("Trilu", ones, upper=0), to=TensorProto.BOOL), [0, 1], opset)
+    elif causal == "range":
+        s = g.op("Squeeze", _shape_piece(g, "attention_mask", 1, 2), g.const(np.array([0], np.int64))) \
+            if opset >= 13 else g.op("Squeeze", _shape_piece(g, "attention_mask", 1, 2), axes=[0])
+        pos = g.op("Range", g.const(np.array(0, np.int64)), s, g.const(np.array(1, np.int64)))
+        allowed = _unsq(g, g.op("LessOrEqual", _unsq(g, pos, [0], opset), _unsq(g, pos, [1], opset)), [0, 1], opset)
+    if padding:
+        pad = _unsq(g, g.op("Cast", "attention_mask", to=TensorProto.BOOL), [1, 2], opset)
+        allowed = pad if allowed is None else g.op("And", allowed, pad)
+    if full_mask:  # (B, 1, S, S): onnxruntime's Attention does not broadcast a mask over the query axis
+        s = _shape_piece(g, "attention_mask", 1, 2)
+        rows = g.op("ConstantOfShape", g.op("Concat", s, g.const(np.array([1], np.int64)), axis=0),
+                    value=numpy_helper.from_array(np.array([True])))
+        allowed = g.op("And", allowed, rows)
+    if native:  # opset 23 Attention
+        mask_in = []
+        if mask == "add":
+            mask_in = [g.op("Where", allowed, g.const(np.array(0, npdt)), g.const(np.array(fill, npdt)))]
+        elif mask == "bool":
+            mask_in = [allowed]
+        attrs = {} if scale is None else {"scale": scale}
+        out = g.op("Attention", q, k, v, *mask_in, **attrs)
+    else:
+        sq = math.sqrt(abs(scale))
+        if scale_on in ("q-mul", "qk"):
+            q = g.op("Mul", q, g.const(np.array(sq * sq if scale_on == "q-mul" else sq, npdt)))
+        elif scale_on == "q-div":
+            q = g.op("Div", q, g.const(np.array(1 / scale, npdt)))
+        if kt == "transpose":
+            kT = g.op("Transpose", k, perm=[0, 1, 3, 2])
+        elif kt == "bsnd":
+            kT = g.op("Transpose", k, perm=[0, 2, 3, 1])
+        elif kt == "reshape3d":  # dynamo's SDPA decomposition
+            three = g.op("Concat", g.const(np.array([-1], np.int64)), _shape_piece(g, k, 2, 3),
+                         g.const(np.array([d], np.int64)), axis=0)
+            t = g.op("Transpose", g.op("Reshape", k, three), perm=[0, 2, 1])
+            four = g.op("Concat", _shape_piece(g, k, 0, 2), g.const(np.array([d], np.int64)),
+                        _shape_piece(g, k, 2, 3), axis=0)
+            kT = g.op("Reshape", t, four)
+        else:
+            kT = k
+        if scale_on == "qk":
+            kT = g.op("Mul", g.const(np.array(sq, npdt)), kT)
+        scores = g.op("MatMul", q, kT)
+        if scale_on == "scores-mul":
+            scores = g.op("Mul", scores, g.const(np.array(scale, npdt)))
+        elif scale_on == "scores-mul-commuted":
+            scores = g.op("Mul", g.const(np.array(scale, npdt)), scores)
+        elif scale_on == "scores-div":
+            scores = g.op("Div", scores, g.const(np.array(1 / scale, npdt)))
+        if mask in ("add", "add-commuted"):
+            if old_bert_mask:  # (1 - mask) * -10000, mask cast to float from bool ("bool") or int64 ("int")
+                src = allowed if old_bert_mask == "bool" else _unsq(g, "attention_mask", [1, 2], opset)
+                keep = g.op("Cast", src, to=dtype)
+                bias = g.op("Mul", g.op("Sub", g.const(np.array(1, npdt)), keep), g.const(np.array(fill, npdt)))
+            elif bias_input:
+                inputs.append(helper.make_tensor_value_info("bias", dtype, ["batch", n1, "seq", "seq"]))
+                bias = "bias"
+            else:
+                bias = g.op("Where", allowed, g.const(np.array(0, npdt)), g.const(np.array(fill, npdt)))
+                if mask_last_dim_one:
+                    bias = g.op("ReduceMax", bias, g.const(np.array([-1], np.int64)), keepdims=1)
+            scores = g.op("Add", scores, bias) if mask == "add" else g.op("Add", bias, scores)
+        elif mask == "keep":
+            scores = g.op("Where", allowed, scores, g.const(np.array(fill, npdt)))
+        elif mask == "discard":
+            scores = g.op("Where", g.op("Not", allowed), g.const(np.array(fill, npdt)), scores)
+        if softmax_fp32:  # torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+            probs = g.op("Cast", g.op("Softmax", g.op("Cast", scores, to=TensorProto.FLOAT), axis=softmax_axis),
+                         to=dtype)
+        else:
+            probs = g.op("Softmax", scores, axis=softmax_axis)
+        out = g.op("MatMul", probs, v)
+    g.nodes.append(helper.make_node("Transpose", [out], ["out"], perm=[0, 2, 1, 3]))
+    outputs = [helper.make_tensor_value_info("out", dtype, ["batch", "seq", n1, d])]
+    if probs_output:
+        g.nodes.append(helper.make_node("Identity", [probs], ["probs"]))
+        outputs.append(helper.make_tensor_value_info("probs", dtype, None))
+    graph = helper.make_graph(g.nodes, "attention", inputs, outputs, g.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _attrs(node):
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _fused_attention(model):
+    count, fused = fuse(model, "fuse-attention")
+    return count, fused, fused_nodes(fused, "FlashAttentionScore")
+
+
+SPELLINGS = {
+    "scores-mul/additive/trilu": dict(),
+    "scores-mul-commuted/additive-commuted": dict(scale_on="scores-mul-commuted", mask="add-commuted"),
+    "scores-div (BERT)": dict(scale_on="scores-div", causal=None),
+    "q-mul": dict(scale_on="q-mul"),
+    "q-div": dict(scale_on="q-div"),
+    "q and k each by sqrt(scale) (torch SDPA)": dict(scale_on="qk"),
+    "no scale": dict(scale_on="none", scale=1.0),
+    "causal from Range/LessOrEqual": dict(causal="range"),
+    "causal only": dict(causal="range", padding=False),
+    "padding only (B,1,1,S)": dict(causal=None),
+    "no mask": dict(mask="none", causal=None, padding=False),
+    "Where(keep, scores, finfo.min)": dict(mask="keep"),
+    "Where(keep, scores, -inf)": dict(mask="keep", fill=-math.inf, causal="range", padding=False),
+    "Where(discard, -10000, scores) (masked_fill)": dict(mask="discard", fill=-10000.0),
+    "additive -inf": dict(fill=-math.inf, padding=False),
+    "(1 - Cast(bool mask)) * -10000 (older BERT)": dict(old_bert_mask="bool", fill=-10000.0, causal=None),
+    "kT = Transpose(k_bsnd, 0231) (onnxsim-merged)": dict(kt="bsnd"),
+    "kT via Reshape/Transpose/Reshape (dynamo SDPA)": dict(kt="reshape3d", scale_on="qk"),
+    "kT given already transposed": dict(kt="input"),
+    "GQA Unsqueeze/Expand/Reshape (repeat_kv)": dict(gqa="expand"),
+    "GQA Unsqueeze/Tile/Reshape (repeat_interleave)": dict(gqa="tile"),
+    "GQA Reshape/Expand/Reshape": dict(gqa="reshape-expand"),
+    "GQA + dynamo SDPA kT": dict(gqa="expand", kt="reshape3d", scale_on="qk"),
+    "MQA (one kv head broadcast)": dict(gqa="mqa"),
+    "Tile of heads (n % N2: fused as MHA)": dict(gqa="tile-heads", n2=2),
+    "head dim 64, 8 heads": dict(n1=8, d=64),
+    "opset 17": dict(opset=17),
+    "opset 14": dict(opset=14, gqa="expand"),
+    "opset 13": dict(opset=13, causal="range"),
+    "fp16": dict(dtype=TensorProto.FLOAT16, fill=float(np.finfo(np.float16).min)),
+    "fp16 with the Softmax in an fp32 Cast island (HF eager)": dict(
+        dtype=TensorProto.FLOAT16, fill=float(np.finfo(np.float16).min), softmax_fp32=True, gqa="expand"),
+    "opset-23 Attention, additive mask, GQA": dict(native=True, opset=23, gqa="expand"),
+    "opset-23 Attention, native GQA kv heads": dict(native=True, opset=23, n2=2),
+    "opset-23 Attention, bool mask, default scale": dict(native=True, opset=23, mask="bool", scale=None),
+}
+
+
+@pytest.mark.parametrize("name", SPELLINGS)
+def test_each_spelling_fuses_once_and_keeps_numerics(name):
+    spec = SPELLINGS[name]
+    original = _attention_graph(**spec)
+    count, fused, fa = _fused_attention(original)
+    assert count == 1 and len(fa) == 1
+    assert not any(n.op_type in ("Softmax", "Attention") for n in fused.graph.node)
+    attrs = _attrs(fa[0])
+    n1 = spec.get("n1", 4)
+    d = spec.get("d", 16)
+    scale = spec.get("scale", 0.3)
+    assert attrs["head_num"] == n1
+    rel = 1e-3 if spec.get("dtype") == TensorProto.FLOAT16 else 1e-6  # the graph's scale constant is fp16
+    assert attrs["scale"] == pytest.approx(1 / math.sqrt(d) if scale is None else scale, rel=rel)
+    assert attrs["input_layout"] == b"BNSD" and attrs["sparse_mode"] == 0
+    gqa = spec.get("gqa")
+    expected_kv = 1 if gqa == "mqa" else (2 if gqa in ("expand", "tile", "reshape-expand") or spec.get("n2") == 2
+                                           and spec.get("native") else n1)
+    assert attrs["kv_head_num"] == expected_kv
+    # the un-repeated k/v go to the fused op: FlashAttentionScore does GQA itself
+    shapes = {v.name: v for v in list(fused.graph.value_info) + list(fused.graph.input)}
+    k_in = shapes.get(fa[0].input[1])
+    if k_in is not None:
+        assert k_in.type.tensor_type.shape.dim[1].dim_value == expected_kv
+    mask = spec.get("mask", "add")
+    kind = {"add": "additive", "add-commuted": "additive", "keep": "keep_bool", "discard": "discard_bool",
+            "bool": "keep_bool"}.get(mask, "none")
+    if not (spec.get("causal", "trilu") or spec.get("padding", True)):
+        kind = "none"
+    assert attrs["mask_kind"].decode() == kind
+    tol = 1e-2 if spec.get("dtype") == TensorProto.FLOAT16 else 1e-5
+    assert_same_numerics(original, fused, tol, tol)
+
+
+NEAR_MISSES = {
+    "head dim 40": (dict(d=40), "head dim 40"),
+    "head dim 528 > 512": (dict(d=528, n1=1), "head dim 528"),
+    "Softmax over axis 2": (dict(softmax_axis=2), "Softmax over axis 2"),
+    "added tensor of unknown values (a bias, not a mask)": (dict(bias_input=True), "not provably"),
+    "added mask broadcast over keys (B,1,S,1)": (dict(mask_last_dim_one=True), "broadcasts over the key axis"),
+    "Where fill 0 (not a mask)": (dict(mask="keep", fill=0.0), "not a scalar <="),
+    "additive mask of -100 (not large enough)": (dict(fill=-100.0), "not provably"),
+    "(1 - Cast(int64 mask)) * -10000: values not provable": (dict(old_bert_mask="int", fill=-10000.0, causal=None),
+                                                              "not provably"),
+    "probabilities also an output": (dict(probs_output=True), "used elsewhere"),
+    "fp64": (dict(dtype=TensorProto.DOUBLE), "dtypes"),
+    "negative scale": (dict(scale_on="scores-mul", scale=-0.3), "not a positive"),
+}
+
+
+@pytest.mark.parametrize("name", NEAR_MISSES)
+def test_near_misses_do_not_fuse(name):
+    spec, reason = NEAR_MISSES[name]
+    model = onnx.shape_inference.infer_shapes(_attention_graph(**spec), data_prop=True)
+    m = ir.from_proto(model)
+    pm = passes.PassManager("fuse-attention")
+    assert pm.run(m)["fuse-attention"] == 0
+    assert not any(n.domain == "mindspore" for n in m.graph)
+    assert any(reason in r for r in pm.skipped["fuse-attention"]), pm.skipped
+
+
+def _native(**attrs):
+    """opset-23 Attention with the given attributes / extra inputs, over q (B,4,S,16), k/v (B,2,S,16)."""
+    extra = attrs.pop("inputs", [])
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["batch", 4, "seq", 16]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, ["batch", 2, "seq", 16]),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", 2, "seq", 16])]
+    inputs += [helper.make_tensor_value_info(n, t, s) for n, t, s in extra]
+    node = helper.make_node("Attention", ["q", "k", "v"] + [n for n, _, _ in extra], ["y"], **attrs)
+    g = helper.make_graph([node], "a", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+
+
+@pytest.mark.parametrize("attrs,reason", [
+    (dict(is_causal=1), "is_causal"),
+    (dict(softcap=30.0), "softcap"),
+    (dict(inputs=[("bias", TensorProto.FLOAT, ["batch", 4, "seq", "seq"])]), "not provably"),
+])
+def test_native_attention_refusals(attrs, reason):
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(_native(**attrs)))
+    pm = passes.PassManager("fuse-attention")
+    assert pm.run(m)["fuse-attention"] == 0
+    assert any(reason in r for r in pm.skipped["fuse-attention"]), pm.skipped
+
+
+def test_mismatched_head_counts_do_not_fuse():
+    """q with 4 heads against k/v with 3 heads and no kv repeat (and 4 against 2 after a repeat to 2)."""
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(_attention_graph(n1=4, n2=3)))
+    pm = passes.PassManager("fuse-attention")
+    assert pm.run(m)["fuse-attention"] == 0
+    assert any("do not match" in r for r in pm.skipped["fuse-attention"]), pm.skipped
+
+
+def test_fused_graph_saved_and_reloaded_runs_in_onnxruntime(tmp_path):
+    original = _attention_graph(gqa="expand")
+    _, fused, _ = _fused_attention(original)
+    p = tmp_path / "fused.onnx"
+    onnx.save(fused, p)
+    reloaded = onnx.load(p)
+    onnx.checker.check_model(reloaded)
+    assert_same_numerics(original, reloaded)
+
+
+def test_ascend_precision_body_rounds_through_fp16():
+    """The ascend-precision variant (q/k/v and output through fp16) differs from the fp32 body, but stays
+    within fp16 tolerance of the original."""
+    original = _attention_graph(gqa="expand", d=32)
+    _, fused, _ = _fused_attention(original)
+    variant = opmap.fused.ascend_precision_variant(fused)
+    assert variant is not None
+    cases = reference.make_cases(original)
+    exp, got = reference.Oracle(original).run(cases), reference.Oracle(variant).run(cases)
+    diffs = []
+    for case, e, a in zip(cases, exp, got):
+        c = compare.compare(a["out"], e["out"], 1e-2, 1e-2, case.valid_positions(e["out"]))
+        assert c.ok, c
+        diffs.append(c.max_abs)
+    assert max(diffs) > 0
+
+
+def test_pass_is_registered_last_and_can_be_disabled():
+    names = passes.PassManager().names
+    assert names[-1] == "fuse-attention"
+    assert "fuse-attention" not in passes.PassManager(disabled=("fuse-attention",)).names
+
+
+def test_skipped_fusions_are_reported_with_their_reason(tmp_path):
+    p = tmp_path / "m.onnx"
+    onnx.save(_attention_graph(d=40), p)
+    report = graphconv.compile(p, tmp_path / "m.mindir", passes="fuse-attention", simplify=False)
+    assert report.fusions["fuse-attention"] == 0
+    assert any("head dim 40" in r for r in report.skipped_fusions["fuse-attention"])
+    assert report.status == "verified"
+
+
+# --- real exports -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,opset,exporter", [
+    ("llama", 18, "dynamo"), ("llama", 17, "torchscript"), ("llama-sdpa", 18, "dynamo"),
+    ("llama-sdpa", 17, "torchscript"), ("gpt2", 18, "dynamo"), ("bert", 18, "dynamo"),
+    pytest.param("llama", 14, "torchscript", marks=pytest.mark.slow),
+    pytest.param("gpt2", 17, "torchscript", marks=pytest.mark.slow),
+    pytest.param("bert", 17, "torchscript", marks=pytest.mark.slow),
+])
+def test_exports_fuse_every_layer_with_the_same_numerics(name, opset, exporter, export_cache):
+    """The pass alone on the simplified export (no MindSpore): one fusion per layer, onnxruntime equal."""
+    import onnxsim
+
+    original = onnx.load(export_cache(name, opset, exporter))
+    simplified, _ = onnxsim.simplify(original, check_n=0)
+    count, fused, fa = _fused_attention(simplified)
+    assert count == len(fa) == 2
+    assert not any(n.op_type == "Softmax" for n in fused.graph.node)
+    assert {_attrs(n)["kv_head_num"] for n in fa} == ({2} if name.startswith("llama") else {4})
+    assert_same_numerics(original, fused, 1e-4, 1e-4)
+
+
+def _fa_calls(path) -> list[list]:
+    """Every FlashAttentionScore call of a MindIR (main graph and function graphs), constants resolved.
+    (fusion_utils.mindir_primitive_inputs raises on these calls: mind_ir's AttributeProto has INT64 and
+    NONE kinds but no INT, and FlashAttentionScore's None and int arguments reach that comparison.)"""
+    model = census.read_mindir(path)
+    a_type = census.mind_ir_pb2().AttributeProto
+    calls = []
+    for graph in (model.graph, *model.functions):
+        consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+        for n in graph.node:
+            if not n.op_type.startswith("REF::FlashAttentionScore:"):
+                continue
+            args = []
+            for i in n.input:
+                a = consts[i].attribute[0] if i in consts and consts[i].attribute else None
+                args.append(i if a is None else a.f if a.type == a_type.FLOAT else a.i if a.type == a_type.INT64
+                            else a.s.decode() if a.type == a_type.STRING else None if a.type == a_type.NONE else a)
+            calls.append(args)
+    return calls
+
+
+def _check_readback(mindir, fused_path):
+    """The ascend MindIR's FlashAttentionScore arguments are the fused nodes' attributes."""
+    nodes = fused_nodes(onnx.load(fused_path), "FlashAttentionScore")
+    records = {(_attrs(n)["head_num"], round(_attrs(n)["scale"], 6)) for n in nodes}
+    calls = _fa_calls(mindir)
+    assert calls and {(c[HEAD_NUM], round(c[SCALE_VALUE], 6)) for c in calls} == records
+    for c in calls:
+        assert len(c) == 18 and c[KEEP_PROB] == 1.0 and c[INPUT_LAYOUT] == BNSD and c[SPARSE_MODE] == 0
+        assert c[6] is not None  # the discard mask (the zoo models all have one)
+    assert {_attrs(n)["input_layout"] for n in nodes} == {b"BNSD"}
+    assert {_attrs(n)["sparse_mode"] for n in nodes} == {0}
+
+
+def _compile_and_check(path, tmp_path, n_layers=2, **options):
+    out = tmp_path / "m.mindir"
+    report = graphconv.compile(path, out, save_fused=tmp_path / "fused.onnx", **options)
+    assert report.fusions["fuse-attention"] == n_layers
+    assert report.census.get("FlashAttentionScore") == n_layers
+    assert "Softmax" not in report.census
+    assert report.status == "verified" and report.validation["checked"] == "cpu twin of m.mindir"
+    for case in report.validation["cases"]:
+        assert all(o["max_abs"] <= 1e-4 for o in case["outputs"])
+    assert report.validation["ascend_precision"]["status"] == "ok"
+    _check_readback(out, tmp_path / "fused.onnx")
+    return report
+
+
+def test_zoo_llama_dynamo_gqa(export_cache, tmp_path):
+    _compile_and_check(export_cache("llama", 18, "dynamo"), tmp_path)
+
+
+def test_zoo_llama_sdpa_torchscript_alone(export_cache, tmp_path):
+    """TorchScript's SDPA (q and kᵀ scaled by sqrt(scale) each, GQA repeat) with fuse-attention alone."""
+    _compile_and_check(export_cache("llama-sdpa", 17, "torchscript"), tmp_path, passes="fuse-attention")
+
+
+def test_zoo_bert_dynamo_padding_mask(export_cache, tmp_path):
+    _compile_and_check(export_cache("bert", 18, "dynamo"), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,opset,exporter,alone", [
+    ("llama", 17, "torchscript", False), ("llama-sdpa", 18, "dynamo", False), ("llama-sdpa", 18, "dynamo", True),
+    ("gpt2", 18, "dynamo", False), ("hf-llama", 18, "dynamo", False),
+    ("llama-sdpa", 23, "dynamo", True),  # opset 23: the native Attention op
+])
+def test_zoo_more_exports(name, opset, exporter, alone, export_cache, tmp_path):
+    if name.startswith("hf-"):
+        pytest.importorskip("transformers")
+    _compile_and_check(export_cache(name, opset, exporter), tmp_path, **({"passes": "fuse-attention"} if alone else {}))
+
+
+@pytest.mark.parametrize("dtype,attr,compute,casts", [
+    (TensorProto.FLOAT, None, "ms.float16", True),
+    (TensorProto.FLOAT, "bf16", "ms.bfloat16", True),
+    (TensorProto.FLOAT16, None, None, False),
+])
+def test_ascend_lowering_casts_around_the_primitive(dtype, attr, compute, casts):
+    """The ascend handler's source: q/k/v cast to fp16 (bf16 with dtype="bf16") around flash_attention_score
+    and back; the graph's additive mask as a uint8 discard mask (mask < 0) broadcast to (B, 1, S1, S2)."""
+    from graphconv import lower
+
+    _, fused, fa = _fused_attention(_attention_graph(gqa="expand", dtype=dtype,
+                                                     fill=float(np.finfo(helper.tensor_dtype_to_np_dtype(dtype)).min)))
+    if attr:
+        fa[0].attribute.append(helper.make_attribute("dtype", attr))
+    net, _ = lower.lower(ir.from_proto(fused))
+    call = [line for line in net.source.splitlines() if "ops.flash_attention_score(" in line]
+    assert len(call) == 1
+    assert "input_layout='BNSD'" in call[0] and "sparse_mode=0" in call[0] and "scalar_value=0.3" in call[0]
+    assert ", 4, attn_mask=" in call[0] and "keep_prob=1.0" in call[0]
+    assert ("ops.cast(ops.flash_attention_score(" in call[0]) == casts
+    if casts:
+        assert f"ops.cast(q, {compute})" in net.source and f"ops.cast(k, {compute})" in net.source
+    assert "ops.less(" in net.source and "ms.uint8" in net.source
+
+
+def test_opset23_attention_it_refuses_still_compiles(tmp_path):
+    """is_causal=1 is not fused (the reason is reported) and the Attention op itself lowers on CPU: GQA,
+    the causal band and a bool padding mask, verified against onnxruntime."""
+    model = _attention_graph(native=True, opset=23, mask="bool", causal=None, n2=2, scale=None, full_mask=True)
+    node = next(n for n in model.graph.node if n.op_type == "Attention")
+    node.attribute.append(helper.make_attribute("is_causal", 1))
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    report = graphconv.compile(p, tmp_path / "m.mindir")
+    assert report.fusions["fuse-attention"] == 0
+    assert any("is_causal" in r for r in report.skipped_fusions["fuse-attention"])
+    assert report.status == "verified"
+    for case in report.validation["cases"]:
+        assert all(o["max_abs"] <= 1e-4 for o in case["outputs"])

@@ -1,0 +1,239 @@
+"""fuse-layernorm: the native node and every decomposed spelling fuse once and keep their numerics; near misses
+don't fuse (with the reason reported); on real exports the ascend MindIR holds 2N+1 LayerNorm primitives carrying
+the model's epsilon, and the cpu twin verifies."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphconv
+from fusion_utils import assert_same_numerics, fuse, fused_nodes
+from fusion_zoo import assert_verified, primitive_args, zoo_compile
+
+H = 16
+EPS = 1e-5
+
+
+def _ln_graph(square="pow", normalize="div", opset=14, dtype=TensorProto.FLOAT, cast_island=False,
+              affine_first=False, axes=(-1,), axes2=None, keepdims=1, eps=EPS, eps_shape=(), gamma_shape=(H,),
+              beta_shape=(H,), bias=True):
+    """A decomposed LayerNorm over x[batch, seq, H], spelled as the arguments say."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.full(eps_shape, eps, np.float32), "eps"),
+             numpy_helper.from_array((1 + 0.1 * rng.standard_normal(gamma_shape)).astype(np_dtype), "gamma"),
+             numpy_helper.from_array((0.1 * rng.standard_normal(beta_shape)).astype(np_dtype), "beta"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    nodes = []
+    x = "x"
+    if cast_island:
+        nodes.append(helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT))
+        x = "x32"
+
+    def mean(src, dst, ax):
+        if opset >= 18:
+            inits.append(numpy_helper.from_array(np.array(ax, np.int64), f"axes_{dst}"))
+            return helper.make_node("ReduceMean", [src, f"axes_{dst}"], [dst], keepdims=keepdims)
+        return helper.make_node("ReduceMean", [src], [dst], axes=list(ax), keepdims=keepdims)
+
+    nodes += [mean(x, "mu", axes), helper.make_node("Sub", [x, "mu"], ["d"]),
+              helper.make_node("Pow", ["d", "two"], ["d2"]) if square == "pow" else
+              helper.make_node("Mul", ["d", "d"], ["d2"]),
+              mean("d2", "var", axes2 or axes),
+              helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["std"])]
+    if normalize == "reciprocal":
+        nodes += [helper.make_node("Reciprocal", ["std"], ["r"]), helper.make_node("Mul", ["d", "r"], ["n"])]
+    elif normalize == "div-one":
+        nodes += [helper.make_node("Div", ["one", "std"], ["r"]), helper.make_node("Mul", ["r", "d"], ["n"])]
+    else:
+        nodes += [helper.make_node("Div", ["d", "std"], ["n"])]
+    n = "n"
+    if cast_island:
+        nodes.append(helper.make_node("Cast", ["n"], ["n16"], to=dtype))
+        n = "n16"
+    nodes.append(helper.make_node("Mul", ["gamma", n] if affine_first else [n, "gamma"], ["s" if bias else "y"]))
+    if bias:
+        nodes.append(helper.make_node("Add", ["beta", "s"] if affine_first else ["s", "beta"], ["y"]))
+    else:
+        inits = [i for i in inits if i.name != "beta"]
+    g = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", dtype, ["batch", "seq", H])],
+                          [helper.make_tensor_value_info("y", dtype, ["batch", "seq", H])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _native_graph(opset=17, dtype=TensorProto.FLOAT, bias=True, axis=-1, eps=EPS, extra_outputs=False,
+                  stash_type=None, gamma_shape=(H,)):
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(gamma_shape)).astype(np_dtype), "gamma")]
+    ins = ["x", "gamma"]
+    if bias:
+        inits.append(numpy_helper.from_array((0.1 * rng.standard_normal(gamma_shape)).astype(np_dtype), "beta"))
+        ins.append("beta")
+    attrs = dict(axis=axis, epsilon=eps)
+    if stash_type is not None:
+        attrs["stash_type"] = stash_type
+    outs = ["y", "mean", "istd"] if extra_outputs else ["y"]
+    node = helper.make_node("LayerNormalization", ins, outs, **attrs)
+    graph_outs = [helper.make_tensor_value_info("y", dtype, ["batch", "seq", H])]
+    if extra_outputs:
+        graph_outs.append(helper.make_tensor_value_info("istd", TensorProto.FLOAT, None))
+    g = helper.make_graph([node], "ln", [helper.make_tensor_value_info("x", dtype, ["batch", "seq", H])],
+                          graph_outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+SPELLINGS = [
+    dict(square="pow", normalize="div"),
+    dict(square="mul", normalize="div"),
+    dict(square="pow", normalize="reciprocal"),
+    dict(square="mul", normalize="div-one"),
+    dict(square="pow", normalize="div", affine_first=True),
+    dict(square="pow", normalize="div", opset=17),
+    dict(square="mul", normalize="reciprocal", opset=18),
+    dict(square="pow", normalize="div", opset=18, axes=(2,)),
+    dict(square="pow", normalize="div", eps_shape=(1,)),
+    dict(square="pow", normalize="div", eps=1e-12),
+    dict(square="pow", normalize="div", opset=17, dtype=TensorProto.FLOAT16, cast_island=True),
+    dict(square="pow", normalize="div", bias=False),
+    dict(square="mul", normalize="reciprocal", bias=False, affine_first=True),
+]
+# fuse-layernorm alone, and behind the passes that run before it in the default pipeline (fuse-rmsnorm takes the
+# inner part of a decomposed LayerNorm for an RMSNorm of the centred input; fuse-layernorm then takes it back).
+PIPELINES = ["fuse-layernorm", "canonicalize,fuse-rmsnorm,fuse-layernorm"]
+
+
+def fuse_through(model: onnx.ModelProto, spec: str) -> tuple[int, onnx.ModelProto, dict]:
+    """fusion_utils.fuse for a pipeline: the fuse-layernorm count, the fused model, and the skip reasons."""
+    import onnx_ir as ir
+
+    import opmap.fused
+    import passes
+
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True))
+    pm = passes.PassManager(spec)
+    count = pm.run(m)["fuse-layernorm"]
+    fused = opmap.fused.attach_functions(ir.to_proto(m))
+    return count, onnx.shape_inference.infer_shapes(fused, data_prop=True), pm.skipped
+
+
+def _id(spelling):
+    return "-".join(f"{k}={v}" for k, v in spelling.items())
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=_id)
+def test_each_decomposed_spelling_fuses_once_and_keeps_numerics(spelling, pipeline):
+    original = _ln_graph(**spelling)
+    count, fused, _ = fuse_through(original, pipeline)
+    assert count == 1
+    ln = fused_nodes(fused)
+    assert [n.op_type for n in ln] == ["LayerNorm"]
+    assert helper.get_attribute_value(ln[0].attribute[0]) == pytest.approx(spelling.get("eps", EPS))
+    assert not any(n.op_type in ("Pow", "Sqrt", "ReduceMean", "Sub", "Add") for n in fused.graph.node)
+    tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
+    assert_same_numerics(original, fused, tol, tol)
+
+
+NATIVE = [
+    dict(),
+    dict(opset=18, eps=1e-12),
+    dict(bias=False),
+    dict(axis=2),
+    dict(dtype=TensorProto.FLOAT16),
+    dict(opset=23),
+]
+
+
+@pytest.mark.parametrize("spelling", NATIVE, ids=_id)
+def test_native_layernormalization_fuses_and_keeps_numerics(spelling):
+    original = _native_graph(**spelling)
+    count, fused = fuse(original, "fuse-layernorm")
+    assert count == 1
+    ln = fused_nodes(fused)
+    assert [n.op_type for n in ln] == ["LayerNorm"]
+    assert helper.get_attribute_value(ln[0].attribute[0]) == pytest.approx(spelling.get("eps", EPS))
+    assert not any(n.op_type == "LayerNormalization" for n in fused.graph.node)
+    tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
+    assert_same_numerics(original, fused, tol, tol)
+
+
+NEAR_MISSES = {
+    "mean over another axis": (lambda: _ln_graph(axes=(1,)), "not the last axis"),
+    "variance over another axis": (lambda: _ln_graph(axes2=(1,)), "not the last axis"),
+    "keepdims=0": (lambda: _ln_graph(keepdims=0), "keepdims=0"),
+    "non-scalar epsilon": (lambda: _ln_graph(eps_shape=(H,)), "epsilon is not a constant scalar"),
+    "2-D gamma": (lambda: _ln_graph(gamma_shape=(1, H)), "gamma is not 1-D"),
+    "fp16 below opset 15": (lambda: _ln_graph(dtype=TensorProto.FLOAT16, cast_island=True),
+                            "below opset 15"),
+    "native over two axes": (lambda: _native_graph(axis=1, gamma_shape=(5, H)), "more than the last axis"),
+    "native Mean/InvStdDev used": (lambda: _native_graph(extra_outputs=True), None),  # not removable: no match
+    "native fp16 statistics": (lambda: _native_graph(dtype=TensorProto.FLOAT16, stash_type=0), "stash_type=0"),
+}
+
+
+@pytest.mark.parametrize("name", NEAR_MISSES)
+def test_near_misses_do_not_fuse_and_say_why(name):
+    build, reason = NEAR_MISSES[name]
+    count, fused, skipped = fuse_through(build(), "fuse-layernorm")
+    assert count == 0
+    assert not fused_nodes(fused)
+    if reason is not None:
+        assert any(reason in r for r in skipped.get("fuse-layernorm", [])), skipped
+
+
+def test_a_2d_bias_stays_an_add_after_the_layernorm():
+    original = _ln_graph(beta_shape=(1, H))
+    count, fused, skipped = fuse_through(original, "fuse-layernorm")
+    assert count == 1
+    assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == ["LayerNorm", "Add"]
+    assert_same_numerics(original, fused)
+
+
+def test_ascend_lowering_of_a_bias_free_layernorm(tmp_path):
+    """The zero beta the fusion supplies lowers too: LayerNorm(x, gamma, zeros, -1, -1, eps) in the MindIR."""
+    p = tmp_path / "ln.onnx"
+    onnx.save(_native_graph(bias=False, eps=1e-6), p)
+    report = graphconv.compile(p, tmp_path / "ln.mindir", simplify=False, passes="fuse-layernorm")
+    assert report.fusions == {"fuse-layernorm": 1} and report.census.get("LayerNorm") == 1
+    (call,) = primitive_args(tmp_path / "ln.mindir", "LayerNorm")
+    assert call[1] == "gamma" and call[3:5] == [-1, -1] and call[5] == pytest.approx(1e-6)
+    assert_verified(report, 1e-5)
+
+
+# --- real exports ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model,exporter,opset", [
+    ("gpt2", "dynamo", 18),  # native LayerNormalization
+    ("bert", "torchscript", 14),  # decomposed (TorchScript below 17)
+    pytest.param("gpt2", "torchscript", 17, marks=pytest.mark.slow),
+    pytest.param("gpt2", "torchscript", 14, marks=pytest.mark.slow),
+    pytest.param("gpt2", "dynamo", 23, marks=pytest.mark.slow),
+    pytest.param("bert", "dynamo", 18, marks=pytest.mark.slow),
+    pytest.param("bert", "torchscript", 17, marks=pytest.mark.slow),
+    pytest.param("hf-gpt2", "dynamo", 18, marks=pytest.mark.slow),
+    pytest.param("hf-bert", "dynamo", 18, marks=pytest.mark.slow),
+])
+def test_zoo_gets_2n_plus_1_layernorm(model, exporter, opset, export_cache, tmp_path_factory):
+    """bert: embedding LN + 2 per layer; gpt2: 2 per layer + the final one."""
+    if model.startswith("hf-"):
+        pytest.importorskip("transformers")
+    n = 2 * 2 + 1
+    report, mindir, fused = zoo_compile(export_cache, tmp_path_factory, model, opset, exporter)
+    lns = fused_nodes(fused, "LayerNorm")
+    assert report.fusions["fuse-layernorm"] == n
+    assert report.census.get("LayerNorm") == n
+    assert not any(k in report.census for k in ("Sqrt", "Rsqrt", "ReduceMean", "RmsNorm"))
+    # The ascend MindIR's LayerNorm calls carry the epsilon the fusion extracted (the argument record):
+    # (x, gamma, beta, begin_norm_axis, begin_params_axis, epsilon), gamma and beta in that order.
+    record = sorted(helper.get_attribute_value(node.attribute[0]) for node in lns)
+    calls = primitive_args(mindir, "LayerNorm")
+    assert [c[3:5] for c in calls] == [[-1, -1]] * n
+    assert sorted(tuple(c[1:3]) for c in calls) == sorted(tuple(node.input[1:3]) for node in lns)
+    assert sorted(c[5] for c in calls) == pytest.approx(record, rel=1e-6)
+    assert record == pytest.approx([1e-5 if "gpt2" in model else 1e-12] * n, rel=1e-6)
+    assert_verified(report)
