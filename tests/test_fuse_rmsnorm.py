@@ -136,8 +136,9 @@ def test_opset23_native_rmsnormalization_over_two_axes_does_not_fuse():
     assert count == 0
 
 
-@pytest.mark.parametrize("exporter,opset", [("dynamo", 18), ("torchscript", 17), ("torchscript", 14),
-                                            ("dynamo", 23)])
+@pytest.mark.parametrize("exporter,opset", [("dynamo", 18), ("torchscript", 17),
+                                            pytest.param("torchscript", 14, marks=pytest.mark.slow),
+                                            pytest.param("dynamo", 23, marks=pytest.mark.slow)])
 def test_zoo_llama_gets_2n_plus_1_rmsnorm(exporter, opset, export_cache, tmp_path):
     n_layers = 2
     onnx_path = export_cache("llama", opset, exporter)

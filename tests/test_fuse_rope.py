@@ -342,7 +342,8 @@ def _check_compiled(report, out, fused_path, onnx_path, n_rope):
     return fused
 
 
-@pytest.mark.parametrize("exporter,opset", [("dynamo", 18), ("torchscript", 17), ("torchscript", 14)])
+@pytest.mark.parametrize("exporter,opset", [("dynamo", 18), pytest.param("torchscript", 17, marks=pytest.mark.slow),
+                                            pytest.param("torchscript", 14, marks=pytest.mark.slow)])
 def test_zoo_llama_gets_one_rope_per_q_and_k(exporter, opset, export_cache, tmp_path):
     n_layers = 2
     onnx_path = export_cache("llama", opset, exporter)
