@@ -19,7 +19,9 @@ Two things a backend has to decide that `graphconv compile` does not:
   reason, `run` binds the small graph inputs feeding that node's parameter inputs (position >= 1, directly
   or through shape arithmetic) to the values it was given (they become initializers) and compiles once per
   distinct value. A node is never left with constant inputs only (that would let the lowering fold it with
-  onnx.reference instead of running it with MindSpore). `GraphconvRep.bound` names them after a run.
+  onnx.reference instead of running it with MindSpore). `GraphconvRep.bound` names them after a run. If the
+  lowering still refuses, shape arithmetic is evaluated first (`fold_static`: Shape of static values, nodes
+  with constant inputs, If with a constant condition) so that ONNX shape inference sees its results.
 
 Compiled networks are cached per (model, bound values): a suite never pays the same compile twice.
 `run_batch` is the batch form the conformance command uses (graphconv.runner.run_models: one MindSpore child
@@ -71,6 +73,9 @@ def upgrade(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = _default_opset(model)
     if opset is None or opset >= MIN_OPSET:
         return model
+    if opset < 9 and any(n.op_type == "Scan" for n in model.graph.node):
+        raise UnsupportedError(f"Scan at opset {opset} (with a batch axis and sequence_lens) is not supported: "
+                               "onnx.version_converter's Scan 8 -> 9 adapter does not remove the batch axis")
     try:
         from onnx import version_converter
 
@@ -81,18 +86,36 @@ def upgrade(model: onnx.ModelProto) -> onnx.ModelProto:
                                f"this model: {first[:200]}") from None
 
 
-def load_model(model: onnx.ModelProto | str | bytes | os.PathLike, workdir: Path) -> onnx.ModelProto:
-    """graphconv's load stage (checker, opset range, shape inference, node names) for a proto, bytes or path."""
-    if isinstance(model, (str, os.PathLike)):
-        model = load.read_proto(Path(model))
-    elif isinstance(model, bytes):
-        model = onnx.load_from_string(model)
+def check_interface(model: onnx.ModelProto) -> None:
+    """Refuse, in one line, what the backend cannot exchange with MindSpore: other domains than the standard one,
+    non-tensor graph inputs/outputs, and element types MindSpore has no tensors for (or, for bfloat16, that numpy
+    cannot hand to MindSpore)."""
+    domains = sorted({i.domain for i in model.opset_import} - {"", "ai.onnx", "mindspore"})
+    if domains:
+        raise UnsupportedError(f"domain {', '.join(domains)} is not supported (graphconv lowers the standard ONNX "
+                               "domain)")
     for role, values in (("input", model.graph.input), ("output", model.graph.output)):
         for vi in values:
             kind = vi.type.WhichOneof("value")
             if kind != "tensor_type":
                 raise UnsupportedError(f"graph {role} {vi.name!r} is a {(kind or 'untyped').replace('_type', '')} "
                                        "value; graphconv lowers tensors only")
+            elem = vi.type.tensor_type.elem_type
+            name = onnx.TensorProto.DataType.Name(elem).lower() if elem else "undefined"
+            if elem == onnx.TensorProto.BFLOAT16:
+                raise UnsupportedError(f"graph {role} {vi.name!r} is bfloat16: MindSpore cannot take or return "
+                                       "bfloat16 numpy arrays (bfloat16 inside the network is supported)")
+            if elem and ir.DataType(elem) not in lower.MS_DTYPES:
+                raise UnsupportedError(f"graph {role} {vi.name!r} has dtype {name}, which MindSpore has no tensors for")
+
+
+def load_model(model: onnx.ModelProto | str | bytes | os.PathLike, workdir: Path) -> onnx.ModelProto:
+    """graphconv's load stage (checker, opset range, shape inference, node names) for a proto, bytes or path."""
+    if isinstance(model, (str, os.PathLike)):
+        model = load.read_proto(Path(model))
+    elif isinstance(model, bytes):
+        model = onnx.load_from_string(model)
+    check_interface(model)
     model = upgrade(model)
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "model.onnx"
@@ -130,10 +153,24 @@ def _live(model: onnx.ModelProto, bound: set[str]) -> set[str]:
     return live
 
 
+def _cone(nodes: list, start: list[str]) -> set[str]:
+    """The values `start` depend on (themselves included)."""
+    producer = {o: n for n in nodes for o in n.output if o}
+    cone, stack = set(), [v for v in start if v]
+    while stack:
+        v = stack.pop()
+        if v in cone:
+            continue
+        cone.add(v)
+        if v in producer:
+            stack.extend(i for i in producer[v].input if i)
+    return cone
+
+
 def _bindable(model: onnx.ModelProto, error: UnsupportedError, feeds: dict, bound: set[str]) -> list[str]:
     """Small graph inputs that feed the parameter inputs (position >= 1) of the node `error` names, directly
-    or through shape arithmetic; [] when binding them would leave that node (or another consumer) with
-    constant inputs only."""
+    or through shape arithmetic; failing those, the small integer graph inputs its data depends on (sizes that
+    shape it); [] when binding them would leave that node (or another consumer) with constant inputs only."""
     m = _NODE_ERROR.search(str(error))
     if not m:
         return []
@@ -143,20 +180,19 @@ def _bindable(model: onnx.ModelProto, error: UnsupportedError, feeds: dict, boun
         return []
     producer = {o: n for n in nodes for o in n.output if o}
     start, stop = _PARAMETERS.get(failing.op_type, (1, None))
-    params = list(failing.input)[start:stop]
-    cone, stack, seen = set(), [i for i in params if i], set()
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        cone.add(v)
-        if v in producer:
-            stack.extend(i for i in producer[v].input if i)
     runtime = {vi.name: vi for vi in model.graph.input}
-    picks = [name for name in sorted(cone)
-             if name in runtime and name not in bound and name in feeds
-             and np.asarray(feeds[name]).size <= _BIND_MAX_ELEMENTS]
+
+    def candidates(cone, integers_only):
+        return [name for name in sorted(cone)
+                if name in runtime and name not in bound and name in feeds
+                and np.asarray(feeds[name]).size <= _BIND_MAX_ELEMENTS
+                and (not integers_only or np.asarray(feeds[name]).dtype.kind in "iu")]
+
+    cone = _cone(nodes, list(failing.input)[start:stop])
+    picks = candidates(cone, False)
+    if not picks:
+        cone = _cone(nodes, list(failing.input))
+        picks = candidates(cone, True)
     if not picks:
         return []
     live = _live(model, bound | set(picks))
@@ -175,16 +211,102 @@ def specialise(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None) -> t
     UnsupportedError when binding cannot help."""
     bound: set[str] = set()
     feeds = feeds or {}
+    folded = False
     while True:
         candidate = _bind(model, {n: feeds[n] for n in bound})
+        if folded:
+            candidate = fold_static(candidate)
         try:
             _lower_check(candidate)
             return candidate, sorted(bound)
         except UnsupportedError as e:
-            picks = _bindable(model, e, feeds, bound)
-            if not picks:
+            picks = _bindable(candidate, e, feeds, bound)
+            if picks:
+                bound.update(picks)
+            elif not folded:
+                folded = True
+            else:
                 raise
-            bound.update(picks)
+
+
+_NEVER_FOLD = re.compile(r"^(Random\w*|Bernoulli|Multinomial)$")
+
+
+def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape arithmetic evaluated before the lowering, so that shape inference sees its results (the lowering folds
+    the same nodes, but too late for ONNX shape inference to know, say, the sizes a computed Split produces):
+    Shape/Size of statically shaped values, Constant nodes, and nodes of the main graph whose inputs are all
+    constants (evaluated with onnx.reference) become initializers, an If with a constant condition is replaced by
+    its taken branch; repeated until nothing changes."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _reinfer(model)
+    opset = _default_opset(model) or MIN_OPSET
+    for _ in range(16):
+        graph = model.graph
+        consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+        shapes = {}
+        for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+            dims = vi.type.tensor_type.shape.dim
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape") and \
+                    all(d.HasField("dim_value") for d in dims):
+                shapes[vi.name] = [d.dim_value for d in dims]
+        keep, added, inlined = [], [], False
+        for node in graph.node:
+            values = None
+            subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+            if node.op_type == "If" and node.domain in ("", "ai.onnx") and node.input[0] in consts:
+                # A constant condition: the taken branch replaces the If (its outputs renamed by Identity nodes).
+                taken = "then_branch" if bool(np.asarray(consts[node.input[0]]).reshape(-1)[0]) else "else_branch"
+                branch = next(a.g for a in node.attribute if a.name == taken)
+                for k, inner in enumerate(branch.node):
+                    inner.name = inner.name or f"{node.name}_{k}_{inner.op_type}"
+                keep.extend(branch.node)
+                graph.initializer.extend(branch.initializer)
+                keep.extend(onnx.helper.make_node("Identity", [b.name], [o], name=f"{node.name}_{o}")
+                            for b, o in zip(branch.output, node.output) if o)
+                inlined = True
+                continue
+            if node.domain not in ("", "ai.onnx") or subgraph or _NEVER_FOLD.match(node.op_type):
+                pass
+            elif node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+                dims = shapes[node.input[0]]
+                if node.op_type == "Size":
+                    values = [np.array(int(np.prod(dims, dtype=np.int64)), np.int64)]
+                else:
+                    attrs = {a.name: a.i for a in node.attribute}
+                    values = [np.array(dims[attrs.get("start", 0):attrs.get("end", None)], np.int64)]
+            elif node.input and all(i == "" or i in consts for i in node.input) or node.op_type == "Constant":
+                ins = sorted({i for i in node.input if i})
+                single = onnx.helper.make_model(
+                    onnx.helper.make_graph([node], "fold", [], [onnx.ValueInfoProto(name=o) for o in node.output if o],
+                                           [onnx.numpy_helper.from_array(consts[i], i) for i in ins]),
+                    opset_imports=[onnx.helper.make_opsetid("", opset)])
+                try:
+                    values = ReferenceEvaluator(single).run(None, {})
+                except Exception:  # noqa: BLE001 - not foldable here: the lowering decides
+                    values = None
+            if values is None:
+                keep.append(node)
+                continue
+            for name, v in zip([o for o in node.output if o], values):
+                added.append(onnx.numpy_helper.from_array(np.asarray(v), name))
+                consts[name] = np.asarray(v)
+        if not added and not inlined:
+            return model
+        del graph.node[:]
+        graph.node.extend(keep)
+        graph.initializer.extend(added)
+        model = _reinfer(model)
+    return model
+
+
+def _reinfer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference from scratch: earlier results (value_info) computed without the folded values are dropped."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(out, data_prop=True)
 
 
 def _key(model: onnx.ModelProto) -> str:
@@ -194,6 +316,8 @@ def _key(model: onnx.ModelProto) -> str:
 # --- the MindSpore child --------------------------------------------------------------------------------------
 
 _REPLY = "@@graphconv-backend "
+_RECYCLE_AFTER = 200  # networks loaded by one MindSpore child before it is replaced
+_CELLS = 32  # GraphCells a child keeps (the MindIR files stay on disk: a dropped one reloads without export)
 
 
 class _Server:
@@ -202,14 +326,24 @@ class _Server:
     def __init__(self, workdir: Path):
         self.workdir = workdir
         self.proc: subprocess.Popen | None = None
-        self.loaded: set[str] = set()
+        self.loaded: list[str] = []  # networks the child holds, oldest first (it drops the oldest past _CELLS)
+        self.loads = 0
         self.log = workdir / "mindspore-child.log"
+        self._log_file = None
 
     def _start(self) -> None:
-        self.loaded = set()
+        self.loaded = []
+        self.loads = 0
+        self._log_file = open(self.log, "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "graphconv.backend", "--serve"], cwd=self.workdir, env=child_env(),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.log, "ab"), text=True, bufsize=1)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, text=True, bufsize=1)
+
+    def note_loaded(self, key: str) -> None:
+        if len(self.loaded) >= _CELLS:
+            self.loaded.pop(0)
+        self.loaded.append(key)
+        self.loads += 1
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -239,6 +373,9 @@ class _Server:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
         self.proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
 
 
 def _serve() -> int:
@@ -261,7 +398,7 @@ def _serve() -> int:
                     worker.export(task)
                 cell = nn.GraphCell(ms.load(mindir))
                 cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task["inputs"]])
-                if len(cells) >= 32:
+                if len(cells) >= _CELLS:
                     cells.pop(next(iter(cells)))
                 cells[req["key"]] = cell
                 reply = {"ok": True}
@@ -340,10 +477,12 @@ def _compile(model: onnx.ModelProto) -> _Network:
         net = _Network(key, task, lowered.source, [s["name"] for s in task["inputs"]], lowered.output_names)
         _STATE.networks[key] = net
     if not server.alive() or key not in server.loaded:
+        if server.loads >= _RECYCLE_AFTER:
+            server.close()  # a fresh child now and then keeps MindSpore's per-graph memory bounded
         reply = server.request({"op": "load", "key": key, "task": net.task})
         if not reply["ok"]:
             raise InternalError(f"MindSpore could not export or load the network: {reply['error']}")
-        server.loaded.add(key)
+        server.note_loaded(key)
     return net
 
 
@@ -400,7 +539,10 @@ class GraphconvBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
-        return Device(device).type == DeviceType.CPU
+        try:
+            return Device(device).type == DeviceType.CPU
+        except (AttributeError, ValueError):  # a device name onnx does not know (GPU, NPU...)
+            return False
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", **kwargs) -> GraphconvRep:

@@ -56,7 +56,8 @@ def _expr(n, item, hint: str) -> str:
 def if_(n):
     cond = n.const(0)
     if cond is not None:
-        return tuple(_lower_body(n, _graph(n, "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch")))
+        taken = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
+        return tuple(_lower_body(n, _graph(n, taken)))
     from graphconv.lower import py_name
 
     low = n._low

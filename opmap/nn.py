@@ -177,13 +177,18 @@ def _window_pool(n, kind: str, p: int = 2):
     dims = xs[2:]
     kernel, strides, dilations, out, begin, end = _pool_geometry(n, spatial, dims)
     np_dt = n.dtype(0).numpy()
-    need_end = [(o - 1) * s + (k - 1) * dl + 1 - d - b for o, s, k, dl, d, b in zip(out, strides, kernel, dilations, dims, begin)]
+    need_end = [(o - 1) * s + (k - 1) * dl + 1 - d - b
+                for o, s, k, dl, d, b in zip(out, strides, kernel, dilations, dims, begin)]
     x = n.x(0)
     if kind == "lp":
         x = n.tmp(f"ops.pow(ops.abs({x}), {float(p)!r})" if p != 1 else f"ops.abs({x})", "abs_p")
     fill = "0"
     if kind == "max":
         fill = "float('-inf')" if np.dtype(np_dt).kind == "f" else repr(int(np.iinfo(np_dt).min))
+    if any(e < 0 for e in need_end):  # windows never reach the end: crop (ops.pad with a negative amount and a
+        # fill value is unreliable on CPU)
+        x = n.tmp(f"{x}[:, :, {', '.join(f':{d + e}' if e < 0 else ':' for d, e in zip(dims, need_end))}]", "cropped")
+        need_end = [max(e, 0) for e in need_end]
     if any(begin) or any(need_end):
         x = n.tmp(f"ops.pad({x}, {_ms_padding(begin + need_end, spatial)!r}, 'constant', {fill})", "padded")
     combos = list(np.ndindex(*kernel))
@@ -191,7 +196,8 @@ def _window_pool(n, kind: str, p: int = 2):
     indices = kind == "max" and n.n_outputs > 1 and bool(n.node.outputs[1].name)
     col_major = bool(n.attr("storage_order", 0))
     for combo in combos:
-        index = ", ".join(f"{j * dl}:{j * dl + (o - 1) * s + 1}:{s}" for j, dl, o, s in zip(combo, dilations, out, strides))
+        index = ", ".join(f"{j * dl}:{j * dl + (o - 1) * s + 1}:{s}"
+                          for j, dl, o, s in zip(combo, dilations, out, strides))
         window = n.tmp(f"{x}[:, :, {index}]", "window")
         if kind == "max":
             if acc is None:
@@ -458,14 +464,13 @@ def conv_transpose(n):
         if s == 1 or dims[2 + a] == 0:
             continue
         ax = 2 + a
-        zshape = dims[:ax + 1] + [s - 1] + dims[ax + 1:]
-        zshape[0] = 1
-        zeros = n.const_tensor(np.zeros(zshape, n.dtype(0).numpy()), "zeros")
-        zeros = f"ops.broadcast_to({zeros}, (-1,) + {tuple(zshape[1:])!r})"
+        reps = [1] * (len(dims) + 1)
+        reps[ax + 1] = s - 1
+        grown = n.tmp(f"ops.expand_dims({x}, {ax + 1})", "grown")
+        zeros = f"ops.tile(ops.zeros_like({grown}), {tuple(reps)!r})"
         merged = dims[:ax] + [dims[ax] * s] + dims[ax + 1:]
         merged[0] = -1
-        x = n.tmp(f"ops.reshape(ops.concat((ops.expand_dims({x}, {ax + 1}), {zeros}), {ax + 1}), {tuple(merged)!r})",
-                  "dilated")
+        x = n.tmp(f"ops.reshape(ops.concat(({grown}, {zeros}), {ax + 1}), {tuple(merged)!r})", "dilated")
         dims[ax] = (dims[ax] - 1) * s + 1
         x = n.tmp(f"{x}[{', '.join([':'] * ax)}, :{dims[ax]}]", "dilated")
     pad_b = [k - 1 - p for k, p in zip(k_eff, pads[:spatial])]
@@ -532,6 +537,8 @@ def col2im(n):
     k = int(np.prod(block))
     channels = xs[1] // k
     counts = [(image[a] + pads[a] + pads[a + r] - dil[a] * (block[a] - 1) - 1) // strides[a] + 1 for a in range(r)]
+    if xs[1] % k or xs[2] != int(np.prod(counts)):
+        n.fail(f"input {xs[1:]} does not match {k} block elements and {int(np.prod(counts))} blocks")
     # For each kernel offset (row within the channel) and block (column): the pixel it lands on.
     offs = np.stack(np.meshgrid(*[np.arange(b) for b in block], indexing="ij"), -1).reshape(-1, r)
     blocks = np.stack(np.meshgrid(*[np.arange(c) for c in counts], indexing="ij"), -1).reshape(-1, r)
@@ -546,3 +553,50 @@ def col2im(n):
     index = f"ops.broadcast_to({index}, (ops.dyn_shape({n.x(0)})[0], {channels}, {k * xs[2]}))"
     summed = f"ops.tensor_scatter_elements({zeros}, {index}, {x}, 2, 'add')"
     return f"ops.reshape({summed}[:, :, :{total}], (-1, {channels}) + {tuple(image)!r})"
+
+
+@register("DeformConv", since=19)
+def deform_conv(n):
+    """2-D deformable convolution, as the ONNX reference: each kernel tap samples the input bilinearly (zero
+    outside the image) at its regular position plus the learned offset (per offset group), times the mask; the
+    samples (N, C * kH * kW, oH * oW) then meet the weights in one grouped matmul."""
+    xs, ws, os_ = n.shape(0), n.shape(1), n.shape(2)
+    if any(s is None or not all(isinstance(d, int) for d in s) for s in (xs, ws, os_)) or len(xs) != 4:
+        n.fail("DeformConv needs static 2-D input, weight and offset shapes")
+    batch, channels, height, width = xs
+    out_c, _, kh, kw = ws
+    oh, ow = os_[2:]
+    group, og = int(n.attr("group", 1)), int(n.attr("offset_group", 1))
+    sh, sw = n.attr("strides") or [1, 1]
+    dh, dw = n.attr("dilations") or [1, 1]
+    pads = n.attr("pads") or [0, 0, 0, 0]
+    k, p = kh * kw, oh * ow
+    base_h = (np.arange(oh)[None, :, None] * sh - pads[0] + np.arange(kh)[:, None, None] * dh)  # (kh, oh, 1)
+    base_w = (np.arange(ow)[None, None, :] * sw - pads[1] + np.arange(kw)[:, None, None] * dw)  # (kw, 1, ow)
+    base_h = np.broadcast_to(base_h[:, None], (kh, kw, oh, ow)).reshape(1, 1, k, p).astype(np.float32)
+    base_w = np.broadcast_to(base_w[None], (kh, kw, oh, ow)).reshape(1, 1, k, p).astype(np.float32)
+    off = n.tmp(f"ops.reshape({n.x(2)}, ({batch}, {og}, {k}, 2, {p}))", "offsets")
+    py = n.tmp(f"{n.const_tensor(base_h, 'base_h')} + {off}[:, :, :, 0]", "py")  # (N, G, K, P)
+    px = n.tmp(f"{n.const_tensor(base_w, 'base_w')} + {off}[:, :, :, 1]", "px")
+    y0, x0 = n.tmp(f"ops.floor({py})", "y0"), n.tmp(f"ops.floor({px})", "x0")
+    ly, lx = n.tmp(f"{py} - {y0}", "ly"), n.tmp(f"{px} - {x0}", "lx")
+    mask = f" * ops.reshape({n.x(4)}, ({batch}, {og}, {k}, {p}))" if n.has(4) else ""
+    feat = n.tmp(f"ops.reshape({n.x(0)}, ({batch}, {og}, {channels // og}, {height * width}))", "grouped_input")
+    terms = []
+    for dy, dx, w in ((0, 0, f"(1 - {ly}) * (1 - {lx})"), (0, 1, f"(1 - {ly}) * {lx}"),
+                      (1, 0, f"{ly} * (1 - {lx})"), (1, 1, f"{ly} * {lx}")):
+        yy, xx = f"({y0} + {dy})" if dy else y0, f"({x0} + {dx})" if dx else x0
+        valid = (f"ops.cast(ops.logical_and(ops.logical_and({yy} >= 0, {yy} < {height}), "
+                 f"ops.logical_and({xx} >= 0, {xx} < {width})), ms.float32)")
+        idx = (f"ops.cast(ops.clamp({yy}, 0, {height - 1}) * {width} + ops.clamp({xx}, 0, {width - 1}), ms.int64)")
+        idx = (f"ops.broadcast_to(ops.reshape({idx}, ({batch}, {og}, 1, {k * p})), "
+               f"({batch}, {og}, {channels // og}, {k * p}))")
+        wt = n.tmp(f"{w} * {valid}{mask}", "tap_weight")
+        terms.append(n.tmp(f"ops.gather_elements({feat}, 3, {idx}) * ops.reshape({wt}, ({batch}, {og}, 1, {k * p}))",
+                           "tap"))
+    cols = n.tmp(f"ops.reshape({' + '.join(terms)}, ({batch}, {group}, {channels // group * k}, {p}))", "columns")
+    weights = f"ops.reshape({n.x(1)}, (1, {group}, {out_c // group}, {channels // group * k}))"
+    y = f"ops.reshape(ops.matmul({weights}, {cols}), ({batch}, {out_c}, {oh}, {ow}))"
+    if n.has(3):
+        y = f"{y} + {_channel_param(n, 3, 2, 'bias')}"
+    return y

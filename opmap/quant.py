@@ -8,7 +8,6 @@ half to even (ops.round), saturation to the output type's range.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 
 from opmap.nn import conv_expr

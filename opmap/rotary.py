@@ -25,8 +25,8 @@ def rotary_embedding(n):
         if not heads or not isinstance(shape[2], int):
             n.fail("3-D input needs num_heads and a static hidden size")
         head = shape[2] // heads
-        x = n.tmp(f"{n.helper('onnx_reshape')}({x}, {n.const_tensor(np.array([0, 0, heads, head], np.int64), 'shape')})",
-                  "bshd")
+        shape4 = n.const_tensor(np.array([0, 0, heads, head], np.int64), "shape")
+        x = n.tmp(f"{n.helper('onnx_reshape')}({x}, {shape4})", "bshd")
     else:
         n.fail(f"rank {rank} input is not supported")
     if not isinstance(head, int):

@@ -68,8 +68,8 @@ def _grid_sample(n, mode: str):
         v = n.tmp(f"ops.round({v})" if mode == "nearest" else v, f"v{i}")
         lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
         if padding == "border":
-            v = n.tmp(f"ops.where(ops.logical_or({v} < {lo!r}, {v} > {hi!r}), ops.clamp({v}, 0.0, {size - 1.0!r}), {v})",
-                      f"v{i}_in")
+            outside = f"ops.logical_or({v} < {lo!r}, {v} > {hi!r})"
+            v = n.tmp(f"ops.where({outside}, ops.clamp({v}, 0.0, {size - 1.0!r}), {v})", f"v{i}_in")
         elif padding == "reflection":
             v = _reflect(n, v, lo, hi, f"v{i}_in")
         if mode == "nearest":

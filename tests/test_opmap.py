@@ -685,8 +685,8 @@ def _subgraph(name, nodes, inputs, outputs):
 _class_weights = k(np.abs(weights(5)) + 0.5)
 case("NegativeLogLikelihoodLoss_mean_weight_ignore", "NegativeLogLikelihoodLoss",
      [x("batch", 5, 3), x("batch", 3, dtype=I64, gen=ints(0, 5)), _class_weights], {"ignore_index": 1}, opset=13)
-case("NegativeLogLikelihoodLoss_none_2d", "NegativeLogLikelihoodLoss", [x("batch", 5), x("batch", dtype=I64, gen=ints(0, 5))],
-     {"reduction": "none"}, opset=13)
+case("NegativeLogLikelihoodLoss_none_2d", "NegativeLogLikelihoodLoss",
+     [x("batch", 5), x("batch", dtype=I64, gen=ints(0, 5))], {"reduction": "none"}, opset=13)
 case("SoftmaxCrossEntropyLoss_sum_log_prob", "SoftmaxCrossEntropyLoss",
      [x("batch", 5, 2, 3), x("batch", 2, 3, dtype=I64, gen=ints(0, 5))], {"reduction": "sum"}, n_out=2, opset=13)
 case("SoftmaxCrossEntropyLoss_mean_weight_ignore_negative", "SoftmaxCrossEntropyLoss",
@@ -712,11 +712,12 @@ case("Resize_half_pixel_symmetric", "Resize", [x(1, 2, 3, 4), None, k([1, 1, 2.3
      {"mode": "linear", "coordinate_transformation_mode": "half_pixel_symmetric"}, opset=19)
 
 # RotaryEmbedding (batch 1: onnxruntime 1.32 fails at batch > 1)
-_cos, _sin = k(np.cos(np.arange(40).reshape(10, 4) * 0.3).astype(F32)), k(np.sin(np.arange(40).reshape(10, 4) * 0.3).astype(F32))
-case("RotaryEmbedding_position_ids", "RotaryEmbedding", [x(1, 2, 5, 8), _cos, _sin, x(1, 5, dtype=I64, gen=ints(0, 10))],
-     opset=23)
+_angles = np.arange(40).reshape(10, 4) * 0.3
+_cos, _sin = k(np.cos(_angles).astype(F32)), k(np.sin(_angles).astype(F32))
+case("RotaryEmbedding_position_ids", "RotaryEmbedding",
+     [x(1, 2, 5, 8), _cos, _sin, x(1, 5, dtype=I64, gen=ints(0, 10))], opset=23)
 case("RotaryEmbedding_3d_interleaved_partial", "RotaryEmbedding",
-     [x(1, 5, 24), k(np.cos(np.arange(20).reshape(1, 5, 4)).astype(F32)), k(np.sin(np.arange(20).reshape(1, 5, 4)).astype(F32))],
+     [x(1, 5, 24), k(np.cos(_angles[:5]).astype(F32)[None]), k(np.sin(_angles[:5]).astype(F32)[None])],
      {"num_heads": 2, "interleaved": 1, "rotary_embedding_dim": 8}, opset=23)
 
 # GridSample (16: 4-D bilinear/nearest/bicubic; 20: N-D linear/nearest/cubic) and AffineGrid
@@ -766,7 +767,6 @@ case("InstanceNormalization", "InstanceNormalization", [x("batch", 3, "h", "w"),
 case("GroupNormalization", "GroupNormalization", [x("batch", 4, "h", "w"), k(weights(4)), k(weights(4, seed=1))],
      {"num_groups": 2}, opset=21)
 case("LRN", "LRN", [x("batch", 5, "h", "w")], {"size": 3, "alpha": 1e-2, "beta": 0.75, "bias": 2.0})
-case("LRN_even_size", "LRN", [x("batch", 5, "h", "w")], {"size": 4})
 case("MeanVarianceNormalization", "MeanVarianceNormalization", [x("batch", 3, "h", "w")])
 case("MeanVarianceNormalization_axes", "MeanVarianceNormalization", [x("batch", 3, "h", "w")], {"axes": [1, 3]})
 case("LpNormalization_l1", "LpNormalization", [x()], {"axis": -1, "p": 1})
@@ -789,7 +789,7 @@ case("Gemm_linear_2d_bias", "Gemm", [x("batch", 4), k(weights(5, 4)), k(weights(
 case("ReduceSum_empty_axis", "ReduceSum", [x(2, 0, 3), k([1], I64)], opset=13)
 case("ReduceMax_empty_axis", "ReduceMax", [x(2, 0, 3), k([1], I64)], {"keepdims": 0}, opset=18)
 case("ReduceMax_bool", "ReduceMax", [x(dtype=BOOL), k([-1], I64)], opset=20)
-case("ReduceMin_bool", "ReduceMin", [x(dtype=BOOL)], {"axes": [1]}, opset=13)
+case("ReduceMin_bool", "ReduceMin", [x(dtype=BOOL), k([1], I64)], opset=20)
 case("ArgMax_select_last_index", "ArgMax", [x(dtype=I64, gen=ints(0, 2))], {"axis": 1, "select_last_index": 1})
 case("ArgMin_select_last_index", "ArgMin", [x(dtype=I64, gen=ints(0, 2))], {"axis": -1, "select_last_index": 1,
                                                                             "keepdims": 0})
@@ -823,8 +823,8 @@ case("Attention_3d_gqa_past_present_causal", "Attention",
      {"q_num_heads": 2, "kv_num_heads": 1, "is_causal": 1}, n_out=3, opset=23)
 case("Attention_softcap_qk_bias_output", "Attention", [x(2, 2, 4, 8), x(2, 2, 5, 8), x(2, 2, 5, 8), x(4, 5)],
      {"softcap": 2.0, "qk_matmul_output_mode": 2}, n_out=4, opset=23)
-case("Attention_short_bool_mask_softmax_output", "Attention",
-     [x(1, 2, 3, 8), x(1, 2, 4, 8), x(1, 2, 4, 8), x(3, 3, dtype=BOOL), x(1, 2, 2, 8), x(1, 2, 2, 8)],
+case("Attention_bool_mask_past_softmax_output", "Attention",
+     [x(1, 2, 3, 8), x(1, 2, 4, 8), x(1, 2, 4, 8), x(3, 6, dtype=BOOL), x(1, 2, 2, 8), x(1, 2, 2, 8)],
      {"qk_matmul_output_mode": 3}, n_out=4, opset=23)
 case("Attention_fp16", "Attention", [x(2, 2, 4, 8, dtype=F16), x(2, 2, 5, 8, dtype=F16), x(2, 2, 5, 8, dtype=F16)],
      {"is_causal": 1}, opset=23, atol=2e-3, rtol=2e-3)
@@ -833,26 +833,26 @@ case("Attention_fp16", "Attention", [x(2, 2, 4, 8, dtype=F16), x(2, 2, 5, 8, dty
 _seq = x(3, 2, 4)
 case("RNN_bias_initial_h", "RNN", [_seq, k(weights(1, 5, 4)), k(weights(1, 5, 5, seed=1)), k(weights(1, 10, seed=2)),
                                    None, x(1, 2, 5)], {"hidden_size": 5}, n_out=2, opset=13)
-case("RNN_bidirectional_relu_layout", "RNN", [x(2, 3, 4), k(weights(2, 5, 4)), k(weights(2, 5, 5, seed=1))],
-     {"hidden_size": 5, "direction": "bidirectional", "layout": 1, "activations": ["Relu", "Tanh"]}, n_out=2, opset=14)
+# layout=1 (batch first) is covered by the node tests only: onnxruntime refuses it.
+case("RNN_bidirectional_relu", "RNN", [_seq, k(weights(2, 5, 4)), k(weights(2, 5, 5, seed=1))],
+     {"hidden_size": 5, "direction": "bidirectional", "activations": ["Relu", "Tanh"]}, n_out=2, opset=14)
 case("GRU_linear_before_reset", "GRU", [_seq, k(weights(1, 15, 4)), k(weights(1, 15, 5, seed=1)),
                                         k(weights(1, 30, seed=2))],
      {"hidden_size": 5, "linear_before_reset": 1}, n_out=2, opset=13)
-case("GRU_reverse_layout", "GRU", [x(2, 3, 4), k(weights(1, 15, 4)), k(weights(1, 15, 5, seed=1)),
-                                   k(weights(1, 30, seed=2))],
-     {"hidden_size": 5, "direction": "reverse", "layout": 1}, n_out=2, opset=14)
+case("GRU_reverse", "GRU", [_seq, k(weights(1, 15, 4)), k(weights(1, 15, 5, seed=1)), k(weights(1, 30, seed=2))],
+     {"hidden_size": 5, "direction": "reverse"}, n_out=2, opset=14)
 case("LSTM_peepholes_seq_lens", "LSTM",
      [_seq, k(weights(1, 12, 4)), k(weights(1, 12, 3, seed=1)), k(weights(1, 24, seed=2)), k([3, 2], I32),
       x(1, 2, 3), x(1, 2, 3), k(weights(1, 9, seed=3))], {"hidden_size": 3}, n_out=3, opset=13)
-case("LSTM_bidirectional_clip_layout", "LSTM", [x(2, 3, 4), k(weights(2, 12, 4)), k(weights(2, 12, 3, seed=1))],
-     {"hidden_size": 3, "direction": "bidirectional", "layout": 1, "clip": 0.5}, n_out=3, opset=14)
+case("LSTM_bidirectional_clip", "LSTM", [_seq, k(weights(2, 12, 4)), k(weights(2, 12, 3, seed=1))],
+     {"hidden_size": 3, "direction": "bidirectional", "clip": 0.5}, n_out=3, opset=14)
 
 # spectral
 case("DFT_real_onesided", "DFT", [x("batch", 8, 1)], {"axis": 1, "onesided": 1}, opset=17)
 case("DFT_inverse_complex_length", "DFT", [x(2, 8, 2), k(10, I64), k(1, I64)], {"inverse": 1}, opset=20)
 case("DFT_irfft", "DFT", [x(2, 5, 2), None, k(-2, I64)], {"inverse": 1, "onesided": 1}, opset=20)
-case("STFT_window", "STFT", [x(2, 64, 1), k(8, I64), k((0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)).astype(F32)),
-                             k(16, I64)], opset=17)
+_hann = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)).astype(F32)
+case("STFT_window", "STFT", [x(2, 64, 1), k(8, I64), k(_hann), k(16, I64)], opset=17)
 _size = x(shape=(), dtype=I32, gen=lambda r, s, d: 10, name="size")
 case("HannWindow", "HannWindow", [_size], opset=17)
 case("HammingWindow_symmetric", "HammingWindow", [_size], {"periodic": 0}, opset=17)
@@ -896,23 +896,55 @@ case("ConvInteger", "ConvInteger", [x("batch", 2, "h", "w", dtype=U8), x(3, 2, 2
 _q = [k(0.05, F32), k(2, I8)]
 case("QLinearMatMul_int8", "QLinearMatMul", [x("batch", 4, dtype=I8), *_q, x(4, 3, dtype=I8), k(0.02, F32), k(-1, I8),
                                              k(0.01, F32), k(3, I8)])
-case("QLinearMatMul_uint8_opset21", "QLinearMatMul", [x("batch", 4, dtype=U8), k(0.05, F32), k(2, U8), x(4, 3, dtype=U8),
-                                                      k(0.02, F32), k(100, U8), k(0.5, F32), k(128, U8)], opset=21)
+case("QLinearMatMul_uint8_opset21", "QLinearMatMul",
+     [x("batch", 4, dtype=U8), k(0.05, F32), k(2, U8), x(4, 3, dtype=U8), k(0.02, F32), k(100, U8), k(0.5, F32),
+      k(128, U8)], opset=21)
 case("QLinearConv_per_channel", "QLinearConv",
      [x("batch", 2, "h", "w", dtype=U8), k(0.05, F32), k(100, U8), x(3, 2, 2, 2, dtype=U8), k([0.01, 0.02, 0.03], F32),
       k([120, 128, 130], U8), k(0.8, F32), k(128, U8), k([5, -3, 0], I32)])
+
+# text, detection
+case("TfIdfVectorizer_tfidf_skips", "TfIdfVectorizer", [x(2, 8, dtype=I32, gen=ints(0, 4))],
+     {"mode": "TFIDF", "min_gram_length": 1, "max_gram_length": 2, "max_skip_count": 1, "ngram_counts": [0, 3],
+      "ngram_indexes": [0, 1, 2, 3, 4], "pool_int64s": [1, 2, 3, 1, 2, 2, 3], "weights": [0.5, 1.0, 2.0, 1.5, 3.0]})
+case("TfIdfVectorizer_idf_bigrams_1d", "TfIdfVectorizer", [x(9, dtype=I64, gen=ints(0, 3))],
+     {"mode": "IDF", "min_gram_length": 2, "max_gram_length": 2, "max_skip_count": 2, "ngram_counts": [0, 2],
+      "ngram_indexes": [1, 0, 3, 2], "pool_int64s": [0, 1, 0, 1, 2, 1]})
+
+
+def _boxes(r, s, d):  # [y1, x1, y2, x2] with some corners swapped
+    lo = r.uniform(0, 6, s[:-1] + (2,))
+    hi = lo + r.uniform(0.5, 3, lo.shape)
+    b = np.concatenate([lo, hi], -1)
+    return np.where(r.random(s[:-1] + (1,)) < 0.3, b[..., [2, 3, 0, 1]], b)
+
+
+case("NonMaxSuppression", "NonMaxSuppression", [x(2, 6, 4, gen=_boxes), x(2, 2, 6, gen=uniform(0, 1)), k([3], I64),
+                                                k([0.3], F32), k([0.2], F32)])
+case("NonMaxSuppression_center_no_threshold", "NonMaxSuppression",
+     [x(1, 5, 4, gen=lambda r, s, d: np.concatenate([r.uniform(2, 6, (1, 5, 2)), r.uniform(1, 3, (1, 5, 2))], -1)),
+      x(1, 1, 5, gen=uniform(0, 1)), k([5], I64), k([0.2], F32)], {"center_point_box": 1})
+_rois = k([[0.0, 0.0, 5.0, 6.0], [1.5, 2.0, 7.0, 8.5], [2.0, 1.0, 4.0, 4.0]], F32)
+case("RoiAlign_max_half_pixel", "RoiAlign", [x(2, 3, 8, 9), _rois, k([0, 1, 1], I64)],
+     {"output_height": 3, "output_width": 2, "sampling_ratio": 2, "spatial_scale": 0.8, "mode": "max"}, opset=16)
+case("RoiAlign_avg_opset13", "RoiAlign", [x(2, 3, 8, 9), _rois, k([1, 0, 1], I64)],
+     {"output_height": 2, "output_width": 3, "sampling_ratio": 1}, opset=13)
+case("DeformConv_mask_bias_groups", "DeformConv",
+     [x(1, 4, 5, 6), k(weights(2, 2, 2, 2)), x(1, 16, 4, 5, gen=uniform(-1.5, 1.5)), k(weights(2, seed=1)),
+      x(1, 8, 4, 5, gen=uniform(0, 1))], {"group": 2, "offset_group": 2}, opset=19)
+case("DeformConv_strides_pads_dilations", "DeformConv",
+     [x(1, 2, 6, 7), k(weights(3, 2, 2, 3)), x(1, 12, 3, 2, gen=uniform(-2, 2))],
+     {"strides": [2, 2], "pads": [1, 0, 0, 1], "dilations": [1, 2]}, opset=19)
 
 # MaxUnpool (indices from MaxPool) and Col2Im
 graph_case("MaxUnpool", "MaxUnpool",
            [node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]),
             node("MaxUnpool", ["p", "i"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], [x(2, 3, 4, 6, name="x")])
-graph_case("MaxUnpool_output_shape", "MaxUnpool",
-           [node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]),
-            node("MaxUnpool", ["p", "i", "shape"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
-           [x(2, 3, 4, 6, name="x")], {"shape": np.array([2, 3, 5, 7], I64)})
-case("Col2Im", "Col2Im", [x("batch", 4, 12), k([4, 5], I64), k([2, 2], I64)])
-case("Col2Im_strides_pads_dilations", "Col2Im", [x("batch", 6, 6), k([5, 6], I64), k([2, 3], I64)],
-     {"strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [1, 2]})
+# With output_shape larger than the inferred shape the ONNX reference (and the node test) scatter into the
+# inferred shape and pad at the end, onnxruntime scatters into output_shape: covered by the node test only.
+case("Col2Im", "Col2Im", [x("batch", 4, 12), k([4, 5], I64), k([2, 2], I64)], opset=18)
+case("Col2Im_strides_pads_dilations", "Col2Im", [x("batch", 6, 9), k([5, 6], I64), k([2, 3], I64)],
+     {"strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [1, 2]}, opset=18)
 
 
 # --- fused ops (domain `mindspore`) -------------------------------------------------------------------------
@@ -932,6 +964,13 @@ case("FlashAttentionScore", "FlashAttentionScore",
      {"scale": 16 ** -0.5, "head_num": 4, "kv_head_num": 2, "mask_kind": "none",
       "input_layout": "BNSD", "sparse_mode": 0}, domain=fused.DOMAIN,
      xfail="ops.flash_attention_score has no CPU kernel (Ascend only)")
+
+case("Gelu_fused", "Gelu", [x("batch", "seq", 8)], domain=fused.DOMAIN,
+     xfail="GeluExt has no CPU kernel (Ascend only); tests/test_fuse_gelu.py checks the cpu twin")
+case("GeluTanh_fused", "GeluTanh", [x("batch", "seq", 8)], domain=fused.DOMAIN)
+case("SiLU_fused", "SiLU", [x("batch", "seq", 8)], domain=fused.DOMAIN)
+case("Swiglu_fused", "Swiglu", [x("batch", "seq", 8)], {"dim": -1}, domain=fused.DOMAIN,
+     xfail="Swiglu has no CPU kernel (Ascend only); tests/test_fuse_swiglu.py checks the cpu twin")
 
 # --- refusals: what the lowering must reject with a clear UnsupportedError ------------------------------------
 
@@ -963,7 +1002,23 @@ refusal("Unsqueeze_runtime_axes", "Unsqueeze axes must be a constant", "Unsqueez
 refusal("Pad_runtime_pads", "Pad pads must be a constant", "Pad", [x(), x(6, dtype=I64, name="pads")])
 refusal("Cast_to_string", "STRING has no MindSpore equivalent", "Cast", [x()], {"to": onnx.TensorProto.STRING})
 refusal("Softmax_opset11", "no lowering for Softmax at opset 11", "Softmax", [x()], opset=11)
-refusal("Unknown_op", "no lowering for NonMaxSuppression", "NonMaxSuppression", [x(), x()])
+refusal("Unknown_op", "no lowering for MelWeightMatrix", "MelWeightMatrix",
+        [x(shape=(), dtype=I32), x(shape=(), dtype=I32), x(shape=(), dtype=I32), x(shape=()), x(shape=())])
+refusal("Loop_runtime_trip_count", "trip count must be a compile-time constant", None, None,
+        nodes=[node("Loop", ["m", "", "x"], ["y"], body=_body)],
+        inputs=[x(name="x"), x(shape=(), dtype=I64, name="m")])
+refusal("Resize_runtime_scales", "scales\\) must be a constant", "Resize",
+        [x(1, 2, 4, 5), None, x(4, name="scales")], {"mode": "linear"}, opset=13)
+refusal("QuantizeLinear_block_size", "blocked quantization", "QuantizeLinear",
+        [x(4, 6), x(4, 3, name="scale", gen=positive)], {"axis": 1, "block_size": 2}, opset=21)
+refusal("RNN_reverse_sequence_lens", "sequence_lens with a reverse direction", "RNN",
+        [x(3, 2, 4), k(weights(1, 5, 4)), k(weights(1, 5, 5, seed=1)), None, k([3, 2], I32)],
+        {"hidden_size": 5, "direction": "reverse"}, n_out=2)
+refusal("RoiAlign_adaptive_sampling", "sampling_ratio=0", "RoiAlign", [x(1, 3, 8, 9), _rois, k([0, 0, 0], I64)],
+        {"sampling_ratio": 0}, opset=16)
+refusal("TfIdfVectorizer_strings", "string pools", "TfIdfVectorizer", [x(2, 8, dtype=I32)],
+        {"mode": "TF", "min_gram_length": 1, "max_gram_length": 1, "max_skip_count": 0, "ngram_counts": [0],
+         "ngram_indexes": [0], "pool_strings": ["a"]})
 
 
 # --- running -------------------------------------------------------------------------------------------------
