@@ -88,10 +88,10 @@ def test_opset_above_23_is_refused():
 
 
 def test_unsupported_op_is_refused_at_prepare():
-    model = _model([oh.make_node("TfIdfVectorizer", ["x"], ["y"], mode="TF", min_gram_length=1, max_gram_length=1,
-                                 max_skip_count=0, ngram_counts=[0], ngram_indexes=[0], pool_int64s=[1])],
-                   [_vi("x", onnx.TensorProto.INT32, [4])], [_vi("y", F, [1])], opset=9)
-    with pytest.raises(UnsupportedError, match="TfIdfVectorizer"):
+    model = _model([oh.make_node("Frobnicate", ["x"], ["y"], domain="com.example")],
+                   [_vi("x", F, [4])], [_vi("y", F, [4])], opset=17)
+    model.opset_import.append(oh.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedError, match="com.example"):
         backend.prepare(model)
 
 
