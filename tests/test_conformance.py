@@ -1,4 +1,4 @@
-"""The CI slice of ONNX conformance (the full run is `graphconv conformance`, ~8 minutes, docs/conformance.md).
+"""The CI slice of ONNX conformance (the full run is `graphconv conformance`, 6 to 8 minutes, docs/conformance.md).
 
 A fixed, representative set of onnx node tests (one to three per op family: elementwise, reductions, shapes,
 NN, losses, resampling, attention, recurrent, spectral, control flow, quantization, plus a few function
