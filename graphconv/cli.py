@@ -70,6 +70,11 @@ def cli() -> None:
               help="Two sizes for a symbolic dim in the generated reference inputs; repeatable.")
 @click.option("--mask-input", "mask_inputs", multiple=True, metavar="NAME",
               help="Treat this input as an attention mask (left-padded row, padded outputs skipped).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
+              help="Weights and compute dtype; numerically sensitive ops stay fp32 (see --keep-fp32).")
+@click.option("--keep-fp32", "keep_fp32", metavar="OP,...",
+              help="Op types computed in fp32 at fp16/bf16: replaces the default set (`graphconv passes` "
+                   "lists it); +OP,... adds to it; none keeps nothing.")
 @click.option("--atol", type=float, help="Absolute tolerance (default 1e-4 for fp32).")
 @click.option("--rtol", type=float, help="Relative tolerance (default 1e-4 for fp32).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -94,7 +99,8 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
-def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, atol, rtol,
+def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,
+                atol, rtol,
                 report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, save_fused,
                 bundle, soc, cann, shape_range, as_json, quiet, debug):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU."""
@@ -108,7 +114,8 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     try:
         report = compile_model(model, output, progress=progress, target=target, simplify=not no_simplify,
                                verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims),
-                               mask_inputs=tuple(mask_inputs), atol=atol, rtol=rtol, report_path=report_path,
+                               mask_inputs=tuple(mask_inputs), precision=precision, keep_fp32=keep_fp32,
+                               atol=atol, rtol=rtol, report_path=report_path,
                                emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes),
                                plugins=tuple(plugins), verify_each=verify_each, save_fused=save_fused,
                                bundle=bundle, soc=soc, cann=cann, shape_ranges=_parse_ranges(shape_range))
@@ -224,20 +231,25 @@ def matrix_cmd(full, models, exporters, opsets, no_docs, as_json, quiet):
 @click.option("--target", type=click.Choice(["cpu"]), default="cpu", show_default=True,
               help="The network to run (fused ops replaced by their reference bodies).")
 @click.option("--passes", "pass_spec", metavar="P1,P2,...", help="Pass pipeline (default: the default one).")
-@click.option("--atol", type=float, help="Absolute tolerance (default 1e-4).")
-@click.option("--rtol", type=float, help="Relative tolerance (default 1e-4).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
+              help="Weights and compute dtype; numerically sensitive ops stay fp32 (see --keep-fp32).")
+@click.option("--keep-fp32", "keep_fp32", metavar="OP,...",
+              help="Op types computed in fp32 at fp16/bf16: replaces the default set (`graphconv passes` "
+                   "lists it); +OP,... adds to it; none keeps nothing.")
+@click.option("--atol", type=float, help="Absolute tolerance (default: the precision's, 1e-4 for fp32).")
+@click.option("--rtol", type=float, help="Relative tolerance (default: the precision's, 1e-4 for fp32).")
 @click.option("--mask-input", "mask_inputs", multiple=True, metavar="NAME", help="Treat NAME as an attention mask.")
 @click.option("--save", type=click.Path(file_okay=False, path_type=Path),
               help="Write each compared tensor pair as NAME.onnxruntime.npy / NAME.mindspore.npy here.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (rows and first_divergent) on stdout.")
-def debug_cmd(model, inputs, target, pass_spec, atol, rtol, mask_inputs, save, as_json):
+def debug_cmd(model, inputs, target, pass_spec, precision, keep_fp32, atol, rtol, mask_inputs, save, as_json):
     """Run onnxruntime and the MindSpore network with every intermediate tensor exposed; name the first
     node that exceeds the tolerance."""
     import json
 
     from graphconv.debug import debug
 
-    report = debug(model, inputs, target, pass_spec, atol, rtol, save, tuple(mask_inputs))
+    report = debug(model, inputs, target, pass_spec, atol, rtol, save, tuple(mask_inputs), precision, keep_fp32)
     click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.table())
 
 
@@ -307,6 +319,9 @@ def passes_cmd(plugins):
         flag = "" if p.default else " (not in the default pipeline)"
         origin = "" if p.origin == "builtin" else f" [{p.origin}]"
         click.echo(f"{p.name:<20} {p.description}{flag}{origin}")
+    from graphconv.precision import KEEP_FP32
+
+    click.echo(f"\nkept in fp32 at --precision fp16/bf16 (--keep-fp32): {','.join(KEEP_FP32)}")
 
 
 def _terminate(signum, frame):

@@ -18,9 +18,10 @@ import onnx
 import onnx_ir as ir
 
 import opmap.fused
+import graphconv.precision
 import passes
 from graphconv import compare, reference, runner
-from graphconv.errors import InternalError
+from graphconv.errors import InputError, InternalError
 from graphconv.load import load
 
 # What usually makes a node of this kind disagree.
@@ -61,6 +62,7 @@ class DebugReport:
     first_divergent: str | None
     inputs: dict[str, list[int]]
     oracle: str
+    network: dict = dataclasses.field(default_factory=dict)  # precision, ops kept in fp32, emulation
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -72,6 +74,9 @@ class DebugReport:
                     else f"{'-':>10} {'-':>10} {'-':>9}")
             lines.append(f"{r.node[:32]:<32} {r.op[:22]:<22} {nums}  {r.status}"
                          + (f"  ({r.likely_causes})" if r.likely_causes else ""))
+        if self.network.get("precision", "fp32") != "fp32":
+            lines.append(f"precision {self.network['precision']}"
+                         + (f" ({self.network['emulated']})" if self.network.get("emulated") else ""))
         lines.append(f"first divergent node: {self.first_divergent or 'none'}")
         return "\n".join(lines)
 
@@ -89,9 +94,56 @@ def _expose_all(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return out
 
 
+def network_for(original: onnx.ModelProto, pass_spec: str | None, target: str, precision: str = "fp32",
+                keep_fp32: str | None = None) -> tuple[onnx.ModelProto, dict]:
+    """The graph graphconv lowers for `original`: passes, fused bodies attached, precision applied, and for
+    the cpu target (or any network that runs on CPU) the fused ops inlined; plus what was done to it."""
+    ir_model = ir.from_proto(original)
+    passes.PassManager(pass_spec).run(ir_model)
+    fused = onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(ir_model)), data_prop=True)
+    info: dict = {"precision": precision}
+    if precision != "fp32":
+        keep = graphconv.precision.parse_keep(keep_fp32)
+        try:
+            graphconv.precision.check_keep(keep)
+            fused, summary = graphconv.precision.lower_precision(fused, precision, keep)
+        except graphconv.precision.PrecisionError as e:
+            raise InputError(str(e)) from e
+        info.update(summary.as_dict())
+    network = opmap.fused.inline_fused(fused) if target == "cpu" else fused
+    if precision != "fp32" and target == "cpu" and graphconv.precision.CPU_EMULATED[precision]:
+        network = graphconv.precision.emulate_in_fp32(network, precision)
+        info["emulated"] = f"MindSpore CPU has no {precision} kernels: computed in fp32, rounded to {precision}"
+    return onnx.shape_inference.infer_shapes(network, data_prop=True), info
+
+
+def trace(original: onnx.ModelProto, network: onnx.ModelProto, case: reference.ReferenceCase, names: list[str],
+          workdir: Path | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], str]:
+    """Run onnxruntime on `original` and MindSpore on `network`, both with the values `names` exposed:
+    (reference values, MindSpore values, oracle name). Values the network does not hold are absent."""
+    oracle = reference.Oracle(_expose_all(original, names))
+    expected = oracle.run([case])[0]
+    exposed = _expose_all(network, names)
+    result = runner.run_models([(exposed, [case.inputs])], workdir)[0]
+    if result.outputs is None:
+        raise InternalError(f"the MindSpore network did not run: {result.error}")
+    got = dict(zip([o.name for o in exposed.graph.output], result.outputs[0]))
+    return expected, got, oracle.name
+
+
+def compare_value(act: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> tuple[str, compare.Comparison, str]:
+    """(status, comparison, reason) of one exposed value: `fail` also when it is non-finite where the
+    reference is finite (an overflow)."""
+    c = compare.compare(act, ref, atol, rtol)
+    nonfinite = (np.asarray(ref).dtype.kind == "f" and np.isfinite(ref).all()
+                 and not np.isfinite(np.asarray(act, dtype=np.float64)).all())
+    status = "ok" if c.ok and not nonfinite else ("suspicious" if c.suspicious and not nonfinite else "fail")
+    return status, c, c.reason or ("non-finite where the reference is finite" if nonfinite else "")
+
+
 def debug(model_path: str | Path, inputs: Path | None = None, target: str = "cpu", pass_spec: str | None = None,
           atol: float | None = None, rtol: float | None = None, save: Path | None = None,
-          mask_inputs: tuple[str, ...] = ()) -> DebugReport:
+          mask_inputs: tuple[str, ...] = (), precision: str = "fp32", keep_fp32: str | None = None) -> DebugReport:
     """Compare every intermediate tensor of the MindSpore network with onnxruntime on one input case."""
     loaded = load(model_path)
     original = onnx.shape_inference.infer_shapes(loaded.proto, data_prop=True)
@@ -99,23 +151,10 @@ def debug(model_path: str | Path, inputs: Path | None = None, target: str = "cpu
             else reference.make_cases(original, mask_inputs))[0]
     order = [(n.name, n.op_type, [o for o in n.output if o]) for n in original.graph.node]
     all_values = [o for _, _, outs in order for o in outs]
+    network, info = network_for(original, pass_spec, target, precision, keep_fp32)
+    expected, got, oracle_name = trace(original, network, case, all_values)
 
-    oracle = reference.Oracle(_expose_all(original, all_values))
-    expected = oracle.run([case])[0]
-
-    ir_model = ir.from_proto(original)
-    passes.PassManager(pass_spec).run(ir_model)
-    fused = opmap.fused.attach_functions(ir.to_proto(ir_model))
-    fused = onnx.shape_inference.infer_shapes(fused, data_prop=True)
-    network = opmap.fused.inline_fused(fused) if target == "cpu" else fused
-    network = onnx.shape_inference.infer_shapes(network, data_prop=True)
-    exposed = _expose_all(network, all_values)
-    result = runner.run_models([(exposed, [case.inputs])])[0]
-    if result.outputs is None:
-        raise InternalError(f"the MindSpore network did not run: {result.error}")
-    got = dict(zip([o.name for o in exposed.graph.output], result.outputs[0]))
-
-    default_atol, default_rtol = compare.default_tolerance("float32")
+    default_atol, default_rtol = compare.default_tolerance(graphconv.precision.TOLERANCE_KEY[precision])
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     rows, first = [], None
@@ -128,12 +167,8 @@ def debug(model_path: str | Path, inputs: Path | None = None, target: str = "cpu
                 rows.append(Row(node, op, name, "fused", reason="inside a fused op: compared at the fused op's outputs"))
                 continue
             act = got[name]
-            c = compare.compare(act, ref, atol, rtol)
-            nonfinite = (np.asarray(ref).dtype.kind == "f" and np.isfinite(ref).all()
-                         and not np.isfinite(np.asarray(act, dtype=np.float64)).all())
-            status = "ok" if c.ok and not nonfinite else ("suspicious" if c.suspicious else "fail")
-            row = Row(node, op, name, status, c.max_abs, c.mean_abs, c.cosine, c.reason or
-                      ("non-finite where the reference is finite" if nonfinite else ""))
+            status, c, reason = compare_value(act, ref, atol, rtol)
+            row = Row(node, op, name, status, c.max_abs, c.mean_abs, c.cosine, reason)
             if status != "ok":
                 row.likely_causes = LIKELY_CAUSES.get(op, "")
                 if first is None:
@@ -144,4 +179,4 @@ def debug(model_path: str | Path, inputs: Path | None = None, target: str = "cpu
                 safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
                 np.save(save / f"{safe}.onnxruntime.npy", ref)
                 np.save(save / f"{safe}.mindspore.npy", act)
-    return DebugReport(rows, first, {k: list(v.shape) for k, v in case.inputs.items()}, oracle.name)
+    return DebugReport(rows, first, {k: list(v.shape) for k, v in case.inputs.items()}, oracle_name, info)

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv import census, compare, emit, lower, reference
+from graphconv import census, compare, emit, lower, precision, reference
 from graphconv.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.load import LoadedModel, load
@@ -52,6 +52,8 @@ class CompileOptions:
     soc: str = "Ascend910B"
     cann: str | None = None  # None: the newest version graphconv.bundle knows
     shape_ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # dim -> (min, max)
+    precision: str = "fp32"  # fp32 | fp16 | bf16 (graphconv.precision)
+    keep_fp32: str | None = None  # op types computed in fp32; None = graphconv.precision.KEEP_FP32
 
 
 def tool_versions() -> dict[str, str]:
@@ -98,7 +100,7 @@ class Compiler:
         self.pass_manager = passes.PassManager(options.passes, options.disable_passes)
         self.report.provenance = {
             "tools": tool_versions(), "passes": self.pass_manager.names, "plugins": plugins,
-            "target": options.target, "precision": "fp32",
+            "target": options.target, "precision": options.precision,
         }
         self.output = Path(options.output) if options.output else self.model_path.with_suffix(".mindir")
 
@@ -234,7 +236,7 @@ class Compiler:
                                         "inputs": input_placeholders}, ws.dir, "MindSpore CPU run")
             except ChildError as e:
                 raise InternalError(f"the emitted MindIR does not run on CPU: {e.error}") from e
-            atol, rtol = self._tolerance()
+            atol, rtol = self._tolerance(compiled=True)
             results, failures = [], []
             for case, exp, out_file in zip(cases, expected, out_files):
                 with np.load(out_file) as got:
@@ -254,6 +256,45 @@ class Compiler:
             })
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))
+
+    def lower_precision(self, fused: onnx.ModelProto) -> onnx.ModelProto:
+        """--precision fp16|bf16: weights and compute in the low dtype, the keep set in fp32."""
+        self.progress.info(f"precision {self.opt.precision}")
+        with self.report.stage("precision") as st:
+            st.nodes_before = len(fused.graph.node)
+            try:
+                low, summary = precision.lower_precision(fused, self.opt.precision,
+                                                         precision.parse_keep(self.opt.keep_fp32))
+            except precision.PrecisionError as e:
+                raise UnsupportedError(str(e)) from e
+            st.nodes_after = len(low.graph.node)
+        info = summary.as_dict()
+        if precision.CPU_EMULATED[self.opt.precision]:
+            info["cpu_emulation"] = (f"MindSpore CPU has no {self.opt.precision} kernels for MatMul, Softmax, "
+                                     f"Exp, ...: the cpu twin computes in fp32 and rounds every result to "
+                                     f"{self.opt.precision}")
+        self.report.validation["precision"] = info
+        return low
+
+    def profile_precision(self, model: onnx.ModelProto, fused: onnx.ModelProto, twin: onnx.ModelProto,
+                          case: reference.ReferenceCase, ws: Workspace) -> None:
+        """Per-layer error growth: the error of the low-precision network against the fp32 oracle at every
+        normalization output (two per transformer layer; matmul outputs for models without norms)."""
+        from graphconv import debug
+
+        names = _checkpoints(fused, model)
+        if not names:
+            return
+        self.progress.info(f"precision profile ({len(names)} checkpoints)")
+        with self.report.stage("precision-profile"):
+            expected, got, _ = debug.trace(model, twin, case, [n for n, _ in names], ws.dir)
+            rows = []
+            for name, op in names:
+                if name in expected and name in got:
+                    c = compare.compare(got[name], expected[name], *self._tolerance(compiled=True))
+                    rows.append({"value": name, "op": op, "max_abs": c.max_abs, "mean_abs": c.mean_abs,
+                                 "cosine": c.cosine})
+        self.report.validation["precision"]["layers"] = rows
 
     def check_ascend_precision(self, fused: onnx.ModelProto, cases, expected) -> None:
         """Where the ascend lowering computes in lower precision than the fused op's reference body (q/k/v
@@ -279,8 +320,10 @@ class Compiler:
             if failures:
                 raise VerificationError("the ascend lowering's fp16 casts exceed fp16 tolerance: " + "; ".join(failures))
 
-    def _tolerance(self) -> tuple[float, float]:
-        atol, rtol = compare.default_tolerance("float32")
+    def _tolerance(self, compiled: bool = False) -> tuple[float, float]:
+        """The user's tolerance, else the comparison rule's default: fp32 for graph-to-graph checks, the
+        compile precision's for the compiled network (`compiled`; the reference is always the fp32 oracle)."""
+        atol, rtol = compare.default_tolerance(precision.TOLERANCE_KEY[self.opt.precision if compiled else "fp32"])
         return (self.opt.atol if self.opt.atol is not None else atol,
                 self.opt.rtol if self.opt.rtol is not None else rtol)
 
@@ -288,6 +331,17 @@ class Compiler:
     def run(self) -> Report:
         if self.opt.target not in TARGETS:
             raise InputError(f"unknown target {self.opt.target!r} (choose from {', '.join(TARGETS)})")
+        if self.opt.precision not in precision.PRECISIONS:
+            raise InputError(f"unknown precision {self.opt.precision!r} (choose from {', '.join(precision.PRECISIONS)})")
+        if self.opt.precision != "fp32" and self.opt.target == "cpu" and precision.CPU_EMULATED[self.opt.precision]:
+            raise InputError(f"--precision {self.opt.precision} needs --target ascend: MindSpore CPU has no "
+                             f"{self.opt.precision} kernels for MatMul, Softmax, Exp, ...")
+        if self.opt.keep_fp32 is not None and self.opt.precision == "fp32":
+            raise InputError("--keep-fp32 needs --precision fp16 or bf16")
+        try:
+            precision.check_keep(precision.parse_keep(self.opt.keep_fp32))
+        except precision.PrecisionError as e:
+            raise InputError(str(e)) from e
         if self.output.suffix != ".mindir":
             raise InputError(f"output {self.output} must end in .mindir")
         if not self.output.parent.absolute().is_dir():
@@ -314,6 +368,8 @@ class Compiler:
         else:
             expected, model = None, simplified
         fused = self.fuse(model, cases, expected)
+        if self.opt.precision != "fp32":
+            fused = self.lower_precision(fused)
         cpu_form = opmap.fused.inline_fused(fused)
         # ascend: the fused primitives; cpu: every fused op replaced by its reference body.
         net, task = self.lower(fused if self.opt.target == "ascend" else cpu_form, ws)
@@ -321,15 +377,19 @@ class Compiler:
         mindir = self._mindir(files)
         self.report.census = census.primitive_census(mindir)
         if self.opt.verify:
-            checked = mindir
-            if cpu_form is not fused and self.opt.target == "ascend":
-                # Fused primitives have no CPU kernels: numbers are checked on the cpu twin of the same
-                # fused graph, and the ascend MindIR only structurally (census).
-                _, twin_task = self.lower(cpu_form, ws, "cpu_twin")
+            checked, twin = mindir, cpu_form
+            if precision.CPU_EMULATED.get(self.opt.precision):
+                twin = precision.emulate_in_fp32(cpu_form, self.opt.precision)
+            if twin is not fused and self.opt.target == "ascend":
+                # Fused primitives have no CPU kernels (nor has MindSpore CPU bf16 ones): numbers are checked
+                # on the cpu twin of the same fused graph, and the ascend MindIR only structurally (census).
+                _, twin_task = self.lower(twin, ws, "cpu_twin")
                 checked = self._mindir(self.emit(twin_task, ws, out="twin"))
-            self.verify(checked, cpu_form, cases, expected, net.output_names, ws)
-            if self.opt.target == "ascend":
+            self.verify(checked, twin, cases, expected, net.output_names, ws)
+            if self.opt.target == "ascend" and self.opt.precision == "fp32":
                 self.check_ascend_precision(fused, cases, expected)
+            if self.opt.precision != "fp32":
+                self.profile_precision(model, fused, twin, cases[0], ws)
             self.report.validation["checked"] = ("cpu twin of " if checked is not mindir else "") + self.output.name
             self.report.status = "verified"
         else:
@@ -407,6 +467,25 @@ class Compiler:
             moves = {**moves, tmp: Path(self.opt.report_path)}
         if moves:
             ws.commit(moves)
+
+
+_NORM_OPS = {"mindspore::RmsNorm", "mindspore::LayerNorm", "LayerNormalization", "RMSNormalization"}
+_MATMUL_OPS = {"MatMul", "Gemm", "Conv"}
+
+
+def _checkpoints(fused: onnx.ModelProto, model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(value, op) pairs where the precision profile measures error: the outputs of normalization nodes of
+    the fused graph (else of matmuls) that the compiled model also holds, in graph order, then the outputs."""
+    known = {o for n in model.graph.node for o in n.output}
+    picked = []
+    for ops in (_NORM_OPS, _MATMUL_OPS):
+        for n in fused.graph.node:
+            key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+            if key in ops and n.output and n.output[0] in known:
+                picked.append((n.output[0], key))
+        if picked:
+            break
+    return picked + [(o.name, "output") for o in model.graph.output]
 
 
 def compile(model_path: str | Path, output: str | Path | None = None, *, progress: Progress | None = None,

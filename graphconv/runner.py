@@ -26,10 +26,12 @@ class RunResult:
     source: str | None = None  # the generated network, for diagnostics
 
 
-def run_models(items: list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]]) -> list[RunResult]:
-    """For each (model, cases): lower, export to MindIR, load it and run every case on CPU."""
+def run_models(items: list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]],
+               workdir: Path | None = None) -> list[RunResult]:
+    """For each (model, cases): lower, export to MindIR, load it and run every case on CPU. Temporary files
+    go under `workdir` when given (a compile's private directory), else under the system's temp dir."""
     results: list[RunResult | None] = [None] * len(items)
-    with tempfile.TemporaryDirectory(prefix="graphconv-run-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="graphconv-run-", dir=workdir) as tmp:
         work = Path(tmp)
         tasks, index = [], []
         for k, (model, cases) in enumerate(items):

@@ -17,8 +17,8 @@ at another, and an ONNX function body cannot branch on a missing input; two inpu
 and the ascend cost of Where(c, 0, fill) < 0 instead of not(c) is one elementwise op on the mask.)
 
 Reference body, fp32: repeat the kv heads (n -> n // (N1/N2)); S = (Q . K^T) * scale + max(attn_mask,
-lowest); P = Softmax(S, -1); O = P . V; cast back to query's dtype. (-inf in the mask is clamped to fp32's
-lowest finite value: the probabilities are the same in every row that keeps a key, and MindSpore's CPU
+-1e30); P = Softmax(S, -1); O = P . V; cast back to query's dtype. (-inf in the mask is clamped to -1e30:
+the probabilities are the same in every row that keeps a key, and MindSpore's CPU
 softmax in graph mode turns other rows to NaN when some row is all -inf, which the cpu twin would otherwise
 hit on padded rows.) The ascend-precision body is the same with q/k/v and the output rounded through fp16,
 as the ascend lowering casts them around the fp16-only primitive (the compile measures that effect at fp16
@@ -37,6 +37,7 @@ from opmap.registry import register
 
 ATTRIBUTES = ("scale", "head_num", "kv_head_num", "mask_kind", "input_layout", "sparse_mode", "dtype")
 MASK_KINDS = ("none", "additive", "keep_bool", "discard_bool")
+MASK_FLOOR = -1e30  # where the body clamps -inf mask values
 _COMPUTE = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 
 
@@ -92,9 +93,12 @@ def _make_body(round_to: int | None):
             _attr_const("scale_v", "value_float", "scale"),
             helper.make_node("Mul", ["qk", "scale_v"], ["scores"]),
             helper.make_node("Cast", ["attn_mask"], ["mask_raw"], to=TensorProto.FLOAT),
+            # -inf -> -1e30: finite, so a fully masked row stays finite, and softmax is unchanged. Not fp32's
+            # lowest: MindSpore 2.10's CPU maximum against a broadcast constant below about -3e38 returns -inf
+            # for -inf inputs (measured), and the NaN of such a row leaks into valid rows as 0 * NaN.
             helper.make_node("Constant", [], ["lowest"], value=numpy_helper.from_array(
-                np.array(np.finfo(np.float32).min, np.float32), "lowest")),
-            helper.make_node("Max", ["mask_raw", "lowest"], ["mask32"]),          # -inf -> lowest finite
+                np.array(MASK_FLOOR, np.float32), "lowest")),
+            helper.make_node("Max", ["mask_raw", "lowest"], ["mask32"]),
             helper.make_node("Add", ["scores", "mask32"], ["masked"]),
             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
             helper.make_node("MatMul", ["probs", "v_rep"], ["o32" if round_to is None else "o32_full"]),
