@@ -37,6 +37,8 @@ LIKELY_CAUSES = {
     "Exp": "overflow in low precision",
     "Pow": "overflow in low precision, the exponent",
     "MatMul": "accumulation precision, transposed operands",
+    "Mul": "overflow in low precision (fp16 ends at 65504), a scale applied twice",
+    "Add": "overflow in low precision, a broadcast over the wrong axis",
     "Reshape": "a 0 or -1 in the target shape, a baked-in size",
     "Gather": "negative indices, the axis",
     "Slice": "negative or open-ended starts/ends, the step",
