@@ -92,6 +92,16 @@ class Report:
             worst = max((o["max_abs"] for o in ap["outputs"]), default=0.0)
             lines.append(f"  ascend precision ({ap['precision']} casts): {ap['status']}, max_abs {worst:.3g} "
                          f"(atol {ap['atol']:g}, rtol {ap['rtol']:g})")
+        pr = self.validation.get("precision")
+        if pr:
+            fp32 = ", ".join(f"{k} {v}" for k, v in pr["fp32_nodes"].items()) or "none"
+            lines.append(f"  precision {pr['precision']}: {pr['low_nodes']} nodes low, fp32 nodes: {fp32}; "
+                         f"{pr['weights_converted']} weights converted, {pr['casts_inserted']} casts")
+            if pr.get("cpu_emulation"):
+                lines.append(f"    {pr['cpu_emulation']}")
+            for row in pr.get("layers", []):
+                lines.append(f"    {row['op']:<22} {row['value'][:28]:<28} max_abs {row['max_abs']:.3g}  "
+                             f"mean_abs {row['mean_abs']:.3g}  cosine {row['cosine']:.6f}")
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         for k, v in self.artifacts.items():
