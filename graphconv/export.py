@@ -129,12 +129,35 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
             notes.append(f"{e}; fell back to the TorchScript exporter")
             used = "torchscript"
             _run_exporter(module, example_inputs, tmp, dynamic_axes, opset, used, names)
+        _keep_tied(module, tmp, notes)
         result = _check(module, example_inputs, dynamic_axes, tmp, used, opset, names, notes, check, atol, rtol)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
     result.path = path
     return result
+
+
+def _keep_tied(module, path: Path, notes: list[str]) -> None:
+    """Tied parameters (GPT-2's lm_head is the embedding) come out of both exporters as two initializers, one
+    pre-transposed: keep one (passes/tie_weights.py, the same function the compile pipeline runs)."""
+    import onnx_ir as ir
+
+    from passes.tie_weights import tie_weights
+
+    by_storage: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        by_storage.setdefault(id(p), []).append(name)
+    tied = [names for names in by_storage.values() if len(names) > 1]
+    if not tied:
+        return
+    model = ir.load(path)
+    external = any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
+    removed = tie_weights(model)
+    if removed:
+        ir.save(model, path, external_data=f"{path.name}.data" if external else None)
+    notes.append(f"tied parameters ({'; '.join(' = '.join(n) for n in tied)}): {removed} duplicate "
+                 "initializer(s) the exporter wrote replaced by the one weight")
 
 
 def _check(module, example_inputs, dynamic_axes, path: Path, exporter: str, opset: int, names, notes,

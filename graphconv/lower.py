@@ -356,6 +356,15 @@ class Lowering:
         """Evaluate a node whose inputs are all compile-time constants (shape arithmetic, mostly)."""
         if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD or _has_subgraph(node):
             return False
+        for v in node.inputs:
+            op = self.operands.get(v) if v is not None and v.name else None
+            if op is None or op.initializer is None or v.const_value is None:
+                continue
+            size = int(np.prod([int(d) for d in v.const_value.shape], dtype=np.int64))
+            # Checked before reading any weight: too big to fold, or a weight that other nodes read too
+            # (folding Transpose(tied embedding) would store the weight twice).
+            if size > FOLD_MAX_ELEMENTS or (size > PARAM_MIN_ELEMENTS and len(v.uses()) > 1):
+                return False
         ins = []
         for v in node.inputs:
             if v is None or not v.name:

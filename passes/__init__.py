@@ -4,6 +4,7 @@ domain. One file per pass; importing this package registers the built-in ones in
 from passes.manager import PassManager, available_passes, load_plugins, register_pass, rewrite_pass  # noqa: F401
 
 from passes import canonicalize  # noqa: E402,F401
+from passes import tie_weights  # noqa: E402,F401
 from passes import fuse_rmsnorm  # noqa: E402,F401
 from passes import fuse_layernorm  # noqa: E402,F401
 from passes import fuse_gelu  # noqa: E402,F401

@@ -1,0 +1,82 @@
+"""tie-weights: one copy of each weight that the exporter (or onnxsim) stored twice.
+
+PyTorch models tie weights (GPT-2's lm_head is the token embedding); both ONNX exporters then store the
+embedding once for the Gather and again, pre-transposed, for the lm_head MatMul, and onnxsim folds any
+Transpose of a weight into another copy. A 2-D initializer that equals another one, or its transpose, is
+replaced by that one (through a Transpose node in the second case), so the MindIR holds a single parameter.
+`graphconv export` applies the same function to the file it writes.
+
+Candidates are found by a fingerprint that a transpose does not change (shape multiset, dtype, min and
+max), and confirmed by an exact comparison: never a near-equal pair.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.manager import register_pass
+
+# Weights smaller than this are not worth a Transpose node (and small constants repeat by chance).
+MIN_ELEMENTS = 4096
+_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+_GENERATED_PREFIXES = ("val_", "onnx::", "_")  # names exporters make up: a state_dict name is kept instead
+
+
+def _fingerprint(arr: np.ndarray) -> tuple:
+    """Equal for a tensor and its transpose, exactly (a float sum is not: its rounding depends on order)."""
+    return tuple(sorted(arr.shape)), str(arr.dtype), float(arr.min()), float(arr.max())
+
+
+def _rank(value: ir.Value) -> tuple[int, str]:
+    return (1 if (value.name or "").startswith(_GENERATED_PREFIXES) else 0, value.name or "")
+
+
+def tie_weights(model: ir.Model) -> int:
+    """Replace duplicate and transposed-duplicate 2-D initializers; returns how many were removed."""
+    graph = model.graph
+    groups: dict[tuple, list[ir.Value]] = {}
+    graph_inputs = {v.name for v in graph.inputs}
+    for value in list(graph.initializers.values()):
+        t = value.const_value
+        if (t is None or value.name in graph_inputs or value.is_graph_output() or len(t.shape) != 2 or t.dtype not in _FLOATS
+                or t.size < MIN_ELEMENTS):
+            continue
+        arr = t.numpy()
+        groups.setdefault(_fingerprint(arr), []).append(value)
+    removed = 0
+    for values in groups.values():
+        if len(values) < 2:
+            continue
+        values.sort(key=_rank)
+        kept: list[tuple[ir.Value, np.ndarray]] = []
+        for value in values:
+            arr = value.const_value.numpy()
+            match = next(((k, transposed) for k, karr in kept for transposed in (False, True)
+                          if (karr.T if transposed else karr).shape == arr.shape
+                          and np.array_equal(karr.T if transposed else karr, arr)), None)
+            if match is None:
+                kept.append((value, arr))
+                continue
+            original, transposed = match
+            replacement = original
+            if transposed:
+                node = ir.node("Transpose", [original], attributes={"perm": [1, 0]},
+                               name=f"{value.name}_tied_transpose")
+                node.outputs[0].name = f"{value.name}_tied"
+                node.outputs[0].dtype = value.dtype
+                node.outputs[0].shape = value.shape
+                if graph.num_nodes():
+                    graph.insert_before(graph.node(0), node)
+                else:
+                    graph.append(node)
+                replacement = node.outputs[0]
+            value.replace_all_uses_with(replacement)
+            graph.initializers.pop(value.name)
+            removed += 1
+    return removed
+
+
+@register_pass("tie-weights", "one copy of weights stored twice (tied embeddings: W and W^T -> W + Transpose)")
+def tie_weights_pass(model: ir.Model) -> int:
+    return tie_weights(model)
