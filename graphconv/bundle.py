@@ -832,14 +832,10 @@ class _Writer:
         return how
 
     def onnx(self, rel: str, model: onnx.ModelProto) -> None:
-        p = self.path(rel)
-        if model.ByteSize() > 1_800_000_000:  # protobuf's 2 GB limit: weights beside the file
-            data = p.name + ".data"
-            onnx.save(model, str(p), save_as_external_data=True, location=data, all_tensors_to_one_file=True)
-            self._record(str(Path(rel).with_name(data)))
-        else:
-            onnx.save(model, str(p))
-        self._record(rel)
+        from graphconv.weights import save_self_contained
+
+        for written in save_self_contained(model, self.path(rel)):  # weights beside it past 2 GB
+            self._record(str(Path(rel).with_name(written.name)))
 
 
 def _np_ready(arr: np.ndarray) -> tuple[np.ndarray, str]:

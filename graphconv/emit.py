@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphconv import lower, reference
+from graphconv import lower, reference, weights
 
 # Weights above this size go to an external data file (the child maps them lazily).
 _EXTERNAL_THRESHOLD = 1024
@@ -32,16 +32,24 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network") -> t
     net, folded = lower.lower(ir_model)
     source = directory / f"{name}.py"
     source.write_text(net.source)
-    weights = directory / f"{name}.weights.onnx"
+    # Weights already in files (the model's external data, weights a pass made) are read from there by the
+    # export child; only the rest is written here.
+    param_names = {p.onnx_name for p in net.params}
+    external = {n: ref.as_list() for n, ref in weights.external_refs(model).items() if n in param_names}
+    for n in external:
+        ir_model.graph.initializers.pop(n)
+    weights_file = directory / f"{name}.weights.onnx"
     # Saved from the IR copy: onnx.save(..., save_as_external_data=True) would rewrite `model` in place
     # to point at this temporary file.
-    ir.save(ir_model, weights, external_data=f"{name}.weights.onnx.data", size_threshold_bytes=_EXTERNAL_THRESHOLD)
+    ir.save(ir_model, weights_file, external_data=f"{name}.weights.onnx.data",
+            size_threshold_bytes=_EXTERNAL_THRESHOLD)
     folded_npz = None
     if folded:
         folded_npz = directory / f"{name}.folded.npz"
         np.savez(folded_npz, **folded)
     task = {
-        "source": str(source), "class_name": net.class_name, "weights_onnx": str(weights),
+        "source": str(source), "class_name": net.class_name, "weights_onnx": str(weights_file),
+        "external_weights": external,
         "folded_npz": str(folded_npz) if folded_npz else None,
         "param_names": [p.onnx_name for p in net.params], "inputs": placeholders(model),
     }

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv import census, compare, emit, lower, precision, reference
+from graphconv import census, compare, emit, lower, precision, reference, weights
 from graphconv.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.load import LoadedModel, load
@@ -126,12 +126,13 @@ class Compiler:
         with self.report.stage("simplify") as st:
             st.nodes_before = len(model.graph.node)
             src, dst = ws.path("input.onnx"), ws.path("simplified.onnx")
-            # Through the IR: onnx.save with external data would rewrite loaded.proto in place.
-            ir.save(ir.from_proto(model), src, external_data="input.onnx.data" if loaded.external_bytes else None)
+            # External weights are stripped (graph inputs instead): onnxsim sees only the graph, never reads
+            # or re-embeds them, and they come back as the same external references (graphconv.weights).
+            bare, refs = weights.stripped(model)
+            onnx.save(bare, src)
             try:
-                run_task("simplify", {"input": str(src), "output": str(dst),
-                                      "external": loaded.external_bytes > 0}, ws.dir, "onnxsim")
-                simplified = onnx.load(str(dst))
+                run_task("simplify", {"input": str(src), "output": str(dst)}, ws.dir, "onnxsim")
+                simplified = weights.restore(onnx.load(str(dst)), model, refs)
                 simplified = onnx.shape_inference.infer_shapes(simplified, data_prop=True)
             except (InternalError, onnx.shape_inference.InferenceError) as e:
                 self.report.warnings.append(f"simplification skipped: {e}")
@@ -170,7 +171,7 @@ class Compiler:
                         return expected, original
         return expected, simplified
 
-    def fuse(self, model: onnx.ModelProto, cases, expected) -> onnx.ModelProto:
+    def fuse(self, model: onnx.ModelProto, cases, expected, ws: Workspace) -> onnx.ModelProto:
         """Run the pass pipeline; the result carries the function bodies of the fused ops it uses."""
         self.progress.info(f"passes ({', '.join(self.pass_manager.names) or 'none'})")
         with self.report.stage("passes") as st:
@@ -180,6 +181,8 @@ class Compiler:
             self.report.fusions = self.pass_manager.run(
                 ir_model, after_each=(lambda p, m, k: check(p, m, cases, expected)) if check else None)
             self.report.skipped_fusions = self.pass_manager.skipped
+            if self.streaming:  # weights a pass made (merged gate/up) leave memory before the next stage
+                st.detail = {"spilled_bytes": weights.spill_new_tensors(ir_model, self.spill(ws))}
             fused = opmap.fused.attach_functions(ir.to_proto(ir_model))
             fused = onnx.shape_inference.infer_shapes(fused, data_prop=True)
             st.nodes_after = len(fused.graph.node)
@@ -257,14 +260,15 @@ class Compiler:
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))
 
-    def lower_precision(self, fused: onnx.ModelProto) -> onnx.ModelProto:
+    def lower_precision(self, fused: onnx.ModelProto, ws: Workspace) -> onnx.ModelProto:
         """--precision fp16|bf16: weights and compute in the low dtype, the keep set in fp32."""
         self.progress.info(f"precision {self.opt.precision}")
         with self.report.stage("precision") as st:
             st.nodes_before = len(fused.graph.node)
             try:
                 low, summary = precision.lower_precision(fused, self.opt.precision,
-                                                         precision.parse_keep(self.opt.keep_fp32))
+                                                         precision.parse_keep(self.opt.keep_fp32),
+                                                         spill=self.spill(ws) if self.streaming else None)
             except precision.PrecisionError as e:
                 raise UnsupportedError(str(e)) from e
             st.nodes_after = len(low.graph.node)
@@ -359,7 +363,15 @@ class Compiler:
                 raise
         return self.report
 
+    def spill(self, ws: Workspace) -> weights.SpillFile:
+        """The file in the private directory that holds weights this compile makes (one per run)."""
+        if self._spill is None:
+            self._spill = weights.SpillFile(ws.path("made-weights.bin"))
+        return self._spill
+
     def _run_in(self, loaded: LoadedModel, ws: Workspace) -> None:
+        # External weights stay on disk for the whole compile (graphconv.weights).
+        self.streaming, self._spill = loaded.external_bytes > 0, None
         original = loaded.proto
         cases = self.reference_cases(original)
         simplified = self.simplify(loaded, ws)
@@ -367,9 +379,9 @@ class Compiler:
             expected, model = self.validate(original, simplified, cases)
         else:
             expected, model = None, simplified
-        fused = self.fuse(model, cases, expected)
+        fused = self.fuse(model, cases, expected, ws)
         if self.opt.precision != "fp32":
-            fused = self.lower_precision(fused)
+            fused = self.lower_precision(fused, ws)
         cpu_form = opmap.fused.inline_fused(fused)
         # ascend: the fused primitives; cpu: every fused op replaced by its reference body.
         net, task = self.lower(fused if self.opt.target == "ascend" else cpu_form, ws)
@@ -379,7 +391,8 @@ class Compiler:
         if self.opt.verify:
             checked, twin = mindir, cpu_form
             if precision.CPU_EMULATED.get(self.opt.precision):
-                twin = precision.emulate_in_fp32(cpu_form, self.opt.precision)
+                twin = precision.emulate_in_fp32(cpu_form, self.opt.precision,
+                                                 spill=self.spill(ws) if self.streaming else None)
             if twin is not fused and self.opt.target == "ascend":
                 # Fused primitives have no CPU kernels (nor has MindSpore CPU bf16 ones): numbers are checked
                 # on the cpu twin of the same fused graph, and the ascend MindIR only structurally (census).
@@ -398,9 +411,12 @@ class Compiler:
         bundle_moves = self.write_bundle(model, mindir, files, cases, expected, ws) if self.opt.bundle else {}
         moves = {**self._artifacts(files, ws), **bundle_moves}
         if self.opt.save_fused:
-            fused_path = ws.path("fused.onnx")
-            onnx.save(fused, fused_path)
-            moves[fused_path] = Path(self.opt.save_fused)
+            target = Path(self.opt.save_fused)
+            staged = ws.path("fused")
+            staged.mkdir()
+            # Named as the final file already: a `.data` file beside it is referenced by that name.
+            for written in weights.save_self_contained(fused, staged / target.name):
+                moves[written] = target.with_name(written.name)
             self.report.artifacts["fused_onnx"] = str(self.opt.save_fused)
         self._commit(ws, moves)
 

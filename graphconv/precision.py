@@ -31,6 +31,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from graphconv import weights
+
 PRECISIONS = ("fp32", "fp16", "bf16")
 LOW_DTYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 # The comparison rule's tolerance key (graphconv.compare.DEFAULT_TOLERANCE) for each precision.
@@ -130,9 +132,10 @@ def _angle_cone(nodes: list[onnx.NodeProto], floats: set[str], keep: set[str]) -
     return cone
 
 
-def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32,
+def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spill=None,
                     ) -> tuple[onnx.ModelProto, PrecisionSummary]:
-    """A copy of `model` computing in `precision` with fp32 islands (module docstring)."""
+    """A copy of `model` computing in `precision` with fp32 islands (module docstring). With `spill` (a
+    graphconv.weights.SpillFile) converted external weights are written there instead of into the proto."""
     if precision not in LOW_DTYPES:
         raise PrecisionError(f"precision must be one of {', '.join(LOW_DTYPES)}, not {precision!r}")
     low = LOW_DTYPES[precision]
@@ -220,7 +223,7 @@ def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32,
         if t.name not in weights_low:
             inits.append(t)
             continue
-        lowered = _to_low(t, precision)
+        lowered = _to_low(t, precision, spill)
         if t.name in still_fp32:
             lowered.name = _low_name(t.name, precision)
             inits += [t, lowered]
@@ -245,16 +248,21 @@ def _low_name(name: str, precision: str) -> str:
     return f"{name}__{precision}"
 
 
-def _to_low(t: onnx.TensorProto, precision: str) -> onnx.TensorProto:
-    arr = numpy_helper.to_array(t).astype(np.float32)
+def _to_low(t: onnx.TensorProto, precision: str, spill=None) -> onnx.TensorProto:
+    """`t` converted; written to `spill` (not into the proto) when it came from a file."""
+    arr = weights.to_array(t).astype(np.float32)
     if precision == "fp16":
-        return numpy_helper.from_array(arr.astype(np.float16), t.name)
-    import ml_dtypes
+        low = arr.astype(np.float16)
+    else:
+        import ml_dtypes
 
-    return numpy_helper.from_array(arr.astype(ml_dtypes.bfloat16), t.name)
+        low = arr.astype(ml_dtypes.bfloat16)
+    if spill is not None and t.data_location == TensorProto.EXTERNAL:
+        return spill.tensor_proto(t.name, low)
+    return numpy_helper.from_array(low, t.name)
 
 
-def emulate_in_fp32(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.ModelProto:
     """Every `precision` value of a lowered model as fp32 holding values rounded to `precision`.
 
     Each node that produced a low-precision value now computes in fp32 and rounds its result (Cast to the
@@ -268,7 +276,9 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
     g = result.graph
     for t in g.initializer:
         if t.data_type == low:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+            wide = weights.to_array(t).astype(np.float32)
+            external = spill is not None and t.data_location == TensorProto.EXTERNAL
+            t.CopyFrom(spill.tensor_proto(t.name, wide) if external else numpy_helper.from_array(wide, t.name))
     new_nodes = []
     for n in g.node:
         if n.op_type == "Constant":

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from graphconv import weights
 from graphconv.errors import InputError, UnsupportedError
 
 # Sizes per symbolic dim, two cases. Chosen to differ from typical export sizes (1, 2, 8, 16, 32...).
@@ -207,24 +208,34 @@ class Oracle:
         self.name: str | None = None
         self.fallback_reason: str | None = None
 
+    def _stripped(self):
+        """The model to hand over and the memory-mapped weights to feed with every case: weights held as
+        absolute external references (graphconv.weights) run as graph inputs."""
+        if isinstance(self.model, Path):
+            return self.model, {}
+        model, refs = weights.stripped(self.model)
+        return model, weights.feeds(refs)
+
     def _ort(self, cases):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         opts.log_severity_level = 3
-        src = str(self.model) if isinstance(self.model, Path) else self.model.SerializeToString()
+        model, extra = self._stripped()
+        src = str(model) if isinstance(model, Path) else model.SerializeToString()
         sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
-        return [dict(zip(names, sess.run(names, c.inputs))) for c in cases]
+        return [dict(zip(names, sess.run(names, {**c.inputs, **extra}))) for c in cases]
 
     def _reference(self, cases):
         from onnx.reference import ReferenceEvaluator
 
-        model = onnx.load(str(self.model)) if isinstance(self.model, Path) else self.model
+        model, extra = self._stripped()
+        model = onnx.load(str(model)) if isinstance(model, Path) else model
         ev = ReferenceEvaluator(model)
         names = list(ev.output_names)
-        return [dict(zip(names, ev.run(None, c.inputs))) for c in cases]
+        return [dict(zip(names, ev.run(None, {**c.inputs, **extra}))) for c in cases]
 
     def run(self, cases: list[ReferenceCase]) -> list[dict[str, np.ndarray]]:
         try:

@@ -24,10 +24,10 @@ def simplify(task: dict) -> dict:
 
     model = onnx.load(task["input"])
     # No input shapes are given, so symbolic dims stay symbolic; onnxsim's own random-input check is off
-    # because graphconv validates the result against the original with its own reference inputs.
+    # because graphconv validates the result against the original with its own reference inputs. Models
+    # with external weights arrive stripped of them (graphconv.weights), so this file is always small.
     simplified, _ = onnxsim.simplify(model, check_n=0, skip_shape_inference=False)
-    onnx.save(simplified, task["output"], save_as_external_data=task.get("external", False),
-              location=Path(task["output"]).name + ".data")
+    onnx.save(simplified, task["output"])
     return {"nodes": len(simplified.graph.node)}
 
 
@@ -39,25 +39,46 @@ def _import_network(source: str, class_name: str):
     return getattr(module, class_name)
 
 
-def _weights(task: dict) -> dict:
-    """name -> numpy array for every Parameter, read lazily (memory-mapped external data) from the ONNX."""
+class _Weights(dict):
+    """name -> numpy array for every Parameter. Weights that live in the model's own files (graphconv.weights)
+    are read one at a time when the network asks for them, so only the Parameters hold the values."""
+
+    def __init__(self, small: dict, external: dict, progress=None):
+        super().__init__(small)
+        self.external = external
+        self.progress = progress
+
+    def __missing__(self, name):
+        from graphconv.weights import read
+
+        ref = self.external[name]
+        if self.progress is not None:
+            self.progress(ref[2])
+        return read(ref, mmap=False)
+
+    def __contains__(self, name):
+        return dict.__contains__(self, name) or name in self.external
+
+
+def _weights(task: dict, progress=None) -> dict:
     import numpy as np
     import onnx_ir as ir
 
     wanted = set(task["param_names"])
-    weights = {}
+    small = {}
     if task.get("weights_onnx"):
         model = ir.load(task["weights_onnx"])
         for name, value in model.graph.initializers.items():
             if name in wanted:
-                weights[name] = value.const_value.numpy()
+                small[name] = value.const_value.numpy()
     if task.get("folded_npz"):
         with np.load(task["folded_npz"]) as folded:
-            weights.update({k: folded[k] for k in folded.files})
-    missing = wanted - set(weights)
+            small.update({k: folded[k] for k in folded.files})
+    external = task.get("external_weights") or {}
+    missing = wanted - set(small) - set(external)
     if missing:
         raise RuntimeError(f"weights missing for parameters {sorted(missing)[:5]}")
-    return weights
+    return _Weights(small, external, progress)
 
 
 def export(task: dict) -> dict:

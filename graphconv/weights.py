@@ -1,0 +1,204 @@
+"""Weights that stay on disk: external data referenced by absolute path, read lazily, written once.
+
+A model with external data is never loaded into a protobuf with its weights (which caps at 2 GB and would
+hold a second copy). Instead:
+
+- load rewrites each external tensor's location to the absolute path of its (validated) data file, in
+  memory only. Protos then carry names, dtypes, dims and where the bytes are; shape inference, the inliner
+  and the passes (onnx-ir ExternalTensor, memory-mapped) work on them as usual;
+- onnxruntime and onnx.reference run such a model *stripped*: every external initializer becomes a graph
+  input, fed with a read-only memory map of its bytes (no copy: the pages are the file's), see `feeds`;
+- new weights that a pass or the precision stage makes (merged gate/up, fp16 copies) are appended to one
+  file in the compile's private directory by `SpillFile` and referenced like the others, so no stage keeps
+  them in memory for the next;
+- the MindSpore export child reads each weight by itself (`read`) right before it becomes a Parameter.
+
+ORT refuses external data given by absolute path or through a symlink out of the model's folder (measured
+with 1.32), hence the stripping rather than a rewritten model file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+_ALIGN = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightRef:
+    """Where one tensor's bytes are: an absolute file path, an offset and a length."""
+
+    name: str
+    path: str
+    offset: int
+    length: int
+    dtype: str  # numpy dtype name (bfloat16 via ml_dtypes)
+    shape: tuple[int, ...]
+
+    def as_list(self) -> list:
+        return [self.path, self.offset, self.length, self.dtype, list(self.shape)]
+
+
+def _np_dtype(data_type: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type))
+
+
+def external_refs(model: onnx.ModelProto) -> dict[str, WeightRef]:
+    """The external initializers of the main graph, by name (locations must already be absolute)."""
+    return {t.name: WeightRef(t.name, *external_refs_of(t)) for t in model.graph.initializer
+            if uses_external_data(t)}
+
+
+def make_locations_absolute(model: onnx.ModelProto, base_dir: Path) -> None:
+    """Point every external tensor (graph and functions' constants) at the absolute path of its file."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    base = Path(os.path.realpath(base_dir))
+    for t in _get_all_tensors(model):
+        if uses_external_data(t):
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = str(base / entry.value)
+
+
+def read(ref: WeightRef | list, mmap: bool = True) -> np.ndarray:
+    """The tensor's values: a read-only memory map (default) or a fresh array read from the file."""
+    path, offset, length, dtype, shape = ref.as_list() if isinstance(ref, WeightRef) else ref
+    dt = _dtype_by_name(dtype)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if count == 0:
+        return np.zeros(shape, dt)
+    if mmap:
+        return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=tuple(shape))
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return np.fromfile(f, dtype=dt, count=count).reshape(shape)
+
+
+def to_array(t: onnx.TensorProto) -> np.ndarray:
+    """numpy_helper.to_array that also reads tensors whose external location is absolute (memory-mapped)."""
+    if uses_external_data(t):
+        ref = WeightRef(t.name, *external_refs_of(t))
+        return read(ref)
+    return onnx.numpy_helper.to_array(t)
+
+
+def external_refs_of(t: onnx.TensorProto) -> tuple:
+    info = ExternalDataInfo(t)
+    dtype = _np_dtype(t.data_type)
+    count = int(np.prod(list(t.dims), dtype=np.int64))
+    return (info.location, info.offset or 0, info.length if info.length is not None else count * dtype.itemsize,
+            dtype.name, tuple(int(d) for d in t.dims))
+
+
+def _dtype_by_name(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def stripped(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, WeightRef]]:
+    """A copy of `model` whose external initializers are graph inputs instead (with their dtype and dims),
+    and the refs to feed them from. A model without external data is returned as is."""
+    refs = external_refs(model)
+    if not refs:
+        return model, {}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [t for t in out.graph.initializer if t.name not in refs]
+    inputs = [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+              for t in out.graph.initializer if t.name in refs]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    have = {i.name for i in out.graph.input}
+    out.graph.input.extend(i for i in inputs if i.name not in have)
+    return out, refs
+
+
+def feeds(refs: dict[str, WeightRef]) -> dict[str, np.ndarray]:
+    """Memory maps of the stripped weights, to pass with the real inputs."""
+    return {name: read(ref) for name, ref in refs.items()}
+
+
+def restore(simplified: onnx.ModelProto, original: onnx.ModelProto, refs: dict[str, WeightRef]) -> onnx.ModelProto:
+    """Undo `stripped` on a model derived from it (onnxsim's output): graph inputs that were weights become
+    the original external initializers again; weights the derived graph no longer reads are dropped."""
+    by_name = {t.name: t for t in original.graph.initializer}
+    used = {x for n in simplified.graph.node for x in n.input} | {o.name for o in simplified.graph.output}
+    inputs = [i for i in simplified.graph.input if i.name not in refs]
+    back = [by_name[i.name] for i in simplified.graph.input if i.name in refs and i.name in used]
+    del simplified.graph.input[:]
+    simplified.graph.input.extend(inputs)
+    simplified.graph.initializer.extend(back)
+    return simplified
+
+
+class SpillFile:
+    """Appends new weights to one file in the compile's private directory; returns external TensorProtos /
+    onnx-ir ExternalTensors that reference them, so the values can leave memory."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.bytes = 0
+
+    def _append(self, array: np.ndarray) -> tuple[int, int]:
+        array = np.ascontiguousarray(array)
+        with open(self.path, "ab") as f:
+            offset = f.seek(0, os.SEEK_END)
+            pad = (-offset) % _ALIGN
+            f.write(b"\0" * pad)
+            offset += pad
+            f.write(array.tobytes(order="C") if array.dtype.name == "bfloat16" else memoryview(array).cast("B"))
+        self.bytes += array.nbytes
+        return offset, array.nbytes
+
+    def tensor_proto(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        offset, length = self._append(array)
+        t = onnx.TensorProto(name=name, data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
+        t.dims.extend(array.shape)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", str(self.path)), ("offset", str(offset)), ("length", str(length))):
+            t.external_data.add(key=k, value=v)
+        return t
+
+    def external_tensor(self, name: str, array: np.ndarray) -> ir.ExternalTensor:
+        offset, length = self._append(array)
+        return ir.ExternalTensor(str(self.path), offset, length, ir.DataType.from_numpy(array.dtype),
+                                 shape=ir.Shape(array.shape), name=name)
+
+
+# In-memory tensors at least this big are spilled after the passes (smaller ones are cheap to keep).
+SPILL_MIN_BYTES = 1 << 20
+
+
+def spill_new_tensors(model: ir.Model, spill: SpillFile) -> int:
+    """Move every large in-memory initializer a pass created to the spill file; returns the bytes moved."""
+    moved = 0
+    for value in model.graph.initializers.values():
+        t = value.const_value
+        if t is None or isinstance(t, ir.ExternalTensor) or t.nbytes < SPILL_MIN_BYTES:
+            continue
+        value.const_value = spill.external_tensor(value.name, t.numpy())
+        moved += t.nbytes
+    return moved
+
+
+def save_self_contained(model: onnx.ModelProto, path: Path) -> list[Path]:
+    """Write `model` as a file that stands on its own: weights held by reference (or too big for one
+    protobuf) are copied into `<name>.data` beside it. Returns the files written."""
+    path = Path(path)
+    if not external_refs(model) and model.ByteSize() < 1_800_000_000:
+        onnx.save(model, str(path))
+        return [path]
+    data = path.with_name(path.name + ".data")
+    ir.save(ir.from_proto(model), path, external_data=data.name)
+    return [path, data]
