@@ -41,17 +41,33 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_task(kind: str, task: dict, workdir: Path, label: str) -> dict:
-    """Runs the task with cwd=workdir; returns the worker's result dict or raises ChildError/InternalError."""
+def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> dict:
+    """Runs the task with cwd=workdir; returns the worker's result dict or raises ChildError/InternalError.
+    With a graphconv.progress.Tracker the child reports how far it is (bytes of weights read) through a
+    small file the parent polls."""
     n = len(list(workdir.glob("task-*.json")))
     task_path = workdir / f"task-{n}-{kind}.json"
     result_path = workdir / f"task-{n}-{kind}.result.json"
     log_path = workdir / f"task-{n}-{kind}.log"
-    task_path.write_text(json.dumps({**task, "kind": kind, "result": str(result_path)}))
+    progress_path = workdir / f"task-{n}-{kind}.progress"
+    extra = {"progress_file": str(progress_path)} if tracker is not None else {}
+    task_path.write_text(json.dumps({**task, **extra, "kind": kind, "result": str(result_path)}))
     with open(log_path, "wb") as log:
-        proc = subprocess.run([sys.executable, "-m", "graphconv.worker", str(task_path)], cwd=workdir,
-                              env=child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        proc = subprocess.Popen([sys.executable, "-m", "graphconv.worker", str(task_path)], cwd=workdir,
+                                env=child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=0.25)
+                    break
+                except subprocess.TimeoutExpired:
+                    if tracker is not None:
+                        _report_progress(progress_path, tracker)
+        except BaseException:
+            proc.kill()  # interrupted: the child must not go on writing
+            proc.wait()
+            raise
     if not result_path.exists():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
         how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
@@ -60,3 +76,11 @@ def run_task(kind: str, task: dict, workdir: Path, label: str) -> dict:
     if not result.get("ok"):
         raise ChildError(f"{label} failed: {result.get('error')}", result.get("error", ""), result.get("traceback", ""))
     return result
+
+
+def _report_progress(path: Path, tracker) -> None:
+    try:
+        done = float(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return
+    tracker.update(done)

@@ -110,7 +110,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):
         if path is not None and path.exists():
             raise click.UsageError(f"{flag} {path} already exists")
-    progress = Progress(quiet=quiet)
+    progress = Progress.for_cli(quiet)
     try:
         report = compile_model(model, output, progress=progress, target=target, simplify=not no_simplify,
                                verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims),
@@ -161,7 +161,7 @@ def export_cmd(factory, output, opset, exporter, as_json, quiet, debug):
     if not (isinstance(built, tuple) and len(built) == 3 and isinstance(built[1], dict)):
         raise click.UsageError(f"{factory} must return (module, example_inputs: dict, dynamic_axes: dict)")
     module, example_inputs, dynamic_axes = built
-    progress = Progress(quiet=quiet)
+    progress = Progress.for_cli(quiet)
     progress.info(f"export {factory} with {exporter} at opset {opset}")
     result = export_pytorch(module, example_inputs, output, dynamic_axes, opset=opset, exporter=exporter)
     if as_json:
@@ -207,7 +207,7 @@ def matrix_cmd(full, models, exporters, opsets, no_docs, as_json, quiet):
         names = [m for m in names if m in PLAIN_TORCH]
     exporters = exporters or (matrix.EXPORTERS if full else matrix.SLICE["exporters"])
     opsets = opsets or (matrix.OPSETS if full else matrix.SLICE["opsets"])
-    progress = Progress(quiet=quiet)
+    progress = Progress.for_cli(quiet)
     baseline = matrix.load_baseline()
     cells = matrix.run_matrix(names, exporters, opsets, progress)
     if not no_docs:
@@ -287,7 +287,7 @@ def conformance_cmd(pattern, no_docs, as_json, quiet):
             re.compile(pattern)
         except re.error as e:
             raise click.UsageError(f"--filter {pattern!r}: {e}") from None
-    progress = Progress(quiet=quiet)
+    progress = Progress.for_cli(quiet)
     summary, outcomes, seconds = conformance.conformance(pattern, progress)
     if not pattern and not no_docs:
         progress.info(f"wrote {conformance.write_docs(summary, outcomes, seconds)}")

@@ -178,8 +178,14 @@ class Compiler:
             st.nodes_before = len(model.graph.node)
             ir_model = ir.from_proto(model)
             check = self._check_pass if self.opt.verify_each and expected is not None else None
-            self.report.fusions = self.pass_manager.run(
-                ir_model, after_each=(lambda p, m, k: check(p, m, cases, expected)) if check else None)
+            tracker = self.progress.track("passes", len(self.pass_manager.names), "passes")
+
+            def after_each(p, m, k):
+                if check:
+                    check(p, m, cases, expected)
+                tracker.update(tracker.done + 1)
+
+            self.report.fusions = self.pass_manager.run(ir_model, after_each=after_each)
             self.report.skipped_fusions = self.pass_manager.skipped
             if self.streaming:  # weights a pass made (merged gate/up) leave memory before the next stage
                 st.detail = {"spilled_bytes": weights.spill_new_tensors(ir_model, self.spill(ws))}
@@ -216,8 +222,10 @@ class Compiler:
             out_dir.mkdir()
             task = {**task, "file_base": str(out_dir / self.output.stem),
                     "checkpoint": str(ws.path("network.ckpt")) if checkpoint else None}
+            external = sum(ref[2] for ref in task.get("external_weights", {}).values())
+            tracker = self.progress.track("weights into MindSpore", external) if external else None
             try:
-                result = run_task("export", task, ws.dir, "mindspore.export")
+                result = run_task("export", task, ws.dir, "mindspore.export", tracker)
             except ChildError as e:
                 raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
         return [Path(p) for p in result["files"]]

@@ -81,6 +81,23 @@ def _weights(task: dict, progress=None) -> dict:
     return _Weights(small, external, progress)
 
 
+def _progress_writer(task: dict):
+    """A callback adding bytes read to the count the parent polls (graphconv.child.run_task), or None."""
+    path = task.get("progress_file")
+    if not path:
+        return None
+    done = [0]
+
+    def advance(nbytes: int) -> None:
+        done[0] += nbytes
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(done[0]))
+        os.replace(tmp, path)
+
+    return advance
+
+
 def export(task: dict) -> dict:
     import mindspore as ms
     from mindspore import Tensor
@@ -88,7 +105,7 @@ def export(task: dict) -> dict:
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     network_cls = _import_network(task["source"], task["class_name"])
-    net = network_cls(_weights(task))
+    net = network_cls(_weights(task, _progress_writer(task)))
     net.set_train(False)
     placeholders = [Tensor(shape=spec["shape"], dtype=getattr(ms, spec["ms_dtype"])) for spec in task["inputs"]]
     ms.export(net, *placeholders, file_name=task["file_base"], file_format="MINDIR")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from models import EXAMPLES_DIR
 def test_killed_during_export(tmp_path, sig):
     out = tmp_path / "m.mindir"
     proc = subprocess.Popen([sys.executable, "-m", "graphconv", "compile", str(EXAMPLES_DIR / "tiny_llama.onnx"),
-                             "-o", str(out), "--no-simplify"], stderr=subprocess.PIPE, text=True)
+                             "-o", str(out), "--no-simplify"], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "GRAPHCONV_PROGRESS": "1"})  # progress lines off a terminal
     deadline = time.time() + 120
     for line in proc.stderr:
         if "emit (mindspore.export)" in line or time.time() > deadline:
