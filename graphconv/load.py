@@ -196,12 +196,14 @@ def load(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{path}: invalid ONNX model: {first}") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: invalid ONNX model: a name or string is not valid UTF-8") from None
+    if external:
+        # The weights stay in their files, referenced by absolute path; small tensors (shape constants) are
+        # read in so that shape inference sees their values (graphconv.weights).
+        weights.take_over_external(model, path.parent)
+        external = sum(r.length for r in weights.external_refs(model).values())
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as e:
         raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
     name_nodes(model)
-    if external:
-        # The weights stay in their files: the proto references them by absolute path (graphconv.weights).
-        weights.make_locations_absolute(model, path.parent)
     return LoadedModel(path=path, proto=model, external_bytes=external)

@@ -110,6 +110,8 @@ class Compiler:
         with self.report.stage("load") as st:
             loaded = load(self.model_path)
             st.nodes_after = len(loaded.proto.graph.node)
+            if loaded.external_bytes:
+                st.detail = {"external_weight_bytes": loaded.external_bytes, "weights": "read in place"}
         self.report.model = _model_info(loaded.proto)
         self.report.op_histogram = _histogram(loaded.proto)
         missing = lower.unsupported_ops(loaded.proto)
@@ -217,13 +219,14 @@ class Compiler:
 
     def emit(self, task: dict, ws: Workspace, out: str = "out", checkpoint: bool = False) -> list[Path]:
         self.progress.info(f"emit (mindspore.export{', cpu twin' if out != 'out' else ''})")
-        with self.report.stage("emit" if out == "out" else f"emit-{out}"):
+        with self.report.stage("emit" if out == "out" else f"emit-{out}") as st:
             out_dir = ws.path(out)
             out_dir.mkdir()
             task = {**task, "file_base": str(out_dir / self.output.stem),
                     "checkpoint": str(ws.path("network.ckpt")) if checkpoint else None}
             external = sum(ref[2] for ref in task.get("external_weights", {}).values())
             tracker = self.progress.track("weights into MindSpore", external) if external else None
+            st.detail = {"weights_read_from_files_bytes": external}
             try:
                 result = run_task("export", task, ws.dir, "mindspore.export", tracker)
             except ChildError as e:

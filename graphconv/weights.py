@@ -56,16 +56,29 @@ def external_refs(model: onnx.ModelProto) -> dict[str, WeightRef]:
             if uses_external_data(t)}
 
 
-def make_locations_absolute(model: onnx.ModelProto, base_dir: Path) -> None:
-    """Point every external tensor (graph and functions' constants) at the absolute path of its file."""
+# External tensors up to this size are read into the proto at load: shape constants and axes must be
+# visible to shape inference's data propagation and to constant folding.
+INLINE_MAX_BYTES = 4096
+
+
+def take_over_external(model: onnx.ModelProto, base_dir: Path) -> None:
+    """Read small external tensors into the proto; point every other one (graph and functions' constants)
+    at the absolute path of its file. The locations must have been validated (graphconv.load)."""
     from onnx.external_data_helper import _get_all_tensors
 
     base = Path(os.path.realpath(base_dir))
     for t in _get_all_tensors(model):
-        if uses_external_data(t):
-            for entry in t.external_data:
-                if entry.key == "location":
-                    entry.value = str(base / entry.value)
+        if not uses_external_data(t):
+            continue
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = str(base / entry.value)
+        ref = WeightRef(t.name, *external_refs_of(t))
+        if ref.length <= INLINE_MAX_BYTES:
+            data = read(ref, mmap=False)
+            t.raw_data = data.tobytes()
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
 
 
 def read(ref: WeightRef | list, mmap: bool = True) -> np.ndarray:

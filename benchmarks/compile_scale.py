@@ -1,0 +1,792 @@
+#!/usr/bin/env python3
+"""compile_scale: how graphconv's compile time and memory scale with a billion-parameter model.
+
+What it does, in one run:
+
+1. Builds a Llama-shaped decoder ONNX model (opset 18, input `input_ids` int64 [batch, seq], output `logits`
+   float32 [batch, seq, vocab]) with onnx.helper only, spelled the way PyTorch's dynamo exporter spells it
+   (decomposed RMSNorm, rotate_half RoPE, repeat_kv GQA, causal mask through Trilu/Where, SiLU as
+   x * Sigmoid(x)), so graphconv's fusion passes see what they see in real exports. The random weights
+   (seeded, fp32, N(0, 0.02) matrices, ones for the norm gammas) are generated one tensor at a time and
+   appended to `<workdir>/model/model.onnx.data`; the graph's initializers are external references to
+   that file. Linear weights are stored pre-transposed ([in, out]) under state_dict-like names.
+2. Measures, each in a fresh subprocess (wall time, and peak RSS two ways: the summed RSS of the child's
+   process tree polled every 0.1 s, and ru_maxrss from wait4, i.e. the largest single process):
+   (a) the floor: read every weight byte once (64 MiB chunks), then build a MindSpore nn.Cell holding
+       Parameters of the same shapes (read from the data file one at a time) and mindspore.export it as
+       MINDIR (CPU, GRAPH_MODE) -- what any ONNX -> MindIR converter must at least do;
+   (b) onnxsim alone: onnx.load + onnxsim.simplify(check_n=0), what users run before converting;
+   (c) graphconv end to end: `python -m graphconv compile model.onnx -o ... --report ... -q` with its
+       defaults (target ascend, onnxsim and verification on).
+3. Prints a summary table and the ratios; deletes the workdir unless --keep.
+
+Targets (printed as PASS/MISS): wall(c) / wall(a) <= 2.0 and peak RSS(c) <= 1.5 x weight bytes.
+
+Run (from the repository root):
+
+    .venv/bin/python benchmarks/compile_scale.py [--size small|default] [--workdir DIR] [--keep] [--json]
+    .venv/bin/python benchmarks/compile_scale.py --selfcheck   # tiny models: onnxruntime vs numpy
+
+`--size small` (~100M parameters, ~0.4 GB of weights) takes about a minute; `--size default` (~1.1B
+parameters, TinyLlama-1.1B's shape, ~4.4 GB of weights) needs at least 4x the weight bytes of free disk.
+Progress goes to stderr, the results to stdout. No torch anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_FILE = "model.onnx.data"
+ALIGN = 4096  # offsets of the weights in the data file (page aligned, as onnx's own writer does for big ones)
+CHUNK = 64 * 2**20
+WALL_TARGET = 2.0  # wall(c) / wall(a)
+RSS_TARGET = 1.5  # peak RSS(c) / weight bytes
+
+
+# ----------------------------------------------------------------------------------------------------------
+# model configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    eps: float = 1e-5
+    theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def weights(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, shape, init) of every weight in file order; init is "normal" or "ones"."""
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        out = [("model.embed_tokens.weight", (self.vocab, h), "normal")]
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            out += [(p + "input_layernorm.weight", (h,), "ones"),
+                    (p + "self_attn.q_proj.weight", (h, h), "normal"),
+                    (p + "self_attn.k_proj.weight", (h, kv), "normal"),
+                    (p + "self_attn.v_proj.weight", (h, kv), "normal"),
+                    (p + "self_attn.o_proj.weight", (h, h), "normal"),
+                    (p + "post_attention_layernorm.weight", (h,), "ones"),
+                    (p + "mlp.gate_proj.weight", (h, self.intermediate), "normal"),
+                    (p + "mlp.up_proj.weight", (h, self.intermediate), "normal"),
+                    (p + "mlp.down_proj.weight", (self.intermediate, h), "normal")]
+        out += [("model.norm.weight", (h,), "ones"), ("lm_head.weight", (h, self.vocab), "normal")]
+        return out
+
+    def n_params(self) -> int:
+        return sum(math.prod(shape) for _, shape, _ in self.weights())
+
+    def validate(self) -> None:
+        if self.hidden % self.heads or self.head_dim % 2 or self.heads % self.kv_heads:
+            raise SystemExit(f"compile_scale: inconsistent shape {self}: hidden must be a multiple of heads, "
+                             "head_dim even, heads a multiple of kv_heads")
+
+
+SIZES = {
+    # TinyLlama-1.1B's shape: 1.10e9 parameters, 4.4 GB of fp32 weights.
+    "default": Config(hidden=2048, layers=22, intermediate=5632, heads=32, kv_heads=4, vocab=32000),
+    # 99.6e6 parameters, 0.4 GB.
+    "small": Config(hidden=768, layers=8, intermediate=2048, heads=12, kv_heads=4, vocab=32000),
+}
+# --selfcheck: the brief's tiny shape (kv repeat 2) and one with kv repeat 3 (catches a swapped
+# [kv_heads, n_rep] in the repeat_kv Expand, which kv_heads == n_rep would hide).
+SELFCHECK = [Config(hidden=64, layers=2, intermediate=128, heads=4, kv_heads=2, vocab=128),
+             Config(hidden=96, layers=2, intermediate=160, heads=6, kv_heads=2, vocab=128)]
+
+
+def log(msg: str) -> None:
+    print(f"[compile_scale] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# building the ONNX model
+
+
+class WeightWriter:
+    """Appends one generated weight at a time to the data file; hands back external-reference TensorProtos."""
+
+    def __init__(self, path: Path, seed: int):
+        self.file = open(path, "wb")
+        self.rng = np.random.default_rng(seed)
+        self.offset = 0
+        self.manifest: list[dict] = []  # name, shape, offset, length
+
+    def add(self, name: str, shape: tuple[int, ...], init: str):
+        import onnx
+
+        if init == "ones":
+            arr = np.ones(shape, np.float32)
+        else:
+            arr = self.rng.standard_normal(shape, dtype=np.float32)
+            arr *= np.float32(0.02)
+        pad = -self.offset % ALIGN
+        if pad:
+            self.file.write(b"\0" * pad)
+            self.offset += pad
+        self.file.write(memoryview(arr).cast("B"))
+        t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=shape,
+                             data_location=onnx.TensorProto.EXTERNAL)
+        for key, value in (("location", DATA_FILE), ("offset", str(self.offset)), ("length", str(arr.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        self.manifest.append({"name": name, "shape": list(shape), "offset": self.offset, "length": arr.nbytes})
+        self.offset += arr.nbytes
+        return t
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class GraphBuilder:
+    """Nodes with unique output and node names, small constants stored inline, and a value_info entry
+    (elem type and shape, symbolic dims "batch"/"seq") for every node output, as the dynamo exporter writes:
+    without them shape inference cannot tell that Range(0, seq) has `seq` elements."""
+
+    def __init__(self):
+        self.nodes: list = []
+        self.initializers: list = []
+        self.value_info: list = []
+        self._used: dict[str, int] = {}
+
+    def _fresh(self, hint: str) -> str:
+        n = self._used.get(hint, 0)
+        self._used[hint] = n + 1
+        return hint if n == 0 else f"{hint}_{n}"
+
+    def op(self, op_type: str, inputs: list[str], hint: str, shape: list, elem: int = 1, output: str = "",
+           **attrs) -> str:
+        """Appends a node; `shape` and `elem` (TensorProto type, default FLOAT) describe its output;
+        `output` names a graph output (no value_info then)."""
+        from onnx import helper
+
+        out = output or self._fresh(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"node_{out}", **attrs))
+        if not output:
+            self.value_info.append(helper.make_tensor_value_info(out, elem, shape))
+        return out
+
+    def const(self, hint: str, value) -> str:
+        from onnx import numpy_helper
+
+        name = self._fresh(hint)
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+
+def i64(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def f32(value: float) -> np.ndarray:
+    return np.array(value, np.float32)
+
+
+def build_graph(cfg: Config, writer: WeightWriter):
+    """The Llama decoder graph; weights come from `writer` in file order."""
+    from onnx import TensorProto, helper
+
+    INT64, BOOL = TensorProto.INT64, TensorProto.BOOL
+    B, S = "batch", "seq"
+    g = GraphBuilder()
+    weights: list = []
+
+    def weight(name: str, shape, init: str = "normal") -> str:
+        weights.append(writer.add(name, tuple(shape), init))
+        return name
+
+    h, hd, half, inter = cfg.hidden, cfg.head_dim, cfg.head_dim // 2, cfg.intermediate
+    n_heads, n_kv, n_rep = cfg.heads, cfg.kv_heads, cfg.heads // cfg.kv_heads
+
+    # shared constants (dynamo exports one initializer per distinct value and reuses it)
+    axis_last, ax1, ax2, ax01 = g.const("axes_last", i64(-1)), g.const("ax1", i64(1)), g.const("ax2", i64(2)), g.const("ax01", i64(0, 1))
+    two, eps = g.const("two", f32(2.0)), g.const("eps", f32(cfg.eps))
+    scale = g.const("scale", f32(1.0 / math.sqrt(hd)))
+    c_heads, c_kv, c_rep = g.const("n_heads", i64(n_heads)), g.const("n_kv", i64(n_kv)), g.const("n_rep", i64(n_rep))
+    c_hd, c_hidden = g.const("head_dim", i64(hd)), g.const("hidden", i64(h))
+    c_zero, c_half, c_one = g.const("s0", i64(0)), g.const("s_half", i64(half)), g.const("s1", i64(1))
+    c_max = g.const("s_max", i64(2**63 - 1))
+
+    # batch and seq at run time, read once from input_ids
+    batch = g.op("Shape", ["input_ids"], "batch_1d", [1], INT64, start=0, end=1)
+    seq = g.op("Shape", ["input_ids"], "seq_1d", [1], INT64, start=1, end=2)
+    seq_scalar = g.op("Squeeze", [seq], "seq", [], INT64)
+
+    # run-time shapes for the reshapes and the kv repeat
+    q_shape = g.op("Concat", [batch, seq, c_heads, c_hd], "shape_q", [4], INT64, axis=0)
+    kv_shape = g.op("Concat", [batch, seq, c_kv, c_hd], "shape_kv", [4], INT64, axis=0)
+    expand_shape = g.op("Concat", [batch, c_kv, c_rep, seq, c_hd], "shape_kv_expand", [5], INT64, axis=0)
+    rep_shape = g.op("Concat", [batch, c_heads, seq, c_hd], "shape_kv_repeated", [4], INT64, axis=0)
+    out_shape = g.op("Concat", [batch, seq, c_hidden], "shape_attn_out", [3], INT64, axis=0)
+
+    # RoPE tables, once: positions (Range) x inv_freq, cat(freqs, freqs), cos / sin as [1, 1, seq, head_dim]
+    inv_freq = 1.0 / (cfg.theta ** (np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / hd))
+    c_inv = g.const("inv_freq", inv_freq.astype(np.float32).reshape(1, half))
+    start, step = g.const("range_start", np.array(0, np.int64)), g.const("range_step", np.array(1, np.int64))
+    pos = g.op("Range", [start, seq_scalar, step], "arange", [S], INT64)
+    pos = g.op("Cast", [pos], "arange_float", [S], to=TensorProto.FLOAT)
+    pos = g.op("Unsqueeze", [pos, ax1], "positions", [S, 1])
+    freqs = g.op("Mul", [pos, c_inv], "freqs", [S, half])
+    emb = g.op("Concat", [freqs, freqs], "rope_emb", [S, hd], axis=-1)
+    cos = g.op("Unsqueeze", [g.op("Cos", [emb], "cos_2d", [S, hd]), ax01], "cos", [1, 1, S, hd])
+    sin = g.op("Unsqueeze", [g.op("Sin", [emb], "sin_2d", [S, hd]), ax01], "sin", [1, 1, S, hd])
+
+    # causal mask, once: Where(Trilu(ones[seq, seq], k=1) as bool, float32 min, 0) as [1, 1, seq, seq]
+    mask_shape = g.op("Concat", [seq, seq], "shape_mask", [2], INT64, axis=0)
+    ones = g.op("ConstantOfShape", [mask_shape], "mask_ones", [S, S],
+                value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))
+    upper = g.op("Trilu", [ones, c_one], "mask_upper", [S, S], upper=1)
+    upper = g.op("Cast", [upper], "mask_bool", [S, S], BOOL, to=BOOL)
+    fill, zero = g.const("mask_fill", f32(np.finfo(np.float32).min)), g.const("zero", f32(0.0))
+    mask = g.op("Where", [upper, fill, zero], "mask_2d", [S, S])
+    mask = g.op("Unsqueeze", [mask, ax01], "mask", [1, 1, S, S])
+
+    def rmsnorm(x: str, gamma: str, tag: str) -> str:
+        sq = g.op("Pow", [x, two], f"{tag}_pow", [B, S, h])
+        var = g.op("ReduceMean", [sq, axis_last], f"{tag}_mean", [B, S, 1], keepdims=1)
+        std = g.op("Sqrt", [g.op("Add", [var, eps], f"{tag}_add_eps", [B, S, 1])], f"{tag}_sqrt", [B, S, 1])
+        normed = g.op("Mul", [x, g.op("Reciprocal", [std], f"{tag}_rsqrt", [B, S, 1])], f"{tag}_normed", [B, S, h])
+        return g.op("Mul", [weight(gamma, (h,), "ones"), normed], f"{tag}_out", [B, S, h])
+
+    def linear(x: str, name: str, n_in: int, n_out: int, tag: str) -> str:
+        return g.op("MatMul", [x, weight(name, (n_in, n_out))], tag, [B, S, n_out])
+
+    def heads_bnsd(x: str, shape: str, n: int, tag: str) -> str:
+        x = g.op("Reshape", [x, shape], f"{tag}_bsnd", [B, S, n, hd], allowzero=1)
+        return g.op("Transpose", [x], f"{tag}_bnsd", [B, n, S, hd], perm=[0, 2, 1, 3])
+
+    def rope(x: str, n: int, tag: str) -> str:
+        x1 = g.op("Slice", [x, c_zero, c_half, axis_last, c_one], f"{tag}_x1", [B, n, S, half])
+        x2 = g.op("Slice", [x, c_half, c_max, axis_last, c_one], f"{tag}_x2", [B, n, S, half])
+        neg = g.op("Neg", [x2], f"{tag}_neg_x2", [B, n, S, half])
+        rotated = g.op("Concat", [neg, x1], f"{tag}_rotate_half", [B, n, S, hd], axis=-1)
+        with_cos = g.op("Mul", [x, cos], f"{tag}_cos", [B, n, S, hd])
+        with_sin = g.op("Mul", [rotated, sin], f"{tag}_sin", [B, n, S, hd])
+        return g.op("Add", [with_cos, with_sin], f"{tag}_rope", [B, n, S, hd])
+
+    def repeat_kv(x: str, tag: str) -> str:
+        x = g.op("Unsqueeze", [x, ax2], f"{tag}_unsqueeze", [B, n_kv, 1, S, hd])
+        x = g.op("Expand", [x, expand_shape], f"{tag}_expand", [B, n_kv, n_rep, S, hd])
+        return g.op("Reshape", [x, rep_shape], f"{tag}_repeated", [B, n_heads, S, hd], allowzero=1)
+
+    def attention(x: str, p: str, t: str) -> str:
+        hs = rmsnorm(x, p + "input_layernorm.weight", f"{t}_input_norm")
+        q = heads_bnsd(linear(hs, p + "self_attn.q_proj.weight", h, h, f"{t}_q_proj"), q_shape, n_heads, f"{t}_q")
+        k = heads_bnsd(linear(hs, p + "self_attn.k_proj.weight", h, n_kv * hd, f"{t}_k_proj"), kv_shape, n_kv, f"{t}_k")
+        v = heads_bnsd(linear(hs, p + "self_attn.v_proj.weight", h, n_kv * hd, f"{t}_v_proj"), kv_shape, n_kv, f"{t}_v")
+        q, k = rope(q, n_heads, f"{t}_q"), rope(k, n_kv, f"{t}_k")
+        k, v = repeat_kv(k, f"{t}_k"), repeat_kv(v, f"{t}_v")
+        kt = g.op("Transpose", [k], f"{t}_k_t", [B, n_heads, hd, S], perm=[0, 1, 3, 2])
+        scores = g.op("MatMul", [q, kt], f"{t}_qk", [B, n_heads, S, S])
+        scores = g.op("Mul", [scores, scale], f"{t}_scores", [B, n_heads, S, S])
+        scores = g.op("Add", [scores, mask], f"{t}_masked", [B, n_heads, S, S])
+        probs = g.op("Softmax", [scores], f"{t}_probs", [B, n_heads, S, S], axis=-1)
+        attn = g.op("MatMul", [probs, v], f"{t}_pv", [B, n_heads, S, hd])
+        attn = g.op("Transpose", [attn], f"{t}_attn_bsnd", [B, S, n_heads, hd], perm=[0, 2, 1, 3])
+        attn = g.op("Reshape", [attn, out_shape], f"{t}_attn", [B, S, h], allowzero=1)
+        out = linear(attn, p + "self_attn.o_proj.weight", h, h, f"{t}_o_proj")
+        return g.op("Add", [x, out], f"{t}_residual_attn", [B, S, h])
+
+    def mlp(x: str, p: str, t: str) -> str:
+        hs = rmsnorm(x, p + "post_attention_layernorm.weight", f"{t}_post_norm")
+        gate = linear(hs, p + "mlp.gate_proj.weight", h, inter, f"{t}_gate_proj")
+        silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{t}_sigmoid", [B, S, inter])], f"{t}_silu", [B, S, inter])
+        up = linear(hs, p + "mlp.up_proj.weight", h, inter, f"{t}_up_proj")
+        act = g.op("Mul", [silu, up], f"{t}_swiglu", [B, S, inter])
+        down = linear(act, p + "mlp.down_proj.weight", inter, h, f"{t}_down_proj")
+        return g.op("Add", [x, down], f"{t}_residual_mlp", [B, S, h])
+
+    embed = weight("model.embed_tokens.weight", (cfg.vocab, h))
+    x = g.op("Gather", [embed, "input_ids"], "embedding", [B, S, h], axis=0)
+    for i in range(cfg.layers):
+        x = attention(x, f"model.layers.{i}.", f"l{i}")
+        x = mlp(x, f"model.layers.{i}.", f"l{i}")
+    x = rmsnorm(x, "model.norm.weight", "final_norm")
+    g.op("MatMul", [x, weight("lm_head.weight", (h, cfg.vocab))], "lm_head", [B, S, cfg.vocab], output="logits")
+
+    assert [w.name for w in weights] == [n for n, _, _ in cfg.weights()], "weights out of file order"
+    return helper.make_graph(
+        g.nodes, "llama_decoder",
+        [helper.make_tensor_value_info("input_ids", INT64, [B, S])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [B, S, cfg.vocab])],
+        initializer=weights + g.initializers, value_info=g.value_info)
+
+
+def build_model(cfg: Config, model_dir: Path, seed: int) -> tuple[Path, list[dict]]:
+    """Writes model_dir/model.onnx and model_dir/model.onnx.data; returns the .onnx path and the weight
+    manifest (name, shape, offset, length in the data file)."""
+    import onnx
+    from onnx import helper
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    writer = WeightWriter(model_dir / DATA_FILE, seed)
+    try:
+        graph = build_graph(cfg, writer)
+    finally:
+        writer.close()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10,
+                              producer_name="graphconv-benchmarks-compile_scale")
+    path = model_dir / "model.onnx"
+    onnx.save(model, str(path))  # initializers are already external references: only the graph is written
+    onnx.checker.check_model(str(path))
+    return path, writer.manifest
+
+
+# ----------------------------------------------------------------------------------------------------------
+# --selfcheck: the graph against a plain numpy Llama forward, with onnxruntime at two shapes
+
+
+def load_weights(data_path: Path, manifest: list[dict]) -> dict[str, np.ndarray]:
+    with open(data_path, "rb") as f:
+        out = {}
+        for w in manifest:
+            f.seek(w["offset"])
+            out[w["name"]] = np.fromfile(f, np.float32, w["length"] // 4).reshape(w["shape"])
+    return out
+
+
+def numpy_llama(cfg: Config, w: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
+    """Llama forward (transformers' LlamaForCausalLM, no cache, causal mask), in float64."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    b, s = ids.shape
+    hd, half, n_rep = cfg.head_dim, cfg.head_dim // 2, cfg.heads // cfg.kv_heads
+    inv_freq = 1.0 / (cfg.theta ** (np.arange(0, hd, 2) / hd))
+    angles = np.arange(s)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([angles, angles], axis=-1)
+    cos, sin = np.cos(emb), np.sin(emb)
+    mask = np.triu(np.full((s, s), np.finfo(np.float32).min, np.float64), k=1)
+
+    def rms(x, gamma):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.eps) * gamma
+
+    def rotate_half(x):
+        return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+    def split(x, n):
+        return x.reshape(b, s, n, hd).transpose(0, 2, 1, 3)
+
+    x = w["model.embed_tokens.weight"][ids]
+    for i in range(cfg.layers):
+        p = f"model.layers.{i}."
+        hs = rms(x, w[p + "input_layernorm.weight"])
+        q = split(hs @ w[p + "self_attn.q_proj.weight"], cfg.heads)
+        k = split(hs @ w[p + "self_attn.k_proj.weight"], cfg.kv_heads)
+        v = split(hs @ w[p + "self_attn.v_proj.weight"], cfg.kv_heads)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = np.repeat(k, n_rep, axis=1), np.repeat(v, n_rep, axis=1)  # repeat_kv
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd) + mask
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        attn = (probs @ v).transpose(0, 2, 1, 3).reshape(b, s, cfg.hidden)
+        x = x + attn @ w[p + "self_attn.o_proj.weight"]
+        hs = rms(x, w[p + "post_attention_layernorm.weight"])
+        gate = hs @ w[p + "mlp.gate_proj.weight"]
+        x = x + (gate / (1 + np.exp(-gate)) * (hs @ w[p + "mlp.up_proj.weight"])) @ w[p + "mlp.down_proj.weight"]
+    return rms(x, w["model.norm.weight"]) @ w["lm_head.weight"]
+
+
+def all_values_as_outputs(path: Path, out_path: Path) -> dict[str, list]:
+    """A copy of the model whose every value_info is also a graph output; returns name -> annotated dims."""
+    import onnx
+
+    model = onnx.load(str(path))  # tiny: weights loaded, the copy is self-contained
+    annotated = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+                 for vi in model.graph.value_info}
+    model.graph.output.extend(model.graph.value_info)
+    onnx.save(model, str(out_path))
+    return annotated
+
+
+def selfcheck(seed: int) -> bool:
+    """Tiny models: logits from onnxruntime against numpy_llama at two (batch, seq), and every value_info
+    annotation against the shape onnxruntime computes."""
+    import onnxruntime as ort
+
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="compile_scale_selfcheck-") as tmp:
+        for n, cfg in enumerate(SELFCHECK):
+            path, manifest = build_model(cfg, Path(tmp) / f"tiny{n}", seed)
+            weights = load_weights(path.parent / DATA_FILE, manifest)
+            annotated = all_values_as_outputs(path, Path(tmp) / f"tiny{n}_all_outputs.onnx")
+            sess = ort.InferenceSession(str(Path(tmp) / f"tiny{n}_all_outputs.onnx"), providers=["CPUExecutionProvider"])
+            names = [o.name for o in sess.get_outputs()]
+            rng = np.random.default_rng(seed + 1)
+            for batch, seq in ((1, 7), (3, 13)):
+                ids = rng.integers(0, cfg.vocab, (batch, seq), dtype=np.int64)
+                values = dict(zip(names, sess.run(names, {"input_ids": ids})))
+                got, want = values["logits"], numpy_llama(cfg, weights, ids)
+                err = float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")
+                good = got.shape == (batch, seq, cfg.vocab) and err <= 1e-5 * max(1.0, float(np.abs(want).max()))
+                dims = {"batch": batch, "seq": seq}
+                wrong = [f"{k} {list(values[k].shape)} != {v}" for k, v in annotated.items()
+                         if list(values[k].shape) != [dims.get(d, d) for d in v]]
+                ok &= good and not wrong
+                print(f"selfcheck hidden {cfg.hidden} heads {cfg.heads}/{cfg.kv_heads} layers {cfg.layers} "
+                      f"input [{batch}, {seq}]: logits {list(got.shape)}, max |ort - numpy| {err:.2e} "
+                      f"(max |logit| {np.abs(want).max():.3f}), {len(annotated) - len(wrong)}/{len(annotated)} "
+                      f"annotated shapes right {'ok' if good and not wrong else 'FAIL'}")
+                for line in wrong[:10]:
+                    print(f"  value_info wrong: {line}")
+    print("selfcheck " + ("passed" if ok else "FAILED"))
+    return ok
+
+
+# ----------------------------------------------------------------------------------------------------------
+# measuring a child process: wall time, peak RSS of its process tree, ru_maxrss
+
+
+def tree_rss(proc) -> int:
+    import psutil
+
+    total = 0
+    try:
+        members = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return 0
+    for p in members:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure(cmd: list[str], logs: Path, name: str, env: dict | None = None) -> dict:
+    """Runs cmd with stdout/stderr to logs/<name>.out/.err; polls the summed RSS of its process tree every
+    0.1 s; reaps it with wait4 for ru_maxrss (the largest single process of the tree)."""
+    import psutil
+
+    logs.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = logs / f"{name}.out", logs / f"{name}.err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=REPO,
+                                env={**os.environ, **(env or {})})
+        ps = psutil.Process(proc.pid)
+        peak = 0
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                peak = max(peak, tree_rss(ps))
+                time.sleep(0.1)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stderr = err_path.read_text(errors="replace").strip().splitlines()
+    return {"wall_s": wall, "peak_rss_tree_bytes": peak, "ru_maxrss_bytes": usage.ru_maxrss * 1024,
+            "exit_code": proc.returncode, "stdout": out_path.read_text(errors="replace"),
+            "stderr_tail": stderr[-1] if stderr else ""}
+
+
+def child_result(m: dict) -> dict:
+    """The JSON a child printed as its last stdout line ({} if none)."""
+    for line in reversed(m["stdout"].strip().splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return {}
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+# (a) -------------------------------------------------------------------------------------------------------
+
+
+def child_floor(manifest_path: str, out_base: str) -> None:
+    """Runs in the floor subprocess: read every byte, then Parameters from the file and mindspore.export."""
+    spec = json.loads(Path(manifest_path).read_text())
+    t0 = time.perf_counter()
+    buf, total = bytearray(CHUNK), 0
+    with open(spec["data"], "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            total += n
+    read_s = time.perf_counter() - t0
+
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    t1 = time.perf_counter()
+    params = []
+    with open(spec["data"], "rb") as f:
+        for w in spec["weights"]:
+            f.seek(w["offset"])
+            arr = np.fromfile(f, np.float32, w["length"] // 4).reshape(w["shape"])
+            params.append(ms.Parameter(ms.Tensor(arr), name=w["name"]))
+
+    class Floor(nn.Cell):
+        def __init__(self, ws):
+            super().__init__()
+            self.ws = ms.ParameterTuple(ws)
+
+        def construct(self, x):
+            for w in self.ws:
+                x = x + ops.reshape(w, (-1,))[0]
+            return x
+
+    net = Floor(params)
+    params_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    ms.export(net, ms.Tensor(np.zeros((1,), np.float32)), file_name=out_base, file_format="MINDIR")
+    export_s = time.perf_counter() - t2
+    print(json.dumps({"bytes_read": total, "read_s": read_s, "params_s": params_s, "export_s": export_s}))
+
+
+def measure_floor(work: Path, data_path: Path, manifest: list[dict]) -> dict:
+    spec = work / "floor_manifest.json"
+    spec.write_text(json.dumps({"data": str(data_path), "weights": manifest}))
+    out = work / "floor"
+    out.mkdir(exist_ok=True)
+    m = measure([sys.executable, __file__, "--child", "floor", str(spec), str(out / "floor")],
+                work / "logs", "floor", env={"GLOG_v": "3"})  # GLOG_v=3 as graphconv's export child
+    m.update(child_result(m), output_bytes=dir_bytes(out))
+    return m
+
+
+# (b) -------------------------------------------------------------------------------------------------------
+
+
+def child_onnxsim(model_path: str) -> None:
+    sys.modules["torch"] = None  # onnxsim imports torch if it can; keep it out
+    t0 = time.perf_counter()
+    import onnx
+    import onnxsim
+
+    m = onnx.load(model_path)
+    t1 = time.perf_counter()
+    simplified, _ = onnxsim.simplify(m, check_n=0)
+    t2 = time.perf_counter()
+    print(json.dumps({"load_s": t1 - t0, "simplify_s": t2 - t1,
+                      "nodes_before": len(m.graph.node), "nodes_after": len(simplified.graph.node)}))
+
+
+def measure_onnxsim(work: Path, model_path: Path) -> dict:
+    m = measure([sys.executable, __file__, "--child", "onnxsim", str(model_path)], work / "logs", "onnxsim")
+    m.update(child_result(m))
+    if m["exit_code"]:
+        m["error"] = m["stderr_tail"] or f"exit code {m['exit_code']}"
+    return m
+
+
+# (c) -------------------------------------------------------------------------------------------------------
+
+
+def measure_graphconv(work: Path, model_path: Path) -> dict:
+    out = work / "out"
+    out.mkdir(exist_ok=True)
+    report_path = out / "report.json"
+    cmd = [sys.executable, "-m", "graphconv", "compile", str(model_path), "-o", str(out / "model.mindir"),
+           "--report", str(report_path), "-q"]
+    m = measure(cmd, work / "logs", "graphconv")
+    m["command"] = " ".join(cmd)
+    m["report"] = json.loads(report_path.read_text()) if report_path.exists() else None
+    m["output_bytes"] = dir_bytes(out) - (report_path.stat().st_size if report_path.exists() else 0)
+    if m["exit_code"]:
+        m["error"] = (m["report"] or {}).get("error") or m["stderr_tail"]
+    return m
+
+
+# ----------------------------------------------------------------------------------------------------------
+# summary
+
+
+def mib(n) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n else "-"
+
+
+def summarize(cfg: Config, size: str, weight_bytes: int, build_s: float, a: dict, b: dict, c: dict) -> dict:
+    rep = c.get("report") or {}
+    cases = [{"name": case.get("name"), "max_abs": max((o["max_abs"] for o in case.get("outputs", [])), default=None)}
+             for case in (rep.get("validation") or {}).get("cases", [])]
+    ratios = {
+        "c_over_a_wall": c["wall_s"] / a["wall_s"],
+        "c_over_b_wall": c["wall_s"] / b["wall_s"],
+        "c_peak_rss_over_weights": c["peak_rss_tree_bytes"] / weight_bytes,
+        "c_ru_maxrss_over_weights": c["ru_maxrss_bytes"] / weight_bytes,
+        "a_peak_rss_over_weights": a["peak_rss_tree_bytes"] / weight_bytes,
+    }
+    targets = {"c_over_a_wall": ratios["c_over_a_wall"] <= WALL_TARGET and c["exit_code"] == 0,
+               "c_peak_rss_over_weights": ratios["c_peak_rss_over_weights"] <= RSS_TARGET and c["exit_code"] == 0}
+    strip = ("stdout", "report")
+    return {
+        "size": size, "config": dataclasses.asdict(cfg), "params": cfg.n_params(), "weight_bytes": weight_bytes,
+        "build_s": build_s,
+        "floor": {k: v for k, v in a.items() if k not in strip},
+        "onnxsim": {k: v for k, v in b.items() if k not in strip},
+        "graphconv": {**{k: v for k, v in c.items() if k not in strip},
+                      "status": rep.get("status"), "stages": [{"name": s["name"], "seconds": s["seconds"]}
+                                                              for s in rep.get("stages", [])],
+                      "validation_max_abs": cases, "fusions": rep.get("fusions"),
+                      "skipped_fusions": rep.get("skipped_fusions"),
+                      "report_peak_rss_bytes": rep.get("peak_rss_bytes")},
+        "ratios": ratios, "targets_met": targets,
+    }
+
+
+def print_summary(s: dict) -> None:
+    cfg = s["config"]
+    print(f"compile_scale --size {s['size']}: {s['params'] / 1e6:,.1f}M parameters, weights {s['weight_bytes'] / 1e9:.2f} GB "
+          f"({mib(s['weight_bytes'])}); hidden {cfg['hidden']}, layers {cfg['layers']}, intermediate "
+          f"{cfg['intermediate']}, heads {cfg['heads']}/{cfg['kv_heads']}, vocab {cfg['vocab']}; built in {s['build_s']:.1f}s")
+    print()
+    print(f"{'measurement':<16}{'wall s':>9}{'peak RSS (tree)':>18}{'ru_maxrss':>13}{'x weights':>11}{'exit':>6}")
+    for key, label in (("floor", "(a) floor"), ("onnxsim", "(b) onnxsim"), ("graphconv", "(c) graphconv")):
+        m = s[key]
+        print(f"{label:<16}{m['wall_s']:>9.1f}{mib(m['peak_rss_tree_bytes']):>18}{mib(m['ru_maxrss_bytes']):>13}"
+              f"{m['peak_rss_tree_bytes'] / s['weight_bytes']:>11.2f}{m['exit_code']:>6}")
+    print()
+    a, b, c = s["floor"], s["onnxsim"], s["graphconv"]
+    if a["exit_code"] == 0:
+        print(f"(a) read {a['bytes_read'] / 1e9:.2f} GB in {a['read_s']:.2f}s ({a['bytes_read'] / 1e9 / max(a['read_s'], 1e-9):.2f} GB/s), "
+              f"parameters {a['params_s']:.2f}s, mindspore.export {a['export_s']:.2f}s, MindIR {mib(a['output_bytes'])}")
+    else:
+        print(f"(a) FAILED: {a['stderr_tail']}")
+    if b["exit_code"] == 0:
+        print(f"(b) onnx.load {b['load_s']:.2f}s, onnxsim.simplify {b['simplify_s']:.2f}s, nodes {b['nodes_before']} -> {b['nodes_after']}")
+    else:
+        print(f"(b) FAILED: {b['error']}")
+    print(f"(c) status {c['status']}, exit code {c['exit_code']}" + (f", error: {c['error']}" if c.get("error") else ""))
+    print("    stages: " + ", ".join(f"{st['name']} {st['seconds']:.2f}s" for st in c["stages"]))
+    print("    validation max_abs: " + (", ".join(f"{v['name']} {v['max_abs']:.3g}" for v in c["validation_max_abs"]
+                                                  if v["max_abs"] is not None) or "-"))
+    print(f"    fusions: {json.dumps(c['fusions'])}")
+    for name, reasons in (c.get("skipped_fusions") or {}).items():
+        for r in reasons[:3]:
+            print(f"    {name} skipped: {r}")
+    print(f"    report peak_rss_bytes: {c['report_peak_rss_bytes']} ({mib(c['report_peak_rss_bytes'])}); MindIR {mib(c['output_bytes'])}")
+    print()
+    r, t = s["ratios"], s["targets_met"]
+    print(f"c/a wall                     {r['c_over_a_wall']:6.2f}   target <= {WALL_TARGET}  {'PASS' if t['c_over_a_wall'] else 'MISS'}")
+    print(f"c/b wall                     {r['c_over_b_wall']:6.2f}" + ("   (onnxsim failed: its wall is time to failure)" if b["exit_code"] else ""))
+    print(f"peak RSS(c) / weight bytes   {r['c_peak_rss_over_weights']:6.2f}   target <= {RSS_TARGET}  "
+          f"{'PASS' if t['c_peak_rss_over_weights'] else 'MISS'}   (ru_maxrss: {r['c_ru_maxrss_over_weights']:.2f})")
+    print(f"peak RSS(a) / weight bytes   {r['a_peak_rss_over_weights']:6.2f}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(SIZES), default="default")
+    for flag in ("hidden", "layers", "intermediate", "heads", "kv-heads", "vocab"):
+        ap.add_argument(f"--{flag}", type=int, help=f"override the size's {flag}")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", type=Path, help="empty or new directory (default: a new one under /tmp)")
+    ap.add_argument("--keep", action="store_true", help="keep the workdir (model, MindIRs, logs, report)")
+    ap.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+    ap.add_argument("--selfcheck", action="store_true", help="check the graph on tiny models (ORT vs numpy) and exit")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    overrides = {k: getattr(args, k) for k in ("hidden", "layers", "intermediate", "heads", "kv_heads", "vocab")
+                 if getattr(args, k) is not None}
+    cfg = dataclasses.replace(SIZES[args.size], **overrides)
+    cfg.validate()
+    return cfg
+
+
+def prepare_workdir(args: argparse.Namespace, weight_bytes: int) -> tuple[Path, bool]:
+    """The workdir and whether this script created it; exits if it is not empty or the disk is too full."""
+    if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
+        raise SystemExit(f"compile_scale: --workdir {args.workdir} is not empty")
+    probe = args.workdir if args.workdir is not None else Path(tempfile.gettempdir())
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < 4 * weight_bytes:
+        raise SystemExit(f"compile_scale: {free / 1e9:.1f} GB free on {probe}, need 4x the weights = "
+                         f"{4 * weight_bytes / 1e9:.1f} GB; free space or pass --workdir elsewhere")
+    if args.workdir is None:
+        return Path(tempfile.mkdtemp(prefix="compile_scale-")), True
+    created = not args.workdir.exists()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    return args.workdir.resolve(), created
+
+
+def cleanup(work: Path, created: bool) -> None:
+    if created:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        for sub in ("model", "floor", "out", "logs", "floor_manifest.json"):
+            p = work / sub
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.child:
+        {"floor": child_floor, "onnxsim": child_onnxsim}[args.child[0]](*args.child[1:])
+        return 0
+    if args.selfcheck:
+        return 0 if selfcheck(args.seed) else 1
+
+    cfg = config_from(args)
+    weight_bytes = 4 * cfg.n_params()
+    work, created = prepare_workdir(args, weight_bytes)
+    try:
+        log(f"workdir {work}; building {cfg.n_params() / 1e6:,.1f}M parameters ({weight_bytes / 1e9:.2f} GB)")
+        t0 = time.perf_counter()
+        model_path, manifest = build_model(cfg, work / "model", args.seed)
+        build_s = time.perf_counter() - t0
+        log(f"built {model_path} in {build_s:.1f}s")
+
+        log("(a) floor: read the weights, mindspore.export a Cell with the same Parameters")
+        a = measure_floor(work, model_path.parent / DATA_FILE, manifest)
+        log(f"(a) {a['wall_s']:.1f}s, peak RSS {mib(a['peak_rss_tree_bytes'])}, exit {a['exit_code']}")
+        if not args.keep:
+            shutil.rmtree(work / "floor", ignore_errors=True)  # disk: one MindIR at a time
+
+        log("(b) onnxsim alone")
+        b = measure_onnxsim(work, model_path)
+        log(f"(b) {b['wall_s']:.1f}s, peak RSS {mib(b['peak_rss_tree_bytes'])}, exit {b['exit_code']}")
+
+        log("(c) graphconv compile")
+        c = measure_graphconv(work, model_path)
+        log(f"(c) {c['wall_s']:.1f}s, peak RSS {mib(c['peak_rss_tree_bytes'])}, exit {c['exit_code']}")
+
+        summary = summarize(cfg, args.size, weight_bytes, build_s, a, b, c)
+        print_summary(summary)
+        if args.json:
+            print(json.dumps(summary, indent=2, default=str))
+        if args.keep:
+            log(f"kept {work}")
+        return 0 if a["exit_code"] == 0 and c["exit_code"] == 0 else 1
+    finally:
+        if not args.keep:
+            cleanup(work, created)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
