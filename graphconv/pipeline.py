@@ -182,15 +182,21 @@ class Compiler:
             check = self._check_pass if self.opt.verify_each and expected is not None else None
             tracker = self.progress.track("passes", len(self.pass_manager.names), "passes")
 
+            spilled = 0
+
             def after_each(p, m, k):
+                nonlocal spilled
+                if self.streaming:  # weights a pass made (merged gate/up) leave memory before the next pass
+                    spilled += weights.spill_new_tensors(m, self.spill(ws))
+                    weights.release_mapped(m)
                 if check:
                     check(p, m, cases, expected)
                 tracker.update(tracker.done + 1)
 
             self.report.fusions = self.pass_manager.run(ir_model, after_each=after_each)
             self.report.skipped_fusions = self.pass_manager.skipped
-            if self.streaming:  # weights a pass made (merged gate/up) leave memory before the next stage
-                st.detail = {"spilled_bytes": weights.spill_new_tensors(ir_model, self.spill(ws))}
+            if self.streaming:
+                st.detail = {"spilled_bytes": spilled}
             fused = opmap.fused.attach_functions(ir.to_proto(ir_model))
             fused = onnx.shape_inference.infer_shapes(fused, data_prop=True)
             st.nodes_after = len(fused.graph.node)

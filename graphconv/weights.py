@@ -215,3 +215,11 @@ def save_self_contained(model: onnx.ModelProto, path: Path) -> list[Path]:
     data = path.with_name(path.name + ".data")
     ir.save(ir.from_proto(model), path, external_data=data.name)
     return [path, data]
+
+
+def release_mapped(model: ir.Model) -> None:
+    """Close the memory maps onnx-ir opened for external weights a pass read (their pages stop counting
+    in this process's resident memory; the next read maps them again)."""
+    for value in model.graph.initializers.values():
+        if isinstance(value.const_value, ir.ExternalTensor):
+            value.const_value.release()

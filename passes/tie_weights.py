@@ -28,6 +28,23 @@ def _fingerprint(arr: np.ndarray) -> tuple:
     return tuple(sorted(arr.shape)), str(arr.dtype), float(arr.min()), float(arr.max())
 
 
+def _release(t) -> None:
+    """Unmap an external weight after reading it (its pages would otherwise stay resident)."""
+    if isinstance(t, ir.ExternalTensor):
+        t.release()
+
+
+def _equal(a, b, transposed: bool) -> bool:
+    x, y = a.numpy(), b.numpy()
+    if transposed:
+        x = x.T
+    same = x.shape == y.shape and bool(np.array_equal(x, y))
+    del x, y
+    _release(a)
+    _release(b)
+    return same
+
+
 def _rank(value: ir.Value) -> tuple[int, str]:
     return (1 if (value.name or "").startswith(_GENERATED_PREFIXES) else 0, value.name or "")
 
@@ -42,21 +59,19 @@ def tie_weights(model: ir.Model) -> int:
         if (t is None or value.name in graph_inputs or value.is_graph_output() or len(t.shape) != 2 or t.dtype not in _FLOATS
                 or t.size < MIN_ELEMENTS):
             continue
-        arr = t.numpy()
-        groups.setdefault(_fingerprint(arr), []).append(value)
+        groups.setdefault(_fingerprint(t.numpy()), []).append(value)
+        _release(t)
     removed = 0
     for values in groups.values():
         if len(values) < 2:
             continue
         values.sort(key=_rank)
-        kept: list[tuple[ir.Value, np.ndarray]] = []
+        kept: list[ir.Value] = []
         for value in values:
-            arr = value.const_value.numpy()
-            match = next(((k, transposed) for k, karr in kept for transposed in (False, True)
-                          if (karr.T if transposed else karr).shape == arr.shape
-                          and np.array_equal(karr.T if transposed else karr, arr)), None)
+            match = next(((k, transposed) for k in kept for transposed in (False, True)
+                          if _equal(k.const_value, value.const_value, transposed)), None)
             if match is None:
-                kept.append((value, arr))
+                kept.append(value)
                 continue
             original, transposed = match
             replacement = original
