@@ -6,10 +6,12 @@ What it does, in one run:
 1. Builds a Llama-shaped decoder ONNX model (opset 18, input `input_ids` int64 [batch, seq], output `logits`
    float32 [batch, seq, vocab]) with onnx.helper only, spelled the way PyTorch's dynamo exporter spells it
    (decomposed RMSNorm, rotate_half RoPE, repeat_kv GQA, causal mask through Trilu/Where, SiLU as
-   x * Sigmoid(x)), so graphconv's fusion passes see what they see in real exports. The random weights
-   (seeded, fp32, N(0, 0.02) matrices, ones for the norm gammas) are generated one tensor at a time and
-   appended to `<workdir>/model/model.onnx.data`; the graph's initializers are external references to
-   that file. Linear weights are stored pre-transposed ([in, out]) under state_dict-like names.
+   x * Sigmoid(x)), with a value_info (symbolic "batch"/"seq" shapes) for every intermediate value as
+   dynamo writes, so graphconv's fusion passes see what they see in real exports. The random weights
+   (seeded, fp32, N(0, 0.02) matrices, ones for the norm gammas or with --gamma random 1 + N(0, 0.02))
+   are generated one tensor at a time and appended to `<workdir>/model/model.onnx.data`; the graph's
+   initializers are external references to that file. Linear weights are stored pre-transposed
+   ([in, out]) under state_dict-like names (lm_head.weight is [hidden, vocab]).
 2. Measures, each in a fresh subprocess (wall time, and peak RSS two ways: the summed RSS of the child's
    process tree polled every 0.1 s, and ru_maxrss from wait4, i.e. the largest single process):
    (a) the floor: read every weight byte once (64 MiB chunks), then build a MindSpore nn.Cell holding
@@ -105,10 +107,10 @@ class Config:
 SIZES = {
     # TinyLlama-1.1B's shape: 1.10e9 parameters, 4.4 GB of fp32 weights.
     "default": Config(hidden=2048, layers=22, intermediate=5632, heads=32, kv_heads=4, vocab=32000),
-    # 99.6e6 parameters, 0.4 GB.
+    # 0.0995e9 parameters, 0.40 GB.
     "small": Config(hidden=768, layers=8, intermediate=2048, heads=12, kv_heads=4, vocab=32000),
 }
-# --selfcheck: the brief's tiny shape (kv repeat 2) and one with kv repeat 3 (catches a swapped
+# --selfcheck: a tiny shape with kv repeat 2 and one with kv repeat 3 (catches a swapped
 # [kv_heads, n_rep] in the repeat_kv Expand, which kv_heads == n_rep would hide).
 SELFCHECK = [Config(hidden=64, layers=2, intermediate=128, heads=4, kv_heads=2, vocab=128),
              Config(hidden=96, layers=2, intermediate=160, heads=6, kv_heads=2, vocab=128)]
@@ -125,17 +127,22 @@ def log(msg: str) -> None:
 class WeightWriter:
     """Appends one generated weight at a time to the data file; hands back external-reference TensorProtos."""
 
-    def __init__(self, path: Path, seed: int):
+    def __init__(self, path: Path, seed: int, gamma: str = "ones"):
         self.file = open(path, "wb")
         self.rng = np.random.default_rng(seed)
+        self.gamma = gamma  # "ones", or "random": 1 + N(0, 0.02)
         self.offset = 0
         self.manifest: list[dict] = []  # name, shape, offset, length
 
     def add(self, name: str, shape: tuple[int, ...], init: str):
         import onnx
 
-        if init == "ones":
+        if init == "ones" and self.gamma == "ones":
             arr = np.ones(shape, np.float32)
+        elif init == "ones":
+            arr = self.rng.standard_normal(shape, dtype=np.float32)
+            arr *= np.float32(0.02)
+            arr += np.float32(1.0)
         else:
             arr = self.rng.standard_normal(shape, dtype=np.float32)
             arr *= np.float32(0.02)
@@ -331,14 +338,14 @@ def build_graph(cfg: Config, writer: WeightWriter):
         initializer=weights + g.initializers, value_info=g.value_info)
 
 
-def build_model(cfg: Config, model_dir: Path, seed: int) -> tuple[Path, list[dict]]:
+def build_model(cfg: Config, model_dir: Path, seed: int, gamma: str = "ones") -> tuple[Path, list[dict]]:
     """Writes model_dir/model.onnx and model_dir/model.onnx.data; returns the .onnx path and the weight
     manifest (name, shape, offset, length in the data file)."""
     import onnx
     from onnx import helper
 
     model_dir.mkdir(parents=True, exist_ok=True)
-    writer = WeightWriter(model_dir / DATA_FILE, seed)
+    writer = WeightWriter(model_dir / DATA_FILE, seed, gamma)
     try:
         graph = build_graph(cfg, writer)
     finally:
@@ -424,7 +431,8 @@ def selfcheck(seed: int) -> bool:
     ok = True
     with tempfile.TemporaryDirectory(prefix="compile_scale_selfcheck-") as tmp:
         for n, cfg in enumerate(SELFCHECK):
-            path, manifest = build_model(cfg, Path(tmp) / f"tiny{n}", seed)
+            gamma = ("ones", "random")[n % 2]  # random gammas: the gamma wiring is checked too
+            path, manifest = build_model(cfg, Path(tmp) / f"tiny{n}", seed, gamma)
             weights = load_weights(path.parent / DATA_FILE, manifest)
             annotated = all_values_as_outputs(path, Path(tmp) / f"tiny{n}_all_outputs.onnx")
             sess = ort.InferenceSession(str(Path(tmp) / f"tiny{n}_all_outputs.onnx"), providers=["CPUExecutionProvider"])
@@ -440,7 +448,7 @@ def selfcheck(seed: int) -> bool:
                 wrong = [f"{k} {list(values[k].shape)} != {v}" for k, v in annotated.items()
                          if list(values[k].shape) != [dims.get(d, d) for d in v]]
                 ok &= good and not wrong
-                print(f"selfcheck hidden {cfg.hidden} heads {cfg.heads}/{cfg.kv_heads} layers {cfg.layers} "
+                print(f"selfcheck hidden {cfg.hidden} heads {cfg.heads}/{cfg.kv_heads} layers {cfg.layers} gamma {gamma} "
                       f"input [{batch}, {seq}]: logits {list(got.shape)}, max |ort - numpy| {err:.2e} "
                       f"(max |logit| {np.abs(want).max():.3f}), {len(annotated) - len(wrong)}/{len(annotated)} "
                       f"annotated shapes right {'ok' if good and not wrong else 'FAIL'}")
@@ -622,7 +630,7 @@ def mib(n) -> str:
     return f"{n / 2**20:,.0f} MiB" if n else "-"
 
 
-def summarize(cfg: Config, size: str, weight_bytes: int, build_s: float, a: dict, b: dict, c: dict) -> dict:
+def summarize(cfg: Config, size: str, gamma: str, weight_bytes: int, build_s: float, a: dict, b: dict, c: dict) -> dict:
     rep = c.get("report") or {}
     cases = [{"name": case.get("name"), "max_abs": max((o["max_abs"] for o in case.get("outputs", [])), default=None)}
              for case in (rep.get("validation") or {}).get("cases", [])]
@@ -637,7 +645,7 @@ def summarize(cfg: Config, size: str, weight_bytes: int, build_s: float, a: dict
                "c_peak_rss_over_weights": ratios["c_peak_rss_over_weights"] <= RSS_TARGET and c["exit_code"] == 0}
     strip = ("stdout", "report")
     return {
-        "size": size, "config": dataclasses.asdict(cfg), "params": cfg.n_params(), "weight_bytes": weight_bytes,
+        "size": size, "gamma": gamma, "config": dataclasses.asdict(cfg), "params": cfg.n_params(), "weight_bytes": weight_bytes,
         "build_s": build_s,
         "floor": {k: v for k, v in a.items() if k not in strip},
         "onnxsim": {k: v for k, v in b.items() if k not in strip},
@@ -655,7 +663,8 @@ def print_summary(s: dict) -> None:
     cfg = s["config"]
     print(f"compile_scale --size {s['size']}: {s['params'] / 1e6:,.1f}M parameters, weights {s['weight_bytes'] / 1e9:.2f} GB "
           f"({mib(s['weight_bytes'])}); hidden {cfg['hidden']}, layers {cfg['layers']}, intermediate "
-          f"{cfg['intermediate']}, heads {cfg['heads']}/{cfg['kv_heads']}, vocab {cfg['vocab']}; built in {s['build_s']:.1f}s")
+          f"{cfg['intermediate']}, heads {cfg['heads']}/{cfg['kv_heads']}, vocab {cfg['vocab']}, gammas {s['gamma']}; "
+          f"built in {s['build_s']:.1f}s")
     print()
     print(f"{'measurement':<16}{'wall s':>9}{'peak RSS (tree)':>18}{'ru_maxrss':>13}{'x weights':>11}{'exit':>6}")
     for key, label in (("floor", "(a) floor"), ("onnxsim", "(b) onnxsim"), ("graphconv", "(c) graphconv")):
@@ -701,6 +710,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for flag in ("hidden", "layers", "intermediate", "heads", "kv-heads", "vocab"):
         ap.add_argument(f"--{flag}", type=int, help=f"override the size's {flag}")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gamma", choices=("ones", "random"), default="ones",
+                    help="norm gammas: ones (default; onnxsim then drops the x * 1 and fuse-rmsnorm finds no "
+                         "gamma Mul), or random = 1 + N(0, 0.02) like a trained checkpoint")
     ap.add_argument("--workdir", type=Path, help="empty or new directory (default: a new one under /tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir (model, MindIRs, logs, report)")
     ap.add_argument("--json", action="store_true", help="also print the numbers as JSON")
@@ -758,7 +770,7 @@ def main(argv: list[str]) -> int:
     try:
         log(f"workdir {work}; building {cfg.n_params() / 1e6:,.1f}M parameters ({weight_bytes / 1e9:.2f} GB)")
         t0 = time.perf_counter()
-        model_path, manifest = build_model(cfg, work / "model", args.seed)
+        model_path, manifest = build_model(cfg, work / "model", args.seed, args.gamma)
         build_s = time.perf_counter() - t0
         log(f"built {model_path} in {build_s:.1f}s")
 
@@ -776,7 +788,7 @@ def main(argv: list[str]) -> int:
         c = measure_graphconv(work, model_path)
         log(f"(c) {c['wall_s']:.1f}s, peak RSS {mib(c['peak_rss_tree_bytes'])}, exit {c['exit_code']}")
 
-        summary = summarize(cfg, args.size, weight_bytes, build_s, a, b, c)
+        summary = summarize(cfg, args.size, args.gamma, weight_bytes, build_s, a, b, c)
         print_summary(summary)
         if args.json:
             print(json.dumps(summary, indent=2, default=str))

@@ -375,7 +375,9 @@ class Compiler:
         with Workspace(self.output) as ws:
             try:
                 self._run_in(loaded, ws)
-            except VerificationError:
+            except VerificationError as e:
+                # The report is still written, and it must say how the run ended.
+                self.report.status, self.report.error, self.report.exit_code = "failed", str(e), e.exit_code
                 self._commit(ws, {}, report_only=True)
                 raise
         return self.report

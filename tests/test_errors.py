@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -169,5 +170,6 @@ def test_verification_failure_exits_2_and_writes_only_the_report(tmp_path, monke
     assert proc.returncode == 2, proc.stderr
     assert "verification failed" in proc.stderr and "'y'" in proc.stderr
     assert not (tmp_path / "m.mindir").exists()
-    assert (tmp_path / "r.json").is_file()
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["status"] == "failed" and saved["exit_code"] == 2 and "verification failed" in saved["error"]
     assert not list(tmp_path.glob(".graphconv-tmp-*"))
