@@ -710,9 +710,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for flag in ("hidden", "layers", "intermediate", "heads", "kv-heads", "vocab"):
         ap.add_argument(f"--{flag}", type=int, help=f"override the size's {flag}")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--gamma", choices=("ones", "random"), default="ones",
-                    help="norm gammas: ones (default; onnxsim then drops the x * 1 and fuse-rmsnorm finds no "
-                         "gamma Mul), or random = 1 + N(0, 0.02) like a trained checkpoint")
+    ap.add_argument("--gamma", choices=("ones", "random"), default="random",
+                    help="norm gammas: random = 1 + N(0, 0.02) like a trained checkpoint (default), or ones "
+                         "(onnxsim then drops the x * 1 and fuse-rmsnorm finds no gamma Mul)")
     ap.add_argument("--workdir", type=Path, help="empty or new directory (default: a new one under /tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir (model, MindIRs, logs, report)")
     ap.add_argument("--json", action="store_true", help="also print the numbers as JSON")

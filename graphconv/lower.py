@@ -53,6 +53,7 @@ class ParamSpec:
     onnx_name: str  # initializer name, kept as the Parameter name
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name
+    transposed: bool = False  # stored as the initializer's transpose (Linear layout, see dense_weights)
 
 
 @dataclasses.dataclass
@@ -118,6 +119,10 @@ class NodeContext:
         if not self.has(i):
             return None
         return self._low.tensor_expr(self.node.inputs[i])
+
+    def is_dense_weight(self, i: int) -> bool:
+        """Input i is an initializer stored transposed for ops.dense (Lowering.dense_weights)."""
+        return self.has(i) and self.node.inputs[i] in self._low.dense_weights
 
     def xs(self) -> list[str]:
         return [self.x(i) for i in range(self.n_inputs) if self.has(i)]
@@ -288,8 +293,12 @@ class Lowering:
                 if size > PARAM_MIN_ELEMENTS or (len(shape) > 0 and t.dtype.is_floating_point()):
                     attr = py_name(value.name, self.used_names, "p")
                     dtype = t.dtype.numpy()
-                    self.params.append(ParamSpec(attr, value.name, shape, _np_name(dtype)))
-                    self.init_lines.append(f"self.{attr} = _param(weights, {value.name!r}, {shape!r}, {_ms_dt(dtype)})")
+                    transposed = value in self.dense_weights
+                    if transposed:
+                        shape = shape[::-1]
+                    self.params.append(ParamSpec(attr, value.name, shape, _np_name(dtype), transposed))
+                    self.init_lines.append(f"self.{attr} = _param(weights, {value.name!r}, {shape!r}, "
+                                           f"{_ms_dt(dtype)}{', transposed=True' if transposed else ''})")
                     op.expr = f"self.{attr}"
                     return op.expr
             op.expr = self.constant_attr(self.const_value(value), py_name(value.name, set(), "c"))
@@ -305,6 +314,7 @@ class Lowering:
             self.operands[v] = Operand(expr=name)
         for v in self.graph.initializers.values():
             self.operands[v] = Operand(expr=None, initializer=v)
+        self.dense_weights = dense_weights(self.graph)
         for node in self.graph:
             self.histogram[f"{node.domain + '::' if node.domain else ''}{node.op_type}"] = \
                 self.histogram.get(f"{node.domain + '::' if node.domain else ''}{node.op_type}", 0) + 1
@@ -486,6 +496,27 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     for f in model.functions:
         visit(f.node)
     return sorted(missing)
+
+
+def dense_weights(graph: ir.Graph) -> set[ir.Value]:
+    """2-D float initializers read only as the weight (input 1) of MatMuls whose data has rank >= 2: they are
+    stored transposed, in Linear's [out, in] layout, and those MatMuls lower to ops.dense (x @ w.T).
+
+    Why: MindSpore 2.10's ops.matmul of an N-d input by a 2-d weight broadcasts the weight over the batch,
+    and its CPU kernel keeps packed copies: running a 0.4 GB Llama at two shapes took 5 GB; ops.dense reads
+    the [out, in] weight as is (measured: 8 weights of 16 MB, +900 MB with ops.matmul, +23 MB with dense).
+    """
+    picked = set()
+    for v in graph.initializers.values():
+        t = v.const_value
+        if t is None or len(t.shape) != 2 or not t.dtype.is_floating_point() or t.size <= PARAM_MIN_ELEMENTS:
+            continue
+        uses = list(v.uses())
+        if uses and all(u.node.op_type == "MatMul" and u.node.domain in ("", "ai.onnx") and u.idx == 1
+                        and u.node.inputs[0] is not None and u.node.inputs[0].shape is not None
+                        and len(u.node.inputs[0].shape) >= 2 and not v.is_graph_output() for u in uses):
+            picked.add(v)
+    return picked
 
 
 def lower(model: ir.Model, class_name: str = "Network") -> tuple[LoweredNetwork, dict[str, np.ndarray]]:

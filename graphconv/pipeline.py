@@ -239,9 +239,11 @@ class Compiler:
                 raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
         return [Path(p) for p in result["files"]]
 
-    def verify(self, mindir: Path, model: onnx.ModelProto, cases, expected, output_names: list[str],
-               ws: Workspace) -> None:
-        self.progress.info("verify (MindSpore CPU vs oracle)")
+    def verify(self, mindir: Path | None, model: onnx.ModelProto, cases, expected, output_names: list[str],
+               ws: Workspace, network_task: dict | None = None) -> None:
+        """Run the MindIR (or, with network_task, the network built from its source) on CPU at every case
+        and compare with the oracle."""
+        self.progress.info("verify (MindSpore CPU vs oracle" + (", cpu twin)" if network_task else ")"))
         input_placeholders = emit.placeholders(model)
         with self.report.stage("verify"):
             case_files, out_files = [], []
@@ -250,12 +252,18 @@ class Compiler:
                 np.savez(p, **case.inputs)
                 case_files.append(str(p))
                 out_files.append(str(ws.path(f"case{k}.out.npz")))
+            run = {"cases": case_files, "outputs": out_files, "input_names": [s["name"] for s in input_placeholders],
+                   "inputs": input_placeholders}
             try:
-                run_task("run_mindir", {"mindir": str(mindir), "cases": case_files, "outputs": out_files,
-                                        "input_names": [s["name"] for s in input_placeholders],
-                                        "inputs": input_placeholders}, ws.dir, "MindSpore CPU run")
+                if network_task is None:
+                    run_task("run_mindir", {**run, "mindir": str(mindir)}, ws.dir, "MindSpore CPU run")
+                else:
+                    external = sum(ref[2] for ref in network_task.get("external_weights", {}).values())
+                    tracker = self.progress.track("weights into MindSpore", external) if external else None
+                    run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run", tracker)
             except ChildError as e:
-                raise InternalError(f"the emitted MindIR does not run on CPU: {e.error}") from e
+                what = "the cpu twin" if network_task else "the emitted MindIR"
+                raise InternalError(f"{what} does not run on CPU: {e.error}") from e
             atol, rtol = self._tolerance(compiled=True)
             results, failures = [], []
             for case, exp, out_file in zip(cases, expected, out_files):
@@ -412,17 +420,19 @@ class Compiler:
             if precision.CPU_EMULATED.get(self.opt.precision):
                 twin = precision.emulate_in_fp32(cpu_form, self.opt.precision,
                                                  spill=self.spill(ws) if self.streaming else None)
+            run = None
             if twin is not fused and self.opt.target == "ascend":
                 # Fused primitives have no CPU kernels (nor has MindSpore CPU bf16 ones): numbers are checked
-                # on the cpu twin of the same fused graph, and the ascend MindIR only structurally (census).
-                _, twin_task = self.lower(twin, ws, "cpu_twin")
-                checked = self._mindir(self.emit(twin_task, ws, out="twin"))
-            self.verify(checked, twin, cases, expected, net.output_names, ws)
+                # on the cpu twin of the same fused graph, built from its generated source and run (no MindIR
+                # of it is written), and the ascend MindIR only structurally (census).
+                _, run = self.lower(twin, ws, "cpu_twin")
+                checked = None
+            self.verify(checked, twin, cases, expected, net.output_names, ws, network_task=run)
             if self.opt.target == "ascend" and self.opt.precision == "fp32":
                 self.check_ascend_precision(fused, cases, expected)
             if self.opt.precision != "fp32":
                 self.profile_precision(model, fused, twin, cases[0], ws)
-            self.report.validation["checked"] = ("cpu twin of " if checked is not mindir else "") + self.output.name
+            self.report.validation["checked"] = ("cpu twin of " if checked is None else "") + self.output.name
             self.report.status = "verified"
         else:
             self.report.validation["status"] = "unverified"

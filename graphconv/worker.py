@@ -118,13 +118,31 @@ def export(task: dict) -> dict:
 
 def run_mindir(task: dict) -> dict:
     import mindspore as ms
-    import numpy as np
-    from mindspore import Tensor, nn
+    from mindspore import nn
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    graph = ms.load(task["mindir"])
-    cell = nn.GraphCell(graph)
+    return _run_cases(nn.GraphCell(ms.load(task["mindir"])), task)
+
+
+def run_network(task: dict) -> dict:
+    """Build the generated network from its source and weights and run the cases (no MindIR round trip:
+    used for the cpu twin of an ascend compile, whose MindIR would be written only to be read back)."""
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    network_cls = _import_network(task["source"], task["class_name"])
+    net = network_cls(_weights(task, _progress_writer(task)))
+    net.set_train(False)
+    return _run_cases(net, task)
+
+
+def _run_cases(cell, task: dict) -> dict:
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor
+
     # Without dynamic placeholders a GraphCell keeps the shapes of its first call for some nodes and
     # fails at the second shape (measured with mindspore 2.10 on the tiny Llama); declare them.
     cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task["inputs"]])
@@ -163,7 +181,8 @@ def _first_line(message: str) -> str:
     return next((ln for ln in message.strip().splitlines() if ln.strip() and not ln.startswith("-")), "")[:500]
 
 
-TASKS = {"simplify": simplify, "export": export, "run_mindir": run_mindir, "export_and_run": export_and_run}
+TASKS = {"simplify": simplify, "export": export, "run_mindir": run_mindir, "run_network": run_network,
+         "export_and_run": export_and_run}
 
 
 def main(argv: list[str]) -> int:

@@ -10,9 +10,15 @@ import inspect
 import re
 
 
-def _param(weights, name, shape, dtype):
-    """A Parameter named like the ONNX initializer; zeros when no weights are given (then load a .ckpt)."""
-    value = Tensor(weights[name]) if weights is not None else ops.zeros(shape, dtype)
+def _param(weights, name, shape, dtype, transposed=False):
+    """A Parameter named like the ONNX initializer; zeros when no weights are given (then load a .ckpt).
+    transposed: stored as the initializer's transpose (a MatMul weight in Linear's [out, in] layout)."""
+    if weights is None:
+        value = ops.zeros(shape, dtype)
+    elif transposed:
+        value = Tensor(np.ascontiguousarray(weights[name].T))
+    else:
+        value = Tensor(weights[name])
     return Parameter(value, name=name, requires_grad=value.dtype in (ms.float16, ms.bfloat16, ms.float32))
 
 

@@ -7,6 +7,9 @@ from opmap.registry import register
 
 @register("MatMul", since=13)
 def matmul(n):
+    if n.is_dense_weight(1):
+        # The weight is stored [out, in] (graphconv.lower.dense_weights): x @ w == dense(x, w_stored).
+        return f"ops.dense({n.x(0)}, {n.x(1)})"
     return f"ops.matmul({n.x(0)}, {n.x(1)})"
 
 
