@@ -8,7 +8,7 @@ What it does, in one run:
    (decomposed RMSNorm, rotate_half RoPE, repeat_kv GQA, causal mask through Trilu/Where, SiLU as
    x * Sigmoid(x)), with a value_info (symbolic "batch"/"seq" shapes) for every intermediate value as
    dynamo writes, so graphconv's fusion passes see what they see in real exports. The random weights
-   (seeded, fp32, N(0, 0.02) matrices, ones for the norm gammas or with --gamma random 1 + N(0, 0.02))
+   (seeded, fp32, N(0, 0.02) matrices; norm gammas 1 + N(0, 0.02) like a trained checkpoint, or ones with --gamma ones)
    are generated one tensor at a time and appended to `<workdir>/model/model.onnx.data`; the graph's
    initializers are external references to that file. Linear weights are stored pre-transposed
    ([in, out]) under state_dict-like names (lm_head.weight is [hidden, vocab]).

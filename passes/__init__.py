@@ -5,6 +5,7 @@ from passes.manager import PassManager, available_passes, load_plugins, register
 
 from passes import canonicalize  # noqa: E402,F401
 from passes import tie_weights  # noqa: E402,F401
+from passes import refine_shapes  # noqa: E402,F401
 from passes import fuse_rmsnorm  # noqa: E402,F401
 from passes import fuse_layernorm  # noqa: E402,F401
 from passes import fuse_gelu  # noqa: E402,F401
