@@ -235,6 +235,7 @@ class Compiler:
             st.detail = {"weights_read_from_files_bytes": external}
             try:
                 result = run_task("export", task, ws.dir, "mindspore.export", tracker)
+                st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds") if k in result})
             except ChildError as e:
                 raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
         return [Path(p) for p in result["files"]]
@@ -245,7 +246,7 @@ class Compiler:
         and compare with the oracle."""
         self.progress.info("verify (MindSpore CPU vs oracle" + (", cpu twin)" if network_task else ")"))
         input_placeholders = emit.placeholders(model)
-        with self.report.stage("verify"):
+        with self.report.stage("verify") as st:
             case_files, out_files = [], []
             for k, case in enumerate(cases):
                 p = ws.path(f"case{k}.npz")
@@ -256,11 +257,12 @@ class Compiler:
                    "inputs": input_placeholders}
             try:
                 if network_task is None:
-                    run_task("run_mindir", {**run, "mindir": str(mindir)}, ws.dir, "MindSpore CPU run")
+                    done = run_task("run_mindir", {**run, "mindir": str(mindir)}, ws.dir, "MindSpore CPU run")
                 else:
                     external = sum(ref[2] for ref in network_task.get("external_weights", {}).values())
                     tracker = self.progress.track("weights into MindSpore", external) if external else None
-                    run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run", tracker)
+                    done = run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run", tracker)
+                st.detail = {k: done[k] for k in ("build_seconds", "case_seconds") if k in done}
             except ChildError as e:
                 what = "the cpu twin" if network_task else "the emitted MindIR"
                 raise InternalError(f"{what} does not run on CPU: {e.error}") from e

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -104,16 +105,19 @@ def export(task: dict) -> dict:
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
+    t0 = time.perf_counter()
     network_cls = _import_network(task["source"], task["class_name"])
     net = network_cls(_weights(task, _progress_writer(task)))
     net.set_train(False)
+    t1 = time.perf_counter()
     placeholders = [Tensor(shape=spec["shape"], dtype=getattr(ms, spec["ms_dtype"])) for spec in task["inputs"]]
     ms.export(net, *placeholders, file_name=task["file_base"], file_format="MINDIR")
+    t2 = time.perf_counter()
     if task.get("checkpoint"):
         ms.save_checkpoint(net, task["checkpoint"])
     base = Path(task["file_base"])
     produced = sorted(str(p) for p in base.parent.iterdir() if p.name.startswith(base.name))
-    return {"files": produced}
+    return {"files": produced, "build_seconds": round(t1 - t0, 2), "export_seconds": round(t2 - t1, 2)}
 
 
 def run_mindir(task: dict) -> dict:
@@ -132,10 +136,12 @@ def run_network(task: dict) -> dict:
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
+    t0 = time.perf_counter()
     network_cls = _import_network(task["source"], task["class_name"])
     net = network_cls(_weights(task, _progress_writer(task)))
     net.set_train(False)
-    return _run_cases(net, task)
+    built = time.perf_counter() - t0
+    return {**_run_cases(net, task), "build_seconds": round(built, 2)}
 
 
 def _run_cases(cell, task: dict) -> dict:
@@ -146,15 +152,18 @@ def _run_cases(cell, task: dict) -> dict:
     # Without dynamic placeholders a GraphCell keeps the shapes of its first call for some nodes and
     # fails at the second shape (measured with mindspore 2.10 on the tiny Llama); declare them.
     cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task["inputs"]])
-    results = []
+    results, seconds = [], []
     for case_path, out_path in zip(task["cases"], task["outputs"]):
         with np.load(case_path) as data:
             args = [Tensor(data[name]) for name in task["input_names"]]
+        t0 = time.perf_counter()
         out = cell(*args)
         out = out if isinstance(out, (tuple, list)) else (out,)
-        np.savez(out_path, **{f"out{i}": o.asnumpy() for i, o in enumerate(out)})
+        arrays = {f"out{i}": o.asnumpy() for i, o in enumerate(out)}
+        seconds.append(round(time.perf_counter() - t0, 2))  # the first includes MindSpore's graph compile
+        np.savez(out_path, **arrays)
         results.append(out_path)
-    return {"outputs": results}
+    return {"outputs": results, "case_seconds": seconds}
 
 
 def export_and_run(task: dict) -> dict:
