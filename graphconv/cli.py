@@ -56,6 +56,16 @@ def cli() -> None:
     """Compile PyTorch-born ONNX models into verified MindSpore MindIR for Ascend."""
 
 
+def _precision_options(command):
+    """--precision and --keep-fp32, shared by compile and debug (graphconv.precision)."""
+    command = click.option("--keep-fp32", "keep_fp32", metavar="OP,...",
+                           help="Op types computed in fp32 at fp16/bf16: replaces the default set (`graphconv "
+                                "passes` lists it); +OP,... adds to it; none keeps nothing.")(command)
+    return click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
+                        show_default=True,
+                        help="Weights and compute dtype; numerically sensitive ops stay fp32 (see --keep-fp32).")(command)
+
+
 @cli.command("compile")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
@@ -70,13 +80,9 @@ def cli() -> None:
               help="Two sizes for a symbolic dim in the generated reference inputs; repeatable.")
 @click.option("--mask-input", "mask_inputs", multiple=True, metavar="NAME",
               help="Treat this input as an attention mask (left-padded row, padded outputs skipped).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
-              help="Weights and compute dtype; numerically sensitive ops stay fp32 (see --keep-fp32).")
-@click.option("--keep-fp32", "keep_fp32", metavar="OP,...",
-              help="Op types computed in fp32 at fp16/bf16: replaces the default set (`graphconv passes` "
-                   "lists it); +OP,... adds to it; none keeps nothing.")
-@click.option("--atol", type=float, help="Absolute tolerance (default 1e-4 for fp32).")
-@click.option("--rtol", type=float, help="Relative tolerance (default 1e-4 for fp32).")
+@_precision_options
+@click.option("--atol", type=float, help="Absolute tolerance (default: the precision's, 1e-4 for fp32).")
+@click.option("--rtol", type=float, help="Relative tolerance (default: the precision's, 1e-4 for fp32).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON report here.")
 @click.option("--emit-source", type=click.Path(file_okay=False, path_type=Path),
@@ -231,11 +237,7 @@ def matrix_cmd(full, models, exporters, opsets, no_docs, as_json, quiet):
 @click.option("--target", type=click.Choice(["cpu"]), default="cpu", show_default=True,
               help="The network to run (fused ops replaced by their reference bodies).")
 @click.option("--passes", "pass_spec", metavar="P1,P2,...", help="Pass pipeline (default: the default one).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
-              help="Weights and compute dtype; numerically sensitive ops stay fp32 (see --keep-fp32).")
-@click.option("--keep-fp32", "keep_fp32", metavar="OP,...",
-              help="Op types computed in fp32 at fp16/bf16: replaces the default set (`graphconv passes` "
-                   "lists it); +OP,... adds to it; none keeps nothing.")
+@_precision_options
 @click.option("--atol", type=float, help="Absolute tolerance (default: the precision's, 1e-4 for fp32).")
 @click.option("--rtol", type=float, help="Relative tolerance (default: the precision's, 1e-4 for fp32).")
 @click.option("--mask-input", "mask_inputs", multiple=True, metavar="NAME", help="Treat NAME as an attention mask.")
