@@ -213,7 +213,9 @@ def test_zoo_llama_gets_n_swiglu(model, exporter, opset, export_cache, tmp_path_
     assert len(merged) == n_layers and all(list(i.dims) == [64, 2 * 128] for i in merged)
     matmul_weights = [n.input[1] for n in fused.graph.node if n.op_type == "MatMul"]
     assert all(i.name in matmul_weights for i in merged)
-    # ... and the ascend MindIR multiplies by it (the parameter keeps the merged initializer's name).
-    mindir_weights = {a for c in primitive_args(mindir, "MatMulExt") for a in c if isinstance(a, str)}
+    # ... and the ascend MindIR multiplies by it (the parameter keeps the merged initializer's name; stored
+    # [out, in] for ops.dense, graphconv.lower.dense_weights).
+    mindir_weights = {a for prim in ("MatMulExt", "Dense") for c in primitive_args(mindir, prim) for a in c
+                      if isinstance(a, str)}
     assert {i.name for i in merged} <= mindir_weights
     assert_verified(report)

@@ -652,6 +652,9 @@ case("Gemm_runtime_c", "Gemm", [x("batch", 4), x(4, 3), x("batch", 3)], {"beta":
 case("MatMul_batch_broadcast", "MatMul", [x("batch", 1, "seq", 4), x(3, 4, 5)])
 case("MatMul_same_batch", "MatMul", [x("batch", "seq", 4), x("batch", 4, "seq")])
 case("MatMul_2d_weight", "MatMul", [x("batch", "seq", 4), k(weights(4, 6))])
+# Weights above PARAM_MIN_ELEMENTS read only by MatMuls are stored [out, in] and lowered to ops.dense.
+case("MatMul_dense_weight_3d", "MatMul", [x("batch", "seq", 16), k(weights(16, 8))])
+case("MatMul_dense_weight_2d", "MatMul", [x("batch", 16), k(weights(16, 8))])
 case("MatMul_1d_left", "MatMul", [x(4), x("batch", 4, 5)])
 case("MatMul_1d_right", "MatMul", [x("batch", "seq", 4), x(4)])
 case("MatMul_1d_both", "MatMul", [x("seq"), x("seq")])
@@ -1111,3 +1114,27 @@ def test_every_handler_has_a_case():
     registered = {(h.domain, h.op_type, h.since_version) for h in opmap.registry.all_handlers()}
     missing = sorted(registered - covered)
     assert not missing, f"registered handlers without a case in tests/test_opmap.py: {missing}"
+
+
+def test_dense_weights_are_those_only_matmuls_read():
+    """graphconv.lower.dense_weights: a 2-D weight read only as a MatMul's B is stored transposed for
+    ops.dense; one that a Gather also reads (a tied embedding) stays as it is, and the source says which."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graphconv import lower
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "e"], ["y"]),
+             helper.make_node("Gather", ["e", "ids"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16]),
+                                       helper.make_tensor_value_info("ids", TensorProto.INT64, ["m"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16]),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, ["m", 16])],
+                          [numpy_helper.from_array(weights(16, 16), "w"), numpy_helper.from_array(weights(16, 16), "e")])
+    model = ir.from_proto(onnx.shape_inference.infer_shapes(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])))
+    assert {v.name for v in lower.dense_weights(model.graph)} == {"w"}
+    net, _ = lower.lower(model)
+    assert "ops.dense(x, self.w)" in net.source and "'w', (16, 16), ms.float32, transposed=True" in net.source
+    assert "ops.matmul(h, self.e)" in net.source
+    assert [p.transposed for p in net.params] == [True, False]
