@@ -5,7 +5,9 @@ Spellings matched (each with Mul/Add operands in either order):
   mean        ReduceMean over the last axis, keepdims=1 (axes as attribute before opset 18, input from 18)
   normalise   Mul(x, Reciprocal(Sqrt(m + eps))) | Mul(x, Div(1, Sqrt(m + eps))) | Div(x, Sqrt(m + eps))
   precision   optional Cast to fp32 before and Cast back after (fp16/bf16 islands)
-  scale       Mul(normed, gamma) with gamma of rank 1 (a Gemma-style (1 + w) is folded into gamma by onnxsim)
+  scale       Mul(normed, gamma) with gamma of rank 1 (a Gemma-style (1 + w) is folded into gamma by onnxsim),
+              or none: an all-ones gamma's `* 1` is removed by onnxsim (fused with a ones gamma; needs the
+              normalised size static)
   native      opset 23's RMSNormalization over the last axis, stash_type fp32
 Refused (the report's check reasons): a mean over another axis or keepdims=0, a non-scalar or non-positive
 epsilon, a gamma that is not 1-D of the normalised size, dtypes MindSpore's RmsNorm does not take.
@@ -55,11 +57,15 @@ def _is_centered(x: ir.Value) -> bool:
 
 
 class RmsNormFusion(pattern.RewriteRuleClassBase):
-    def __init__(self, name: str, normalize: str):
+    def __init__(self, name: str, normalize: str, cast_out: bool | None = None):
         super().__init__(name)
         self._normalize = normalize
+        self._cast_out = cast_out
 
     def pattern(self, op, x, gamma, epsilon, compute_dtype, target_dtype):
+        return op.Mul(self._normed(op, x, epsilon, compute_dtype, target_dtype), gamma)
+
+    def _normed(self, op, x, epsilon, compute_dtype, target_dtype):
         xc = pattern.OrValue([op.Cast(x, to=compute_dtype), x], tag_var="cast_in", tag_values=[True, False])
         square = pattern.OrValue([op.Pow(xc, 2.0), op.Mul(xc, xc)])
         mean = op.ReduceMean(square, _allow_other_inputs=True, _outputs=["mean"])
@@ -70,11 +76,25 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
             normed = op.Mul(xc, op.Div(1.0, rms))
         else:
             normed = op.Div(xc, rms)
-        normed = pattern.OrValue([op.Cast(normed, to=target_dtype), normed], tag_var="cast_out",
-                                 tag_values=[True, False])
-        return op.Mul(normed, gamma)
+        if self._cast_out is not None:  # a pattern's output cannot be a choice: one rule per form
+            return op.Cast(normed, to=target_dtype) if self._cast_out else normed
+        return pattern.OrValue([op.Cast(normed, to=target_dtype), normed], tag_var="cast_out",
+                               tag_values=[True, False])
 
     def check(self, context, x, gamma, epsilon, mean, cast_in, cast_out, **_) -> pattern.MatchResult:
+        result = self._check_normed(context, x, epsilon, mean, cast_in, cast_out)
+        if not result:
+            return result
+        if x.dtype not in _FLOATS or gamma.dtype != x.dtype:
+            return result.fail(f"dtypes x={x.dtype}, gamma={gamma.dtype}: RmsNorm needs one float dtype", gamma)
+        if gamma.shape is None or gamma.shape.rank() != 1:
+            return result.fail("gamma is not 1-D", gamma)
+        last = x.shape[x.shape.rank() - 1]
+        if isinstance(last, int) and gamma.shape[0] != last:
+            return result.fail(f"gamma has {gamma.shape[0]} elements, the normalised axis {last}", gamma)
+        return result
+
+    def _check_normed(self, context, x, epsilon, mean, cast_in, cast_out) -> pattern.MatchResult:
         result = pattern.MatchResult()
         reduce = mean.producer()
         rank = x.shape.rank() if x.shape is not None else None
@@ -89,13 +109,8 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         eps = _const(epsilon)
         if eps is None or eps.size != 1 or eps.dtype.kind != "f" or not 0 < float(eps.reshape(-1)[0]) <= 1:
             return result.fail("epsilon is not a constant scalar in (0, 1]", epsilon)
-        if x.dtype not in _FLOATS or gamma.dtype != x.dtype:
-            return result.fail(f"dtypes x={x.dtype}, gamma={gamma.dtype}: RmsNorm needs one float dtype", gamma)
-        if gamma.shape is None or gamma.shape.rank() != 1:
-            return result.fail("gamma is not 1-D", gamma)
-        last = x.shape[rank - 1]
-        if isinstance(last, int) and gamma.shape[0] != last:
-            return result.fail(f"gamma has {gamma.shape[0]} elements, the normalised axis {last}", gamma)
+        if x.dtype not in _FLOATS:
+            return result.fail(f"x is {x.dtype}: RmsNorm takes fp32, fp16 or bf16", x)
         if cast_in != cast_out:
             return result.fail("a Cast on one side of the precision island only", x)
         if _is_centered(x):
@@ -108,6 +123,34 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, gamma, epsilon, **_):
         eps = float(_const(epsilon).reshape(-1)[0])
         return op.RmsNorm(x, gamma, epsilon=eps, _domain="mindspore")
+
+
+class UnitGammaRmsNormFusion(RmsNormFusion):
+    """The same without the gamma Mul: a norm whose weight is all ones (a fresh model) loses its `* 1` to
+    onnxsim. Fused with a ones gamma; refused where a gamma Mul follows (the rule above takes that)."""
+
+    def pattern(self, op, x, epsilon, compute_dtype, target_dtype):
+        return self._normed(op, x, epsilon, compute_dtype, target_dtype)
+
+    def check(self, context, x, epsilon, mean, cast_in, **_) -> pattern.MatchResult:
+        result = self._check_normed(context, x, epsilon, mean, cast_in, self._cast_out)
+        if not result:
+            return result
+        last = x.shape[x.shape.rank() - 1]
+        if not isinstance(last, int):
+            return result.fail("without a gamma the normalised size must be static (for a ones gamma)", x)
+        for use in context.output_values[0].uses():
+            other = use.node.inputs[1 - use.idx] if use.node.op_type == "Mul" and len(use.node.inputs) == 2 else None
+            if other is not None and other.shape is not None and other.shape.rank() == 1 and \
+                    _const(other) is not None:
+                return result.fail("a gamma Mul follows (fused by the rule with gamma)", x)
+        return result
+
+    def rewrite(self, op, x, epsilon, **_):
+        eps = float(_const(epsilon).reshape(-1)[0])
+        last = x.shape[x.shape.rank() - 1]
+        ones = op.Constant(value=ir.tensor(np.ones(last, dtype=x.dtype.numpy()), name="rmsnorm_unit_gamma"))
+        return op.RmsNorm(x, ones, epsilon=eps, _domain="mindspore")
 
 
 class NativeRmsNormalization(pattern.RewriteRuleClassBase):
@@ -140,6 +183,8 @@ class NativeRmsNormalization(pattern.RewriteRuleClassBase):
 
 
 RULES = [RmsNormFusion.rule(f"RmsNorm-{v}", v) for v in ("reciprocal", "div-one", "div")]
+RULES += [UnitGammaRmsNormFusion.rule(f"RmsNorm-unit-gamma-{v}{'-cast' if c else ''}", v, c)
+          for v in ("reciprocal", "div-one", "div") for c in (False, True)]
 RULES.append(NativeRmsNormalization.rule("RmsNorm-native"))
 PASS = rewrite_pass("fuse-rmsnorm", "decomposed RMSNorm (Pow/Mul, Sqrt, Reciprocal/Div, Cast islands) -> "
                     "mindspore::RmsNorm", pattern.RewriteRuleSet(RULES, commute=True))

@@ -18,7 +18,7 @@ EPS = 1e-5
 
 
 def _rms_graph(square="pow", normalize="reciprocal", opset=18, dtype=TensorProto.FLOAT, cast_island=False,
-               gamma_first=False, axes=(-1,), keepdims=1, eps_shape=(), gamma_shape=(H,)):
+               gamma_first=False, axes=(-1,), keepdims=1, eps_shape=(), gamma_shape=(H,), gamma=True):
     """A decomposed RMSNorm over x[batch, seq, H], spelled as the arguments say."""
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     inits = [numpy_helper.from_array(np.full(eps_shape, EPS, np.float32), "eps"),
@@ -48,7 +48,10 @@ def _rms_graph(square="pow", normalize="reciprocal", opset=18, dtype=TensorProto
     if cast_island:
         nodes.append(helper.make_node("Cast", ["n"], ["n16"], to=dtype))
         n = "n16"
-    nodes.append(helper.make_node("Mul", ["gamma", n] if gamma_first else [n, "gamma"], ["y"]))
+    if gamma:
+        nodes.append(helper.make_node("Mul", ["gamma", n] if gamma_first else [n, "gamma"], ["y"]))
+    else:  # an all-ones gamma, whose `* 1` onnxsim removed
+        nodes.append(helper.make_node("Identity", [n], ["y"]))
     g = helper.make_graph(nodes, "rms", [helper.make_tensor_value_info("x", dtype, ["batch", "seq", H])],
                           [helper.make_tensor_value_info("y", dtype, ["batch", "seq", H])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
@@ -85,8 +88,17 @@ NEAR_MISSES = {
     "mean over another axis": dict(axes=(1,)),
     "keepdims=0": dict(keepdims=0, axes=(-1,)),
     "non-scalar epsilon": dict(eps_shape=(H,)),
-    "2-D gamma": dict(gamma_shape=(1, H)),
 }
+
+
+def test_a_2d_gamma_is_not_taken_into_rmsnorm():
+    """gamma (1, H) is not RmsNorm's 1-D gamma: the norm fuses with a ones gamma and the Mul stays."""
+    original = _rms_graph(gamma_shape=(1, H))
+    count, fused = fuse(original, "fuse-rmsnorm")
+    assert count == 1
+    mul = [n for n in fused.graph.node if n.op_type == "Mul"]
+    assert len(mul) == 1 and "gamma" in mul[0].input
+    assert_same_numerics(original, fused)
 
 
 @pytest.mark.parametrize("name", NEAR_MISSES)
@@ -160,6 +172,39 @@ def test_zoo_llama_gets_2n_plus_1_rmsnorm(exporter, opset, export_cache, tmp_pat
     cases = reference.make_cases(original)
     for case, exp, got in zip(cases, reference.Oracle(original).run(cases), reference.Oracle(fused).run(cases)):
         assert compare.compare(got["output"], exp["output"], 1e-5, 1e-5, case.valid_positions(exp["output"])).ok
+
+
+@pytest.mark.parametrize("normalize", ["reciprocal", "div-one", "div"])
+@pytest.mark.parametrize("cast_island", [False, True])
+def test_unit_gamma_spelling_fuses_with_a_ones_gamma(normalize, cast_island):
+    dtype = TensorProto.FLOAT16 if cast_island else TensorProto.FLOAT
+    model = _rms_graph(normalize=normalize, cast_island=cast_island, dtype=dtype, gamma=False)
+    count, fused = fuse(model, "fuse-rmsnorm")
+    assert count == 1
+    (node,) = [n for n in fused.graph.node if n.op_type == "RmsNorm"]
+    assert_same_numerics(model, fused, **({"atol": 1e-3, "rtol": 1e-3} if cast_island else {}))
+    # and where a gamma Mul follows, the gamma rule takes the whole norm (one RmsNorm, no Mul left)
+    count, fused = fuse(_rms_graph(normalize=normalize, cast_island=cast_island, dtype=dtype), "fuse-rmsnorm")
+    assert count == 1 and [n.op_type for n in fused.graph.node if n.op_type in ("RmsNorm", "Mul")] == ["RmsNorm"]
+
+
+def test_unit_gamma_real_export_fuses_after_onnxsim(tmp_path):
+    """models/llama with its norms left at ones (as a freshly initialised model has them): onnxsim removes the
+    `* 1`, and every RMSNorm still fuses."""
+    torch = pytest.importorskip("torch")
+    from graphconv.export import export_pytorch
+    from models import llama
+
+    module, inputs, axes = llama.build()
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+    path = tmp_path / "unit.onnx"
+    export_pytorch(module, inputs, path, axes, opset=18, exporter="dynamo")
+    report = graphconv.compile(path, tmp_path / "u.mindir")
+    assert report.status == "verified"
+    assert report.census.get("RmsNorm") == 5 and report.fusions["fuse-rmsnorm"] == 5
 
 
 def test_transformers_llama_rmsnorm_count(export_cache, tmp_path):
