@@ -15,10 +15,12 @@ def _param(weights, name, shape, dtype, transposed=False):
     transposed: stored as the initializer's transpose (a MatMul weight in Linear's [out, in] layout)."""
     if weights is None:
         value = ops.zeros(shape, dtype)
-    elif transposed:
-        value = Tensor(np.ascontiguousarray(weights[name].T))
     else:
-        value = Tensor(weights[name])
+        array = np.ascontiguousarray(weights[name].T) if transposed else weights[name]
+        # Tensor(array) copies and Parameter copies again; from_numpy shares the array's memory, so building
+        # a large weight holds two copies at a time instead of three (bfloat16 and read-only arrays excepted).
+        shareable = array.flags.c_contiguous and array.flags.writeable and array.dtype.name != "bfloat16"
+        value = Tensor.from_numpy(array) if shareable else Tensor(array)
     return Parameter(value, name=name, requires_grad=value.dtype in (ms.float16, ms.bfloat16, ms.float32))
 
 
