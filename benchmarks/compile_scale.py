@@ -650,8 +650,9 @@ def summarize(cfg: Config, size: str, gamma: str, weight_bytes: int, build_s: fl
         "floor": {k: v for k, v in a.items() if k not in strip},
         "onnxsim": {k: v for k, v in b.items() if k not in strip},
         "graphconv": {**{k: v for k, v in c.items() if k not in strip},
-                      "status": rep.get("status"), "stages": [{"name": s["name"], "seconds": s["seconds"]}
-                                                              for s in rep.get("stages", [])],
+                      "status": rep.get("status"),
+                      "stages": [{"name": s["name"], "seconds": s["seconds"], "detail": s.get("detail", {})}
+                                 for s in rep.get("stages", [])],
                       "validation_max_abs": cases, "fusions": rep.get("fusions"),
                       "skipped_fusions": rep.get("skipped_fusions"),
                       "report_peak_rss_bytes": rep.get("peak_rss_bytes")},
@@ -684,6 +685,10 @@ def print_summary(s: dict) -> None:
         print(f"(b) FAILED: {b['error']}")
     print(f"(c) status {c['status']}, exit code {c['exit_code']}" + (f", error: {c['error']}" if c.get("error") else ""))
     print("    stages: " + ", ".join(f"{st['name']} {st['seconds']:.2f}s" for st in c["stages"]))
+    for st in c["stages"]:  # where the MindSpore children spend their time
+        timing = {k: v for k, v in st.get("detail", {}).items() if "seconds" in k}
+        if timing:
+            print(f"      {st['name']}: " + ", ".join(f"{k} {v}" for k, v in timing.items()))
     print("    validation max_abs: " + (", ".join(f"{v['name']} {v['max_abs']:.3g}" for v in c["validation_max_abs"]
                                                   if v["max_abs"] is not None) or "-"))
     print(f"    fusions: {json.dumps(c['fusions'])}")
