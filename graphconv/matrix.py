@@ -90,6 +90,11 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
             cell.status = "fail"
             cell.reason = "too few fused primitives: " + ", ".join(
                 f"{p} {ascend.census.get(p, 0)} < {n}" for p, n in missing.items())
+            passes = {_PASS_OF.get(p) for p in missing}
+            why = [f"{name} skipped {reasons[0]}" for name, reasons in ascend.skipped_fusions.items()
+                   if reasons and name in passes]
+            if why:  # the passes' own account of the candidates they refused
+                cell.reason += " (" + "; ".join(why) + ")"
     cell.seconds = round(time.perf_counter() - t0, 1)
     return cell
 
@@ -122,6 +127,10 @@ def regressions(cells: list[Cell], baseline: dict[str, dict]) -> list[str]:
     return found
 
 
+# The pass that makes each fused primitive (for the reason of a cell that lacks some).
+_PASS_OF = {"RmsNorm": "fuse-rmsnorm", "LayerNorm": "fuse-layernorm", "FlashAttentionScore": "fuse-attention",
+            "RotaryPositionEmbedding": "fuse-rope", "Swiglu": "fuse-swiglu", "GeLU": "fuse-gelu",
+            "GeluExt": "fuse-gelu", "SiLU": "fuse-silu"}
 _FUSED_PRIMITIVES = {"RmsNorm", "LayerNorm", "FlashAttentionScore", "RotaryPositionEmbedding", "Swiglu", "GeLU",
                      "GeluExt", "SiLU"}
 
