@@ -61,7 +61,9 @@ def _precision_options(command):
     command = click.option("--keep-fp32", "keep_fp32", metavar="OP,...",
                            help="Op types computed in fp32 at fp16/bf16: replaces the default set (`graphconv "
                                 "passes` lists it); +OP,... adds to it; none keeps nothing.")(command)
-    return click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
+    from graphconv.precision import PRECISIONS
+
+    return click.option("--precision", type=click.Choice(PRECISIONS), default="fp32",
                         show_default=True,
                         help="Weights and compute dtype; numerically sensitive ops stay fp32 (see --keep-fp32).")(command)
 

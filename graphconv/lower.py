@@ -509,12 +509,13 @@ def dense_weights(graph: ir.Graph) -> set[ir.Value]:
     picked = set()
     for v in graph.initializers.values():
         t = v.const_value
-        if t is None or len(t.shape) != 2 or not t.dtype.is_floating_point() or t.size <= PARAM_MIN_ELEMENTS:
+        if (t is None or len(t.shape) != 2 or not t.dtype.is_floating_point() or t.size <= PARAM_MIN_ELEMENTS
+                or v.is_graph_output()):
             continue
         uses = list(v.uses())
         if uses and all(u.node.op_type == "MatMul" and u.node.domain in ("", "ai.onnx") and u.idx == 1
                         and u.node.inputs[0] is not None and u.node.inputs[0].shape is not None
-                        and len(u.node.inputs[0].shape) >= 2 and not v.is_graph_output() for u in uses):
+                        and len(u.node.inputs[0].shape) >= 2 for u in uses):
             picked.add(v)
     return picked
 

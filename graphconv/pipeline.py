@@ -223,16 +223,15 @@ class Compiler:
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n")}
         return net, task
 
-    def emit(self, task: dict, ws: Workspace, out: str = "out", checkpoint: bool = False) -> list[Path]:
-        self.progress.info(f"emit (mindspore.export{', cpu twin' if out != 'out' else ''})")
-        with self.report.stage("emit" if out == "out" else f"emit-{out}") as st:
-            out_dir = ws.path(out)
+    def emit(self, task: dict, ws: Workspace, checkpoint: bool = False) -> list[Path]:
+        self.progress.info("emit (mindspore.export)")
+        with self.report.stage("emit") as st:
+            out_dir = ws.path("out")
             out_dir.mkdir()
             task = {**task, "file_base": str(out_dir / self.output.stem),
                     "checkpoint": str(ws.path("network.ckpt")) if checkpoint else None}
-            external = sum(ref[2] for ref in task.get("external_weights", {}).values())
-            tracker = self.progress.track("weights into MindSpore", external) if external else None
-            st.detail = {"weights_read_from_files_bytes": external}
+            tracker = self._weights_tracker(task)
+            st.detail = {"weights_read_from_files_bytes": tracker.total if tracker else 0}
             try:
                 result = run_task("export", task, ws.dir, "mindspore.export", tracker)
                 st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds") if k in result})
@@ -259,9 +258,8 @@ class Compiler:
                 if network_task is None:
                     done = run_task("run_mindir", {**run, "mindir": str(mindir)}, ws.dir, "MindSpore CPU run")
                 else:
-                    external = sum(ref[2] for ref in network_task.get("external_weights", {}).values())
-                    tracker = self.progress.track("weights into MindSpore", external) if external else None
-                    done = run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run", tracker)
+                    done = run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run",
+                                    self._weights_tracker(network_task))
                 st.detail = {k: done[k] for k in ("build_seconds", "case_seconds") if k in done}
             except ChildError as e:
                 what = "the cpu twin" if network_task else "the emitted MindIR"
@@ -287,6 +285,11 @@ class Compiler:
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))
 
+    def _weights_tracker(self, task: dict):
+        """Progress of a MindSpore child reading the weights that stay in files (graphconv.weights), or None."""
+        external = sum(ref[2] for ref in task.get("external_weights", {}).values())
+        return self.progress.track("weights into MindSpore", external) if external else None
+
     def lower_precision(self, fused: onnx.ModelProto, ws: Workspace) -> onnx.ModelProto:
         """--precision fp16|bf16: weights and compute in the low dtype, the keep set in fp32."""
         self.progress.info(f"precision {self.opt.precision}")
@@ -295,15 +298,13 @@ class Compiler:
             try:
                 low, summary = precision.lower_precision(fused, self.opt.precision,
                                                          precision.parse_keep(self.opt.keep_fp32),
-                                                         spill=self.spill(ws) if self.streaming else None)
+                                                         spill=self.spill(ws))
             except precision.PrecisionError as e:
                 raise UnsupportedError(str(e)) from e
             st.nodes_after = len(low.graph.node)
         info = summary.as_dict()
         if precision.CPU_EMULATED[self.opt.precision]:
-            info["cpu_emulation"] = (f"MindSpore CPU has no {self.opt.precision} kernels for MatMul, Softmax, "
-                                     f"Exp, ...: the cpu twin computes in fp32 and rounds every result to "
-                                     f"{self.opt.precision}")
+            info["cpu_emulation"] = precision.emulation_note(self.opt.precision)
         self.report.validation["precision"] = info
         return low
 
@@ -392,8 +393,11 @@ class Compiler:
                 raise
         return self.report
 
-    def spill(self, ws: Workspace) -> weights.SpillFile:
-        """The file in the private directory that holds weights this compile makes (one per run)."""
+    def spill(self, ws: Workspace) -> weights.SpillFile | None:
+        """The file in the private directory that holds weights this compile makes (one per run); None when
+        the model's weights are in memory anyway (no external data)."""
+        if not self.streaming:
+            return None
         if self._spill is None:
             self._spill = weights.SpillFile(ws.path("made-weights.bin"))
         return self._spill
@@ -420,8 +424,7 @@ class Compiler:
         if self.opt.verify:
             checked, twin = mindir, cpu_form
             if precision.CPU_EMULATED.get(self.opt.precision):
-                twin = precision.emulate_in_fp32(cpu_form, self.opt.precision,
-                                                 spill=self.spill(ws) if self.streaming else None)
+                twin = precision.emulate_in_fp32(cpu_form, self.opt.precision, spill=self.spill(ws))
             run = None
             if twin is not fused and self.opt.target == "ascend":
                 # Fused primitives have no CPU kernels (nor has MindSpore CPU bf16 ones): numbers are checked
@@ -527,7 +530,7 @@ def _checkpoints(fused: onnx.ModelProto, model: onnx.ModelProto) -> list[tuple[s
     picked = []
     for ops in (_NORM_OPS, _MATMUL_OPS):
         for n in fused.graph.node:
-            key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+            key = precision.op_key(n)
             if key in ops and n.output and n.output[0] in known:
                 picked.append((n.output[0], key))
         if picked:

@@ -58,6 +58,12 @@ _AS_IS_INPUTS = {"mindspore::FlashAttentionScore": (3,)}
 _SUBGRAPH_OPS = {"If", "Loop", "Scan"}
 
 
+def emulation_note(precision: str) -> str:
+    """What the report and debug say when MindSpore CPU cannot run `precision` and the cpu twin emulates it."""
+    return (f"MindSpore CPU has no {precision} kernels for MatMul, Softmax, Exp, ...: the cpu twin computes in "
+            f"fp32 and rounds every result to {precision}")
+
+
 class PrecisionError(ValueError):
     """The graph cannot be lowered to the requested precision (the message says why)."""
 
@@ -100,7 +106,8 @@ def check_keep(ops: tuple[str, ...]) -> None:
                              "(ONNX op types, or fused ops as mindspore::Name)")
 
 
-def _op_key(node: onnx.NodeProto) -> str:
+def op_key(node: onnx.NodeProto) -> str:
+    """`Op` for the default domain, `domain::Op` otherwise (how keep sets and reports name ops)."""
     return f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
 
 
@@ -149,14 +156,13 @@ def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     nodes = list(g.node)
     cone = _angle_cone(nodes, floats, keep)
     initializers = {t.name: t for t in g.initializer}
-    graph_inputs = {i.name for i in g.input}
 
     state: dict[str, str] = {}  # float value -> "low" | "fp32": its dtype in the new graph
     weights_low: set[str] = set()  # float initializers some low node reads (as `<name>__<precision>`)
     casts: dict[tuple[str, str], str] = {}  # (value, "low" | "fp32") -> name of its cast
     new_nodes: list[onnx.NodeProto] = []
     fp32_nodes: dict[str, int] = {}
-    low_count = 0
+    low_count = output_casts = 0
 
     def cast(name: str, to: str) -> str:
         if (name, to) not in casts:
@@ -170,7 +176,7 @@ def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
         return t is not None and t.data_type == TensorProto.FLOAT and int(np.prod(t.dims)) > 1
 
     for i, n in enumerate(nodes):
-        key = _op_key(n)
+        key = op_key(n)
         float_in = [k for k, x in enumerate(n.input) if x and x in floats]
         fused = n.domain not in ("", "ai.onnx")
         pinned = key in keep or n.op_type in keep or i in cone or (fused and opset < 15)
@@ -214,7 +220,7 @@ def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
                 node.output[:] = [inner if x == o.name else x for x in node.output]
             new_nodes.append(helper.make_node("Cast", [inner], [o.name], name=f"{o.name}_cast_fp32",
                                               to=TensorProto.FLOAT))
-            casts[o.name, "out"] = o.name
+            output_casts += 1
 
     # Weights: converted in place when no fp32 node reads them any more, else added as a low copy.
     still_fp32 = {x for node in new_nodes for x in node.input}
@@ -240,7 +246,7 @@ def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     rg.initializer.extend(inits)
     result = onnx.shape_inference.infer_shapes(result, data_prop=True)
     summary = PrecisionSummary(precision, sorted(keep), dict(sorted(fp32_nodes.items())), low_count,
-                               len(casts), len(weights_low))
+                               len(casts) + output_casts, len(weights_low))
     return result, summary
 
 

@@ -52,8 +52,7 @@ def _np_dtype(data_type: int) -> np.dtype:
 
 def external_refs(model: onnx.ModelProto) -> dict[str, WeightRef]:
     """The external initializers of the main graph, by name (locations must already be absolute)."""
-    return {t.name: WeightRef(t.name, *external_refs_of(t)) for t in model.graph.initializer
-            if uses_external_data(t)}
+    return {t.name: weight_ref(t) for t in model.graph.initializer if uses_external_data(t)}
 
 
 # External tensors up to this size are read into the proto at load: shape constants and axes must be
@@ -73,7 +72,7 @@ def take_over_external(model: onnx.ModelProto, base_dir: Path) -> None:
         for entry in t.external_data:
             if entry.key == "location":
                 entry.value = str(base / entry.value)
-        ref = WeightRef(t.name, *external_refs_of(t))
+        ref = weight_ref(t)
         if ref.length <= INLINE_MAX_BYTES:
             data = read(ref, mmap=False)
             t.raw_data = data.tobytes()
@@ -97,18 +96,17 @@ def read(ref: WeightRef | list, mmap: bool = True) -> np.ndarray:
 
 def to_array(t: onnx.TensorProto) -> np.ndarray:
     """numpy_helper.to_array that also reads tensors whose external location is absolute (memory-mapped)."""
-    if uses_external_data(t):
-        ref = WeightRef(t.name, *external_refs_of(t))
-        return read(ref)
-    return onnx.numpy_helper.to_array(t)
+    return read(weight_ref(t)) if uses_external_data(t) else onnx.numpy_helper.to_array(t)
 
 
-def external_refs_of(t: onnx.TensorProto) -> tuple:
+def weight_ref(t: onnx.TensorProto) -> WeightRef:
+    """Where an external tensor's bytes are (its length from its dims when the file does not say)."""
     info = ExternalDataInfo(t)
     dtype = _np_dtype(t.data_type)
     count = int(np.prod(list(t.dims), dtype=np.int64))
-    return (info.location, info.offset or 0, info.length if info.length is not None else count * dtype.itemsize,
-            dtype.name, tuple(int(d) for d in t.dims))
+    return WeightRef(t.name, info.location, info.offset or 0,
+                     info.length if info.length is not None else count * dtype.itemsize, dtype.name,
+                     tuple(int(d) for d in t.dims))
 
 
 def _dtype_by_name(name: str) -> np.dtype:
@@ -161,7 +159,6 @@ class SpillFile:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.bytes = 0
 
     def _append(self, array: np.ndarray) -> tuple[int, int]:
         array = np.ascontiguousarray(array)
@@ -171,7 +168,6 @@ class SpillFile:
             f.write(b"\0" * pad)
             offset += pad
             f.write(array.tobytes(order="C") if array.dtype.name == "bfloat16" else memoryview(array).cast("B"))
-        self.bytes += array.nbytes
         return offset, array.nbytes
 
     def tensor_proto(self, name: str, array: np.ndarray) -> onnx.TensorProto:

@@ -85,7 +85,7 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         result = self._check_normed(context, x, epsilon, mean, cast_in, cast_out)
         if not result:
             return result
-        if x.dtype not in _FLOATS or gamma.dtype != x.dtype:
+        if gamma.dtype != x.dtype:  # x's own dtype was checked with the rest of the norm
             return result.fail(f"dtypes x={x.dtype}, gamma={gamma.dtype}: RmsNorm needs one float dtype", gamma)
         if gamma.shape is None or gamma.shape.rank() != 1:
             return result.fail("gamma is not 1-D", gamma)

@@ -99,8 +99,6 @@ def _plain_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-
-
 def refine_static_dims(model: ir.Model) -> int:
     """Give IR values the static dims that the symbolic shape inference proves where the IR has none;
     returns how many values changed. Only integers are taken: a symbol is never equated with another."""

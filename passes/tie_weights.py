@@ -56,8 +56,8 @@ def tie_weights(model: ir.Model) -> int:
     graph_inputs = {v.name for v in graph.inputs}
     for value in list(graph.initializers.values()):
         t = value.const_value
-        if (t is None or value.name in graph_inputs or value.is_graph_output() or len(t.shape) != 2 or t.dtype not in _FLOATS
-                or t.size < MIN_ELEMENTS):
+        if (t is None or value.name in graph_inputs or value.is_graph_output() or len(t.shape) != 2
+                or t.dtype not in _FLOATS or t.size < MIN_ELEMENTS):
             continue
         groups.setdefault(_fingerprint(t.numpy()), []).append(value)
         _release(t)
