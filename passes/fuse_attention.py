@@ -41,9 +41,9 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from passes import match
 from passes.manager import rewrite_pass
 
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 # An additive mask value at or below this discards a position: exp(-1e4 + s - max) is 0 in fp32 for any
 # score |s| < 9000, so the softmax equals FlashAttentionScore's discard.
 LARGE_NEGATIVE = -1e4
@@ -54,63 +54,6 @@ class Refused(Exception):
     """A candidate that must not fuse; the message is the skip reason."""
 
 
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant":
-        attr = producer.attributes.get("value")
-        if attr is not None:
-            return attr.value.numpy()
-        for name in ("value_float", "value_int"):
-            if name in producer.attributes:
-                return np.array(producer.attributes[name].value)
-    return None
-
-
-def _scalar(value: ir.Value | None) -> float | None:
-    c = _const(value)
-    if c is None or c.size != 1 or c.dtype.kind not in "fiu":
-        return None
-    return float(c.reshape(-1)[0])
-
-
-def _dims(value: ir.Value) -> list | None:
-    """Dims as ints (static), strings (symbolic) or None (unknown); None if the rank is unknown."""
-    if value.shape is None:
-        return None
-    return [d if isinstance(d, int) else (d.value if isinstance(d, ir.SymbolicDim) else None) for d in value.shape]
-
-
-def _may_equal(a, b) -> bool:
-    """Two dims that may be equal at run time (a static 1 against a non-static dim may be a broadcast)."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    if isinstance(a, int) or isinstance(b, int):
-        return (a if isinstance(a, int) else b) != 1
-    return True
-
-
-def _op(value: ir.Value | None, *op_types: str) -> ir.Node | None:
-    p = value.producer() if value is not None else None
-    return p if p is not None and p.domain in ("", "ai.onnx") and p.op_type in op_types else None
-
-
-def _perm(node: ir.Node, rank: int) -> list[int]:
-    attr = node.attributes.get("perm")
-    return list(attr.value) if attr is not None else list(range(rank))[::-1]
-
-
-def _axes(node: ir.Node) -> list[int] | None:
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
-        c = _const(node.inputs[1])
-        return None if c is None else [int(a) for a in c.reshape(-1)]
-    attr = node.attributes.get("axes")
-    return None if attr is None else [int(a) for a in attr.value]
-
-
 # --- pieces of the attention subgraph --------------------------------------------------------------------
 
 
@@ -118,17 +61,17 @@ def _peel_scales(value: ir.Value) -> tuple[ir.Value, float]:
     """Strip Mul/Div by scalar constants off `value`; returns the source and the product of the factors."""
     scale = 1.0
     while True:
-        mul, div = _op(value, "Mul"), _op(value, "Div")
+        mul, div = match.producer(value, "Mul"), match.producer(value, "Div")
         if mul is not None:
             a, b = mul.inputs
-            if _scalar(b) is not None:
-                scale, value = scale * _scalar(b), a
+            if match.scalar(b) is not None:
+                scale, value = scale * match.scalar(b), a
                 continue
-            if _scalar(a) is not None:
-                scale, value = scale * _scalar(a), b
+            if match.scalar(a) is not None:
+                scale, value = scale * match.scalar(a), b
                 continue
-        if div is not None and _scalar(div.inputs[1]) is not None and _scalar(div.inputs[1]) != 0:
-            scale, value = scale / _scalar(div.inputs[1]), div.inputs[0]
+        if div is not None and match.scalar(div.inputs[1]) is not None and match.scalar(div.inputs[1]) != 0:
+            scale, value = scale / match.scalar(div.inputs[1]), div.inputs[0]
             continue
         return value, scale
 
@@ -136,7 +79,7 @@ def _peel_scales(value: ir.Value) -> tuple[ir.Value, float]:
 def _scores(value: ir.Value):
     """(q, kᵀ, scale) when `value` is a scaled MatMul(q, kᵀ), else None."""
     raw, scale = _peel_scales(value)
-    mm = _op(raw, "MatMul")
+    mm = match.producer(raw, "MatMul")
     if mm is None:
         return None
     q, sq = _peel_scales(mm.inputs[0])
@@ -152,24 +95,24 @@ class Key:
 
 def _untranspose(kt: ir.Value) -> Key:
     """The BNSD key whose last two axes kᵀ swaps."""
-    tr = _op(kt, "Transpose")
-    src_dims = _dims(tr.inputs[0]) if tr is not None else None
+    tr = match.producer(kt, "Transpose")
+    src_dims = match.dims(tr.inputs[0]) if tr is not None else None
     if tr is not None and src_dims is not None and len(src_dims) == 4:
-        p = _perm(tr, 4)
+        p = match.perm(tr, 4)
         k_perm = [p[0], p[1], p[3], p[2]]
         return Key(tr.inputs[0], None if k_perm == [0, 1, 2, 3] else k_perm)
     # dynamo's SDPA: Reshape(Transpose(Reshape(k, (-1, S, D)), (0, 2, 1)), (B, N, D, S))
-    outer = _op(kt, "Reshape")
-    mid = _op(outer.inputs[0], "Transpose") if outer is not None else None
-    inner = _op(mid.inputs[0], "Reshape") if mid is not None else None
-    if inner is not None and _perm(mid, 3) == [0, 2, 1]:
-        k, k_dims = inner.inputs[0], _dims(inner.inputs[0])
-        in_dims, out_dims = _dims(inner.outputs[0]), _dims(kt)
+    outer = match.producer(kt, "Reshape")
+    mid = match.producer(outer.inputs[0], "Transpose") if outer is not None else None
+    inner = match.producer(mid.inputs[0], "Reshape") if mid is not None else None
+    if inner is not None and match.perm(mid, 3) == [0, 2, 1]:
+        k, k_dims = inner.inputs[0], match.dims(inner.inputs[0])
+        in_dims, out_dims = match.dims(inner.outputs[0]), match.dims(kt)
         if (k_dims is not None and in_dims is not None and out_dims is not None and len(k_dims) == 4
                 and len(in_dims) == 3 and len(out_dims) == 4 and isinstance(k_dims[3], int)
                 and isinstance(k_dims[1], int) and in_dims[2] == k_dims[3] and out_dims[1] == k_dims[1]
-                and out_dims[2] == k_dims[3] and _may_equal(in_dims[1], k_dims[2])
-                and _may_equal(out_dims[3], k_dims[2]) and _may_equal(out_dims[0], k_dims[0])):
+                and out_dims[2] == k_dims[3] and match.may_equal(in_dims[1], k_dims[2])
+                and match.may_equal(out_dims[3], k_dims[2]) and match.may_equal(out_dims[0], k_dims[0])):
             return Key(k)
     return Key(kt, [0, 1, 3, 2])
 
@@ -177,43 +120,43 @@ def _untranspose(kt: ir.Value) -> Key:
 def _unrepeat(x: ir.Value) -> tuple[ir.Value, int] | None:
     """(source, N1) of a kv-head repeat (B, N2, S, D) -> (B, N1, S, D) where head n reads source head
     n // (N1 / N2), or None."""
-    reshape = _op(x, "Reshape")
-    grow = _op(reshape.inputs[0], "Expand", "Tile") if reshape is not None else None
+    reshape = match.producer(x, "Reshape")
+    grow = match.producer(reshape.inputs[0], "Expand", "Tile") if reshape is not None else None
     if grow is None:
         return None
     five = grow.inputs[0]
-    unsq, pre = _op(five, "Unsqueeze"), _op(five, "Reshape")
+    unsq, pre = match.producer(five, "Unsqueeze"), match.producer(five, "Reshape")
     src = (unsq or pre).inputs[0] if (unsq or pre) is not None else None
-    src_dims, five_dims, out_dims = (_dims(src) if src is not None else None), _dims(five), _dims(x)
+    src_dims, five_dims, out_dims = (match.dims(src) if src is not None else None), match.dims(five), match.dims(x)
     if src_dims is None or five_dims is None or out_dims is None or len(src_dims) != 4 or len(five_dims) != 5:
         return None
-    if unsq is not None and [a % 5 for a in (_axes(unsq) or [-1])] != [2]:
+    if unsq is not None and [a % 5 for a in (match.axes(unsq) or [-1])] != [2]:
         return None
     if pre is not None and not (five_dims[2] == 1 and five_dims[1] == src_dims[1] and five_dims[4] == src_dims[3]
-                                and _may_equal(five_dims[0], src_dims[0]) and _may_equal(five_dims[3], src_dims[2])):
+                                and match.may_equal(five_dims[0], src_dims[0]) and match.may_equal(five_dims[3], src_dims[2])):
         return None
     n2, d = src_dims[1], src_dims[3]
     if not (isinstance(n2, int) and isinstance(d, int) and len(out_dims) == 4 and isinstance(out_dims[1], int)):
         return None
     n1 = out_dims[1]
-    if n1 % n2 or out_dims[3] != d or not _may_equal(out_dims[0], src_dims[0]) \
-            or not _may_equal(out_dims[2], src_dims[2]):
+    if n1 % n2 or out_dims[3] != d or not match.may_equal(out_dims[0], src_dims[0]) \
+            or not match.may_equal(out_dims[2], src_dims[2]):
         return None
     rep = n1 // n2
-    grown = _dims(grow.outputs[0])
+    grown = match.dims(grow.outputs[0])
     if grow.op_type == "Tile":
-        reps = _const(grow.inputs[1])
+        reps = match.const_value(grow.inputs[1])
         if reps is None or [int(r) for r in reps.reshape(-1)] != [1, 1, rep, 1, 1]:
             return None
-    elif grown is None or len(grown) != 5 or not _may_equal(grown[1], n2) or not _may_equal(grown[2], rep) \
-            or not _may_equal(grown[4], d):
+    elif grown is None or len(grown) != 5 or not match.may_equal(grown[1], n2) or not match.may_equal(grown[2], rep) \
+            or not match.may_equal(grown[4], d):
         return None
     return src, n1
 
 
 def _zero_one(value: ir.Value, depth: int = 0) -> bool:
     """Whether `value` provably holds only 0 and 1: a Cast of a bool, 1 - such, through shape-only ops."""
-    c = _const(value)
+    c = match.const_value(value)
     if c is not None:
         return bool(np.all((c == 0) | (c == 1)))
     p = value.producer()
@@ -224,7 +167,7 @@ def _zero_one(value: ir.Value, depth: int = 0) -> bool:
     if p.op_type == "Cast":
         return p.inputs[0].dtype == ir.DataType.BOOL or _zero_one(p.inputs[0], depth + 1)
     if p.op_type == "Sub":
-        return _scalar(p.inputs[0]) == 1.0 and _zero_one(p.inputs[1], depth + 1)
+        return match.scalar(p.inputs[0]) == 1.0 and _zero_one(p.inputs[1], depth + 1)
     return False
 
 
@@ -233,7 +176,7 @@ def _additive_fill(value: ir.Value, depth: int = 0) -> float | None:
     (-inf if it has none); else None."""
     if depth > 12:
         return None
-    c = _const(value)
+    c = match.const_value(value)
     if c is not None:
         if c.dtype.kind != "f" or c.size > 1 << 22:
             return None
@@ -248,7 +191,7 @@ def _additive_fill(value: ir.Value, depth: int = 0) -> float | None:
         return _additive_fill(p.inputs[0], depth + 1)
     if p.op_type == "Cast":
         src = p.inputs[0]
-        return _additive_fill(src, depth + 1) if src.dtype in _FLOATS | {ir.DataType.DOUBLE} else None
+        return _additive_fill(src, depth + 1) if src.dtype in match.FLOATS | {ir.DataType.DOUBLE} else None
     if p.op_type == "ConstantOfShape":
         attr = p.attributes.get("value")
         v = float(attr.value.numpy().reshape(-1)[0]) if attr is not None else 0.0
@@ -259,7 +202,7 @@ def _additive_fill(value: ir.Value, depth: int = 0) -> float | None:
         fills = [_additive_fill(x, depth + 1) for x in p.inputs]
     elif p.op_type == "Mul":  # (1 - keep) * -10000 with keep a bool cast to float
         for x, f in ((p.inputs[0], p.inputs[1]), (p.inputs[1], p.inputs[0])):
-            neg = _scalar(f)
+            neg = match.scalar(f)
             if neg is not None and neg <= LARGE_NEGATIVE and _zero_one(x, depth + 1):
                 return neg
         return None
@@ -269,14 +212,14 @@ def _additive_fill(value: ir.Value, depth: int = 0) -> float | None:
 
 
 def _check_mask_shape(mask: ir.Value, logits_dims: list, what: str) -> None:
-    dims = _dims(mask)
+    dims = match.dims(mask)
     if dims is None or not 2 <= len(dims) <= 4:
         raise Refused(f"the {what} is not a mask of rank 2-4 over (.., S1, S2) (shape {dims})")
     for k in range(1, len(dims) + 1):
         m, s = dims[-k], logits_dims[-k]
         if k == 1 and m == 1 and s != 1:
             raise Refused(f"the {what} broadcasts over the key axis: not a (.., S1, S2) mask (shape {dims})")
-        if m != 1 and not _may_equal(m, s):
+        if m != 1 and not match.may_equal(m, s):
             raise Refused(f"the {what}'s shape {dims} does not fit the scores' {logits_dims}")
 
 
@@ -302,13 +245,13 @@ def _heads(q: ir.Value, k: Key, v: ir.Value, opset: int, native_gqa: bool = Fals
     if opset < 13:
         raise Refused(f"opset {opset} < 13")
     dtypes = {q.dtype, k.value.dtype, v.dtype}
-    if len(dtypes) != 1 or not dtypes <= _FLOATS:
+    if len(dtypes) != 1 or not dtypes <= match.FLOATS:
         raise Refused(f"q/k/v dtypes {sorted(str(d) for d in dtypes)}: FlashAttentionScore takes one float dtype "
                       "(fp32 inputs are cast to fp16)")
     if opset < 15 and q.dtype != ir.DataType.FLOAT:
         raise Refused("below opset 15 the reference body can only express fp32")
-    qd, vd = _dims(q), _dims(v)
-    kd = _dims(k.value)
+    qd, vd = match.dims(q), match.dims(v)
+    kd = match.dims(k.value)
     if kd is not None and k.perm is not None and len(kd) == 4:
         kd = [kd[p] for p in k.perm]
     if qd is None or kd is None or vd is None or not len(qd) == len(kd) == len(vd) == 4:
@@ -320,14 +263,14 @@ def _heads(q: ir.Value, k: Key, v: ir.Value, opset: int, native_gqa: bool = Fals
         raise Refused(f"head dim {d}: FlashAttentionScore needs a multiple of 16, at most 512")
     if kd[3] != d or vd[3] != d:
         raise Refused(f"head dims q={d}, k={kd[3]}, v={vd[3]} differ")
-    if not (_may_equal(qd[0], kd[0]) and _may_equal(qd[0], vd[0]) and _may_equal(kd[2], vd[2])):
+    if not (match.may_equal(qd[0], kd[0]) and match.may_equal(qd[0], vd[0]) and match.may_equal(kd[2], vd[2])):
         raise Refused(f"batch or key length of q {qd}, k {kd}, v {vd} disagree")
     k_src = _unrepeat(k.value) if k.perm is None else None
     v_src = _unrepeat(v)
     if k_src is not None and v_src is not None and k_src[1] == v_src[1] == n1 \
-            and _dims(k_src[0])[1] == _dims(v_src[0])[1]:
+            and match.dims(k_src[0])[1] == match.dims(v_src[0])[1]:
         # the repeated kv heads go to the fused op un-repeated: FlashAttentionScore does GQA itself
-        return Key(k_src[0]), v_src[0], n1, _dims(k_src[0])[1]
+        return Key(k_src[0]), v_src[0], n1, match.dims(k_src[0])[1]
     n2 = kd[1]
     if not isinstance(n2, int) or n2 != vd[1]:
         raise Refused(f"key and value head counts differ ({n2} vs {vd[1]})")
@@ -338,7 +281,7 @@ def _heads(q: ir.Value, k: Key, v: ir.Value, opset: int, native_gqa: bool = Fals
 
 def analyze(logits: ir.Value, probs: ir.Value, v: ir.Value, softmax: ir.Node, opset: int) -> Attention:
     """Read the attention subgraph behind Softmax(logits); raise Refused with the reason if it must not fuse."""
-    ld = _dims(logits)
+    ld = match.dims(logits)
     axis = softmax.attributes.get("axis")
     axis = -1 if axis is None else axis.value
     rank = len(ld) if ld is not None else 4
@@ -348,7 +291,7 @@ def analyze(logits: ir.Value, probs: ir.Value, v: ir.Value, softmax: ir.Node, op
         raise Refused("the attention probabilities are used elsewhere")
     # The structure: which operand of the Add / Where is the (scaled) MatMul of q and kᵀ, which the mask?
     found, mask = None, None
-    add, where = _op(logits, "Add"), _op(logits, "Where")
+    add, where = match.producer(logits, "Add"), match.producer(logits, "Where")
     if add is not None:
         for s, m in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
             found = _scores(s)
@@ -371,7 +314,7 @@ def analyze(logits: ir.Value, probs: ir.Value, v: ir.Value, softmax: ir.Node, op
         raise Refused(f"scale {scale} is not a positive finite number")
     key, v_val, n1, n2 = _heads(q, _untranspose(kt), v, opset)
     if ld is None:
-        ld = [_dims(q)[0], n1, _dims(q)[2], _dims(v)[2]]
+        ld = [match.dims(q)[0], n1, match.dims(q)[2], match.dims(v)[2]]
     if len(ld) != 4:
         raise Refused(f"the Softmax input is not 4-D (B, N, S1, S2) (shape {ld})")
     att = Attention(q, key, v_val, scale, n1, n2)
@@ -388,18 +331,13 @@ def analyze(logits: ir.Value, probs: ir.Value, v: ir.Value, softmax: ir.Node, op
     else:
         if m.dtype != ir.DataType.BOOL:
             raise Refused(f"Where's condition has dtype {m.dtype}")
-        fill = _scalar(mask.pop("fill"))
+        fill = match.scalar(mask.pop("fill"))
         if fill is None or not fill <= LARGE_NEGATIVE:
             raise Refused(f"Where's fill {fill} is not a scalar <= {LARGE_NEGATIVE:g}: not a mask")
         _check_mask_shape(m, ld, "Where condition")
         att.fill = fill
     att.mask_kind, att.mask = mask["mask_kind"], m
     return att
-
-
-def _opset(context) -> int:
-    imports = context.model.opset_imports
-    return imports.get("", imports.get("ai.onnx", 0))
 
 
 def _emit(op, a: Attention, out: ir.Value):
@@ -445,7 +383,7 @@ class SoftmaxAttentionFusion(pattern.RewriteRuleClassBase):
                                   f"{down.value}")
                 if len(sm.uses()) != 1 or sm.is_graph_output():
                     raise Refused("the attention probabilities are used elsewhere")
-            self._found = analyze(logits, probs, value, softmax, _opset(context))
+            self._found = analyze(logits, probs, value, softmax, match.opset(context))
         except Refused as e:
             return result.fail(str(e), softmax)
         return result
@@ -467,7 +405,7 @@ class NativeAttentionFusion(pattern.RewriteRuleClassBase):
         result = pattern.MatchResult()
         node = attn.producer()
         try:
-            self._found = self._analyze(node, q, k, v, _opset(context))
+            self._found = self._analyze(node, q, k, v, match.opset(context))
         except Refused as e:
             return result.fail(str(e), node)
         return result
@@ -487,7 +425,7 @@ class NativeAttentionFusion(pattern.RewriteRuleClassBase):
         for window in ("left_window_size", "right_window_size"):  # later opsets' sliding window
             if attrs.get(window) is not None and attrs[window].value != -1:
                 raise Refused(f"Attention with {window}")
-        qd = _dims(q)
+        qd = match.dims(q)
         if qd is None or len(qd) != 4:
             raise Refused("Attention with 3-D (BSH) inputs")
         key, v_val, n1, n2 = _heads(q, Key(k), v, opset, native_gqa=True)
@@ -497,7 +435,7 @@ class NativeAttentionFusion(pattern.RewriteRuleClassBase):
         mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] is not None and node.inputs[3].name else None
         found = Attention(q, key, v_val, scale, n1, n2)
         if mask is not None:
-            kd = _dims(k)
+            kd = match.dims(k)
             logits = [qd[0], qd[1], qd[2], kd[2] if kd is not None else None]
             _check_mask_shape(mask, logits, "attn_mask")
             if mask.dtype == ir.DataType.BOOL:  # True takes part; ONNX fills the rest with -inf

@@ -17,46 +17,16 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
-import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from passes.fuse_rmsnorm import _const
+from passes import match
 from passes.manager import rewrite_pass
 
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _EXPECTED = {
     "half": 0.5, "one": 1.0, "three": 3.0, "coeff": 0.044715, "sqrt_2_pi": math.sqrt(2.0 / math.pi),
     "erf_div": math.sqrt(2.0), "erf_mul": 1.0 / math.sqrt(2.0),
 }
 
-
-def _scalar(value: ir.Value | None) -> tuple[float, float] | None:
-    """A constant scalar and the relative tolerance its dtype can hold it to (1e-5, or fp16/bf16 rounding)."""
-    c = _const(value)
-    if c is None or c.size != 1 or c.dtype.kind not in "fiu":
-        return None
-    rel = max(1e-5, float(ml_dtypes.finfo(c.dtype).eps)) if c.dtype.kind == "f" else 1e-5
-    return float(c.reshape(-1)[0]), rel
-
-
-def _check_dtype(context, result: pattern.MatchResult, x: ir.Value) -> pattern.MatchResult:
-    if x.dtype not in _FLOATS:
-        return result.fail(f"dtype {x.dtype}: GeluExt/GeLU take float32, float16 or bfloat16", x)
-    opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
-    if opset < 15 and x.dtype != ir.DataType.FLOAT:
-        return result.fail("below opset 15 the GELU reference body can only express fp32", x)
-    return result
-
-
-def _mul(op, a, b):
-    """Mul(a, b) or Mul(b, a): operand orders as alternatives that backtrack locally, far cheaper than the
-    ruleset's commute=True, which multiplies the pattern by 2 for every Mul and Add in it."""
-    return pattern.OrValue([op.Mul(a, b), op.Mul(b, a)])
-
-
-def _add(op, a, b):
-    return pattern.OrValue([op.Add(a, b), op.Add(b, a)])
 
 
 class GeluDecomposed(pattern.RewriteRuleClassBase):
@@ -66,20 +36,20 @@ class GeluDecomposed(pattern.RewriteRuleClassBase):
 
     def pattern(self, op, x, half, one, scale, coeff, three):
         if self._kind == "erf":
-            arg = pattern.OrValue([op.Div(x, scale), _mul(op, x, scale)], tag_var="erf_op",
+            arg = pattern.OrValue([op.Div(x, scale), match.mul(op, x, scale)], tag_var="erf_op",
                                   tag_values=["div", "mul"])
             t = op.Erf(arg)
         else:
-            cube = pattern.OrValue([op.Pow(x, three), _mul(op, x, _mul(op, x, x))])
-            t = op.Tanh(_mul(op, scale, _add(op, x, _mul(op, coeff, cube))))
-        one_plus = _add(op, t, one)
+            cube = pattern.OrValue([op.Pow(x, three), match.mul(op, x, match.mul(op, x, x))])
+            t = op.Tanh(match.mul(op, scale, match.add(op, x, match.mul(op, coeff, cube))))
+        one_plus = match.add(op, t, one)
         # The root Mul's operand order is a rule variant (a pattern's root is a node, not alternatives).
         if self._outer == "x*(half*(1+t))":
-            a, b = x, _mul(op, half, one_plus)
+            a, b = x, match.mul(op, half, one_plus)
         elif self._outer == "(x*(1+t))*half":
-            a, b = _mul(op, x, one_plus), half
+            a, b = match.mul(op, x, one_plus), half
         else:
-            a, b = _mul(op, x, half), one_plus
+            a, b = match.mul(op, x, half), one_plus
         return op.Mul(b, a) if self._swap else op.Mul(a, b)
 
     def check(self, context, x, half, one, scale, erf_op=None, coeff=None, three=None,
@@ -94,11 +64,11 @@ class GeluDecomposed(pattern.RewriteRuleClassBase):
             if three is not None:  # Pow(x, 3); x * x * x has no constant
                 expected["three"] = (three, _EXPECTED["three"])
         for name, (value, want) in expected.items():
-            got = _scalar(value)
+            got = match.scalar_with_tolerance(value)
             if got is None or not math.isclose(got[0], want, rel_tol=got[1]):
                 return result.fail(f"{name} is {got[0] if got is not None else 'not a constant scalar'}, "
                                    f"GELU's is {want:.8g}", value)
-        return _check_dtype(context, result, x)
+        return match.float_guard(context, result, x, "GeluExt/GeLU")
 
     def rewrite(self, op, x, **_):
         return op.Gelu(x, _domain="mindspore") if self._kind == "erf" else op.GeluTanh(x, _domain="mindspore")
@@ -115,7 +85,7 @@ class GeluNative(pattern.RewriteRuleClassBase):
         approximate = y.producer().attributes.get("approximate")
         if approximate is not None and approximate.value not in ("none", "tanh"):
             return result.fail(f"approximate={approximate.value!r}", y.producer())
-        return _check_dtype(context, result, x)
+        return match.float_guard(context, result, x, "GeluExt/GeLU")
 
     def rewrite(self, op, x, y, **_):
         approximate = y.producer().attributes.get("approximate")

@@ -25,19 +25,13 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from passes.fuse_rmsnorm import _const, _reduced_axes
+from passes import match
 from passes.manager import rewrite_pass
-
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-
-
-def _opset(context) -> int:
-    return context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
 
 
 def _check_affine(result: pattern.MatchResult, x: ir.Value, gamma: ir.Value, beta: ir.Value | None):
     """gamma (and beta) 1-D of the last axis' size, all of one float dtype MindSpore's LayerNorm takes."""
-    if x.dtype not in _FLOATS:
+    if x.dtype not in match.FLOATS:
         return result.fail(f"dtype {x.dtype}: LayerNorm takes float32, float16 or bfloat16", x)
     rank = x.shape.rank() if x.shape is not None else None
     if rank is None:
@@ -55,16 +49,6 @@ def _check_affine(result: pattern.MatchResult, x: ir.Value, gamma: ir.Value, bet
     return result
 
 
-def _mul(op, a, b):
-    """Mul(a, b) or Mul(b, a): operand orders as alternatives that backtrack locally, far cheaper than the
-    ruleset's commute=True, which multiplies the pattern by 2 for every Mul and Add in it."""
-    return pattern.OrValue([op.Mul(a, b), op.Mul(b, a)])
-
-
-def _add(op, a, b):
-    return pattern.OrValue([op.Add(a, b), op.Add(b, a)])
-
-
 def _bias_add_follows(y: ir.Value) -> bool:
     """y's only use is an Add of a 1-D bias: the rule with beta fuses the whole LayerNorm at that Add."""
     uses = list(y.uses())
@@ -80,7 +64,7 @@ def _check_last_axis_mean(result: pattern.MatchResult, x: ir.Value, values) -> p
         return result.fail("the input rank is unknown", x)
     for value in values:
         reduce = value.producer()
-        axes = _reduced_axes(reduce)
+        axes = match.axes(reduce)
         if axes is None or [a % rank for a in axes] != [rank - 1]:
             return result.fail(f"ReduceMean is over axes {axes}, not the last axis", reduce)
         keep = reduce.attributes.get("keepdims")
@@ -100,11 +84,11 @@ class LayerNormDecomposed(pattern.RewriteRuleClassBase):
         d = op.Sub(xc, mean)
         square = pattern.OrValue([op.Pow(d, 2.0), op.Mul(d, d)])
         var = op.ReduceMean(square, _allow_other_inputs=True, _outputs=["var"])
-        std = op.Sqrt(_add(op, var, epsilon))
+        std = op.Sqrt(match.add(op, var, epsilon))
         if self._normalize == "reciprocal":
-            normed = _mul(op, d, op.Reciprocal(std))
+            normed = match.mul(op, d, op.Reciprocal(std))
         elif self._normalize == "div-one":
-            normed = _mul(op, d, op.Div(1.0, std))
+            normed = match.mul(op, d, op.Div(1.0, std))
         else:
             normed = op.Div(d, std)
         normed = pattern.OrValue([op.Cast(normed, to=target_dtype), normed], tag_var="cast_out",
@@ -124,19 +108,17 @@ class LayerNormDecomposed(pattern.RewriteRuleClassBase):
             return result.fail("a bias Add follows: the LayerNorm is fused with it, at the Add", scaled)
         if not _check_last_axis_mean(result, x, (mean, var)):
             return result
-        eps = _const(epsilon)
+        eps = match.const_value(epsilon)
         if eps is None or eps.size != 1 or eps.dtype.kind != "f" or not 0 < float(eps.reshape(-1)[0]) <= 1:
             return result.fail("epsilon is not a constant scalar in (0, 1]", epsilon)
         if cast_in != cast_out:
             return result.fail("a Cast on one side of the precision island only", x)
         if not _check_affine(result, x, gamma, beta):
             return result
-        if _opset(context) < 15 and x.dtype != ir.DataType.FLOAT:
-            return result.fail("below opset 15 LayerNorm's reference body can only express fp32", x)
-        return result
+        return match.float_guard(context, result, x, "LayerNorm")
 
     def rewrite(self, op, x, gamma, epsilon, beta=None, **_):
-        eps = float(_const(epsilon).reshape(-1)[0])
+        eps = float(match.const_value(epsilon).reshape(-1)[0])
         return op.LayerNorm(x, gamma, _zero_beta(op, gamma) if beta is None else beta, epsilon=eps,
                             _domain="mindspore")
 

@@ -19,30 +19,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from passes import match
 from passes.manager import rewrite_pass
-
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-
-
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant":
-        attr = producer.attributes.get("value")
-        if attr is not None:
-            return attr.value.numpy()
-    return None
-
-
-def _reduced_axes(node: ir.Node) -> list[int] | None:
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = _const(node.inputs[1])
-        return None if axes is None else [int(a) for a in axes.reshape(-1)]
-    attr = node.attributes.get("axes")
-    return None if attr is None else [int(a) for a in attr.value]
 
 
 def _is_centered(x: ir.Value) -> bool:
@@ -98,7 +76,7 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         result = pattern.MatchResult()
         reduce = mean.producer()
         rank = x.shape.rank() if x.shape is not None else None
-        axes = _reduced_axes(reduce)
+        axes = match.axes(reduce)
         if rank is None:
             return result.fail("the input rank is unknown", x)
         if axes is None or [a % rank for a in axes] != [rank - 1]:
@@ -106,22 +84,17 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         keep = reduce.attributes.get("keepdims")
         if keep is not None and keep.value != 1:
             return result.fail("ReduceMean drops the reduced axis (keepdims=0)", reduce)
-        eps = _const(epsilon)
+        eps = match.const_value(epsilon)
         if eps is None or eps.size != 1 or eps.dtype.kind != "f" or not 0 < float(eps.reshape(-1)[0]) <= 1:
             return result.fail("epsilon is not a constant scalar in (0, 1]", epsilon)
-        if x.dtype not in _FLOATS:
-            return result.fail(f"x is {x.dtype}: RmsNorm takes fp32, fp16 or bf16", x)
         if cast_in != cast_out:
             return result.fail("a Cast on one side of the precision island only", x)
         if _is_centered(x):
             return result.fail("x is x' - mean(x'): this is a LayerNorm (left to fuse-layernorm)", x)
-        opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
-        if opset < 15 and x.dtype != ir.DataType.FLOAT:
-            return result.fail("below opset 15 RmsNorm's reference body can only express fp32", x)
-        return result
+        return match.float_guard(context, result, x, "RmsNorm")
 
     def rewrite(self, op, x, gamma, epsilon, **_):
-        eps = float(_const(epsilon).reshape(-1)[0])
+        eps = float(match.const_value(epsilon).reshape(-1)[0])
         return op.RmsNorm(x, gamma, epsilon=eps, _domain="mindspore")
 
 
@@ -142,12 +115,12 @@ class UnitGammaRmsNormFusion(RmsNormFusion):
         for use in context.output_values[0].uses():
             other = use.node.inputs[1 - use.idx] if use.node.op_type == "Mul" and len(use.node.inputs) == 2 else None
             if other is not None and other.shape is not None and other.shape.rank() == 1 and \
-                    _const(other) is not None:
+                    match.const_value(other) is not None:
                 return result.fail("a gamma Mul follows (fused by the rule with gamma)", x)
         return result
 
     def rewrite(self, op, x, epsilon, **_):
-        eps = float(_const(epsilon).reshape(-1)[0])
+        eps = float(match.const_value(epsilon).reshape(-1)[0])
         last = x.shape[x.shape.rank() - 1]
         ones = op.Constant(value=ir.tensor(np.ones(last, dtype=x.dtype.numpy()), name="rmsnorm_unit_gamma"))
         return op.RmsNorm(x, ones, epsilon=eps, _domain="mindspore")
@@ -168,7 +141,7 @@ class NativeRmsNormalization(pattern.RewriteRuleClassBase):
             return result.fail("RMSNormalization over more than the last axis", x)
         if get("stash_type", 1) != 1:
             return result.fail("stash_type is not fp32 (RmsNorm computes its statistics in fp32)", x)
-        if x.dtype not in _FLOATS or gamma.dtype != x.dtype:
+        if x.dtype not in match.FLOATS or gamma.dtype != x.dtype:
             return result.fail(f"dtypes x={x.dtype}, gamma={gamma.dtype}: RmsNorm needs one float dtype", gamma)
         if gamma.shape is None or gamma.shape.rank() != 1:
             return result.fail("gamma is not 1-D", gamma)

@@ -31,17 +31,15 @@ ONNX's own RotaryEmbedding op (opset 23). MindSpore's `ApplyRotaryPosEmb` (q and
 
 from __future__ import annotations
 
-import logging
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from passes import match
 from passes.manager import rewrite_pass
 from passes.shapes import _snapshot, _symbolic_shapes  # noqa: F401  (tests patch them here)
 
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 MAX_HEAD_DIM = 896  # D < 896 (FUSED_OPS.md)
 MAX_BATCH_HEADS = 1000  # B, N < 1000 (the primitive's docstring)
 
@@ -54,32 +52,6 @@ _ACCEPTED = {0: "11SD, B1SD or BNSD for x as BNSD (BSND: 1S1D, BS1D, BSND; SBND:
              1: "11SD for x as BNSD (BSND: 1S1D; SBND: S11D)"}
 # Where B and N sit in x for the layout a cos/sin shape implies (for the static B, N < 1000 check).
 _BN_AXES = {(0, 1): (0, 1), (1,): (0, 1), (): (0, 1), (0, 2): (0, 2), (2,): (0, 2), (1, 2): (1, 2)}
-
-
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant":
-        attr = producer.attributes.get("value")
-        if attr is not None:
-            return attr.value.numpy()
-        for name in ("value_int", "value_ints"):
-            attr = producer.attributes.get(name)
-            if attr is not None:
-                return np.array(attr.value, np.int64)
-    return None
-
-
-def _ints(value: ir.Value | None) -> list[int] | None:
-    c = _const(value)
-    return None if c is None or c.dtype.kind not in "iu" else [int(v) for v in c.reshape(-1)]
-
-
-def _input(node: ir.Node, i: int) -> ir.Value | None:
-    return node.inputs[i] if i < len(node.inputs) else None
 
 
 # --- what can be proved about dims: passes/shapes.py ---------------------------------------------------------
@@ -173,9 +145,9 @@ def _cos_layouts(x: ir.Value, c: ir.Value, d: int, mode: int) -> list[tuple[int,
 
 def _slice_range(node: ir.Node, rank: int, size: int) -> tuple[int, int, int] | None:
     """(start, stop, step) of a Slice over x's last axis only, normalised to that axis' size; else None."""
-    starts, ends = _ints(_input(node, 1)), _ints(_input(node, 2))
-    axes = _ints(_input(node, 3)) if _input(node, 3) is not None else None
-    steps = _ints(_input(node, 4)) if _input(node, 4) is not None else [1]
+    starts, ends = match.ints(match.input_at(node, 1)), match.ints(match.input_at(node, 2))
+    axes = match.ints(match.input_at(node, 3)) if match.input_at(node, 3) is not None else None
+    steps = match.ints(match.input_at(node, 4)) if match.input_at(node, 4) is not None else [1]
     if starts is None or ends is None or axes is None or steps is None:
         return None
     if not len(starts) == len(ends) == len(axes) == len(steps) == 1 or axes[0] % rank != rank - 1 or steps[0] < 1:
@@ -221,12 +193,11 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"the rotated size (x's last dim) of {x.name} is not static", x)
         if d % 2 or d >= MAX_HEAD_DIM:
             return result.fail(f"the rotated size {d} is not even and < {MAX_HEAD_DIM}", x)
-        if x.dtype not in _FLOATS or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        if x.dtype not in match.FLOATS or cos.dtype != x.dtype or sin.dtype != x.dtype:
             return result.fail(f"dtypes x={x.dtype}, cos={cos.dtype}, sin={sin.dtype}: RotaryPositionEmbedding "
                                "takes one of fp16/bf16/fp32 for all three", x)
-        opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
-        if opset < 15 and x.dtype != ir.DataType.FLOAT:
-            return result.fail("below opset 15 the reference body can only express fp32", x)
+        if not match.float_guard(context, result, x, "RotaryPositionEmbedding"):
+            return result
         why = self.check_rotation(x, d, bindings)
         if why:
             return result.fail(why, x)
@@ -292,10 +263,10 @@ class RotateHalfSplit(_RopeFusion):
         split = b["x1"].producer()
         if not _last_axis(split.attributes.get_int("axis", 0), 4):
             return "the Split is not over the last axis"
-        sizes = _input(split, 1)
+        sizes = match.input_at(split, 1)
         if sizes is not None and sizes.name:
-            if _ints(sizes) != [d // 2, d // 2]:
-                return f"the Split does not cut the last axis into halves (split {_ints(sizes)})"
+            if match.ints(sizes) != [d // 2, d // 2]:
+                return f"the Split does not cut the last axis into halves (split {match.ints(sizes)})"
         elif split.attributes.get_int("num_outputs", 2) != 2:
             return "the Split does not cut the last axis into two halves"
         if not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
@@ -328,7 +299,7 @@ class InterleavedSlices(_RopeFusion):
             return "the Slice giving the odd elements does not take x[..., 1::2]"
         for name in ("neg_odd5", "even5"):
             unsq = b[name].producer()
-            axes = _ints(_input(unsq, 1)) if _input(unsq, 1) is not None else None
+            axes = match.ints(match.input_at(unsq, 1)) if match.input_at(unsq, 1) is not None else None
             if axes is None and unsq.attributes.get("axes") is not None:
                 axes = list(unsq.attributes.get_ints("axes"))
             if axes is None or len(axes) != 1 or axes[0] % 5 != 4:
@@ -352,7 +323,7 @@ def _flattens_back(rot: ir.Value, x: ir.Value, d: int) -> str | None:
     dims), or Concat(Shape(stacked)[:3], [D or -1]), or its output's dims are provably x's. Each merges the last
     two axes, in row-major order."""
     reshape = rot.producer()
-    target = _ints(_input(reshape, 1))
+    target = match.ints(match.input_at(reshape, 1))
     allowzero = reshape.attributes.get_int("allowzero", 0)
     if target is not None and len(target) == 4:
         lead_ok = all((t == 0 and not allowzero) or t == FACTS.static(x, k) for k, t in enumerate(target[:3]))
@@ -372,7 +343,7 @@ def _leading_dims_then(target: ir.Value, stacked: ir.Value, d: int) -> bool:
         return False
     if concat.attributes.get_int("axis") != 0:
         return False
-    if _ints(concat.inputs[1]) not in ([d], [-1]):
+    if match.ints(concat.inputs[1]) not in ([d], [-1]):
         return False
     lead = concat.inputs[0].producer()
     if lead is None or lead.op_type != "Slice":
@@ -382,9 +353,9 @@ def _leading_dims_then(target: ir.Value, stacked: ir.Value, d: int) -> bool:
         return False
     if shape.attributes.get_int("start", 0) != 0 or shape.attributes.get("end") is not None:
         return False
-    starts, ends = _ints(_input(lead, 1)), _ints(_input(lead, 2))
-    axes = _ints(_input(lead, 3)) if _input(lead, 3) is not None else [0]
-    steps = _ints(_input(lead, 4)) if _input(lead, 4) is not None else [1]
+    starts, ends = match.ints(match.input_at(lead, 1)), match.ints(match.input_at(lead, 2))
+    axes = match.ints(match.input_at(lead, 3)) if match.input_at(lead, 3) is not None else [0]
+    steps = match.ints(match.input_at(lead, 4)) if match.input_at(lead, 4) is not None else [1]
     return starts == [0] and ends in ([3], [-2]) and axes in ([0], [-1]) and steps == [1]
 
 
@@ -411,11 +382,10 @@ class NativeRotaryEmbedding(pattern.RewriteRuleClassBase):
         for c in (cos, sin):
             if _rank(c) != 3 or c.shape[2] != d // 2:
                 return result.fail(f"cos/sin {c.name} is not (B, S, {d // 2})", c)
-            if c.dtype != x.dtype or x.dtype not in _FLOATS:
+            if c.dtype != x.dtype or x.dtype not in match.FLOATS:
                 return result.fail(f"dtypes x={x.dtype}, {c.name}={c.dtype}", c)
-        opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
-        if opset < 15 and x.dtype != ir.DataType.FLOAT:
-            return result.fail("below opset 15 the reference body can only express fp32", x)
+        if not match.float_guard(context, result, x, "RotaryPositionEmbedding"):
+            return result
         return result
 
     def rewrite(self, op, x, cos, sin, **_):

@@ -6,12 +6,10 @@ reference body's CastLike). Not matched: Swish with a slope (x * sigmoid(b * x))
 
 from __future__ import annotations
 
-import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from passes import match
 from passes.manager import rewrite_pass
-
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
 
 class SiLUFusion(pattern.RewriteRuleClassBase):
@@ -24,12 +22,7 @@ class SiLUFusion(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
-        if x.dtype not in _FLOATS:
-            return result.fail(f"dtype {x.dtype}: SiLU takes float32, float16 or bfloat16", x)
-        opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
-        if opset < 15 and x.dtype != ir.DataType.FLOAT:
-            return result.fail("below opset 15 SiLU's reference body can only express fp32", x)
-        return result
+        return match.float_guard(context, result, x, "SiLU")
 
     def rewrite(self, op, x, **_):
         return op.SiLU(x, _domain="mindspore")

@@ -28,28 +28,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from passes.fuse_rmsnorm import _const
+from passes import match
 from passes.manager import rewrite_pass
-
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-
-
-def _mul(op, a, b):
-    """Mul(a, b) or Mul(b, a) as alternatives that backtrack locally (cheaper than commute=True)."""
-    return pattern.OrValue([op.Mul(a, b), op.Mul(b, a)])
-
-
-def _add(op, a, b):
-    return pattern.OrValue([op.Add(a, b), op.Add(b, a)])
-
-
-def _unique_name(graph: ir.Graph, name: str) -> str:
-    taken = set(graph.initializers) | {v.name for v in graph.inputs}
-    candidate, k = name, 1
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}_{k}"
-    return candidate
 
 
 class SwigluFusion(pattern.RewriteRuleClassBase):
@@ -63,20 +43,20 @@ class SwigluFusion(pattern.RewriteRuleClassBase):
         gate = op.MatMul(x, wg)
         up = op.MatMul(x, wu)
         if self._bias:
-            gate, up = _add(op, gate, bg), _add(op, up, bu)
+            gate, up = match.add(op, gate, bg), match.add(op, up, bu)
         if self._reshaped:  # both back to one shape (the same shape value)
             gate, up = op.Reshape(gate, shape, _outputs=["gate_3d"]), op.Reshape(up, shape)
-        act = pattern.OrValue([_mul(op, gate, op.Sigmoid(gate)), op.SiLU(gate, _domain="mindspore")])
+        act = pattern.OrValue([match.mul(op, gate, op.Sigmoid(gate)), op.SiLU(gate, _domain="mindspore")])
         # The root's operand order is a rule variant (a pattern's root is a node, not alternatives).
         return op.Mul(up, act) if self._up_first else op.Mul(act, up)
 
     def check(self, context, x, wg, wu, bg=None, bu=None, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
-        if x.dtype not in _FLOATS:
+        if x.dtype not in match.FLOATS:
             return result.fail(f"dtype {x.dtype}: Swiglu takes float32, float16 or bfloat16", x)
         if x.shape is None or x.shape.rank() is None or x.shape.rank() < 2:
             return result.fail("the input rank is unknown or below 2", x)
-        g, u = _const(wg), _const(wu)
+        g, u = match.const_value(wg), match.const_value(wu)
         if g is None or u is None:
             return result.fail("the gate/up weights are not constants (nothing to merge)", wg if g is None else wu)
         if g.ndim != 2 or g.shape != u.shape:
@@ -84,27 +64,26 @@ class SwigluFusion(pattern.RewriteRuleClassBase):
         if wg.dtype != x.dtype or wu.dtype != x.dtype:
             return result.fail(f"dtypes x={x.dtype}, gate={wg.dtype}, up={wu.dtype}: not one dtype", wg)
         if self._bias:
-            b1, b2 = _const(bg), _const(bu)
+            b1, b2 = match.const_value(bg), match.const_value(bu)
             if b1 is None or b2 is None:
                 return result.fail("the gate/up biases are not constants", bg if b1 is None else bu)
             if b1.shape != (g.shape[1],) or b2.shape != (g.shape[1],) or bg.dtype != x.dtype or bu.dtype != x.dtype:
                 return result.fail(f"gate/up biases of shapes {b1.shape}, {b2.shape}: not 1-D of the output size "
                                    f"{g.shape[1]} in x's dtype", bg)
-        opset = context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0))
-        if opset < 15 and x.dtype != ir.DataType.FLOAT:
-            return result.fail("below opset 15 Swiglu's reference body can only express fp32", x)
+        if not match.float_guard(context, result, x, "Swiglu"):
+            return result
         self._graph = context.graph_or_function
         return result
 
     def rewrite(self, op, x, wg, wu, bg=None, bu=None, shape=None, gate_3d=None, **_):
         graph = self._graph
-        w = np.concatenate([_const(wg), _const(wu)], axis=1)  # [gate ; up] along the output dim
-        w_name = _unique_name(graph, f"{wg.name}_gate_up")
+        w = np.concatenate([match.const_value(wg), match.const_value(wu)], axis=1)  # [gate ; up] along the output dim
+        w_name = match.unique_initializer_name(graph, f"{wg.name}_gate_up")
         h = op.MatMul(x, op.initializer(ir.tensor(w, name=w_name), name=w_name))
         self._sources += [wg, wu]
         if bg is not None:
-            b = np.concatenate([_const(bg), _const(bu)])
-            b_name = _unique_name(graph, f"{bg.name}_gate_up")
+            b = np.concatenate([match.const_value(bg), match.const_value(bu)])
+            b_name = match.unique_initializer_name(graph, f"{bg.name}_gate_up")
             h = op.Add(h, op.initializer(ir.tensor(b, name=b_name), name=b_name))
             self._sources += [bg, bu]
         y = op.Swiglu(h, dim=-1, _domain="mindspore")

@@ -1,0 +1,152 @@
+"""Matching helpers every fusion pass shares: constant values, scalars, dims, operand order, guards.
+
+One definition of each, so the passes cannot drift apart in what they call a constant (an initializer, a
+`Constant` node's `value` / `value_float(s)` / `value_int(s)`), a static dim, or an acceptable dtype.
+Pattern-building helpers (`mul`, `add`) take the `op` builder of an onnxscript pattern; check helpers take
+`ir.Value`s and return plain Python values or None when something is not provable.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+# The float dtypes MindSpore's fused primitives take.
+FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+STANDARD_DOMAINS = ("", "ai.onnx")
+# Below this opset a reference body has no CastLike, so it can only express fp32.
+MIN_LOW_PRECISION_OPSET = 15
+
+
+def const_value(value: ir.Value | None) -> np.ndarray | None:
+    """The value of an initializer or a `Constant` node's output, else None."""
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    producer = value.producer()
+    if producer is None or producer.op_type != "Constant" or producer.domain not in STANDARD_DOMAINS:
+        return None
+    attr = producer.attributes.get("value")
+    if attr is not None:
+        return attr.value.numpy()
+    for name, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                        ("value_int", np.int64), ("value_ints", np.int64)):
+        attr = producer.attributes.get(name)
+        if attr is not None:
+            return np.array(attr.value, dtype)
+    return None
+
+
+def scalar(value: ir.Value | None) -> float | None:
+    """A constant holding one number (any rank), as a float; else None."""
+    c = const_value(value)
+    if c is None or c.size != 1 or c.dtype.kind not in "fiu":
+        return None
+    return float(c.reshape(-1)[0])
+
+
+def scalar_with_tolerance(value: ir.Value | None) -> tuple[float, float] | None:
+    """A constant scalar and the relative tolerance its dtype can hold a coefficient to (1e-5, or the
+    fp16/bf16 rounding step)."""
+    c = const_value(value)
+    if c is None or c.size != 1 or c.dtype.kind not in "fiu":
+        return None
+    rel = max(1e-5, float(ml_dtypes.finfo(c.dtype).eps)) if c.dtype.kind == "f" else 1e-5
+    return float(c.reshape(-1)[0]), rel
+
+
+def close_to(value: ir.Value | None, expected: float) -> bool:
+    """Whether `value` is a constant scalar equal to `expected` up to its dtype's rounding."""
+    found = scalar_with_tolerance(value)
+    return found is not None and abs(found[0] - expected) <= found[1] * max(1.0, abs(expected))
+
+
+def ints(value: ir.Value | None) -> list[int] | None:
+    c = const_value(value)
+    return None if c is None or c.dtype.kind not in "iu" else [int(v) for v in c.reshape(-1)]
+
+
+def dims(value: ir.Value | None) -> list | None:
+    """Dims as ints (static), strings (symbolic) or None (unknown); None if the rank is unknown."""
+    if value is None or value.shape is None:
+        return None
+    return [d if isinstance(d, int) else (d.value if isinstance(d, ir.SymbolicDim) else None) for d in value.shape]
+
+
+def rank(value: ir.Value | None) -> int | None:
+    return None if value is None or value.shape is None else value.shape.rank()
+
+
+def may_equal(a, b) -> bool:
+    """Two dims that may be equal at run time (a static 1 against a non-static dim may be a broadcast)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, int) or isinstance(b, int):
+        return (a if isinstance(a, int) else b) != 1
+    return True
+
+
+def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
+    """The standard-domain node of one of `op_types` that produces `value`, else None."""
+    p = value.producer() if value is not None else None
+    return p if p is not None and p.domain in STANDARD_DOMAINS and p.op_type in op_types else None
+
+
+def input_at(node: ir.Node, i: int) -> ir.Value | None:
+    return node.inputs[i] if i < len(node.inputs) else None
+
+
+def perm(node: ir.Node, rank_: int) -> list[int]:
+    """A Transpose's permutation (the default reverses the axes)."""
+    attr = node.attributes.get("perm")
+    return list(attr.value) if attr is not None else list(range(rank_))[::-1]
+
+
+def axes(node: ir.Node) -> list[int] | None:
+    """The axes of a Reduce*/Squeeze/Unsqueeze node: the input (opset 13/18 on) or the attribute."""
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        return ints(node.inputs[1])
+    attr = node.attributes.get("axes")
+    return None if attr is None else [int(a) for a in attr.value]
+
+
+def opset(context_or_model) -> int:
+    """The default-domain opset of a rewrite context (or an ir.Model)."""
+    model = getattr(context_or_model, "model", context_or_model)
+    imports = model.opset_imports
+    return imports.get("", imports.get("ai.onnx", 0))
+
+
+def float_guard(context, result: pattern.MatchResult, x: ir.Value, op_name: str) -> pattern.MatchResult:
+    """The dtype/opset guard of every fused op: fp32/fp16/bf16, and fp32 only below opset 15 (where the
+    reference body has no CastLike). Fails `result` with the reason, else returns it unchanged."""
+    if x.dtype not in FLOATS:
+        return result.fail(f"dtype {x.dtype}: {op_name} takes float32, float16 or bfloat16", x)
+    if opset(context) < MIN_LOW_PRECISION_OPSET and x.dtype != ir.DataType.FLOAT:
+        return result.fail(f"below opset {MIN_LOW_PRECISION_OPSET} {op_name}'s reference body can only "
+                           "express fp32", x)
+    return result
+
+
+def mul(op, a, b):
+    """Mul(a, b) or Mul(b, a): operand orders as alternatives that backtrack locally, far cheaper than the
+    ruleset's commute=True, which multiplies the pattern by 2 for every Mul and Add in it."""
+    return pattern.OrValue([op.Mul(a, b), op.Mul(b, a)])
+
+
+def add(op, a, b):
+    """Add(a, b) or Add(b, a) (see `mul`)."""
+    return pattern.OrValue([op.Add(a, b), op.Add(b, a)])
+
+
+def unique_initializer_name(graph: ir.Graph, name: str) -> str:
+    """`name`, or `name_2`, `name_3`, ... if an initializer or graph input already has it."""
+    taken = set(graph.initializers) | {v.name for v in graph.inputs}
+    candidate, k = name, 1
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    return candidate
