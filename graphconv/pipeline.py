@@ -194,7 +194,8 @@ class Compiler:
                 tracker.update(tracker.done + 1)
 
             self.report.fusions = self.pass_manager.run(ir_model, after_each=after_each)
-            self.report.skipped_fusions = self.pass_manager.skipped
+            self.report.coverage = self.pass_manager.coverage
+            self.report.skipped_fusions = passes.skipped_fusions(self.pass_manager)
             if self.streaming:
                 st.detail = {"spilled_bytes": spilled}
             fused = opmap.fused.attach_functions(ir.to_proto(ir_model))

@@ -30,6 +30,8 @@ class Report:
     model: dict = dataclasses.field(default_factory=dict)
     stages: list[Stage] = dataclasses.field(default_factory=list)
     fusions: dict[str, int] = dataclasses.field(default_factory=dict)
+    # family -> {candidates, fused, refused: {reason: count}, items: [{node, op, pass, reason}]}
+    coverage: dict[str, dict] = dataclasses.field(default_factory=dict)
     skipped_fusions: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # pass -> why not fused
     census: dict[str, int] = dataclasses.field(default_factory=dict)
     op_histogram: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -73,8 +75,13 @@ class Report:
             lines.append("  ops: " + ", ".join(f"{k} {v}" for k, v in top))
         if self.fusions:
             lines.append("  fusions: " + ", ".join(f"{k} {v}" for k, v in self.fusions.items()))
+        from passes.coverage import FAMILIES, summary_lines
+
+        for line in summary_lines(self.coverage):
+            lines.append(f"  {line}")
+        family_passes = {p for f in FAMILIES.values() for p in f.passes} if self.coverage else set()
         for name, reasons in self.skipped_fusions.items():
-            for r in reasons[:5]:
+            for r in reasons[:5] if name not in family_passes else []:
                 lines.append(f"  {name} skipped {r}")
         if self.census:
             top = sorted(self.census.items(), key=lambda kv: (-kv[1], kv[0]))[:12]

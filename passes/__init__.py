@@ -1,7 +1,8 @@
 """Graph passes run between validation and lowering: canonicalisation and fusions into the `mindspore`
-domain. One file per pass; importing this package registers the built-in ones in pipeline order."""
+domain. One file per pass; importing this package registers the built-in ones; their order is passes.manager.DEFAULT_ORDER."""
 
-from passes.manager import PassManager, available_passes, load_plugins, register_pass, rewrite_pass  # noqa: F401
+from passes.manager import (DEFAULT_ORDER, PassManager, available_passes, load_plugins, register_pass,  # noqa: F401
+                            rewrite_pass, skipped_fusions)
 
 from passes import canonicalize  # noqa: E402,F401
 from passes import tie_weights  # noqa: E402,F401
@@ -13,3 +14,4 @@ from passes import fuse_silu  # noqa: E402,F401
 from passes import fuse_swiglu  # noqa: E402,F401
 from passes import fuse_rope  # noqa: E402,F401
 from passes import fuse_attention  # noqa: E402,F401
+from passes import coverage  # noqa: E402,F401  (the fusion families and their candidate rules)

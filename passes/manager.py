@@ -23,11 +23,13 @@ ENTRY_POINT_GROUP = "graphconv.passes"
 @dataclasses.dataclass(frozen=True)
 class Pass:
     """`apply` returns how often the pass fired, or (count, reasons) where reasons say why candidate
-    matches were not rewritten (a failed constraint check); the report lists them."""
+    matches were not rewritten (a failed constraint check), or (count, reasons, node_reasons) where
+    node_reasons maps the names of the nodes of each refused match to its reason (fusion coverage reads
+    them: passes/coverage.py)."""
 
     name: str
     description: str
-    apply: Callable[[ir.Model], "int | tuple[int, list[str]]"]
+    apply: Callable[[ir.Model], "int | tuple"]
     default: bool  # in the default pipeline
     origin: str  # "builtin" or the plugin module that registered it
 
@@ -37,7 +39,8 @@ _ORIGIN = {"current": "builtin"}
 
 
 def register_pass(name: str, description: str, *, default: bool = True):
-    """Decorator for `apply(model) -> int`. Passes run in registration order in the default pipeline."""
+    """Decorator for `apply(model) -> int`. Built-in passes run in DEFAULT_ORDER, plugin passes after them
+    in registration order."""
 
     def deco(fn):
         if name in _PASSES and _PASSES[name].apply is not fn:
@@ -54,7 +57,7 @@ def rewrite_pass(name: str, description: str, rules, *, default: bool = True) ->
 
     ruleset = rules if isinstance(rules, pattern.RewriteRuleSet) else pattern.RewriteRuleSet(list(rules))
 
-    def apply(model: ir.Model) -> tuple[int, list[str]]:
+    def apply(model: ir.Model) -> tuple[int, list[str], dict[str, str]]:
         from onnxscript.rewriter import _basics
 
         count = ruleset.apply_to_model(model)
@@ -62,19 +65,46 @@ def rewrite_pass(name: str, description: str, rules, *, default: bool = True) ->
         # matches failed their checks (it rewrites nothing), which is what the report wants.
         tracer = _basics.MatchingTracer()
         ruleset.apply_to_model(model, tracer=tracer)
-        skipped = []
+        skipped, node_reasons = [], {}
         for rule, matches in tracer.best_matches_map.items():
             for m in matches:
                 if m.status == _basics.MatchStatus.CONDITION_FAILED:
-                    skipped.append(f"{m.root_node.name or m.root_node.op_type}: {m.match_result.reason}")
-        return count, sorted(set(skipped))
+                    reason = m.match_result.reason
+                    skipped.append(f"{m.root_node.name or m.root_node.op_type}: {reason}")
+                    involved = [m.root_node, *m.match_result.nodes, *m.match_result.failure_nodes_and_values]
+                    for x in involved:
+                        if isinstance(x, ir.Node) and x.name:
+                            node_reasons.setdefault(x.name, reason)
+        return count, sorted(set(skipped)), node_reasons
 
     register_pass(name, description, default=default)(apply)
     return _PASSES[name]
 
 
 def available_passes() -> list[Pass]:
-    return list(_PASSES.values())
+    """Every registered pass: the built-in ones in DEFAULT_ORDER, then plugins' in registration order."""
+    ranked = {name: k for k, name in enumerate(DEFAULT_ORDER)}
+    return sorted(_PASSES.values(), key=lambda p: ranked.get(p.name, len(ranked)))
+
+
+# The built-in pipeline, in order (passes/__init__.py imports the modules that register these names).
+# Canonicalization first; norms before the activations that read their outputs; GELU before the gated
+# MLPs that take a GELU gate; rotary before attention, which reads the rotated q and k.
+DEFAULT_ORDER: list[str] = [
+    "canonicalize", "tie-weights", "refine-shapes", "fuse-rmsnorm", "fuse-layernorm", "fuse-gelu",
+    "fuse-silu", "fuse-swiglu", "fuse-rope", "fuse-attention",
+]
+
+
+def skipped_fusions(manager: "PassManager") -> dict[str, list[str]]:
+    """The report's skipped_fusions: per fusion family's pass, its coverage items ("node: reason"); other
+    passes keep the reasons their checks gave."""
+    from passes.coverage import FAMILIES, skipped_view
+
+    covered = {p for f in FAMILIES.values() for p in f.passes}
+    view = {k: v for k, v in manager.skipped.items() if k not in covered}
+    view.update(skipped_view(manager.coverage))
+    return view
 
 
 def load_plugins(modules: tuple[str, ...] = (), entry_points: bool = True) -> list[str]:
@@ -101,7 +131,7 @@ class PassManager:
         if spec is not None:
             names = [s.strip() for s in spec.split(",") if s.strip()]
         else:
-            names = [p.name for p in _PASSES.values() if p.default]
+            names = [p.name for p in available_passes() if p.default]
         unknown = [n for n in list(names) + list(disabled) if n not in _PASSES]
         if unknown:
             raise InputError(f"unknown pass(es) {', '.join(unknown)}; available: {', '.join(_PASSES)}")
@@ -112,15 +142,25 @@ class PassManager:
         return [p.name for p in self.passes]
 
     def run(self, model: ir.Model, after_each: Callable[[Pass, ir.Model, int], None] | None = None) -> dict[str, int]:
-        """Apply the passes in order; returns pass -> count. Skip reasons are left in `self.skipped`."""
+        """Apply the passes in order; returns pass -> count. Skip reasons are left in `self.skipped`, the
+        fusion families' candidates and what became of them in `self.coverage` (passes/coverage.py)."""
+        from passes.coverage import Tracker
+
         counts: dict[str, int] = {}
         self.skipped: dict[str, list[str]] = {}
+        self.node_reasons: dict[str, dict[str, str]] = {}
+        tracker = Tracker(self.names)
         for p in self.passes:
+            tracker.before(p.name, model)
             result = p.apply(model)
-            count, reasons = result if isinstance(result, tuple) else (result, [])
+            result = result if isinstance(result, tuple) else (result,)
+            count, reasons, node_reasons = (tuple(result) + ([], {}))[:3]
             counts[p.name] = int(count or 0)
             if reasons:
                 self.skipped[p.name] = list(reasons)
+            self.node_reasons[p.name] = dict(node_reasons)
+            tracker.after(p.name, model, self.node_reasons)
             if after_each is not None:
                 after_each(p, model, counts[p.name])
+        self.coverage = tracker.finish(model, self.node_reasons)
         return counts
