@@ -41,7 +41,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from passes import match
+from passes import coverage, match
 from passes.manager import rewrite_pass
 
 # An additive mask value at or below this discards a position: exp(-1e4 + s - max) is 0 in fp32 for any
@@ -279,7 +279,48 @@ def _heads(q: ir.Value, k: Key, v: ir.Value, opset: int, native_gqa: bool = Fals
     return k, v, n1, n2
 
 
-def analyze(logits: ir.Value, probs: ir.Value, v: ir.Value, softmax: ir.Node, opset: int) -> Attention:
+def _single_use(value: ir.Value, uses: int = 1) -> bool:
+    return len(value.uses()) == uses and not value.is_graph_output()
+
+
+def probabilities(softmax: ir.Node) -> tuple[ir.Value, ir.Value]:
+    """Follow Softmax's result down to the MatMul with v: through the fp32 Cast island of fp16/bf16 models
+    (Cast(Softmax(Cast(x, fp32)), back)) and the "safe softmax" of torch's SDPA export
+    (Where(IsNaN(p), 0, p): a fully masked row gives 0 instead of NaN). Returns (the probabilities as the
+    MatMul reads them, v) or raises Refused saying where the chain leaves the attention shape."""
+    probs = softmax.outputs[0]
+    uses = [u.node for u in probs.uses()]
+    cast = uses[0] if len(uses) == 1 and uses[0].op_type == "Cast" else None
+    if cast is not None and match.producer(softmax.inputs[0], "Cast") is not None:
+        probs, uses = cast.outputs[0], [u.node for u in cast.outputs[0].uses()]
+    isnan = next((n for n in uses if n.op_type == "IsNaN"), None)
+    if isnan is not None:  # safe softmax: Where(IsNaN(p), 0, p)
+        where = [u.node for u in isnan.outputs[0].uses()]
+        w = where[0] if len(where) == 1 and where[0].op_type == "Where" else None
+        if w is None or w.inputs[0] is not isnan.outputs[0] or w.inputs[2] is not probs \
+                or match.scalar(w.inputs[1]) != 0.0 or not _single_use(probs, 2):
+            raise Refused("the Softmax result goes to IsNaN but not into Where(IsNaN(p), 0, p) (a safe softmax)")
+        probs, uses = w.outputs[0], [u.node for u in w.outputs[0].uses()]
+    elif not _single_use(probs):
+        raise Refused("the attention probabilities are used elsewhere")
+    if len(uses) != 1 or uses[0].op_type != "MatMul" or uses[0].inputs[0] is not probs:
+        raise Refused(f"the probabilities go to {', '.join(sorted({n.op_type for n in uses})) or 'no node'}, "
+                      "not into MatMul(probabilities, v)")
+    if not _single_use(probs):
+        raise Refused("the attention probabilities are used elsewhere")
+    return probs, uses[0].inputs[1]
+
+
+def _softcap(value: ir.Value) -> float | None:
+    """The cap c of soft-capped scores c * tanh(s / c) (Gemma-2), read from the tanh's argument, else None."""
+    tanh = match.producer(_peel_scales(value)[0], "Tanh")
+    if tanh is None:
+        return None
+    inv = _peel_scales(tanh.inputs[0])[1]
+    return 1.0 / inv if inv else math.inf
+
+
+def analyze(logits: ir.Value, v: ir.Value, softmax: ir.Node, opset: int) -> Attention:
     """Read the attention subgraph behind Softmax(logits); raise Refused with the reason if it must not fuse."""
     ld = match.dims(logits)
     axis = softmax.attributes.get("axis")
@@ -287,8 +328,6 @@ def analyze(logits: ir.Value, probs: ir.Value, v: ir.Value, softmax: ir.Node, op
     rank = len(ld) if ld is not None else 4
     if axis % rank != rank - 1:
         raise Refused(f"Softmax over axis {axis}, not the last")
-    if len(probs.uses()) != 1 or probs.is_graph_output():
-        raise Refused("the attention probabilities are used elsewhere")
     # The structure: which operand of the Add / Where is the (scaled) MatMul of q and kᵀ, which the mask?
     found, mask = None, None
     add, where = match.producer(logits, "Add"), match.producer(logits, "Where")
@@ -308,6 +347,11 @@ def analyze(logits: ir.Value, probs: ir.Value, v: ir.Value, softmax: ir.Node, op
     if found is None:
         found = _scores(logits)
         if found is None:
+            operands = add.inputs if add is not None else where.inputs[1:] if where is not None else [logits]
+            cap = next((c for c in map(_softcap, operands) if c is not None), None)
+            if cap is not None:
+                raise Refused(f"soft-capped scores ({cap:g}·tanh(s/{cap:g})): FlashAttentionScore has no "
+                              "logit soft-capping argument")
             raise Refused("the Softmax input is not a (scaled, masked) MatMul of q and kᵀ")
     q, kt, scale = found
     if not (scale > 0 and math.isfinite(scale)):
@@ -357,33 +401,32 @@ def _emit(op, a: Attention, out: ir.Value):
 
 
 class SoftmaxAttentionFusion(pattern.RewriteRuleClassBase):
-    """MatMul(Softmax(logits), v); with `island`, the fp16/bf16 spelling of torch.softmax(x, dtype=float32)
-    followed by .to(dtype): MatMul(Cast(Softmax(Cast(logits, fp32)), back), v)."""
+    """MatMul(P, v) with P = Softmax(logits) or the safe softmax Where(IsNaN(s), 0, s) of one; with
+    `island`, the fp16/bf16 spelling of torch.softmax(x, dtype=float32) followed by .to(dtype):
+    Cast(Softmax(Cast(logits, fp32)), back). `probabilities` checks the chain, `analyze` the rest."""
 
     def __init__(self, island: bool):
         super().__init__(f"FlashAttentionScore-softmax{'-fp32-island' if island else ''}", remove_nodes=False)
         self._island = island  # (remove_nodes=False: the producers that die with the match go by DCE)
 
-    def pattern(self, op, logits, value, up, down):
+    def pattern(self, op, logits, value, up, down, zero):
         if self._island:
-            sm = op.Softmax(op.Cast(logits, to=up), _outputs=["sm"])
-            probs = op.Cast(sm, to=down, _outputs=["probs"])
+            sm = op.Cast(op.Softmax(op.Cast(logits, to=up), _outputs=["sm"]), to=down)
         else:
-            probs = op.Softmax(logits, _outputs=["probs"])
+            sm = op.Softmax(logits, _outputs=["sm"])
+        probs = pattern.OrValue([op.Where(op.IsNaN(sm), zero, sm), sm])
         return op.MatMul(probs, value, _outputs=["attn"])
 
-    def check(self, context, logits, value, probs, attn, up=None, down=None, sm=None, **_) -> pattern.MatchResult:
+    def check(self, context, logits, value, attn, sm, up=None, down=None, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
-        softmax = (sm or probs).producer()
+        softmax = sm.producer()
         try:
-            if self._island:
-                if up.value != ir.DataType.FLOAT or down.value != logits.dtype or \
-                        logits.dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
-                    raise Refused(f"a Cast island around Softmax from {logits.dtype} to {up.value} and back to "
-                                  f"{down.value}")
-                if len(sm.uses()) != 1 or sm.is_graph_output():
-                    raise Refused("the attention probabilities are used elsewhere")
-            self._found = analyze(logits, probs, value, softmax, match.opset(context))
+            if self._island and (up.value != ir.DataType.FLOAT or down.value != logits.dtype or
+                                 logits.dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)):
+                raise Refused(f"a Cast island around Softmax from {logits.dtype} to {up.value} and back to "
+                              f"{down.value}")
+            probabilities(softmax)
+            self._found = analyze(logits, value, softmax, match.opset(context))
         except Refused as e:
             return result.fail(str(e), softmax)
         return result
@@ -454,3 +497,26 @@ RULES = [SoftmaxAttentionFusion.rule(island=False), SoftmaxAttentionFusion.rule(
          NativeAttentionFusion.rule()]
 PASS = rewrite_pass("fuse-attention", "scaled-dot-product attention (MatMul/scale/mask/Softmax/MatMul, MHA and "
                     "GQA; opset-23 Attention) -> mindspore::FlashAttentionScore", pattern.RewriteRuleSet(RULES))
+
+
+def explain(node: ir.Node) -> str | None:
+    """Why an attention candidate (a Softmax or an opset-23 Attention) was not fused: the rules' own
+    analysis run from the candidate (passes/coverage.py asks when no check recorded a reason)."""
+    opset = match.opset(node.graph) if node.graph is not None else 0
+    try:
+        if node.op_type == "Attention":
+            q, k, v = node.inputs[:3]
+            NativeAttentionFusion._analyze(node, q, k, v, opset)
+        else:
+            _, v = probabilities(node)
+            logits = node.inputs[0]
+            island = match.producer(logits, "Cast")
+            if island is not None and node.outputs[0].uses() and node.outputs[0].uses()[0].node.op_type == "Cast":
+                logits = island.inputs[0]
+            analyze(logits, v, node, opset)
+    except Refused as e:
+        return str(e)
+    return None
+
+
+coverage.set_explain("attention", explain)

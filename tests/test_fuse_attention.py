@@ -78,7 +78,7 @@ def _repeat(g, x, how, n2, n1, d):
 def _attention_graph(scale_on="scores-mul", kt="transpose", mask="add", causal="trilu", padding=True, gqa=None,
                      n1=4, n2=None, d=16, scale=0.3, fill=FMIN, opset=18, dtype=TensorProto.FLOAT, softmax_axis=-1,
                      probs_output=False, native=False, bias_input=False, mask_last_dim_one=False, full_mask=False,
-                     old_bert_mask=None, softmax_fp32=False):
+                     old_bert_mask=None, softmax_fp32=False, safe_softmax=None, softcap=None, scale_input=False):
     """Attention over q (B, n1, S, d), k/v (B, n2, S, d) and an int64 attention_mask (B, S), spelled as the
     arguments say; the output is (B, S, n1, d) so padded query rows are not compared."""
     n2 = n2 or (2 if gqa and gqa != "tile-heads" else (1 if gqa == "mqa" else n1))
@@ -144,6 +144,12 @@ def _attention_graph(scale_on="scores-mul", kt="transpose", mask="add", causal="
         if scale_on == "qk":
             kT = g.op("Mul", g.const(np.array(sq, npdt)), kT)
         scores = g.op("MatMul", q, kT)
+        if scale_input:  # a scale computed at run time: not a constant
+            inputs.append(helper.make_tensor_value_info("scale", dtype, []))
+            scores = g.op("Mul", scores, "scale")
+        if softcap:  # Gemma-2: cap * tanh(scores / cap)
+            scores = g.op("Mul", g.op("Tanh", g.op("Div", scores, g.const(np.array(softcap, npdt)))),
+                          g.const(np.array(softcap, npdt)))
         if scale_on == "scores-mul":
             scores = g.op("Mul", scores, g.const(np.array(scale, npdt)))
         elif scale_on == "scores-mul-commuted":
@@ -172,6 +178,8 @@ def _attention_graph(scale_on="scores-mul", kt="transpose", mask="add", causal="
                          to=dtype)
         else:
             probs = g.op("Softmax", scores, axis=softmax_axis)
+        if safe_softmax is not None:  # torch's SDPA export: Where(IsNaN(p), fill, p), fill 0
+            probs = g.op("Where", g.op("IsNaN", probs), g.const(np.array(safe_softmax, npdt)), probs)
         out = g.op("MatMul", probs, v)
     g.nodes.append(helper.make_node("Transpose", [out], ["out"], perm=[0, 2, 1, 3]))
     outputs = [helper.make_tensor_value_info("out", dtype, ["batch", "seq", n1, d])]
@@ -215,6 +223,11 @@ SPELLINGS = {
     "GQA Unsqueeze/Tile/Reshape (repeat_interleave)": dict(gqa="tile"),
     "GQA Reshape/Expand/Reshape": dict(gqa="reshape-expand"),
     "GQA + dynamo SDPA kT": dict(gqa="expand", kt="reshape3d", scale_on="qk"),
+    "safe softmax Where(IsNaN(p), 0, p) + dynamo SDPA kT + GQA (torch SDPA export)": dict(
+        safe_softmax=0.0, gqa="expand", kt="reshape3d", scale_on="qk", causal="range"),
+    "safe softmax, padding only (encoder SDPA)": dict(safe_softmax=0.0, causal=None, scale_on="qk"),
+    "safe softmax in an fp16 model's fp32 island": dict(
+        safe_softmax=0.0, dtype=TensorProto.FLOAT16, fill=float(np.finfo(np.float16).min), softmax_fp32=True),
     "MQA (one kv head broadcast)": dict(gqa="mqa"),
     "Tile of heads (n % N2: fused as MHA)": dict(gqa="tile-heads", n2=2),
     "head dim 64, 8 heads": dict(n1=8, d=64),
@@ -277,6 +290,9 @@ NEAR_MISSES = {
     "probabilities also an output": (dict(probs_output=True), "used elsewhere"),
     "fp64": (dict(dtype=TensorProto.DOUBLE), "dtypes"),
     "negative scale": (dict(scale_on="scores-mul", scale=-0.3), "not a positive"),
+    "scale not a constant": (dict(scale_input=True), "not a (scaled, masked) MatMul"),
+    "soft-capped scores (Gemma-2)": (dict(softcap=50.0), "soft-capped scores (50·tanh(s/50))"),
+    "safe softmax filling 0.5, not 0": (dict(safe_softmax=0.5), "not into Where(IsNaN(p), 0, p)"),
 }
 
 
