@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from graphconv.errors import GraphconvError
+from graphconv.errors import GraphconvError, InputError
 from graphconv.progress import Progress
 from graphconv.version import __version__
 
@@ -259,16 +259,25 @@ def debug_cmd(model, inputs, target, pass_spec, precision, keep_fp32, atol, rtol
 
 @cli.command("inspect")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--fusions", is_flag=True,
+              help="ONNX: also run the fusion analysis of a compile (simplify + passes, nothing lowered or "
+                   "written): per family the candidates, how many fuse, and each refusal with its pass and reason.")
+@click.option("--passes", "pass_spec", metavar="P1,P2,...", help="With --fusions: the pass pipeline.")
+@click.option("--disable-pass", "disabled", multiple=True, metavar="NAME", help="With --fusions: leave a pass out.")
+@click.option("--no-simplify", is_flag=True, help="With --fusions: skip onnxsim.")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON on stdout: `ops` (ONNX, custom domains keyed domain::Op) or `primitives` (MindIR, "
-                   "call-weighted census).")
-def inspect_cmd(file, as_json):
+                   "call-weighted census); with --fusions also `fusions` and `coverage`.")
+def inspect_cmd(file, fusions, pass_spec, disabled, no_simplify, as_json):
     """Show inputs, outputs, op or primitive histogram, fused ops and parameters of an .onnx or .mindir."""
     import json
 
     from graphconv.inspect import inspect, summary
 
-    info = inspect(file)
+    options = dict(passes=pass_spec, disable_passes=tuple(disabled), simplify=not no_simplify) if fusions else {}
+    if not fusions and (pass_spec or disabled or no_simplify):
+        raise InputError("--passes, --disable-pass and --no-simplify go with --fusions")
+    info = inspect(file, fusions=fusions, **options)
     click.echo(json.dumps(info, indent=2) if as_json else summary(info))
 
 

@@ -16,8 +16,13 @@ import numpy as np
 from graphconv import census
 from graphconv.errors import InputError
 
-FUSED_PRIMITIVES = ("RmsNorm", "AddRmsNorm", "LayerNorm", "LayerNormExt", "FlashAttentionScore",
-                    "PromptFlashAttention", "RotaryPositionEmbedding", "Swiglu", "GeLU", "GeluExt", "SiLU")
+def fused_primitives() -> set[str]:
+    """The primitives of the fused-op table (opmap.fused), and those of MindSpore's fused family that
+    graphconv reads in a MindIR but does not emit itself."""
+    from opmap.fused import FUSED_OPS
+
+    return {op.primitive for op in FUSED_OPS.values()} | {"AddRmsNorm", "LayerNormExt", "PromptFlashAttention",
+                                                          "IncreFlashAttention", "FusedInferAttentionScore"}
 
 
 def inspect_onnx(path: Path) -> dict:
@@ -81,20 +86,32 @@ def inspect_mindir(path: Path) -> dict:
         "inputs": inputs,
         "outputs": [{"name": _short(o.name)} for o in g.output],
         "primitives": prims,
-        "fused": {k: v for k, v in prims.items() if k in FUSED_PRIMITIVES},
+        "fused": {k: v for k, v in prims.items() if k in fused_primitives()},
         "parameters": n_params,
         "parameter_bytes": n_bytes,
         "functions": len(model.functions),
     }
 
 
-def inspect(path: str | Path) -> dict:
-    """The Python API behind `graphconv inspect`."""
+def inspect(path: str | Path, fusions: bool = False, **pass_options) -> dict:
+    """The Python API behind `graphconv inspect`. With `fusions` (ONNX only), also the fusion analysis a
+    compile would make (graphconv.pipeline.analyze_fusions; `pass_options` are its keyword options):
+    `fusions` (pass -> count) and `coverage` (family -> candidates, fused, refused reasons, items)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     if path.suffix == ".onnx":
-        return inspect_onnx(path)
+        info = inspect_onnx(path)
+        if fusions:
+            from graphconv.pipeline import analyze_fusions
+
+            report = analyze_fusions(path, **pass_options)
+            info["fusions"], info["coverage"] = report.fusions, report.coverage
+            info["warnings"] = report.warnings
+        return info
+    if fusions:
+        raise InputError(f"{path}: --fusions analyses an .onnx model (a .mindir holds the fused primitives: "
+                         "see its census)")
     if path.suffix == ".mindir":
         return inspect_mindir(path)
     raise InputError(f"{path}: expected a .onnx or .mindir file")
@@ -113,4 +130,12 @@ def summary(info: dict) -> str:
     lines.append(("  ops: " if "ops" in info else "  primitives: ") + ", ".join(f"{k} {v}" for k, v in top))
     lines.append("  fused: " + (", ".join(f"{k} {v}" for k, v in info["fused"].items()) or "none"))
     lines.append(f"  parameters: {info['parameters']:,} ({info['parameter_bytes'] / 2**20:.1f} MiB)")
+    if "coverage" in info:
+        from passes.coverage import summary_lines
+
+        lines.append("  fusions: " + (", ".join(f"{k} {v}" for k, v in info["fusions"].items()) or "none"))
+        lines += [f"  {line}" for line in summary_lines(info["coverage"])]
+        for family in info["coverage"].values():
+            lines += [f"    {i['node']} ({i['op']}, {i['pass']}): {i['reason']}" for i in family["items"]]
+        lines += [f"  warning: {w}" for w in info.get("warnings", [])]
     return "\n".join(lines)

@@ -555,3 +555,21 @@ def compile(model_path: str | Path, output: str | Path | None = None, *, progres
         compiler.report.exit_code = e.exit_code
         e.report = compiler.report
         raise
+
+
+def analyze_fusions(model_path: str | Path, *, simplify: bool = True, passes: str | None = None,
+                    disable_passes: tuple[str, ...] = (), plugins: tuple[str, ...] = ()) -> Report:
+    """A compile's fusion analysis without lowering, emitting or verifying (`graphconv inspect --fusions`):
+    load, simplify, the pass pipeline; the report's `fusions` and `coverage` are what a compile would
+    report. Works in a private temporary directory under the system's temp dir, writes nothing else."""
+    import tempfile
+
+    opts = CompileOptions(simplify=simplify, verify=False, passes=passes, disable_passes=tuple(disable_passes),
+                          plugins=tuple(plugins))
+    compiler = Compiler(Path(model_path), opts, SILENT)
+    loaded = compiler.load()
+    with Workspace(Path(tempfile.gettempdir()) / "graphconv-inspect.mindir") as ws:
+        compiler.streaming, compiler._spill = loaded.external_bytes > 0, None
+        compiler.fuse(compiler.simplify(loaded, ws), None, None, ws)
+    compiler.report.status = "analyzed"
+    return compiler.report

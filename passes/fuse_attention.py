@@ -311,13 +311,9 @@ def probabilities(softmax: ir.Node) -> tuple[ir.Value, ir.Value]:
     return probs, uses[0].inputs[1]
 
 
-def _softcap(value: ir.Value) -> float | None:
-    """The cap c of soft-capped scores c * tanh(s / c) (Gemma-2), read from the tanh's argument, else None."""
-    tanh = match.producer(_peel_scales(value)[0], "Tanh")
-    if tanh is None:
-        return None
-    inv = _peel_scales(tanh.inputs[0])[1]
-    return 1.0 / inv if inv else math.inf
+def _soft_capped(value: ir.Value) -> bool:
+    """Whether `value` is soft-capped scores c * tanh(s / c) (Gemma-2's logit soft-capping)."""
+    return match.producer(_peel_scales(value)[0], "Tanh") is not None
 
 
 def analyze(logits: ir.Value, v: ir.Value, softmax: ir.Node, opset: int) -> Attention:
@@ -348,10 +344,9 @@ def analyze(logits: ir.Value, v: ir.Value, softmax: ir.Node, opset: int) -> Atte
         found = _scores(logits)
         if found is None:
             operands = add.inputs if add is not None else where.inputs[1:] if where is not None else [logits]
-            cap = next((c for c in map(_softcap, operands) if c is not None), None)
-            if cap is not None:
-                raise Refused(f"soft-capped scores ({cap:g}·tanh(s/{cap:g})): FlashAttentionScore has no "
-                              "logit soft-capping argument")
+            if any(_soft_capped(x) for x in operands):
+                raise Refused("soft-capped scores (c·tanh(s/c), logit soft-capping): FlashAttentionScore has no "
+                              "soft-capping argument")
             raise Refused("the Softmax input is not a (scaled, masked) MatMul of q and kᵀ")
     q, kt, scale = found
     if not (scale > 0 and math.isfinite(scale)):

@@ -291,7 +291,7 @@ NEAR_MISSES = {
     "fp64": (dict(dtype=TensorProto.DOUBLE), "dtypes"),
     "negative scale": (dict(scale_on="scores-mul", scale=-0.3), "not a positive"),
     "scale not a constant": (dict(scale_input=True), "not a (scaled, masked) MatMul"),
-    "soft-capped scores (Gemma-2)": (dict(softcap=50.0), "soft-capped scores (50·tanh(s/50))"),
+    "soft-capped scores (Gemma-2)": (dict(softcap=50.0), "soft-capped scores (c·tanh(s/c), logit soft-capping)"),
     "safe softmax filling 0.5, not 0": (dict(safe_softmax=0.5), "not into Where(IsNaN(p), 0, p)"),
 }
 
