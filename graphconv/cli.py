@@ -185,8 +185,10 @@ def export_cmd(factory, output, opset, exporter, as_json, quiet, debug):
 
 
 @cli.command("matrix")
-@click.option("--full", is_flag=True, help="Every zoo model x exporter x opset 14-23 (long).")
-@click.option("--model", "models", multiple=True, metavar="NAME", help="Only these zoo models (repeatable).")
+@click.option("--full", is_flag=True, help="Every zoo model x exporter x opset 14-23, and every hf/ architecture "
+              "at dynamo 17, 18 and 23 (long).")
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="Only these models (repeatable): zoo names, or hf/NAME for models/architectures.py.")
 @click.option("--exporter", "exporters", multiple=True, type=click.Choice(["dynamo", "torchscript"]))
 @click.option("--opset", "opsets", multiple=True, type=int)
 @click.option("--no-docs", is_flag=True, help="Do not rewrite docs/opset-matrix.md and .json.")
@@ -195,29 +197,27 @@ def export_cmd(factory, output, opset, exporter, as_json, quiet, debug):
 def matrix_cmd(full, models, exporters, opsets, no_docs, as_json, quiet):
     """Run the opset compatibility matrix and regenerate docs/opset-matrix.md.
 
-    Default: the CI slice (dynamo at opsets 17 and 18, every zoo model). Exit code 2 when a cell that passed
-    in docs/opset-matrix.json now fails or a fused-primitive count dropped.
+    Default: the CI slice (dynamo at opsets 17 and 18 for every plain zoo model; dynamo 18 for the hf/
+    architectures of the CI slice). A cell passes when its fused census equals the architecture's. Exit code 2
+    when a cell that passed in docs/opset-matrix.json now fails or a fused-primitive count dropped.
     """
     import dataclasses
     import json
 
     from graphconv import matrix
     from graphconv.errors import VerificationError
-    from models import PLAIN_TORCH, ZOO
 
-    names = list(models) or list(ZOO)
-    unknown = [m for m in names if m not in ZOO]
+    known = matrix.model_names(full=True)
+    names = list(models) or matrix.model_names(full)
+    unknown = [m for m in names if m not in known]
     if unknown:
-        raise click.UsageError(f"unknown zoo model(s) {unknown}; choose from {', '.join(ZOO)}")
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        names = [m for m in names if m in PLAIN_TORCH]
+        raise click.UsageError(f"unknown zoo model(s) {unknown}; choose from {', '.join(known)}")
     exporters = exporters or (matrix.EXPORTERS if full else matrix.SLICE["exporters"])
+    hf_opsets = opsets or (matrix.HF_OPSETS if full else matrix.HF_SLICE_OPSETS)
     opsets = opsets or (matrix.OPSETS if full else matrix.SLICE["opsets"])
     progress = Progress.for_cli(quiet)
     baseline = matrix.load_baseline()
-    cells = matrix.run_matrix(names, exporters, opsets, progress)
+    cells = matrix.run_matrix(names, exporters, opsets, progress, hf_opsets=hf_opsets)
     if not no_docs:
         matrix.write_docs(cells)
     if as_json:

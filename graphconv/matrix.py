@@ -1,9 +1,14 @@
 """The opset compatibility matrix: zoo model x exporter x opset -> export, compile for both targets, check.
 
-Each cell exports the zoo model (graphconv.export), compiles it for `ascend` (graphconv.compile verifies the
-numbers on CPU at two shapes through the cpu twin, which is exactly the `--target cpu` network), and checks the ascend MindIR's census against the fused
-primitives the model is expected to get. A cell is `pass`, `fail` (graphconv's fault: the reason says what),
-or `exporter` (PyTorch's exporter refused or produced an invalid model: recorded as PyTorch's, not hidden).
+Two zoos: the plain-torch models of models.ZOO, and the real transformers architectures of
+models.architectures, addressed as `hf/<name>` (built with default settings: sdpa attention). Each cell
+exports the model (graphconv.export), compiles it for `ascend` (graphconv.compile verifies the numbers on
+CPU at two shapes through the cpu twin, which is exactly the `--target cpu` network), and checks that the
+ascend MindIR's census of fused primitives EQUALS the model's expected census (written from the
+architecture, not from graphconv's output). A cell is `pass`, `fail` (graphconv's fault: the reason says what,
+with the fusion coverage's refusals), `unsupported` (the architecture is known to need what graphconv does not
+have yet, e.g. MoE routing's TopK), or `exporter` (PyTorch's exporter refused or produced an invalid model:
+recorded as PyTorch's, not hidden).
 `docs/opset-matrix.md` and `docs/opset-matrix.json` are written from the results; the JSON is the baseline
 against which regressions (a passing cell that fails, a fusion count that drops) are found.
 """
@@ -22,14 +27,21 @@ from graphconv.progress import SILENT, Progress
 EXPORTERS = ("dynamo", "torchscript")
 OPSETS = tuple(range(14, 24))
 SLICE = {"exporters": ("dynamo",), "opsets": (17, 18)}  # what CI runs; --full runs everything
+# transformers 5.x models fail the TorchScript exporter (aten::diff, ARCHITECTURE.md): the architecture zoo
+# runs dynamo only, at the opsets users export with.
+HF_PREFIX = "hf/"
+HF_EXPORTERS = ("dynamo",)
+HF_OPSETS = (17, 18, 23)
+HF_SLICE_OPSETS = (18,)
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
-# Fused primitives each zoo model must reach in the ascend MindIR (N = 2 layers everywhere). A cell whose
-# census has fewer fails; more is fine. Grows as fusions land.
+# Fused primitives each plain zoo model has in its ascend MindIR (N = 2 layers everywhere), from the models'
+# code (models/*.py). A cell whose census differs fails.
 _LLAMA = {"RmsNorm": 5, "FlashAttentionScore": 2, "RotaryPositionEmbedding": 4, "Swiglu": 2}
 EXPECTED_PRIMITIVES: dict[str, dict[str, int]] = {
     "llama": _LLAMA, "llama-sdpa": _LLAMA, "hf-llama": _LLAMA,
     "gpt2": {"LayerNorm": 5, "FlashAttentionScore": 2, "GeLU": 2},
+    "cnn": {}, "mlp": {},
     "hf-gpt2": {"LayerNorm": 5, "FlashAttentionScore": 2, "GeLU": 2},
     "bert": {"LayerNorm": 5, "FlashAttentionScore": 2, "GeluExt": 2},
     "hf-bert": {"LayerNorm": 5, "FlashAttentionScore": 2, "GeluExt": 2},
@@ -53,6 +65,60 @@ class Cell:
         return f"{self.model}/{self.exporter}/{self.opset}"
 
 
+def model_names(full: bool = False) -> list[str]:
+    """Every matrix model: models.ZOO's names, then `hf/<name>` for models.architectures (all of them with
+    `full`, else its CI slice). The transformers ones only where transformers is installed."""
+    from models import PLAIN_TORCH, ZOO
+
+    names = list(ZOO)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return [m for m in names if m in PLAIN_TORCH]
+    from models import architectures
+
+    return names + [HF_PREFIX + n for n in architectures.names("all" if full else "ci")]
+
+
+def expected_census(model: str) -> dict[str, int]:
+    """The fused primitives (name -> call-weighted count) a perfect compile of `model` holds; absent = 0."""
+    if model.startswith(HF_PREFIX):
+        from models.architectures import ARCHITECTURES
+
+        return dict(ARCHITECTURES[model[len(HF_PREFIX):]].census)
+    return dict(EXPECTED_PRIMITIVES.get(model, {}))
+
+
+def _factory(model: str):
+    from models import load_factory
+
+    try:
+        return load_factory(model)
+    except ValueError as e:
+        raise UnsupportedError(str(e)) from None
+
+
+def _expected_unsupported(model: str) -> dict[str, int]:
+    if not model.startswith(HF_PREFIX):
+        return {}
+    from models.architectures import ARCHITECTURES
+
+    return dict(ARCHITECTURES[model[len(HF_PREFIX):]].unsupported)
+
+
+def census_mismatch(expected: dict[str, int], census: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Fused primitive -> (found, expected) wherever the census differs from the expectation."""
+    names = set(expected) | (set(census) & fused_primitives())
+    return {p: (census.get(p, 0), expected.get(p, 0)) for p in sorted(names)
+            if census.get(p, 0) != expected.get(p, 0)}
+
+
+def fused_primitives() -> set[str]:
+    from graphconv.inspect import fused_primitives as table
+
+    return table()
+
+
 def _max_abs(report) -> float:
     return max((o["max_abs"] for c in report.validation.get("cases", []) for o in c["outputs"]), default=0.0)
 
@@ -60,14 +126,13 @@ def _max_abs(report) -> float:
 def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
     from graphconv.export import zoo_export
     from graphconv.pipeline import compile as compile_model
-    from models import load_factory
 
     t0 = time.perf_counter()
-    d = workdir / f"{model}-{exporter}-{opset}"
+    d = workdir / f"{model.replace('/', '-')}-{exporter}-{opset}"
     d.mkdir(parents=True, exist_ok=True)
     onnx_path = d / "model.onnx"
     try:
-        result = zoo_export(load_factory(model), onnx_path, opset=opset, exporter=exporter)
+        result = zoo_export(_factory(model), onnx_path, opset=opset, exporter=exporter)
     except UnsupportedError as e:
         return Cell(model, exporter, opset, "exporter", str(e), seconds=time.perf_counter() - t0)
     except GraphconvError as e:
@@ -80,35 +145,48 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
         # One ascend compile covers both targets: its numbers are checked on the cpu twin, which is by
         # construction the network `--target cpu` emits (the same fused graph with the bodies inlined).
         ascend = compile_model(onnx_path, d / "ascend.mindir", target="ascend")
+    except UnsupportedError as e:
+        expected = _expected_unsupported(model)
+        known = expected and all(op in str(e) for op in expected)
+        cell.status, cell.reason = ("unsupported" if known else "fail"), str(e)
     except GraphconvError as e:
         cell.status, cell.reason = "fail", str(e)
     else:
         cell.max_abs = _max_abs(ascend)
         cell.fusions, cell.census = ascend.fusions, ascend.census
-        missing = {p: n for p, n in EXPECTED_PRIMITIVES.get(model, {}).items() if ascend.census.get(p, 0) < n}
-        if missing:
+        wrong = census_mismatch(expected_census(model), ascend.census)
+        if wrong:
             cell.status = "fail"
-            cell.reason = "too few fused primitives: " + ", ".join(
-                f"{p} {ascend.census.get(p, 0)} < {n}" for p, n in missing.items())
-            passes = {_PASS_OF.get(p) for p in missing}
-            why = [f"{name} skipped {reasons[0]}" for name, reasons in ascend.skipped_fusions.items()
-                   if reasons and name in passes]
-            if why:  # the passes' own account of the candidates they refused
-                cell.reason += " (" + "; ".join(why) + ")"
+            cell.reason = "fused census differs from the architecture's: " + ", ".join(
+                f"{p} {found} (expected {want})" for p, (found, want) in wrong.items())
+            from passes.coverage import summary_lines
+
+            refusals = [line for line in summary_lines(ascend.coverage) if ": " in line]
+            if refusals:  # the fusion coverage's account of the candidates that were refused
+                cell.reason += " (" + "; ".join(refusals) + ")"
     cell.seconds = round(time.perf_counter() - t0, 1)
     return cell
 
 
-def run_matrix(models, exporters, opsets, progress: Progress = SILENT) -> list[Cell]:
+def cells_of(model: str, exporters, opsets) -> list[tuple[str, int]]:
+    """The (exporter, opset) cells a model takes part in: the architecture zoo only with dynamo, at the
+    architecture opsets among those asked for."""
+    if model.startswith(HF_PREFIX):
+        exporters = [e for e in exporters if e in HF_EXPORTERS]
+    return [(e, o) for e in exporters for o in opsets]
+
+
+def run_matrix(models, exporters, opsets, progress: Progress = SILENT, hf_opsets=None) -> list[Cell]:
+    """Run the cells; `hf_opsets` (default: `opsets`) are the opsets of the `hf/` architectures."""
     cells = []
     with tempfile.TemporaryDirectory(prefix="graphconv-matrix-") as tmp:
         for model in models:
-            for exporter in exporters:
-                for opset in opsets:
-                    progress.info(f"matrix {model} {exporter} opset {opset}")
-                    cell = run_cell(model, exporter, opset, Path(tmp))
-                    progress.info(f"  {cell.status}{': ' + cell.reason[:150] if cell.reason else ''}")
-                    cells.append(cell)
+            chosen = hf_opsets if hf_opsets is not None and model.startswith(HF_PREFIX) else opsets
+            for exporter, opset in cells_of(model, exporters, chosen):
+                progress.info(f"matrix {model} {exporter} opset {opset}")
+                cell = run_cell(model, exporter, opset, Path(tmp))
+                progress.info(f"  {cell.status}{': ' + cell.reason[:150] if cell.reason else ''}")
+                cells.append(cell)
     return cells
 
 
@@ -121,18 +199,11 @@ def regressions(cells: list[Cell], baseline: dict[str, dict]) -> list[str]:
             continue
         if old["status"] == "pass" and cell.status != "pass":
             found.append(f"{cell.key}: passed before, now {cell.status}: {cell.reason}")
+        fused = fused_primitives()
         for prim, n in old.get("census", {}).items():
-            if prim in _FUSED_PRIMITIVES and cell.status == "pass" and cell.census.get(prim, 0) < n:
+            if prim in fused and cell.status == "pass" and cell.census.get(prim, 0) < n:
                 found.append(f"{cell.key}: {prim} dropped from {n} to {cell.census.get(prim, 0)}")
     return found
-
-
-# The pass that makes each fused primitive (for the reason of a cell that lacks some).
-_PASS_OF = {"RmsNorm": "fuse-rmsnorm", "LayerNorm": "fuse-layernorm", "FlashAttentionScore": "fuse-attention",
-            "RotaryPositionEmbedding": "fuse-rope", "Swiglu": "fuse-swiglu", "GeLU": "fuse-gelu",
-            "GeluExt": "fuse-gelu", "SiLU": "fuse-silu"}
-_FUSED_PRIMITIVES = {"RmsNorm", "LayerNorm", "FlashAttentionScore", "RotaryPositionEmbedding", "Swiglu", "GeLU",
-                     "GeluExt", "SiLU"}
 
 
 def load_baseline(path: Path | None = None) -> dict[str, dict]:
@@ -165,7 +236,10 @@ def render_markdown(cells: list[dict]) -> str:
         "Generated by `graphconv matrix` (do not edit by hand). Each cell: the zoo model exported by PyTorch",
         "with that exporter at that opset, compiled for `ascend`, its cpu twin (exactly the `--target cpu`",
         "network) verified against onnxruntime at two shapes, and the ascend MindIR checked for the model's",
-        "expected fused primitives. `exporter` = PyTorch's exporter refused the model or changed the opset.",
+        "expected fused primitives (census equal to the one written down from the architecture). `hf/NAME` =",
+        "a transformers architecture with default settings (models/architectures.py; dynamo only: transformers",
+        "5.x fails TorchScript). `exporter` = PyTorch's exporter refused the model or changed the opset;",
+        "`unsupported` = an op graphconv does not have yet, known for that architecture (MoE routing: TopK).",
         f"`pass` = all of that; otherwise the reason. {passed} of {len(cells)} cells pass.",
         "",
         "| model | " + " | ".join(f"{e} {o}" for e, o in columns) + " |",

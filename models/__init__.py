@@ -34,7 +34,15 @@ PLAIN_TORCH: list[str] = ["mlp", "cnn", "llama", "llama-sdpa", "gpt2", "bert"]
 
 
 def load_factory(spec: str) -> Callable:
-    """Return the callable named by "package.module:function" (or by a ZOO name, e.g. "llama")."""
+    """Return the callable named by "package.module:function", by a ZOO name (e.g. "llama"), or by
+    "hf/<name>" for a transformers architecture of models/architectures.py (e.g. "hf/qwen3")."""
+    if spec.startswith("hf/"):
+        from models.architectures import ARCHITECTURES
+
+        if spec[3:] not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {spec!r}; choose from "
+                             + ", ".join("hf/" + n for n in ARCHITECTURES))
+        spec = ARCHITECTURES[spec[3:]].factory
     spec = ZOO.get(spec, spec)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
