@@ -303,6 +303,12 @@ def probabilities(softmax: ir.Node) -> tuple[ir.Value, ir.Value]:
         probs, uses = w.outputs[0], [u.node for u in w.outputs[0].uses()]
     elif not _single_use(probs):
         raise Refused("the attention probabilities are used elsewhere")
+    if any(n.op_type == "TopK" for n in uses):
+        raise Refused("an MoE router's Softmax (its result goes to TopK), not attention")
+    if len(uses) == 1 and uses[0].op_type == "Reshape" and any(
+            u.node.op_type == "MatMul" and match.rank(u.node.inputs[1]) == 3 for u in uses[0].outputs[0].uses()):
+        raise Refused("attention over a flattened batch·heads axis (Softmax -> Reshape -> 3-D MatMul with v, as "
+                      "Bloom's baddbmm computes it with its ALiBi bias) is not matched")
     if len(uses) != 1 or uses[0].op_type != "MatMul" or uses[0].inputs[0] is not probs:
         raise Refused(f"the probabilities go to {', '.join(sorted({n.op_type for n in uses})) or 'no node'}, "
                       "not into MatMul(probabilities, v)")

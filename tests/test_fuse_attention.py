@@ -516,3 +516,40 @@ def test_opset23_attention_it_refuses_still_compiles(tmp_path):
     assert report.status == "verified"
     for case in report.validation["cases"]:
         assert all(o["max_abs"] <= 1e-4 for o in case["outputs"])
+
+
+def _coverage_of(model):
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True))
+    pm = passes.PassManager("fuse-attention")
+    pm.run(m)
+    return pm.coverage["attention"]
+
+
+def test_a_moe_router_softmax_is_explained():
+    """Softmax(x @ W_router) -> TopK is an attention candidate by the family's rule; its reason says router."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["p"], axis=-1, name="router"),
+             helper.make_node("TopK", ["p", "k"], ["vals", "idx"], axis=-1)]
+    graph = helper.make_graph(
+        nodes, "router", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", 64])],
+        [helper.make_tensor_value_info("vals", TensorProto.FLOAT, ["t", 2]),
+         helper.make_tensor_value_info("idx", TensorProto.INT64, ["t", 2])],
+        [numpy_helper.from_array(np.zeros((64, 4), np.float32), "w"), numpy_helper.from_array(np.array([2]), "k")])
+    c = _coverage_of(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    assert c["candidates"] == 1 and c["fused"] == 0
+    assert c["items"][0]["reason"] == "an MoE router's Softmax (its result goes to TopK), not attention"
+
+
+def test_flattened_batch_heads_attention_is_explained():
+    """Bloom's layout: scores (B*N, S, S) reshaped to 4-D for the mask, softmax, back to 3-D for @ v."""
+    g = _G()
+    shape4 = g.const(np.array([-1, 4, 5, 5], np.int64))
+    shape3 = g.const(np.array([-1, 5, 5], np.int64))
+    scores = g.op("MatMul", "q", g.op("Transpose", "k", perm=[0, 2, 1]))
+    p = g.op("Softmax", g.op("Reshape", g.op("Mul", scores, g.const(np.array(0.25, np.float32))), shape4), axis=-1)
+    g.nodes.append(helper.make_node("MatMul", [g.op("Reshape", p, shape3), "v"], ["out"]))
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [8, 5, 16]) for n in "qkv"]
+    graph = helper.make_graph(g.nodes, "bloomish", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [8, 5, 16])], g.inits)
+    c = _coverage_of(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    assert c["fused"] == 0 and "flattened batch·heads axis" in c["items"][0]["reason"]
