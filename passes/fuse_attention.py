@@ -1,7 +1,9 @@
 """fuse-attention: scaled-dot-product attention -> mindspore::FlashAttentionScore (BNSD, MHA and GQA, masks).
 
-The rule anchors on MatMul(Softmax(logits, axis=-1), v) (also with the fp32 Cast island fp16/bf16 models
-put around the Softmax, and on the opset-23 native `Attention` op); check()
+The rule anchors on MatMul(P, v), P the Softmax(logits, axis=-1) — also inside the fp32 Cast island fp16/bf16
+models put around it, as torch's SDPA "safe softmax" Where(IsNaN(p), 0, p) (transformers' default sdpa
+attention exported by dynamo), or reshaped back to (B·N, S1, S2) (Bloom) — and on the opset-23 native
+`Attention` op; `probabilities` follows the chain down from the Softmax, check()
 then reads the producers of `logits` itself, because the exporters spell the rest in too many ways for a
 product of pattern alternatives (and dynamo's kᵀ reshapes read the repeated key's Shape, a use outside any
 pattern). Spellings understood, after onnxsim:
@@ -22,6 +24,10 @@ pattern). Spellings understood, after onnxsim:
             (HF repeat_kv, dynamo and TorchScript) or Reshape(Tile(Unsqueeze(x, 2), [1,1,r,1,1]))
             (repeat_interleave): the un-repeated k/v go to the fused op (FlashAttentionScore does GQA
             itself); a kv head count of 1 broadcast by the MatMul (MQA) too.
+  flat      Bloom: q/k/v BNSD reshaped to (B·N, S, D), scores Reshape(scale · q3 @ Transpose(k3, 021) + alibi,
+            (B, N, S1, S2)), P reshaped back to 3-D for the bmm with v3: the BNSD sources go to the fused op,
+            the ALiBi bias (B·N, 1|S1, S2) becomes real_shift = alibi / scale as (B, N, 1|S1, S2) (added
+            before the scale: opmap/fused/flash_attention.py), the output is reshaped back to (B·N, S1, D).
   opset 23  Attention(q, k, v[, mask]) with 4-D inputs, no past kv, no causal flag, no softcap (a bool mask
             keeps where True, the rest -inf; kv heads repeat as np.repeat, i.e. n // rep, as above).
 The rule does not remove what it matched: the producers that only fed the attention (scales, kᵀ, the kv
@@ -29,7 +35,12 @@ repeat, the dynamo Shape arithmetic) die with it and the rule set's dead-node re
 Refused (the report's skip reasons): head dim not a multiple of 16 or > 512, q heads not a multiple of kv
 heads, k/v head counts or head dims that disagree, q/k/v not 4-D BNSD, dtypes other than fp32/fp16/bf16,
 a mask that is not a mask (dtype, shape not (.., S1|1, S2), values not provably 0 / large negative), a
-non-scalar or non-positive scale, a Softmax not over the last axis, attention probabilities used elsewhere.
+non-scalar or non-positive scale, a Softmax not over the last axis, attention probabilities used elsewhere,
+soft-capped scores c·tanh(s/c) (Gemma-2: FlashAttentionScore has no soft-capping argument), an MoE router's
+Softmax (its result goes to TopK).
+
+Coverage candidates (passes/coverage.py, family "attention"): every Softmax and every opset-23 Attention node.
+A candidate no rule matched is explained by `explain`, which runs `probabilities` and `analyze` from it.
 """
 
 from __future__ import annotations
@@ -85,6 +96,57 @@ def _scores(value: ir.Value):
     q, sq = _peel_scales(mm.inputs[0])
     kt, sk = _peel_scales(mm.inputs[1])
     return q, kt, scale * sq * sk
+
+
+def _unflatten(x3: ir.Value) -> ir.Value | None:
+    """x (B, N, S, D) when x3 = Reshape(x) to (B·N, S, D): N and D static, S the same dim on both sides (so
+    the first axis can only be B·N); else None."""
+    r = match.producer(x3, "Reshape")
+    src = r.inputs[0] if r is not None else None
+    sd, od = match.dims(src), match.dims(x3)
+    if sd is None or od is None or len(sd) != 4 or len(od) != 3:
+        return None
+    if not (isinstance(sd[1], int) and isinstance(sd[3], int) and od[2] == sd[3] and od[1] == sd[2]
+            and od[1] is not None):
+        return None
+    if isinstance(od[0], int) and isinstance(sd[0], int) and od[0] != sd[0] * sd[1]:
+        return None
+    return src
+
+
+@dataclasses.dataclass
+class FlatScores:
+    """Bloom's scores over a flattened batch·heads axis: Reshape(scale · q3 @ Transpose(k3, 021) [+ bias],
+    (B, N, S1, S2)), q3 and k3 (B·N, S, D) reshapes of BNSD q and k; `bias` (B·N, 1|S1, S2) is ALiBi."""
+
+    q: ir.Value
+    k: ir.Value
+    scale: float
+    bias: ir.Value | None
+
+
+def _flat_scores(value: ir.Value) -> FlatScores | None:
+    view = match.producer(value, "Reshape")
+    if view is None or match.rank(view.inputs[0]) != 3 or match.rank(value) != 4:
+        return None
+    inner, bias = view.inputs[0], None
+    add = match.producer(inner, "Add")
+    if add is not None:
+        for s, b in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+            if _scores(s) is not None:
+                inner, bias = s, b
+                break
+    found = _scores(inner)
+    if found is None:
+        return None
+    q3, kt3, scale = found
+    tr = match.producer(kt3, "Transpose")
+    if tr is None or match.perm(tr, 3) != [0, 2, 1]:
+        return None
+    q, k = _unflatten(q3), _unflatten(tr.inputs[0])
+    if q is None or k is None or match.dims(value)[1] != match.dims(q)[1]:
+        return None
+    return FlatScores(q, k, scale, bias)
 
 
 @dataclasses.dataclass
@@ -234,6 +296,8 @@ class Attention:
     mask_kind: str = "none"  # what the graph had: none | additive | keep_bool | discard_bool
     mask: ir.Value | None = None  # the additive mask, or the bool condition of the Where
     fill: float = -math.inf  # the Where's fill, for the bool kinds
+    bias: ir.Value | None = None  # an additive position bias on the scaled scores (ALiBi), (B·N, 1|S1, S2)
+    flat: bool = False  # the attention's v and output are (B·N, S, D) (Bloom): the output is reshaped back
 
     def attributes(self) -> dict:
         return dict(scale=float(self.scale), head_num=self.head_num, kv_head_num=self.kv_head_num,
@@ -305,10 +369,11 @@ def probabilities(softmax: ir.Node) -> tuple[ir.Value, ir.Value]:
         raise Refused("the attention probabilities are used elsewhere")
     if any(n.op_type == "TopK" for n in uses):
         raise Refused("an MoE router's Softmax (its result goes to TopK), not attention")
-    if len(uses) == 1 and uses[0].op_type == "Reshape" and any(
-            u.node.op_type == "MatMul" and match.rank(u.node.inputs[1]) == 3 for u in uses[0].outputs[0].uses()):
-        raise Refused("attention over a flattened batch·heads axis (Softmax -> Reshape -> 3-D MatMul with v, as "
-                      "Bloom's baddbmm computes it with its ALiBi bias) is not matched")
+    if len(uses) == 1 and uses[0].op_type == "Reshape" and match.rank(uses[0].outputs[0]) == 3:
+        # Bloom: the 4-D probabilities back to the flattened (B·N, S1, S2) layout of its bmm with v
+        if not _single_use(probs):
+            raise Refused("the attention probabilities are used elsewhere")
+        probs, uses = uses[0].outputs[0], [u.node for u in uses[0].outputs[0].uses()]
     if len(uses) != 1 or uses[0].op_type != "MatMul" or uses[0].inputs[0] is not probs:
         raise Refused(f"the probabilities go to {', '.join(sorted({n.op_type for n in uses})) or 'no node'}, "
                       "not into MatMul(probabilities, v)")
@@ -332,37 +397,55 @@ def analyze(logits: ir.Value, v: ir.Value, softmax: ir.Node, opset: int) -> Atte
         raise Refused(f"Softmax over axis {axis}, not the last")
     # The structure: which operand of the Add / Where is the (scaled) MatMul of q and kᵀ, which the mask?
     found, mask = None, None
+    scores = _flat_scores if match.rank(v) == 3 else _scores  # (B·N, S, D) v: Bloom's flattened layout
     add, where = match.producer(logits, "Add"), match.producer(logits, "Where")
     if add is not None:
         for s, m in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
-            found = _scores(s)
+            found = scores(s)
             if found is not None:
                 mask = dict(mask_kind="additive", mask=m)
                 break
     elif where is not None:
         c, x, y = where.inputs
         for s, f, kind in ((x, y, "keep_bool"), (y, x, "discard_bool")):
-            found = _scores(s)
+            found = scores(s)
             if found is not None:
                 mask = dict(mask_kind=kind, mask=c, fill=f)
                 break
     if found is None:
-        found = _scores(logits)
+        found = scores(logits)
         if found is None:
             operands = add.inputs if add is not None else where.inputs[1:] if where is not None else [logits]
             if any(_soft_capped(x) for x in operands):
                 raise Refused("soft-capped scores (c·tanh(s/c), logit soft-capping): FlashAttentionScore has no "
                               "soft-capping argument")
+            if scores is _flat_scores:
+                raise Refused("attention over a flattened batch·heads axis (B·N, S, D) whose scores are not "
+                              "Reshape(scale · q @ kᵀ [+ bias]) of BNSD q and k")
             raise Refused("the Softmax input is not a (scaled, masked) MatMul of q and kᵀ")
-    q, kt, scale = found
+    bias = None
+    if isinstance(found, FlatScores):
+        v4 = _unflatten(v)
+        if v4 is None:
+            raise Refused("the flattened (B·N, S, D) v is not a reshape of a BNSD value")
+        q, key, scale, bias, v = found.q, Key(found.k), found.scale, found.bias, v4
+        if bias is not None:
+            bd = match.dims(bias)
+            if bd is None or len(bd) != 3 or bias.dtype != q.dtype or bd[1] not in (1, match.dims(q)[2]) \
+                    or not match.may_equal(bd[2], match.dims(found.k)[2]):
+                raise Refused(f"the bias added to the flattened scores (shape {bd}) is not (B·N, 1|S1, S2) in "
+                              "the scores' dtype (ALiBi)")
+    else:
+        q, kt, scale = found
+        key = _untranspose(kt)
     if not (scale > 0 and math.isfinite(scale)):
         raise Refused(f"scale {scale} is not a positive finite number")
-    key, v_val, n1, n2 = _heads(q, _untranspose(kt), v, opset)
+    key, v_val, n1, n2 = _heads(q, key, v, opset)
     if ld is None:
         ld = [match.dims(q)[0], n1, match.dims(q)[2], match.dims(v)[2]]
     if len(ld) != 4:
         raise Refused(f"the Softmax input is not 4-D (B, N, S1, S2) (shape {ld})")
-    att = Attention(q, key, v_val, scale, n1, n2)
+    att = Attention(q, key, v_val, scale, n1, n2, bias=bias, flat=scores is _flat_scores)
     if mask is None:
         return att
     m = mask["mask"]
@@ -396,7 +479,20 @@ def _emit(op, a: Attention, out: ir.Value):
         mask = op.Where(a.mask, zero, fill) if a.mask_kind == "keep_bool" else op.Where(a.mask, fill, zero)
     else:
         mask = op.Constant(value=ir.tensor(np.array(0.0, np.float32)))
-    result = op.FlashAttentionScore(a.q, k, a.v, mask, _domain="mindspore", **a.attributes())
+    if a.bias is None:
+        pse = op.Constant(value=ir.tensor(np.array(0.0, np.float32)))
+    else:  # scale·qk + bias = (qk + bias/scale)·scale, as (B, N1, 1|S1, S2): FlashAttentionScore's real_shift
+        four = op.Concat(op.Constant(value=ir.tensor(np.array([-1, a.head_num], np.int64))),
+                         op.Slice(op.Shape(a.bias), op.Constant(value=ir.tensor(np.array([1], np.int64))),
+                                  op.Constant(value=ir.tensor(np.array([3], np.int64)))), axis=0)
+        inv = op.Constant(value=ir.tensor(np.array(1.0 / a.scale, a.bias.dtype.numpy())))
+        pse = op.Mul(op.Reshape(a.bias, four), inv)
+    result = op.FlashAttentionScore(a.q, k, a.v, mask, pse, _domain="mindspore", **a.attributes())
+    if a.flat:  # back to the (B·N, S1, D) the bmm with v produced
+        three = op.Concat(op.Constant(value=ir.tensor(np.array([-1], np.int64))),
+                          op.Slice(op.Shape(result), op.Constant(value=ir.tensor(np.array([2], np.int64))),
+                                   op.Constant(value=ir.tensor(np.array([4], np.int64)))), axis=0)
+        result = op.Reshape(result, three)
     result.dtype, result.shape = out.dtype, out.shape
     return result
 
@@ -410,12 +506,12 @@ class SoftmaxAttentionFusion(pattern.RewriteRuleClassBase):
         super().__init__(f"FlashAttentionScore-softmax{'-fp32-island' if island else ''}", remove_nodes=False)
         self._island = island  # (remove_nodes=False: the producers that die with the match go by DCE)
 
-    def pattern(self, op, logits, value, up, down, zero):
+    def pattern(self, op, logits, value, up, down, zero, flat):
         if self._island:
             sm = op.Cast(op.Softmax(op.Cast(logits, to=up), _outputs=["sm"]), to=down)
         else:
             sm = op.Softmax(logits, _outputs=["sm"])
-        probs = pattern.OrValue([op.Where(op.IsNaN(sm), zero, sm), sm])
+        probs = pattern.OrValue([op.Where(op.IsNaN(sm), zero, sm), sm, op.Reshape(sm, flat)])
         return op.MatMul(probs, value, _outputs=["attn"])
 
     def check(self, context, logits, value, attn, sm, up=None, down=None, **_) -> pattern.MatchResult:

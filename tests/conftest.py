@@ -38,9 +38,9 @@ def export_cache(tmp_path_factory):
     def get(name: str, opset: int = 18, exporter: str = "dynamo") -> Path:
         key = (name, opset, exporter)
         if key not in done:
-            d = root / f"{name}-{opset}-{exporter}"
+            d = root / f"{name.replace('/', '-')}-{opset}-{exporter}"
             d.mkdir()
-            path = d / f"{name}.onnx"
+            path = d / "model.onnx"
             zoo_export(load_factory(name), path, opset=opset, exporter=exporter)
             done[key] = path
         return done[key]

@@ -24,6 +24,7 @@ FMIN = float(np.finfo(np.float32).min)
 # actual_seq_qlen, actual_seq_kvlen: head_num, keep_prob, scale_value, pre_tokens, next_tokens, inner_precise,
 # input_layout (enum: BSH 0, BNSD 1, SBH 2, BSND 3, TND 4), sparse_mode.
 HEAD_NUM, KEEP_PROB, SCALE_VALUE, INPUT_LAYOUT, SPARSE_MODE = 10, 11, 12, 16, 17
+REAL_SHIFT = 3
 BNSD = 1
 
 
@@ -425,7 +426,7 @@ def _fa_calls(path) -> list[list]:
     return calls
 
 
-def _check_readback(mindir, fused_path):
+def _check_readback(mindir, fused_path, bias=False):
     """The ascend MindIR's FlashAttentionScore arguments are the fused nodes' attributes."""
     nodes = fused_nodes(onnx.load(fused_path), "FlashAttentionScore")
     records = {(_attrs(n)["head_num"], round(_attrs(n)["scale"], 6)) for n in nodes}
@@ -434,11 +435,12 @@ def _check_readback(mindir, fused_path):
     for c in calls:
         assert len(c) == 18 and c[KEEP_PROB] == 1.0 and c[INPUT_LAYOUT] == BNSD and c[SPARSE_MODE] == 0
         assert c[6] is not None  # the discard mask (the zoo models all have one)
+        assert (c[REAL_SHIFT] is not None) == bias  # a position bias (ALiBi) only where the model has one
     assert {_attrs(n)["input_layout"] for n in nodes} == {b"BNSD"}
     assert {_attrs(n)["sparse_mode"] for n in nodes} == {0}
 
 
-def _compile_and_check(path, tmp_path, n_layers=2, **options):
+def _compile_and_check(path, tmp_path, n_layers=2, bias=False, **options):
     out = tmp_path / "m.mindir"
     report = graphconv.compile(path, out, save_fused=tmp_path / "fused.onnx", **options)
     assert report.fusions["fuse-attention"] == n_layers
@@ -448,7 +450,7 @@ def _compile_and_check(path, tmp_path, n_layers=2, **options):
     for case in report.validation["cases"]:
         assert all(o["max_abs"] <= 1e-4 for o in case["outputs"])
     assert report.validation["ascend_precision"]["status"] == "ok"
-    _check_readback(out, tmp_path / "fused.onnx")
+    _check_readback(out, tmp_path / "fused.onnx", bias)
     return report
 
 
@@ -463,6 +465,20 @@ def test_zoo_llama_sdpa_torchscript_alone(export_cache, tmp_path):
 
 def test_zoo_bert_dynamo_padding_mask(export_cache, tmp_path):
     _compile_and_check(export_cache("bert", 18, "dynamo"), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["hf/llama", pytest.param("hf/bert", marks=pytest.mark.slow),
+                                  pytest.param("hf/mistral", marks=pytest.mark.slow)])
+def test_transformers_default_sdpa_export_fuses_alone(name, export_cache, tmp_path):
+    """What users export: a transformers model with its default attention ("sdpa"), torch dynamo at opset
+    18 — safe softmax, sqrt(scale) on q and kᵀ, GQA by Expand (llama), padding by GatherND, a bidirectional
+    (bert) or sliding-window (mistral, window 4 < seq) mask. fuse-attention alone: one per layer, verified."""
+    pytest.importorskip("transformers")
+    path = export_cache(name, 18, "dynamo")
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert {"IsNaN", "Softmax"} <= ops  # really the SDPA decomposition
+    report = _compile_and_check(path, tmp_path, passes="fuse-attention")
+    assert report.coverage["attention"] == {"candidates": 2, "fused": 2, "refused": {}, "items": []}
 
 
 @pytest.mark.slow
@@ -495,7 +511,7 @@ def test_ascend_lowering_casts_around_the_primitive(dtype, attr, compute, casts)
     call = [line for line in net.source.splitlines() if "ops.flash_attention_score(" in line]
     assert len(call) == 1
     assert "input_layout='BNSD'" in call[0] and "sparse_mode=0" in call[0] and "scalar_value=0.3" in call[0]
-    assert ", 4, attn_mask=" in call[0] and "keep_prob=1.0" in call[0]
+    assert ", 4, real_shift=None, attn_mask=" in call[0] and "keep_prob=1.0" in call[0]
     assert ("ops.cast(ops.flash_attention_score(" in call[0]) == casts
     if casts:
         assert f"ops.cast(q, {compute})" in net.source and f"ops.cast(k, {compute})" in net.source
@@ -553,3 +569,81 @@ def test_flattened_batch_heads_attention_is_explained():
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [8, 5, 16])], g.inits)
     c = _coverage_of(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     assert c["fused"] == 0 and "flattened batch·heads axis" in c["items"][0]["reason"]
+
+
+def _ort_run(model, feeds):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _flat_alibi_graph(bias: bool = True, flat_v: bool = True):
+    """Bloom's attention: q/k/v BNSD (B, 4, S, 16) flattened to (B·4, S, 16); scores = 0.25 · q3 @ k3ᵀ + alibi
+    (B·4, 1, S) (a graph input here: any values go to real_shift), viewed (B, 4, S, S), + a causal mask,
+    Softmax, back to (B·4, S, S), @ v3, back to (B, 4, S, 16)."""
+    g = _G()
+    n, d = 4, 16
+    bnsd = ["batch", n, "seq", d]
+    inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, bnsd) for x in "qkv"]
+    inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]))
+    seq = _shape_piece(g, "q", 2, 3)
+    flat3 = g.op("Concat", g.const(np.array([-1], np.int64)), seq, g.const(np.array([d], np.int64)), axis=0)
+    q3, k3, v3 = (g.op("Reshape", x, flat3) for x in "qkv")
+    scores = g.op("Mul", g.op("MatMul", q3, g.op("Transpose", k3, perm=[0, 2, 1])), g.const(np.array(0.25, np.float32)))
+    if bias:
+        inputs.append(helper.make_tensor_value_info("alibi", TensorProto.FLOAT, ["bn", 1, "seq"]))
+        scores = g.op("Add", "alibi", scores)
+    view4 = g.op("Concat", g.const(np.array([-1, n], np.int64)), seq, seq, axis=0)
+    s4 = g.op("Reshape", scores, view4)
+    pos = g.op("Range", g.const(np.array(0, np.int64)),
+               g.op("Squeeze", seq, g.const(np.array([0], np.int64))), g.const(np.array(1, np.int64)))
+    allowed = _unsq(g, g.op("LessOrEqual", _unsq(g, pos, [0], 18), _unsq(g, pos, [1], 18)), [0, 1], 18)
+    masked = g.op("Add", s4, g.op("Where", allowed, g.const(np.array(0, np.float32)), g.const(np.array(FMIN, np.float32))))
+    probs = g.op("Softmax", masked, axis=-1)
+    three = g.op("Concat", g.const(np.array([-1], np.int64)), seq, seq, axis=0)
+    out3 = g.op("MatMul", g.op("Reshape", probs, three), v3 if flat_v else "v")
+    g.nodes.append(helper.make_node("Reshape", [out3, g.op("Concat", g.const(np.array([-1, n], np.int64)), seq,
+                                                           g.const(np.array([d], np.int64)), axis=0)], ["out"]))
+    graph = helper.make_graph(g.nodes, "bloom_attention", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, bnsd)], g.inits)
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]),
+                                             data_prop=True)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["alibi", "no-bias"])
+def test_flattened_heads_with_alibi_fuse_with_real_shift(bias):
+    """Bloom's spelling fuses; the ALiBi bias becomes real_shift = alibi / scale, added before the scale."""
+    original = _flat_alibi_graph(bias)
+    count, fused, fa = _fused_attention(original)
+    assert count == 1 and len(fa) == 1
+    assert _attrs(fa[0])["head_num"] == 4 and _attrs(fa[0])["scale"] == pytest.approx(0.25)
+    producers = {o: n for n in fused.graph.node for o in n.output}
+    pse = producers.get(fa[0].input[4])
+    assert (pse.op_type == "Mul") if bias else (pse.op_type == "Constant")
+    rng = np.random.default_rng(0)
+    feeds = {x: rng.standard_normal((2, 4, 5, 16)).astype(np.float32) for x in "qkv"}
+    feeds["attention_mask"] = np.ones((2, 5), np.int64)
+    if bias:  # large enough to matter: a dropped or misplaced bias fails the comparison
+        feeds["alibi"] = rng.uniform(-3, 0, (8, 1, 5)).astype(np.float32)
+    want, got = _ort_run(original, feeds), _ort_run(fused, feeds)
+    assert compare.compare(got, want, 1e-5, 1e-5).ok
+    if bias:  # and the bias matters at this size: without it the outputs differ
+        assert not compare.compare(_ort_run(original, {**feeds, "alibi": 0 * feeds["alibi"]}), want, 1e-5, 1e-5).ok
+
+
+def test_flattened_scores_need_a_flattened_v():
+    """The bias stays unmatched when v is not the (B·N, S, D) reshape of a BNSD value."""
+    model = _flat_alibi_graph(flat_v=False)
+    c = _coverage_of(model)
+    assert c["fused"] == 0
+
+
+def test_bloom_export_fuses_alibi_into_real_shift(export_cache, tmp_path):
+    """hf/bloom (transformers' BloomForCausalLM, default settings), dynamo 18: ALiBi through real_shift, read
+    back from the ascend MindIR (FlashAttentionScore's real_shift argument, after q, k, v, is a computed
+    tensor; the other models pass None there)."""
+    pytest.importorskip("transformers")
+    report = _compile_and_check(export_cache("hf/bloom", 18, "dynamo"), tmp_path, bias=True)
+    assert report.coverage["attention"]["fused"] == 2
+    calls = _fa_calls(tmp_path / "m.mindir")
+    assert len(calls) == 2 and all(isinstance(c[REAL_SHIFT], str) and ":CNode" in c[REAL_SHIFT] for c in calls)

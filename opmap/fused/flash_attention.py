@@ -1,5 +1,6 @@
-"""mindspore::FlashAttentionScore(query, key, value, attn_mask; scale, head_num, kv_head_num, mask_kind,
-input_layout, sparse_mode[, dtype]) -> attention_out, MindSpore's `ops.flash_attention_score` (FUSED_OPS.md).
+"""mindspore::FlashAttentionScore(query, key, value, attn_mask, real_shift; scale, head_num, kv_head_num,
+mask_kind, input_layout, sparse_mode[, dtype]) -> attention_out, MindSpore's `ops.flash_attention_score`
+(FUSED_OPS.md).
 
 Layout BNSD: query (B, N1, S1, D), key and value (B, N2, S2, D), output (B, N1, S1, D). GQA: N1 is a multiple
 of N2 and query head n reads kv head n // (N1 / N2) (repeat_interleave of the kv heads, as HF's repeat_kv).
@@ -16,8 +17,14 @@ partly masked row's softmax bit-identical: S + fill rounds to fill, or underflow
 at another, and an ONNX function body cannot branch on a missing input; two inputs would need placeholders,
 and the ascend cost of Where(c, 0, fill) < 0 instead of not(c) is one elementwise op on the mask.)
 
-Reference body, fp32: repeat the kv heads (n -> n // (N1/N2)); S = (Q . K^T) * scale + max(attn_mask,
--1e30); P = Softmax(S, -1); O = P . V; cast back to query's dtype. (-inf in the mask is clamped to -1e30:
+real_shift (the primitive's `pse`) is an additive position bias, added to Q . K^T BEFORE the scale: FUSED_OPS.md,
+and CANN's aclnnFlashAttentionScoreV2, whose pse_type 1 "is the FlashAttentionScore formula" while its other
+types "mul first, then add". Shapes (B, N1, S1, S2), (B, N1, 1, S2) or (1, N1, S1, S2) (CANN's list). A scalar
+0 means none (the ascend lowering passes None). ALiBi (Bloom: scores = inv_norm * Q . K^T + alibi) arrives as
+real_shift = alibi / inv_norm.
+
+Reference body, fp32: repeat the kv heads (n -> n // (N1/N2)); S = (Q . K^T + real_shift) * scale +
+max(attn_mask, -1e30); P = Softmax(S, -1); O = P . V; cast back to query's dtype. (-inf in the mask is clamped to -1e30:
 the probabilities are the same in every row that keeps a key, and MindSpore's CPU
 softmax in graph mode turns other rows to NaN when some row is all -inf, which the cpu twin would otherwise
 hit on padded rows.) The ascend-precision body is the same with q/k/v and the output rounded through fp16,
@@ -90,8 +97,10 @@ def _make_body(round_to: int | None):
         nodes += [
             helper.make_node("Transpose", ["k_rep"], ["k_t"], perm=[0, 1, 3, 2]),
             helper.make_node("MatMul", ["q32", "k_t"], ["qk"]),
+            helper.make_node("Cast", ["real_shift"], ["pse32"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["qk", "pse32"], ["qk_pse"]),  # (+ 0 when there is no bias: exact)
             _attr_const("scale_v", "value_float", "scale"),
-            helper.make_node("Mul", ["qk", "scale_v"], ["scores"]),
+            helper.make_node("Mul", ["qk_pse", "scale_v"], ["scores"]),
             helper.make_node("Cast", ["attn_mask"], ["mask_raw"], to=TensorProto.FLOAT),
             # -inf -> -1e30: finite, so a fully masked row stays finite, and softmax is unchanged. Not fp32's
             # lowest: MindSpore 2.10's CPU maximum against a broadcast constant below about -3e38 returns -inf
@@ -114,7 +123,7 @@ def _make_body(round_to: int | None):
 
 
 FLASH_ATTENTION_SCORE = define(FusedOp(
-    name="FlashAttentionScore", inputs=("query", "key", "value", "attn_mask"),
+    name="FlashAttentionScore", inputs=("query", "key", "value", "attn_mask", "real_shift"),
     outputs=("attention_out",), attributes=ATTRIBUTES, body=_make_body(None), primitive="FlashAttentionScore",
     doc=__doc__, ascend_body=_make_body(TensorProto.FLOAT16)))
 
@@ -155,8 +164,12 @@ def lower_flash_attention_score(n):
         target = (f"ops.concat((ops.dyn_shape({n.x(0)})[0:1], {n.const_tensor(np.array([heads], np.int64), 'heads')}, "
                   f"ops.dyn_shape({n.x(0)})[2:3], ops.dyn_shape({n.x(1)})[2:3]))")
         mask = n.tmp(f"ops.cast(ops.logical_or({discard}, ops.zeros({target}, ms.bool_)), ms.uint8)", "discard")
-    out = (f"ops.flash_attention_score({q}, {k}, {v}, {head_num}, attn_mask={mask}, keep_prob=1.0, "
-           f"scalar_value={scale!r}, input_layout='BNSD', sparse_mode=0)")
+    pse = "None"
+    shift = n.const(4) if n.has(4) else np.zeros(())
+    if shift is None or shift.size != 1 or float(shift.reshape(-1)[0]) != 0.0:  # not a scalar 0: a real bias
+        pse = n.x(4) if n.dtype(4) == compute else n.tmp(f"ops.cast({n.x(4)}, {cdt})", "pse")
+    out = (f"ops.flash_attention_score({q}, {k}, {v}, {head_num}, real_shift={pse}, attn_mask={mask}, "
+           f"keep_prob=1.0, scalar_value={scale!r}, input_layout='BNSD', sparse_mode=0)")
     if model_dt != compute:
         out = f"ops.cast({out}, {n.ms_dtype(model_dt)})"
     return out
