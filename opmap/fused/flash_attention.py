@@ -28,7 +28,7 @@ max(attn_mask, -1e30); P = Softmax(S, -1); O = P . V; cast back to query's dtype
 the probabilities are the same in every row that keeps a key, and MindSpore's CPU
 softmax in graph mode turns other rows to NaN when some row is all -inf, which the cpu twin would otherwise
 hit on padded rows.) The ascend-precision body is the same with q/k/v and the output rounded through fp16,
-as the ascend lowering casts them around the fp16-only primitive (the compile measures that effect at fp16
+(and real_shift) as the ascend lowering casts them around the fp16-only primitive (the compile measures that effect at fp16
 tolerance). Fully masked rows are undefined on Ascend (never compared).
 """
 
@@ -77,6 +77,7 @@ def _make_body(round_to: int | None):
         to32("query", "q32")
         to32("key", "k32")
         to32("value", "v32")
+        to32("real_shift", "pse32")  # the ascend lowering casts it to the compute dtype as well
         nodes += [
             _attr_const("n1", "value_int", "head_num"),
             _attr_const("n2", "value_int", "kv_head_num"),
@@ -97,7 +98,6 @@ def _make_body(round_to: int | None):
         nodes += [
             helper.make_node("Transpose", ["k_rep"], ["k_t"], perm=[0, 1, 3, 2]),
             helper.make_node("MatMul", ["q32", "k_t"], ["qk"]),
-            helper.make_node("Cast", ["real_shift"], ["pse32"], to=TensorProto.FLOAT),
             helper.make_node("Add", ["qk", "pse32"], ["qk_pse"]),  # (+ 0 when there is no bias: exact)
             _attr_const("scale_v", "value_float", "scale"),
             helper.make_node("Mul", ["qk_pse", "scale_v"], ["scores"]),
