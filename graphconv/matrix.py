@@ -55,7 +55,8 @@ class Cell:
     opset: int
     status: str  # pass | fail | exporter
     reason: str = ""
-    max_abs: float | None = None
+    max_abs: float | None = None  # the cpu twin against onnxruntime, at the compile's two reference shapes
+    torch_max_abs: float | None = None  # onnxruntime against PyTorch at those same inputs (valid positions)
     fusions: dict[str, int] = dataclasses.field(default_factory=dict)
     census: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
@@ -123,8 +124,37 @@ def _max_abs(report) -> float:
     return max((o["max_abs"] for c in report.validation.get("cases", []) for o in c["outputs"]), default=0.0)
 
 
+def torch_vs_onnxruntime(module, onnx_path: Path) -> float:
+    """Max abs difference of onnxruntime on the export against PyTorch on the module, at the reference inputs
+    a compile of that export generates (its two shapes, neither the export shape), on valid positions; raises
+    VerificationError beyond the fp32 comparison rule. With the compile's own twin-vs-onnxruntime numbers
+    at the same inputs this bounds the cpu twin against PyTorch."""
+    import onnx
+    import torch
+
+    from graphconv import compare, reference
+    from graphconv.errors import VerificationError
+
+    model = onnx.load(str(onnx_path))
+    cases = reference.make_cases(model)
+    got = reference.Oracle(onnx_path).run(cases)
+    atol, rtol = compare.default_tolerance("float32")
+    worst = 0.0
+    for case, outputs in zip(cases, got):
+        with torch.no_grad():
+            ref = module(**{k: torch.from_numpy(v) for k, v in case.inputs.items()})
+        ref = ref if isinstance(ref, (tuple, list)) else (ref,)
+        for (name, value), r in zip(outputs.items(), ref):
+            expected = r.detach().numpy()
+            c = compare.compare(value, expected, atol, rtol, case.valid_positions(expected))
+            if not c.ok:
+                raise VerificationError(f"onnxruntime disagrees with PyTorch at {case.shape_text()}: {c.reason}")
+            worst = max(worst, c.max_abs)
+    return worst
+
+
 def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
-    from graphconv.export import zoo_export
+    from graphconv.export import export_pytorch
     from graphconv.pipeline import compile as compile_model
 
     t0 = time.perf_counter()
@@ -132,7 +162,8 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
     d.mkdir(parents=True, exist_ok=True)
     onnx_path = d / "model.onnx"
     try:
-        result = zoo_export(_factory(model), onnx_path, opset=opset, exporter=exporter)
+        module, example_inputs, dynamic_axes = _factory(model)()
+        result = export_pytorch(module, example_inputs, onnx_path, dynamic_axes, opset=opset, exporter=exporter)
     except UnsupportedError as e:
         return Cell(model, exporter, opset, "exporter", str(e), seconds=time.perf_counter() - t0)
     except GraphconvError as e:
@@ -154,6 +185,12 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
     else:
         cell.max_abs = _max_abs(ascend)
         cell.fusions, cell.census = ascend.fusions, ascend.census
+        try:
+            cell.torch_max_abs = torch_vs_onnxruntime(module, onnx_path)
+        except GraphconvError as e:
+            cell.status, cell.reason = "fail", str(e)
+            cell.seconds = round(time.perf_counter() - t0, 1)
+            return cell
         wrong = census_mismatch(expected_census(model), ascend.census)
         if wrong:
             cell.status = "fail"

@@ -42,6 +42,7 @@ def test_matrix_cell(model, exporter, opset, tmp_path):
         pytest.xfail(f"known unsupported: {cell.reason[:200]}")
     assert cell.status == "pass", cell.reason
     assert cell.max_abs is not None and cell.max_abs <= 1e-4
+    assert cell.torch_max_abs is not None and cell.torch_max_abs <= 1e-4
 
 
 def test_markdown_lists_every_cell_and_reason(tmp_path):
