@@ -24,13 +24,21 @@ from graphconv import compare, reference, runner
 from graphconv.errors import InputError, InternalError
 from graphconv.load import load
 
+def likely_causes(op: str) -> str:
+    """What usually makes a node of this kind disagree: a fused op's record says it (opmap.fused), else the
+    table below."""
+    from opmap.fused import FUSED_OPS
+
+    fused = FUSED_OPS.get(op)
+    return fused.likely_causes if fused is not None and fused.likely_causes else LIKELY_CAUSES.get(op, "")
+
+
 # What usually makes a node of this kind disagree.
 LIKELY_CAUSES = {
     "RmsNorm": "epsilon, the normalised axis, or the Cast island around it",
     "LayerNorm": "epsilon (MindSpore's nn.LayerNorm defaults to 1e-7), the normalised axes",
     "LayerNormalization": "epsilon, the normalised axes, stash_type",
     "RotaryPositionEmbedding": "rotary direction (rotate_half vs interleaved), the cos/sin layout",
-    "FlashAttentionScore": "mask polarity (1 = discard), scale, head counts, fp16 casts of q/k/v",
     "Softmax": "the axis; a mask with the wrong polarity or a non-finite fill value",
     "Where": "mask polarity",
     "Cast": "the target dtype; overflow when narrowing",
@@ -169,7 +177,7 @@ def debug(model_path: str | Path, inputs: Path | None = None, target: str = "cpu
             status, c = compare_value(act, ref, atol, rtol)
             row = Row(node, op, name, status, c.max_abs, c.mean_abs, c.cosine, c.reason)
             if status != "ok":
-                row.likely_causes = LIKELY_CAUSES.get(op, "")
+                row.likely_causes = likely_causes(op)
                 if first is None:
                     first = node
             rows.append(row)

@@ -54,7 +54,12 @@ KEEP_FP32 = (
 _FP32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
 # Inputs left in the dtype they arrive in: the attention mask is 0 / large negative (cast to fp16 it turns
 # into -inf) and both lowerings read it as a mask, not as data.
-_AS_IS_INPUTS = {"mindspore::FlashAttentionScore": (3,)}
+def _as_is_inputs(key: str) -> tuple[int, ...]:
+    """The inputs of fused op `mindspore::Name` its record leaves in their dtype (opmap.fused)."""
+    from opmap.fused import FUSED_OPS
+
+    op = FUSED_OPS.get(key.removeprefix("mindspore::")) if key.startswith("mindspore::") else None
+    return op.as_is_inputs if op is not None else ()
 _SUBGRAPH_OPS = {"If", "Loop", "Scan"}
 
 
@@ -186,7 +191,7 @@ def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
         out.CopyFrom(n)
         for k in float_in:
             x = n.input[k]
-            if k in _AS_IS_INPUTS.get(key, ()):
+            if k in _as_is_inputs(key):
                 continue
             target = "low" if runs_low and k not in _FP32_INPUTS.get(n.op_type, ()) else "fp32"
             if is_weight(x) and target == "low":

@@ -30,6 +30,12 @@ class FusedOp:
     # The body as the ascend lowering computes it when that differs in precision (e.g. q/k/v cast to fp16
     # around FlashAttentionScore): run by onnxruntime to measure the cast's effect, never lowered.
     ascend_body: Callable[[int], list[onnx.NodeProto]] | None = None
+    # The op's other facts, in this one record (read by the passes' docs, precision, debug, the bundle):
+    producer: str = ""  # the pass that makes it
+    family: str = ""  # its fusion-coverage family (passes/coverage.py)
+    as_is_inputs: tuple[int, ...] = ()  # inputs --precision leaves in their dtype (a mask is not data)
+    ascend_compute: str | None = None  # "fp16": the ascend lowering computes in fp16 whatever the model's dtype
+    likely_causes: str = ""  # what usually makes it disagree (graphconv debug)
 
     def function(self, opset: int, ascend_precision: bool = False) -> onnx.FunctionProto:
         body = self.ascend_body if ascend_precision and self.ascend_body else self.body
@@ -40,6 +46,11 @@ class FusedOp:
 
 
 FUSED_OPS: dict[str, FusedOp] = {}
+
+
+def fp16_primitives() -> set[str]:
+    """Primitives whose ascend lowering computes in fp16 (a device run is held to the fp16 tolerance)."""
+    return {op.primitive for op in FUSED_OPS.values() if op.ascend_compute == "fp16"}
 
 
 def define(op: FusedOp) -> FusedOp:

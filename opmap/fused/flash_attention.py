@@ -125,7 +125,9 @@ def _make_body(round_to: int | None):
 FLASH_ATTENTION_SCORE = define(FusedOp(
     name="FlashAttentionScore", inputs=("query", "key", "value", "attn_mask", "real_shift"),
     outputs=("attention_out",), attributes=ATTRIBUTES, body=_make_body(None), primitive="FlashAttentionScore",
-    doc=__doc__, ascend_body=_make_body(TensorProto.FLOAT16)))
+    doc=__doc__, ascend_body=_make_body(TensorProto.FLOAT16), producer="fuse-attention", family="attention",
+    as_is_inputs=(3,), ascend_compute="fp16",
+    likely_causes="mask polarity (1 = discard), scale, head counts, real_shift before the scale, fp16 casts of q/k/v"))
 
 
 def compute_dtype(model_dtype: ir.DataType | None, requested: str | None) -> ir.DataType:
