@@ -185,8 +185,8 @@ def export_cmd(factory, output, opset, exporter, as_json, quiet, debug):
 
 
 @cli.command("matrix")
-@click.option("--full", is_flag=True, help="Every zoo model x exporter x opset 14-23, and every hf/ architecture "
-              "at dynamo 17, 18 and 23 (long).")
+@click.option("--full", is_flag=True, help="Every zoo model x exporter x opset 14-23, and every hf/ architecture x "
+              "exporter at 17, 18 and 23 (long).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="Only these models (repeatable): zoo names, or hf/NAME for models/architectures.py.")
 @click.option("--exporter", "exporters", multiple=True, type=click.Choice(["dynamo", "torchscript"]))

@@ -24,10 +24,11 @@ def _params():
                 marks = [] if in_ci else [pytest.mark.slow]
                 yield pytest.param(model, exporter, opset, marks=marks, id=f"{model}-{exporter}-{opset}")
     for name in architectures.names("all"):
-        for opset in matrix.HF_OPSETS:
-            in_ci = opset == 18 and name in architectures.CI_SLICE
-            yield pytest.param(matrix.HF_PREFIX + name, "dynamo", opset, marks=[] if in_ci else [pytest.mark.slow],
-                               id=f"hf-{name}-dynamo-{opset}")
+        for exporter in matrix.HF_EXPORTERS:
+            for opset in matrix.HF_OPSETS:
+                in_ci = (exporter, opset) == ("dynamo", 18) and name in architectures.CI_SLICE
+                yield pytest.param(matrix.HF_PREFIX + name, exporter, opset, marks=[] if in_ci else [pytest.mark.slow],
+                                   id=f"hf-{name}-{exporter}-{opset}")
 
 
 @pytest.mark.parametrize("model,exporter,opset", list(_params()))
