@@ -138,6 +138,31 @@ def _text_encoder(config_cls: str, model_cls: str, defaults: dict, *, seed: int,
     return module, inputs, axes
 
 
+def _causal_lm_factory(config_cls: str, model_cls: str, defaults: dict, doc: str, experts: str | None = None):
+    """A `build_<name>` factory (the models/ contract) for a causal LM built from `config_cls` with `defaults`."""
+
+    def build(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
+              **config):
+        return _causal_lm(config_cls, model_cls, defaults, seed=seed, batch=batch, seq=seq,
+                          attn_implementation=attn_implementation, config=config, experts=experts)
+
+    build.__doc__ = doc
+    return build
+
+
+def _text_encoder_factory(config_cls: str, model_cls: str, defaults: dict, doc: str,
+                          model_kwargs: dict | None = None):
+    """A `build_<name>` factory for a text encoder returning last_hidden_state."""
+
+    def build(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
+              **config):
+        return _text_encoder(config_cls, model_cls, defaults, seed=seed, batch=batch, seq=seq,
+                             attn_implementation=attn_implementation, config=config, model_kwargs=model_kwargs)
+
+    build.__doc__ = doc
+    return build
+
+
 # The Llama-like decoder skeleton most architectures share; each factory overrides what differs.
 _DECODER = {
     "vocab_size": VOCAB,
@@ -157,185 +182,139 @@ _DECODER = {
 # --- decoders -------------------------------------------------------------------------------------------------
 
 
-def build_llama(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                **config):
-    """LlamaForCausalLM: RMSNorm, rotate_half RoPE, GQA 4/2 (head_dim 16), SwiGLU -> logits."""
-    return _causal_lm("LlamaConfig", "LlamaForCausalLM", _DECODER, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+build_llama = _causal_lm_factory(
+    "LlamaConfig", "LlamaForCausalLM", _DECODER,
+    """LlamaForCausalLM: RMSNorm, rotate_half RoPE, GQA 4/2 (head_dim 16), SwiGLU -> logits.""")
 
 
-def build_mistral(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                  **config):
-    """MistralForCausalLM: Llama + a sliding window (4 here, 4096 by default) on every layer -> logits."""
-    return _causal_lm("MistralConfig", "MistralForCausalLM", {**_DECODER, "sliding_window": SLIDING_WINDOW},
-                      seed=seed, batch=batch, seq=seq, attn_implementation=attn_implementation, config=config)
+build_mistral = _causal_lm_factory(
+    "MistralConfig", "MistralForCausalLM", {**_DECODER, "sliding_window": SLIDING_WINDOW},
+    """MistralForCausalLM: Llama + a sliding window (4 here, 4096 by default) on every layer -> logits.""")
 
 
-def build_qwen2(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                **config):
-    """Qwen2ForCausalLM: Llama with q/k/v biases (sliding window off, as by default) -> logits."""
-    return _causal_lm("Qwen2Config", "Qwen2ForCausalLM", _DECODER, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+build_qwen2 = _causal_lm_factory(
+    "Qwen2Config", "Qwen2ForCausalLM", _DECODER,
+    """Qwen2ForCausalLM: Llama with q/k/v biases (sliding window off, as by default) -> logits.""")
 
 
-def build_qwen3(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                **config):
-    """Qwen3ForCausalLM: Llama + per-head q_norm/k_norm RMSNorms before RoPE -> logits."""
-    return _causal_lm("Qwen3Config", "Qwen3ForCausalLM", {**_DECODER, "head_dim": 16}, seed=seed, batch=batch,
-                      seq=seq, attn_implementation=attn_implementation, config=config)
+build_qwen3 = _causal_lm_factory(
+    "Qwen3Config", "Qwen3ForCausalLM", {**_DECODER, "head_dim": 16},
+    """Qwen3ForCausalLM: Llama + per-head q_norm/k_norm RMSNorms before RoPE -> logits.""")
 
 
 _GEMMA = {**_DECODER, "head_dim": 32}  # 4 heads x 32 = 128 != hidden 64, as in the real Gemmas
 
 
-def build_gemma(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                **config):
+build_gemma = _causal_lm_factory(
+    "GemmaConfig", "GemmaForCausalLM", _GEMMA,
     """GemmaForCausalLM: (1 + w) RMSNorm, embeddings scaled by sqrt(hidden), GeGLU (tanh GELU), tied lm_head,
-    head_dim 32 -> logits."""
-    return _causal_lm("GemmaConfig", "GemmaForCausalLM", _GEMMA, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+head_dim 32 -> logits.""")
 
 
-def build_gemma2(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                 **config):
+build_gemma2 = _causal_lm_factory(
+    "Gemma2Config", "Gemma2ForCausalLM", {**_GEMMA, "sliding_window": SLIDING_WINDOW, "query_pre_attn_scalar": 64},
     """Gemma2ForCausalLM: layer 0 sliding (window 4), layer 1 global, attention logits soft-capped (50) and final
-    logits soft-capped (30), sandwich norms, query_pre_attn_scalar 64 (scale 1/8, not 1/sqrt(32)) -> logits.
-    Gemma-2 does not support sdpa: its default attention is eager."""
-    return _causal_lm("Gemma2Config", "Gemma2ForCausalLM",
-                      {**_GEMMA, "sliding_window": SLIDING_WINDOW, "query_pre_attn_scalar": 64}, seed=seed,
-                      batch=batch, seq=seq, attn_implementation=attn_implementation, config=config)
+logits soft-capped (30), sandwich norms, query_pre_attn_scalar 64 (scale 1/8, not 1/sqrt(32)) -> logits.
+Gemma-2 does not support sdpa: its default attention is eager.""")
 
 
-def build_gemma3(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                 **config):
+build_gemma3 = _causal_lm_factory(
+    "Gemma3TextConfig", "Gemma3ForCausalLM",
+    {**_GEMMA, "sliding_window": SLIDING_WINDOW, "query_pre_attn_scalar": 32,
+     "layer_types": ["sliding_attention", "full_attention"]},
     """Gemma3ForCausalLM (text only): layer 0 sliding (window 4, local rope theta 1e4), layer 1 global (theta 1e6),
-    per-head (1 + w) q_norm/k_norm, sandwich norms, GeGLU -> logits."""
-    return _causal_lm("Gemma3TextConfig", "Gemma3ForCausalLM",
-                      {**_GEMMA, "sliding_window": SLIDING_WINDOW, "query_pre_attn_scalar": 32,
-                       "layer_types": ["sliding_attention", "full_attention"]},
-                      seed=seed, batch=batch, seq=seq, attn_implementation=attn_implementation, config=config)
+per-head (1 + w) q_norm/k_norm, sandwich norms, GeGLU -> logits.""")
 
 
-def build_phi(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-              **config):
+build_phi = _causal_lm_factory(
+    "PhiConfig", "PhiForCausalLM", _DECODER,
     """PhiForCausalLM: parallel block (one LayerNorm feeds attention and MLP), partial rotary (0.5 of 16),
-    gelu_new MLP, biases everywhere -> logits."""
-    return _causal_lm("PhiConfig", "PhiForCausalLM", _DECODER, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+gelu_new MLP, biases everywhere -> logits.""")
 
 
-def build_phi3(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-               **config):
-    """Phi3ForCausalLM: merged qkv_proj (sliced) and gate_up_proj (chunked), RMSNorm, SwiGLU -> logits."""
-    return _causal_lm("Phi3Config", "Phi3ForCausalLM", _DECODER, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+build_phi3 = _causal_lm_factory(
+    "Phi3Config", "Phi3ForCausalLM", _DECODER,
+    """Phi3ForCausalLM: merged qkv_proj (sliced) and gate_up_proj (chunked), RMSNorm, SwiGLU -> logits.""")
 
 
-def build_gpt2(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-               **config):
-    """GPT2LMHeadModel: learned positions, Conv1D c_attn split in three, LayerNorm, gelu_new, tied lm_head."""
-    defaults = {"vocab_size": VOCAB, "n_positions": POSITIONS, "n_embd": HIDDEN, "n_layer": 2, "n_head": 4,
-                "n_inner": 128, "bos_token_id": 1, "eos_token_id": 2, "initializer_range": INITIALIZER_RANGE}
-    return _causal_lm("GPT2Config", "GPT2LMHeadModel", defaults, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+build_gpt2 = _causal_lm_factory(
+    "GPT2Config", "GPT2LMHeadModel",
+    {"vocab_size": VOCAB, "n_positions": POSITIONS, "n_embd": HIDDEN, "n_layer": 2, "n_head": 4, "n_inner": 128,
+     "bos_token_id": 1, "eos_token_id": 2, "initializer_range": INITIALIZER_RANGE},
+    """GPT2LMHeadModel: learned positions, Conv1D c_attn split in three, LayerNorm, gelu_new, tied lm_head.""")
 
 
-def build_gptj(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-               **config):
+build_gptj = _causal_lm_factory(
+    "GPTJConfig", "GPTJForCausalLM",
+    {"vocab_size": VOCAB, "n_positions": POSITIONS, "n_embd": HIDDEN, "n_layer": 2, "n_head": 4, "n_inner": 128,
+     "rotary_dim": 8, "bos_token_id": 1, "eos_token_id": 2, "initializer_range": INITIALIZER_RANGE},
     """GPTJForCausalLM: parallel block, interleaved (rotate_every_two) partial rotary on 8 of 16 dims, applied in
-    [batch, seq, heads, dim] layout; gelu_new; lm_head with bias."""
-    defaults = {"vocab_size": VOCAB, "n_positions": POSITIONS, "n_embd": HIDDEN, "n_layer": 2, "n_head": 4,
-                "n_inner": 128, "rotary_dim": 8, "bos_token_id": 1, "eos_token_id": 2,
-                "initializer_range": INITIALIZER_RANGE}
-    return _causal_lm("GPTJConfig", "GPTJForCausalLM", defaults, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+[batch, seq, heads, dim] layout; gelu_new; lm_head with bias.""")
 
 
-def build_gpt_neox(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                   **config):
+build_gpt_neox = _causal_lm_factory(
+    "GPTNeoXConfig", "GPTNeoXForCausalLM", {k: v for k, v in _DECODER.items() if k != "num_key_value_heads"},  # no GQA
     """GPTNeoXForCausalLM: parallel residual with two LayerNorms, fused query_key_value viewed per head and
-    chunked, partial rotary 0.25 (4 of 16 dims), exact GELU."""
-    defaults = {k: v for k, v in _DECODER.items() if k != "num_key_value_heads"}  # no GQA
-    return _causal_lm("GPTNeoXConfig", "GPTNeoXForCausalLM", defaults, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+chunked, partial rotary 0.25 (4 of 16 dims), exact GELU.""")
 
 
-def build_stablelm(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                   **config):
-    """StableLmForCausalLM: LayerNorm (with bias), partial rotary 0.25, SwiGLU, sequential residual -> logits."""
-    return _causal_lm("StableLmConfig", "StableLmForCausalLM", _DECODER, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+build_stablelm = _causal_lm_factory(
+    "StableLmConfig", "StableLmForCausalLM", _DECODER,
+    """StableLmForCausalLM: LayerNorm (with bias), partial rotary 0.25, SwiGLU, sequential residual -> logits.""")
 
 
-def build_starcoder2(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                     **config):
-    """Starcoder2ForCausalLM: LayerNorm, biases, full rotary, tanh-GELU MLP (c_fc/c_proj), tied lm_head."""
-    return _causal_lm("Starcoder2Config", "Starcoder2ForCausalLM", _DECODER, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+build_starcoder2 = _causal_lm_factory(
+    "Starcoder2Config", "Starcoder2ForCausalLM", _DECODER,
+    """Starcoder2ForCausalLM: LayerNorm, biases, full rotary, tanh-GELU MLP (c_fc/c_proj), tied lm_head.""")
 
 
-def build_olmo2(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                **config):
+build_olmo2 = _causal_lm_factory(
+    "Olmo2Config", "Olmo2ForCausalLM", _DECODER,
     """Olmo2ForCausalLM: post-norm (norm after attention and after MLP, none before), q_norm/k_norm RMSNorms over
-    the whole q/k projection (64 and 32 wide) before the head split."""
-    return _causal_lm("Olmo2Config", "Olmo2ForCausalLM", _DECODER, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+the whole q/k projection (64 and 32 wide) before the head split.""")
 
 
-def build_cohere(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                 **config):
+build_cohere = _causal_lm_factory(
+    "CohereConfig", "CohereForCausalLM", {**_DECODER, "bos_token_id": 5},
     """CohereForCausalLM: parallel block, bias-free LayerNorm, interleaved RoPE (repeat_interleave cos/sin),
-    logits scaled by logit_scale 0.0625, tied lm_head."""
-    return _causal_lm("CohereConfig", "CohereForCausalLM", {**_DECODER, "bos_token_id": 5}, seed=seed,
-                      batch=batch, seq=seq, attn_implementation=attn_implementation, config=config)
+logits scaled by logit_scale 0.0625, tied lm_head.""")
 
 
-def build_granite(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                  **config):
+build_granite = _causal_lm_factory(
+    "GraniteConfig", "GraniteForCausalLM", {**_DECODER, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                "attention_multiplier": 0.0625, "logits_scaling": 8.0},
     """GraniteForCausalLM: Llama with Granite-3-like multipliers (the defaults are all 1.0): embeddings x12,
-    residual branches x0.22, attention scale 1/head_dim (0.0625) instead of 1/sqrt(head_dim), logits / 8."""
-    defaults = {**_DECODER, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
-                "attention_multiplier": 0.0625, "logits_scaling": 8.0}
-    return _causal_lm("GraniteConfig", "GraniteForCausalLM", defaults, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+residual branches x0.22, attention scale 1/head_dim (0.0625) instead of 1/sqrt(head_dim), logits / 8.""")
 
 
-def build_smollm3(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                  **config):
+build_smollm3 = _causal_lm_factory(
+    "SmolLM3Config", "SmolLM3ForCausalLM", {**_DECODER, "no_rope_layers": [1, 0]},
     """SmolLM3ForCausalLM: layer 0 with RoPE, layer 1 NoPE (no_rope_layers [1, 0]; by default every 4th layer is
-    NoPE), tied lm_head."""
-    return _causal_lm("SmolLM3Config", "SmolLM3ForCausalLM", {**_DECODER, "no_rope_layers": [1, 0]}, seed=seed,
-                      batch=batch, seq=seq, attn_implementation=attn_implementation, config=config)
+NoPE), tied lm_head.""")
 
 
-def build_glm4(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-               **config):
+build_glm4 = _causal_lm_factory(
+    "Glm4Config", "Glm4ForCausalLM", {**_DECODER, "head_dim": 16},
     """Glm4ForCausalLM: four RMSNorms per layer (sandwich), qkv biases, interleaved partial rotary (0.5),
-    merged gate_up_proj chunked in two."""
-    return _causal_lm("Glm4Config", "Glm4ForCausalLM", {**_DECODER, "head_dim": 16}, seed=seed, batch=batch,
-                      seq=seq, attn_implementation=attn_implementation, config=config)
+merged gate_up_proj chunked in two.""")
 
 
-def build_opt(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-              **config):
+build_opt = _causal_lm_factory(
+    "OPTConfig", "OPTForCausalLM",
+    {"vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 4, "ffn_dim": 128,
+     "max_position_embeddings": POSITIONS, "word_embed_proj_dim": HIDDEN, "pad_token_id": 1, "bos_token_id": 2,
+     "eos_token_id": 2, "init_std": INITIALIZER_RANGE},
     """OPTForCausalLM: learned positions from the mask's cumsum (offset 2), q pre-scaled before the attention call
-    (scale 1.0 there), pre-LayerNorm, ReLU MLP, tied lm_head."""
-    defaults = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "ffn_dim": 128, "max_position_embeddings": POSITIONS, "word_embed_proj_dim": HIDDEN,
-                "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2, "init_std": INITIALIZER_RANGE}
-    return _causal_lm("OPTConfig", "OPTForCausalLM", defaults, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+(scale 1.0 there), pre-LayerNorm, ReLU MLP, tied lm_head.""")
 
 
-def build_bloom(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                **config):
+build_bloom = _causal_lm_factory(
+    "BloomConfig", "BloomForCausalLM",
+    {"vocab_size": VOCAB, "hidden_size": HIDDEN, "n_layer": 2, "n_head": 4, "bos_token_id": 1, "eos_token_id": 2,
+     "pad_token_id": 3, "initializer_range": INITIALIZER_RANGE},
     """BloomForCausalLM: ALiBi (slopes x mask-cumsum positions, added through baddbmm), fused query_key_value
-    viewed as [.., heads, 3, dim], embedding LayerNorm, Bloom's factored tanh GELU. Bloom has only its own
-    attention code (no sdpa)."""
-    defaults = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "n_layer": 2, "n_head": 4, "bos_token_id": 1,
-                "eos_token_id": 2, "pad_token_id": 3, "initializer_range": INITIALIZER_RANGE}
-    return _causal_lm("BloomConfig", "BloomForCausalLM", defaults, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config)
+viewed as [.., heads, 3, dim], embedding LayerNorm, Bloom's factored tanh GELU. Bloom has only its own
+attention code (no sdpa).""")
 
 
 # --- encoders -------------------------------------------------------------------------------------------------
@@ -345,54 +324,43 @@ _BERT = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 128, "
          "num_attention_heads": 4, "max_position_embeddings": POSITIONS, "initializer_range": INITIALIZER_RANGE}
 
 
-def build_bert(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-               **config):
-    """BertModel without pooler: post-LayerNorm, exact GELU, bidirectional padding mask -> last_hidden_state."""
-    return _text_encoder("BertConfig", "BertModel", _BERT, seed=seed, batch=batch, seq=seq,
-                         attn_implementation=attn_implementation, config=config,
-                         model_kwargs={"add_pooling_layer": False})
+build_bert = _text_encoder_factory(
+    "BertConfig", "BertModel", _BERT,
+    """BertModel without pooler: post-LayerNorm, exact GELU, bidirectional padding mask -> last_hidden_state.""",
+    model_kwargs={"add_pooling_layer": False})
 
 
-def build_roberta(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                  **config):
-    """RobertaModel without pooler: BERT with positions counted from input_ids != pad (1), starting at pad + 1."""
-    defaults = {**_BERT, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
-    return _text_encoder("RobertaConfig", "RobertaModel", defaults, seed=seed, batch=batch, seq=seq,
-                         attn_implementation=attn_implementation, config=config,
-                         model_kwargs={"add_pooling_layer": False})
+build_roberta = _text_encoder_factory(
+    "RobertaConfig", "RobertaModel", {**_BERT, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+    """RobertaModel without pooler: BERT with positions counted from input_ids != pad (1), starting at pad + 1.""",
+    model_kwargs={"add_pooling_layer": False})
 
 
-def build_distilbert(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                     **config):
-    """DistilBertModel: BERT without token types, post-LayerNorm, exact GELU -> last_hidden_state."""
-    defaults = {"vocab_size": VOCAB, "dim": HIDDEN, "hidden_dim": 128, "n_layers": 2, "n_heads": 4,
-                "max_position_embeddings": POSITIONS, "initializer_range": INITIALIZER_RANGE}
-    return _text_encoder("DistilBertConfig", "DistilBertModel", defaults, seed=seed, batch=batch, seq=seq,
-                         attn_implementation=attn_implementation, config=config)
+build_distilbert = _text_encoder_factory(
+    "DistilBertConfig", "DistilBertModel",
+    {"vocab_size": VOCAB, "dim": HIDDEN, "hidden_dim": 128, "n_layers": 2, "n_heads": 4,
+     "max_position_embeddings": POSITIONS, "initializer_range": INITIALIZER_RANGE},
+    """DistilBertModel: BERT without token types, post-LayerNorm, exact GELU -> last_hidden_state.""")
 
 
-def build_modernbert(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                     **config):
+build_modernbert = _text_encoder_factory(
+    "ModernBertConfig", "ModernBertModel",
+    {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 128, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "max_position_embeddings": POSITIONS, "local_attention": SLIDING_WINDOW,
+     "layer_types": ["full_attention", "sliding_attention"], "initializer_range": INITIALIZER_RANGE,
+     "pad_token_id": 0, "bos_token_id": 1, "cls_token_id": 1, "eos_token_id": 2, "sep_token_id": 2},
     """ModernBertModel: layer 0 global (no attn_norm: Identity), layer 1 sliding (local_attention 4: |i - j| <= 2),
-    bias-free LayerNorm, fused Wqkv unbound in three, RoPE, GeGLU with exact GELU on the first chunk."""
-    defaults = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 128, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "max_position_embeddings": POSITIONS, "local_attention": SLIDING_WINDOW,
-                "layer_types": ["full_attention", "sliding_attention"], "initializer_range": INITIALIZER_RANGE,
-                "pad_token_id": 0, "bos_token_id": 1, "cls_token_id": 1, "eos_token_id": 2, "sep_token_id": 2}
-    return _text_encoder("ModernBertConfig", "ModernBertModel", defaults, seed=seed, batch=batch, seq=seq,
-                         attn_implementation=attn_implementation, config=config)
+bias-free LayerNorm, fused Wqkv unbound in three, RoPE, GeGLU with exact GELU on the first chunk.""")
 
 
-def build_clip_text(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                    **config):
+build_clip_text = _text_encoder_factory(
+    "CLIPTextConfig", "CLIPTextModel",
+    {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 128, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "max_position_embeddings": POSITIONS, "initializer_range": INITIALIZER_RANGE,
+     "initializer_factor": 4.0, "pad_token_id": 1, "bos_token_id": 126, "eos_token_id": 127},
     """CLIPTextModel: causal + padding mask, pre-LayerNorm, quick_gelu -> last_hidden_state (the pooled EOS
-    output is not returned). initializer_factor 4 scales CLIP's own init (its std does not read
-    initializer_range)."""
-    defaults = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 128, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "max_position_embeddings": POSITIONS, "initializer_range": INITIALIZER_RANGE,
-                "initializer_factor": 4.0, "pad_token_id": 1, "bos_token_id": 126, "eos_token_id": 127}
-    return _text_encoder("CLIPTextConfig", "CLIPTextModel", defaults, seed=seed, batch=batch, seq=seq,
-                         attn_implementation=attn_implementation, config=config)
+output is not returned). initializer_factor 4 scales CLIP's own init (its std does not read
+initializer_range).""")
 
 
 def build_vit(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
@@ -435,23 +403,21 @@ def build_whisper_encoder(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ,
 # --- mixture of experts ---------------------------------------------------------------------------------------
 
 
-def build_mixtral(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                  **config):
+build_mixtral = _causal_lm_factory(
+    "MixtralConfig", "MixtralForCausalLM",
+    {**_DECODER, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
     """MixtralForCausalLM: Mistral attention (sliding window off, as by default), 4 experts top-2 (softmax, top-k,
-    renormalised), experts as batched_mm -> logits."""
-    defaults = {**_DECODER, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2}
-    return _causal_lm("MixtralConfig", "MixtralForCausalLM", defaults, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config, experts="batched_mm")
+renormalised), experts as batched_mm -> logits.""",
+    experts="batched_mm")
 
 
-def build_qwen2_moe(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, attn_implementation: str | None = None,
-                    **config):
+build_qwen2_moe = _causal_lm_factory(
+    "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+    {**_DECODER, "intermediate_size": 64, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+     "num_experts": 4, "num_experts_per_tok": 2},
     """Qwen2MoeForCausalLM: Qwen2 attention (qkv bias), 4 routed experts top-2 (not renormalised) plus a shared
-    SwiGLU expert gated by sigmoid(linear), experts as batched_mm -> logits."""
-    defaults = {**_DECODER, "intermediate_size": 64, "moe_intermediate_size": 32,
-                "shared_expert_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2}
-    return _causal_lm("Qwen2MoeConfig", "Qwen2MoeForCausalLM", defaults, seed=seed, batch=batch, seq=seq,
-                      attn_implementation=attn_implementation, config=config, experts="batched_mm")
+SwiGLU expert gated by sigmoid(linear), experts as batched_mm -> logits.""",
+    experts="batched_mm")
 
 
 # --- the registry: expected census per architecture -----------------------------------------------------------
