@@ -110,3 +110,4 @@ from opmap.fused import silu  # noqa: E402,F401
 from opmap.fused import swiglu  # noqa: E402,F401
 from opmap.fused import rotary  # noqa: E402,F401
 from opmap.fused import flash_attention  # noqa: E402,F401
+from opmap.fused import fast_gelu  # noqa: E402,F401

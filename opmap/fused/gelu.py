@@ -70,10 +70,13 @@ def _tanh_body(opset: int) -> list[onnx.NodeProto]:
 
 GELU = define(FusedOp(
     name="Gelu", inputs=("x",), outputs=("y",), attributes=(), body=_exact_body, primitive="GeluExt",
-    doc="exact GELU: 0.5 * x * (1 + erf(x / sqrt(2))), fp32 compute"))
+    doc="exact GELU: 0.5 * x * (1 + erf(x / sqrt(2))), fp32 compute", producer="fuse-gelu", family="gelu",
+    likely_causes="exact vs tanh GELU confused (GeluExt 'none' vs GeLU), the erf scale 1/sqrt(2)"))
 GELU_TANH = define(FusedOp(
     name="GeluTanh", inputs=("x",), outputs=("y",), attributes=(), body=_tanh_body, primitive="GeLU",
-    doc="tanh GELU: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), fp32 compute"))
+    doc="tanh GELU: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), fp32 compute",
+    producer="fuse-gelu", family="gelu",
+    likely_causes="tanh vs exact GELU confused, the 0.044715 / sqrt(2/pi) constants (Bloom's factored form)"))
 
 
 @register("Gelu", since=1, domain="mindspore")
