@@ -1,7 +1,12 @@
 """fuse-silu: x * Sigmoid(x) (either operand order) -> mindspore::SiLU.
 
 Refused (the report's check reasons): dtypes other than fp32/fp16/bf16, fp16/bf16 below opset 15 (the
-reference body's CastLike). Not matched: Swish with a slope (x * sigmoid(b * x)), HardSwish.
+reference body's CastLike). Not matched: Swish with a slope (x * sigmoid(b * x)), HardSwish; quick GELU
+x * sigmoid(1.702 x) is fuse-gelu's (mindspore::FastGelu), which runs first.
+
+Coverage: fuse-silu is the first pass of the "gated_mlp" family (passes/coverage.py; candidates and their
+explanation: passes/fuse_swiglu.py). A SiLU on its own is no candidate; silu(gate) * up is, and fuse-swiglu
+takes the SiLU this pass made into Swiglu.
 """
 
 from __future__ import annotations

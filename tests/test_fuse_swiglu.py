@@ -5,6 +5,8 @@ twin verifies."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -219,3 +221,281 @@ def test_zoo_llama_gets_n_swiglu(model, exporter, opset, export_cache, tmp_path_
                       if isinstance(a, str)}
     assert {i.name for i in merged} <= mindir_weights
     assert_verified(report)
+
+
+# --- one merged gate/up projection split into halves (Phi-3, GLM-4) -------------------------------------------
+
+def _named(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Stable node names, as the pipeline gives them (coverage keys its check reasons by node name)."""
+    for k, n in enumerate(model.graph.node):
+        n.name = n.name or f"{n.op_type}_{k}"
+    return model
+
+
+def _halves_graph(split="num_outputs", gate_second=False, up_first=False, bias=False, opset=18,
+                  dtype=TensorProto.FLOAT, sizes=(I, I), width=2 * I, axis=-1, source="matmul", act="sigmoid",
+                  slices=None):
+    """down(act(gate) * up) with gate, up = halves of h = x @ W [+ b] (x[batch, seq, H], W[H, width]) as Phi3MLP /
+    Glm4MLP write it: `gate, up = gate_up_proj(x).chunk(2, dim=-1)`, `up * silu(gate)` (up_first).
+    split: "num_outputs" (dynamo, opset >= 18: Split(h, axis, num_outputs=2)), "sizes" (Split(h, [n, m])),
+    "equal" (before 18: Split(h) into two outputs), "slice" (h[..., :n], h[..., n:] with end INT64_MAX),
+    "slice-2n" (explicit end 2n and negative start -n); `slices` overrides the Slice pair's (start, end) bounds.
+    gate_second: SiLU on the second half. source "matmul", "input" (h is a graph input) or "weight-input" (W a
+    graph input, not a constant)."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(2)
+    # the product's width (the broadcast of the two parts), which the down projection takes
+    if split == "sizes":
+        p_width = max(sizes)
+    elif slices is not None:
+        p_width = max(e - s for s, e in slices)
+    else:
+        p_width = (width + 1) // 2
+    w = {"w": rng.standard_normal((H, width)) * 0.3, "b": rng.standard_normal(width) * 0.1,
+         "wd": rng.standard_normal((p_width, H)) * 0.3}
+    inits = [numpy_helper.from_array(v.astype(np_dtype), k) for k, v in w.items()
+             if (bias or k != "b") and (source == "matmul" or k != "w")]
+    inputs = [helper.make_tensor_value_info("x", dtype, ["batch", "seq", H])]
+    nodes = []
+    if source == "input":
+        inputs = [helper.make_tensor_value_info("h", dtype, ["batch", "seq", width])]
+    else:
+        if source == "weight-input":
+            inputs.append(helper.make_tensor_value_info("w", dtype, [H, width]))
+        nodes.append(helper.make_node("MatMul", ["x", "w"], ["h0" if bias else "h"]))
+        if bias:
+            nodes.append(helper.make_node("Add", ["h0", "b"], ["h"]))
+    first, second = ("a", "b_") if not gate_second else ("b_", "a")  # a = gate
+    if split == "num_outputs":
+        nodes.append(helper.make_node("Split", ["h"], [first, second], axis=axis, num_outputs=2))
+    elif split == "sizes":
+        inits.append(numpy_helper.from_array(np.array(sizes, np.int64), "sizes"))
+        nodes.append(helper.make_node("Split", ["h", "sizes"], [first, second], axis=axis))
+    elif split == "equal":
+        nodes.append(helper.make_node("Split", ["h"], [first, second], axis=axis))
+    else:
+        n = width // 2
+        bounds = {"s0": [0], "e0": [n], "s1": [n], "e1": [2**63 - 1], "ax": [axis]}
+        if split == "slice-2n":
+            bounds.update(s1=[-n], e1=[2 * n])
+        if slices is not None:
+            (s0, e0), (s1, e1) = slices
+            bounds.update(s0=[s0], e0=[e0], s1=[s1], e1=[e1])
+        inits += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in bounds.items()]
+        nodes += [helper.make_node("Slice", ["h", "s0", "e0", "ax"], [first]),
+                  helper.make_node("Slice", ["h", "s1", "e1", "ax"], [second])]
+    if act == "sigmoid":
+        nodes += [helper.make_node("Sigmoid", ["a"], ["s"]), helper.make_node("Mul", ["a", "s"], ["silu"])]
+    else:  # GeGLU with the tanh GELU (Gemma-style), dynamo's spelling
+        inits += [numpy_helper.from_array(np.array(v, np_dtype), k) for k, v in
+                  (("three", 3.0), ("coeff", 0.044715), ("s2pi", math.sqrt(2 / math.pi)), ("one", 1.0),
+                   ("half", 0.5))]
+        nodes += [helper.make_node("Pow", ["a", "three"], ["a3"]), helper.make_node("Mul", ["coeff", "a3"], ["ca3"]),
+                  helper.make_node("Add", ["a", "ca3"], ["in"]), helper.make_node("Mul", ["s2pi", "in"], ["arg"]),
+                  helper.make_node("Tanh", ["arg"], ["t"]), helper.make_node("Add", ["t", "one"], ["op"]),
+                  helper.make_node("Mul", ["half", "op"], ["hop"]), helper.make_node("Mul", ["a", "hop"], ["silu"])]
+    nodes += [helper.make_node("Mul", ["b_", "silu"] if up_first else ["silu", "b_"], ["p"]),
+              helper.make_node("MatMul", ["p", "wd"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", inputs, [helper.make_tensor_value_info("y", dtype, ["batch", "seq", H])],
+                          inits)
+    return _named(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
+
+
+def _coverage(model: onnx.ModelProto, spec: str):
+    """(pass -> count, coverage report, skip reasons, fused model with function bodies) of `spec` on `model`."""
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True))
+    pm = passes.PassManager(spec)
+    counts = pm.run(m)
+    fused = onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(m)), data_prop=True)
+    return counts, pm.coverage, pm.skipped, fused
+
+
+HALVES = [
+    dict(),  # dynamo at opset 18+: Split(num_outputs=2), silu(gate) * up
+    dict(up_first=True),  # Phi3MLP / Glm4MLP: up * silu(gate)
+    dict(split="sizes", opset=17),  # Split(h, [I, I]) (opset 13-17 exports, TorchScript's chunk)
+    dict(split="sizes", opset=14, up_first=True),
+    dict(split="equal", opset=13),
+    dict(split="slice"),
+    dict(split="slice-2n", opset=17, up_first=True),
+    dict(bias=True),
+    dict(opset=23, up_first=True),
+    dict(dtype=TensorProto.FLOAT16),
+    dict(source="input"),  # any tensor's halves: no projection needed
+    dict(axis=2),  # the last axis named positively
+]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("spelling", HALVES, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "plain")
+def test_halves_of_one_projection_fuse_without_a_weight_merge(spelling, pipeline):
+    original = _halves_graph(**spelling)
+    counts, coverage, _, fused = _coverage(original, pipeline)
+    assert counts["fuse-swiglu"] == 1
+    ops = [n.op_type for n in fused.graph.node if n.op_type != "Constant"]
+    projection = [] if spelling.get("source") == "input" else ["MatMul"] + (["Add"] if spelling.get("bias") else [])
+    assert ops == projection + ["Swiglu", "MatMul"]
+    (swiglu,) = fused_nodes(fused, "Swiglu")
+    assert helper.get_attribute_value(swiglu.attribute[0]) == -1
+    # Swiglu reads h itself: the graph input, or the projection's (last) output.
+    producers = {o: n for n in fused.graph.node for o in n.output}
+    assert (swiglu.input[0] == "h" if not projection else producers[swiglu.input[0]].op_type == projection[-1])
+    # Nothing merged: the projection's weight is the one it was.
+    inits = {i.name for i in fused.graph.initializer}
+    assert not any(name.endswith(("_gate_up", "_halves_swapped")) for name in inits)
+    assert spelling.get("source") == "input" or "w" in inits
+    assert coverage["gated_mlp"]["candidates"] == coverage["gated_mlp"]["fused"] == 1
+    tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
+    assert_same_numerics(original, fused, tol, tol)
+
+
+SWAPPED = [dict(), dict(up_first=True), dict(bias=True), dict(split="sizes", opset=17), dict(split="slice"),
+           dict(split="slice", bias=True, up_first=True)]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("spelling", SWAPPED, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "plain")
+def test_silu_of_the_second_half_swaps_the_halves_in_the_weight(spelling, pipeline):
+    """silu(second) * first = Swiglu over h with its halves swapped: the projection's output columns are
+    permuted ([n:2n] then [0:n]) in a new weight, and the numbers stay equal."""
+    original = _halves_graph(gate_second=True, **spelling)
+    counts, _, _, fused = _coverage(original, pipeline)
+    assert counts["fuse-swiglu"] == 1
+    inits = {i.name: numpy_helper.to_array(i) for i in fused.graph.initializer}
+    src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    assert "w" not in inits
+    np.testing.assert_array_equal(inits["w_halves_swapped"], np.concatenate([src["w"][:, I:], src["w"][:, :I]], 1))
+    if spelling.get("bias"):
+        assert "b" not in inits
+        np.testing.assert_array_equal(inits["b_halves_swapped"], np.concatenate([src["b"][I:], src["b"][:I]]))
+    assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == \
+        ["MatMul"] + (["Add"] if spelling.get("bias") else []) + ["Swiglu", "MatMul"]
+    assert_same_numerics(original, fused)
+
+
+def test_halves_ascend_lowering_and_cpu_twin(tmp_path):
+    """The swapped-halves form through MindSpore: Swiglu(h, -1) in the ascend MindIR, the cpu twin verifies."""
+    p = tmp_path / "mlp.onnx"
+    onnx.save(_halves_graph(gate_second=True, up_first=True), p)
+    report = graphconv.compile(p, tmp_path / "mlp.mindir", simplify=False, passes="fuse-silu,fuse-swiglu")
+    assert report.fusions == {"fuse-silu": 1, "fuse-swiglu": 1} and report.census.get("Swiglu") == 1
+    assert "Sigmoid" not in report.census and "SiLU" not in report.census
+    assert [c[1] for c in primitive_args(tmp_path / "mlp.mindir", "Swiglu")] == [-1]
+    assert_verified(report, 1e-5)
+
+
+# name -> (graph, reason in the skip list and in the coverage item of the candidate Mul)
+HALVES_NEAR_MISSES = {
+    "unequal Split sizes": (dict(split="sizes", sizes=(1, 2 * I - 1), opset=17),
+                            "Split into halves of sizes 1 and 63: Swiglu splits into two equal halves"),
+    "odd width, num_outputs=2": (dict(width=3, split="num_outputs"),
+                                 "Split(num_outputs=2) of an axis of odd size 3 makes halves of 2 and 1"),
+    "Slices that are not the halves": (dict(split="slice", width=2 * I + 8, slices=((0, I), (I, 2 * I))),
+                                       "Slices [0, 32) (gate) and [32, 64) (up) of an axis of size 72 are not its "
+                                       "two equal halves"),
+    "swapped halves of a graph input": (dict(gate_second=True, source="input"),
+                                        "SiLU gates the second half, Swiglu the first"),
+    "swapped halves, weight not a constant": (dict(gate_second=True, source="weight-input"),
+                                              "SiLU gates the second half, Swiglu the first"),
+    "fp16 below opset 15": (dict(dtype=TensorProto.FLOAT16, opset=14, split="sizes"), "below opset 15"),
+}
+
+
+@pytest.mark.parametrize("name", HALVES_NEAR_MISSES)
+def test_halves_near_misses_do_not_fuse_and_say_why(name):
+    kwargs, reason = HALVES_NEAR_MISSES[name]
+    counts, coverage, skipped, fused = _coverage(_halves_graph(**kwargs), "fuse-silu,fuse-swiglu")
+    assert counts["fuse-swiglu"] == 0 and not fused_nodes(fused, "Swiglu")
+    mlp = coverage["gated_mlp"]
+    assert mlp["candidates"] == 1 and mlp["fused"] == 0
+    assert any(reason in item["reason"] for item in mlp["items"]), mlp
+
+
+def test_a_split_along_another_axis_is_refused():
+    """Swiglu is fused over the last axis only: halves along axis 1 of h[batch, 4, 2I] stay unfused."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((H, 2 * I)) * 0.3).astype(np.float32), "w")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Split", ["h"], ["a", "b"], axis=1, num_outputs=2),
+             helper.make_node("Sigmoid", ["a"], ["s"]), helper.make_node("Mul", ["a", "s"], ["silu"]),
+             helper.make_node("Mul", ["silu", "b"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 2 * I])], inits)
+    model = _named(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    counts, coverage, _, _ = _coverage(model, "fuse-silu,fuse-swiglu")
+    assert counts["fuse-swiglu"] == 0
+    assert [i["reason"] for i in coverage["gated_mlp"]["items"]] == [
+        "Split along axis 1, not the last: Swiglu is fused over the last axis only"]
+
+
+@pytest.mark.parametrize("form", ["separate", "halves"])
+def test_geglu_is_refused_because_mindspore_has_no_geglu(form):
+    """gelu(gate) * up: the tanh GELU fuses to GeluTanh, the Mul stays, and gated_mlp coverage says why."""
+    model = _named(_mlp_graph(act="gelu")) if form == "separate" else _halves_graph(act="gelu", up_first=True)
+    counts, coverage, _, fused = _coverage(model, "fuse-gelu,fuse-silu,fuse-swiglu")
+    assert counts["fuse-gelu"] == 1 and counts["fuse-swiglu"] == 0
+    kind = "GELU (exact erf)" if form == "separate" else "GELU (tanh approximation)"
+    assert [i["reason"] for i in coverage["gated_mlp"]["items"]] == [
+        f"the gate's activation is {kind}: MindSpore has no GeGLU primitive (the GELU is fused on its own)"]
+    assert_same_numerics(model, fused)
+
+
+def test_projections_of_different_inputs_are_explained():
+    counts, coverage, _, _ = _coverage(_named(_mlp_graph(shared_x=False)), "fuse-silu,fuse-swiglu")
+    assert counts["fuse-swiglu"] == 0
+    assert [i["reason"] for i in coverage["gated_mlp"]["items"]] == [
+        "the gate and up projections read different inputs (nothing to merge into one MatMul)"]
+
+
+# --- real exports of merged gate/up projections ----------------------------------------------------------------
+
+ARCH = "models.architectures:build_{}"
+
+
+@pytest.mark.parametrize("arch,opset", [
+    ("phi3", 18),
+    pytest.param("phi3", 23, marks=pytest.mark.slow),
+    pytest.param("glm4", 18, marks=pytest.mark.slow),
+    pytest.param("glm4", 23, marks=pytest.mark.slow),
+])
+def test_real_export_merged_gate_up_gets_one_swiglu_per_layer(arch, opset, export_cache, tmp_path_factory):
+    """Phi-3 / GLM-4: gate_up_proj(x).chunk(2) then up * silu(gate) (the gate is the FIRST chunk, modeling_phi3.py
+    / modeling_glm4.py); dynamo writes Split(num_outputs=2) (opsets 17->18, 18, 23). Swiglu over gate_up_proj's
+    output, one per layer, the weight untouched."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("models.architectures")
+    from test_fuse_gelu import fused_equals_unfused
+
+    n_layers = 2
+    path = export_cache(ARCH.format(arch), opset, "dynamo")
+    counts = fused_equals_unfused(path)
+    assert counts["fuse-silu"] == counts["fuse-swiglu"] == n_layers
+    report, mindir, fused = zoo_compile(export_cache, tmp_path_factory, ARCH.format(arch), opset, "dynamo")
+    assert report.fusions["fuse-swiglu"] == n_layers
+    assert report.census.get("Swiglu") == n_layers
+    assert not any(k in report.census for k in ("Sigmoid", "SiLU", "Split"))
+    mlp = report.coverage["gated_mlp"]
+    assert mlp["candidates"] == mlp["fused"] == n_layers, mlp
+    # No weight was merged or permuted: each Swiglu reads MatMul(x, W) with W [hidden 64, 2 x intermediate 128]
+    # of the export.
+    assert not any(i.name.endswith(("_gate_up", "_halves_swapped")) for i in fused.graph.initializer)
+    producers = {o: n for n in fused.graph.node for o in n.output}
+    exported = {i.name for i in onnx.load(path).graph.initializer}
+    shapes = {i.name: list(i.dims) for i in fused.graph.initializer}
+    for swiglu in fused_nodes(fused, "Swiglu"):
+        mm = producers[swiglu.input[0]]
+        assert mm.op_type == "MatMul" and mm.input[1] in exported and shapes[mm.input[1]] == [64, 256]
+    assert [c[1] for c in primitive_args(mindir, "Swiglu")] == [-1] * n_layers
+    assert_verified(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma", "modernbert"])
+def test_real_export_geglu_is_refused_with_the_reason(arch, export_cache, tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip("models.architectures")
+    report, _, _ = zoo_compile(export_cache, tmp_path_factory, ARCH.format(arch), 18, "dynamo")
+    kind = "GELU (tanh approximation)" if arch == "gemma" else "GELU (exact erf)"
+    assert report.coverage["gated_mlp"]["refused"] == {
+        f"the gate's activation is {kind}: MindSpore has no GeGLU primitive (the GELU is fused on its own)": 2}
+    assert report.fusions["fuse-swiglu"] == 0 and "Swiglu" not in report.census

@@ -26,7 +26,8 @@ def _body(opset: int) -> list[onnx.NodeProto]:
 
 
 SILU = define(FusedOp(name="SiLU", inputs=("x",), outputs=("y",), attributes=(), body=_body, primitive="SiLU",
-                      doc=__doc__))
+                      doc=__doc__, producer="fuse-silu", family="gated_mlp",
+                      likely_causes="a Swish slope (x * sigmoid(b x), b != 1) taken for SiLU"))
 
 
 @register("SiLU", since=1, domain="mindspore")

@@ -36,7 +36,9 @@ def _body(opset: int) -> list[onnx.NodeProto]:
 
 
 SWIGLU = define(FusedOp(name="Swiglu", inputs=("x",), outputs=("y",), attributes=("dim",), body=_body,
-                        primitive="Swiglu", doc=__doc__))
+                        primitive="Swiglu", doc=__doc__, producer="fuse-swiglu", family="gated_mlp",
+                        likely_causes="the half order (SiLU takes the FIRST half), the merged [gate ; up] weight, "
+                                      "the split axis"))
 
 
 @register("Swiglu", since=1, domain="mindspore")
