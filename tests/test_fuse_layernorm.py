@@ -237,3 +237,138 @@ def test_zoo_gets_2n_plus_1_layernorm(model, exporter, opset, export_cache, tmp_
     assert sorted(c[5] for c in calls) == pytest.approx(record, rel=1e-6)
     assert record == pytest.approx([1e-5 if "gpt2" in model else 1e-12] * n, rel=1e-6)
     assert_verified(report)
+
+
+# --- a bias-free LayerNorm computed in an fp32 island with the weight inside (Cohere) -------------------------
+
+def _cohere_graph(dtype=TensorProto.FLOAT16, bias=False, gamma_first=True, opset=18, exact_gamma=True,
+                  cast_back=None, eps=EPS):
+    """CohereLayerNorm.forward as dynamo writes it for a low-precision model (measured on a bf16
+    CohereForCausalLM): Cast(x, fp32); mean; (x - mean)^2 mean; (x - mean) * Reciprocal(Sqrt(var + eps));
+    gamma32 * that (gamma32: an fp32 initializer, onnxsim's fold of Cast(gamma16, fp32)); Cast back to x's dtype.
+    (ModernBERT's nn.LayerNorm(bias=False) is a native LayerNormalization without B: NATIVE's bias=False.)
+    exact_gamma False: gamma32 holds values the low-precision dtype cannot represent."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(4)
+    gamma = (1 + 0.1 * rng.standard_normal(H)).astype(np_dtype).astype(np.float32)
+    if not exact_gamma:
+        gamma = gamma + np.float32(1e-4)
+    beta = (0.1 * rng.standard_normal(H)).astype(np_dtype).astype(np.float32)
+    inits = [numpy_helper.from_array(gamma, "gamma32"), numpy_helper.from_array(beta, "beta32"),
+             numpy_helper.from_array(np.array(eps, np.float32), "eps"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    m = helper.make_node
+
+    def mean(src, dst):
+        if opset >= 18:
+            return [m("Constant", [], [f"ax_{dst}"], value_ints=[-1]),
+                    m("ReduceMean", [src, f"ax_{dst}"], [dst], keepdims=1)]
+        return [m("ReduceMean", [src], [dst], axes=[-1], keepdims=1)]
+
+    nodes = [m("Cast", ["x"], ["x32"], to=TensorProto.FLOAT), *mean("x32", "mu"), m("Sub", ["x32", "mu"], ["d"]),
+             m("Pow", ["d", "two"], ["d2"]), *mean("d2", "var"), m("Add", ["var", "eps"], ["ve"]),
+             m("Sqrt", ["ve"], ["std"]), m("Reciprocal", ["std"], ["r"]), m("Mul", ["d", "r"], ["n"]),
+             m("Mul", ["gamma32", "n"] if gamma_first else ["n", "gamma32"], ["s"])]
+    if bias:
+        nodes.append(m("Add", ["s", "beta32"], ["s2"]))
+    else:
+        inits = [i for i in inits if i.name != "beta32"]
+    nodes.append(m("Cast", ["s2" if bias else "s"], ["y"], to=cast_back or dtype))
+    g = helper.make_graph(nodes, "cohere_ln", [helper.make_tensor_value_info("x", dtype, ["batch", "seq", H])],
+                          [helper.make_tensor_value_info("y", cast_back or dtype, ["batch", "seq", H])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    for k, n in enumerate(model.graph.node):
+        n.name = f"{n.op_type}_{k}"
+    return model
+
+
+COHERE = [dict(), dict(gamma_first=False), dict(bias=True), dict(opset=17), dict(dtype=TensorProto.BFLOAT16),
+          dict(dtype=TensorProto.BFLOAT16, bias=True, opset=23), dict(dtype=TensorProto.FLOAT)]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("spelling", COHERE, ids=lambda s: _id(s) or "fp16")
+def test_weight_inside_the_fp32_island_fuses(spelling, pipeline):
+    """LayerNorm takes gamma (beta) in x's dtype: the fp32 weights are converted, exactly (they came from that
+    dtype), and beta is zeros when there is none; the numbers equal the unfused graph's."""
+    original = _cohere_graph(**spelling)
+    count, fused, _ = fuse_through(original, pipeline)
+    assert count == 1
+    (ln,) = fused_nodes(fused)
+    assert ln.op_type == "LayerNorm"
+    assert helper.get_attribute_value(ln.attribute[0]) == pytest.approx(EPS)
+    assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == ["LayerNorm"]
+    dtype = spelling.get("dtype", TensorProto.FLOAT16)
+    inits = {i.name: i for i in fused.graph.initializer}
+    consts = {n.output[0]: n.attribute[0].t for n in fused.graph.node if n.op_type == "Constant"}
+    src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    gamma = inits.get(ln.input[1]) or consts[ln.input[1]]
+    assert gamma.data_type == dtype
+    np.testing.assert_array_equal(numpy_helper.to_array(gamma).astype(np.float32), src["gamma32"])
+    beta = numpy_helper.to_array(inits.get(ln.input[2]) or consts[ln.input[2]]).astype(np.float32)
+    np.testing.assert_array_equal(beta, src["beta32"] if spelling.get("bias") else np.zeros(H, np.float32))
+    # Equal up to the low-precision rounding of the output (and fp32 reordering); ORT has no bf16 CPU kernels
+    # for some body ops, the oracle falls back to onnx.reference there.
+    tol = 1e-5 if dtype == TensorProto.FLOAT else 1e-2
+    assert_same_numerics(original, fused, tol, tol)
+
+
+COHERE_NEAR_MISSES = {
+    "gamma not representable in fp16": (dict(exact_gamma=False), "cannot represent exactly"),
+    "cast to another dtype than x's": (dict(cast_back=TensorProto.FLOAT), "not back to x's"),
+}
+
+
+@pytest.mark.parametrize("name", COHERE_NEAR_MISSES)
+def test_weight_inside_the_island_near_misses(name):
+    kwargs, reason = COHERE_NEAR_MISSES[name]
+    import onnx_ir as ir
+
+    import passes
+
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(_cohere_graph(**kwargs), data_prop=True))
+    pm = passes.PassManager("fuse-layernorm")
+    assert pm.run(m)["fuse-layernorm"] == 0
+    norm = pm.coverage["norm"]
+    assert norm["candidates"] == 1 and norm["fused"] == 0  # the variance's ReduceMean (of a square)
+    assert any(reason in r for r in pm.skipped["fuse-layernorm"]), pm.skipped
+    assert any(reason in item["reason"] for item in norm["items"]), norm
+
+
+# --- real exports of bias-free LayerNorms ---------------------------------------------------------------------
+
+ARCH = "models.architectures:build_{}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,opset,n", [
+    ("cohere", 18, 3),  # CohereLayerNorm: input_layernorm per (parallel) layer + final norm, decomposed in fp32
+    ("cohere", 23, 3),
+    ("modernbert", 18, 5),  # nn.LayerNorm(bias=False): LayerNormalization without B; embeddings + 3 + final
+    ("modernbert", 23, 5),
+])
+def test_real_export_bias_free_layernorm(arch, opset, n, export_cache, tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip("models.architectures")
+    from test_fuse_gelu import fused_equals_unfused
+
+    path = export_cache(ARCH.format(arch), opset, "dynamo")
+    assert fused_equals_unfused(path)["fuse-layernorm"] == n
+    report, mindir, fused = zoo_compile(export_cache, tmp_path_factory, ARCH.format(arch), opset, "dynamo")
+    assert report.fusions["fuse-layernorm"] == n and report.census.get("LayerNorm") == n
+    assert not any(k in report.census for k in ("Sqrt", "Reciprocal", "ReduceMean", "RmsNorm"))
+    norm = report.coverage["norm"]
+    assert norm["fused"] == norm["candidates"], norm
+    # beta = zeros: a constant of the normalised size in every LayerNorm, gamma the model's weight.
+    lns = fused_nodes(fused, "LayerNorm")
+    consts = {nd.output[0]: numpy_helper.to_array(nd.attribute[0].t) for nd in fused.graph.node
+              if nd.op_type == "Constant"}
+    inits = {i.name: numpy_helper.to_array(i) for i in fused.graph.initializer}
+    for ln in lns:
+        beta = consts.get(ln.input[2], inits.get(ln.input[2]))
+        assert beta is not None and beta.shape == (64,) and not beta.any()
+        assert "norm" in ln.input[1] or ln.input[1] in inits
+    calls = primitive_args(mindir, "LayerNorm")
+    assert [c[3:5] for c in calls] == [[-1, -1]] * n
+    assert sorted(c[5] for c in calls) == pytest.approx([1e-5] * n, rel=1e-6)
+    assert_verified(report)

@@ -54,7 +54,9 @@ def _body(opset: int) -> list[onnx.NodeProto]:
 
 LAYER_NORM = define(FusedOp(
     name="LayerNorm", inputs=("x", "gamma", "beta"), outputs=("y",), attributes=("epsilon",), body=_body,
-    primitive="LayerNorm", doc=__doc__))
+    primitive="LayerNorm", doc=__doc__, producer="fuse-layernorm", family="norm",
+    likely_causes="epsilon (MindSpore's nn.LayerNorm defaults to 1e-7), the normalised axes, the zero beta of a "
+                  "bias-free LayerNorm, gamma converted to x's dtype from an fp32 island"))
 
 
 @register("LayerNorm", since=1, domain="mindspore")
