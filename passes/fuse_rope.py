@@ -12,10 +12,22 @@ Spellings matched (Add and both Muls with their operands in either order):
   partial rotary         x = x_full[..., :rot_dim] is rotated with D = rot_dim; the Slice and the Concat with
                          the pass-through part stay around the fused node (NeoX, Phi, GPT-J)
 cos/sin of rank < 4 (e.g. (S, D) from models/llama.py) broadcast exactly like their Unsqueeze to rank 4, which
-the rewrite inserts (one per cos/sin value, shared by every fused node that reads it).
+the rewrite inserts (one per cos/sin value, shared by every fused node that reads it). cos/sin may come from
+anywhere: computed from inv_freq and positions (transformers' default), or gathered by position ids from a
+constant cos/sin cache (GPT-J's embed_positions sincos table, older Llama's cos_cached[position_ids]).
+
+Mode 1 also needs cos[2i] = cos[2i+1] (and the same for sin; FUSED_OPS.md), which is proved from the graph
+(`repeated_pairs`) or the fusion is refused: a constant is compared; repeat_interleave(f, 2, -1) as the exporters
+write it (Unsqueeze(-1), Expand of the new size-1 axis to 2, Reshape merging the last two axes) creates the
+property; elementwise ops (Cos, Sin, Cast, Mul by a scalar or by another such value), reshapes to an even last
+dim, Gather/GatherND/Slice/Split/Transpose/Concat that keep the last axis or cut it at even offsets keep it.
+GPT-J (sincos table gathered, split into sin and cos, each repeat_interleaved), Cohere (repeat_interleave of the
+frequencies) and GLM-4 (cos[..., :half].repeat_interleave(2)) are proved this way; cat(f, f) (the rotate_half
+layout) or a graph input is refused with the reason.
 
 Refused (the report's check reasons): x not 4-D, D not static, odd, or >= 896; a dtype other than fp16/bf16/fp32
 or cos/sin of another dtype than x (fp16/bf16 also below opset 15, where the reference body has no CastLike);
+mode 1 with cos/sin whose pairs are not provably equal;
 Slice/Split/Concat/Reshape parameters that do not take exactly the halves or pairs of the last axis; cos/sin
 shapes RotaryPositionEmbedding does not accept: with x read as BNSD, cos/sin must be 11SD, B1SD or BNSD in mode
 0 and 11SD only in mode 1 (BSND: 1S1D, BS1D, BSND / mode 1 1S1D; SBND: S11D, SB1D, SBND / mode 1 S11D), and a
@@ -25,8 +37,17 @@ Dims are compared by value where static and by symbol otherwise. TorchScript exp
 fresh name (cos's seq and q's seq are then `unk__0` and `unk__14`); for those, onnxruntime's symbolic shape
 inference (no auto-merge) is run once on a weight-less copy of the graph and its symbols are compared instead:
 they are equal when the dims derive from the same shape arithmetic (or the model could not run otherwise).
-Not matched: the half-length forms (x1*cos - x2*sin, x2*cos + x1*sin, then Concat), complex-number RoPE, and
-ONNX's own RotaryEmbedding op (opset 23). MindSpore's `ApplyRotaryPosEmb` (q and k together) is never emitted.
+
+Coverage candidates (family "rotary", passes/coverage.py): every Neg whose result reaches a Concat within two
+shape-only ops (rotate_half's concat(-x2, x1), the interleaved stack(-x[1::2], x[0::2])), and every opset-23
+RotaryEmbedding. One left unfused with no check reason is explained by `explain` below: the rotation the other
+way (concat(x1, -x2), stack(x[0::2], -x[1::2])), halves from different tensors, a negated value that is no slice
+of x, no rot(x) * sin, a Sub instead of the Add, x * cos of another tensor, RotaryEmbedding with position_ids.
+
+Opset 23's RotaryEmbedding (what dynamo writes at opset 23) fuses as mode 0 when x is 4-D, not interleaved, fully
+rotated and without position_ids (NativeRotaryEmbedding below).
+Not matched: the half-length forms (x1*cos - x2*sin, x2*cos + x1*sin, then Concat), complex-number RoPE.
+MindSpore's `ApplyRotaryPosEmb` (q and k together) is never emitted.
 """
 
 from __future__ import annotations
@@ -36,7 +57,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from passes import match
+from passes import coverage, match
 from passes.manager import rewrite_pass
 from passes.shapes import _snapshot, _symbolic_shapes  # noqa: F401  (tests patch them here)
 
@@ -167,6 +188,165 @@ def _last_axis(axis: int | None, rank: int) -> bool:
     return axis is not None and axis % rank == rank - 1
 
 
+# --- mode 1's cos/sin: each angle repeated twice along the last axis -------------------------------------------
+# RotaryPositionEmbedding mode 1 takes cos/sin with cos[2i] = cos[2i+1] (FUSED_OPS.md); the kernel may read one of
+# each pair. That is proved on the graph, never assumed: a value has *repeated pairs* when its last dim is even
+# and v[..., 2i] = v[..., 2i+1]. Since the last dim is even, that is the same as flat[2m] = flat[2m+1] in row-major
+# order, which every reshape keeps.
+_PAIR_UNARY = {"Cos", "Sin", "Cast", "Neg", "Identity", "Sqrt", "Reciprocal", "Exp", "Abs", "Relu", "Sigmoid",
+               "Tanh", "Erf", "Floor", "Ceil", "Round", "Sign"}
+_PAIR_BINARY = {"Mul", "Add", "Sub", "Div", "Pow", "Max", "Min"}
+_PAIR_RESHAPES = {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+_PAIR_DEPTH = 48
+
+
+def _last_dim(value: ir.Value) -> int | None:
+    rank = _rank(value)
+    return None if not rank else FACTS.static(value, rank - 1)
+
+
+def _broadcast_over_last(value: ir.Value | None) -> bool:
+    """The value is the same along the last axis of the result it takes part in (rank 0, or last dim 1)."""
+    if value is None:
+        return False
+    c = match.const_value(value)
+    if c is not None and (c.ndim == 0 or c.shape[-1] == 1):
+        return True
+    rank = _rank(value)
+    return rank == 0 or (rank is not None and FACTS.static(value, rank - 1) == 1)
+
+
+def repeated_pairs(value: ir.Value, memo: dict | None = None, depth: int = _PAIR_DEPTH) -> str | None:
+    """None when value[..., 2i] = value[..., 2i+1] is proved from the graph, else why it is not (the value at
+    which the proof stopped). The rules: constants are compared; elementwise ops keep the property when each
+    operand has it or is constant along the last axis; Expand of a last-dim-1 tensor to an even last dim
+    creates it (repeat_interleave: Unsqueeze(-1), Expand(..., 2), Reshape); reshapes to an even last dim, and
+    Gather/GatherND/Slice/Split/Transpose/Concat that keep the last axis (or cut it at even offsets) keep it."""
+    memo = {} if memo is None else memo
+    key = id(value)
+    if key not in memo:
+        memo[key] = f"{value.name} is too far from where its values are made"  # also breaks cycles
+        memo[key] = _repeated_pairs(value, memo, depth)
+    return memo[key]
+
+
+def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
+    name = v.name or "a value"
+    c = match.const_value(v)
+    if c is not None:
+        if c.ndim == 0 or c.shape[-1] % 2:
+            return f"the constant {name} has an odd last dim"
+        return None if np.array_equal(c[..., 0::2], c[..., 1::2]) else \
+            f"the constant {name} does not repeat its values in pairs along the last axis"
+    last = _last_dim(v)
+    if last is None or last % 2:
+        return f"{name}'s last dim ({_show(v, _rank(v) - 1) if _rank(v) else '?'}) is not static and even"
+    node = v.producer()
+    if node is None:
+        return f"{name} is a graph input (nothing is known about its values)"
+    if node.domain not in match.STANDARD_DOMAINS:
+        return f"{name} is made by {node.domain}::{node.op_type}"
+    if depth == 0:
+        return f"{name} is too far from where its values are made"
+    op, rank_out = node.op_type, _rank(v)
+
+    def rec(x):
+        return repeated_pairs(x, memo, depth - 1) if x is not None else f"{op} without an input"
+
+    def keeps_last(axis_attr_or_value, rank):
+        return axis_attr_or_value is not None and rank and axis_attr_or_value % rank != rank - 1
+
+    if op in _PAIR_UNARY or op == "CastLike":
+        return rec(node.inputs[0])
+    if op in _PAIR_BINARY:
+        for x in node.inputs:
+            if _broadcast_over_last(x):
+                continue
+            if _last_dim(x) != last:
+                return f"{op} {name} broadcasts an operand of last dim {_last_dim(x)} to {last}"
+            why = rec(x)
+            if why:
+                return why
+        return None
+    if op in _PAIR_RESHAPES:
+        return rec(node.inputs[0])  # flat order kept; the output's last dim is even (checked above)
+    if op == "Expand":
+        if _broadcast_over_last(node.inputs[0]):
+            return None  # each element copied along an even last axis: repeat_interleave's Expand
+        if _last_dim(node.inputs[0]) == last:
+            return rec(node.inputs[0])
+        return f"Expand {name} repeats its input's last axis as a whole (tile), not element by element"
+    if op == "Transpose":
+        if match.perm(node, rank_out)[-1] != rank_out - 1:
+            return f"Transpose {name} moves the last axis"
+        return rec(node.inputs[0])
+    if op == "Gather":
+        data, idx = node.inputs[0], node.inputs[1]
+        r = _rank(data)
+        if keeps_last(node.attributes.get_int("axis", 0), r):
+            return rec(data)
+        ids = match.const_value(idx)
+        if ids is not None and ids.ndim and ids.shape[-1] % 2 == 0 and np.array_equal(ids[..., 0::2], ids[..., 1::2]):
+            return None
+        return f"Gather {name} indexes the last axis by indices not repeated in pairs"
+    if op == "GatherND":
+        data, idx = node.inputs[0], node.inputs[1]
+        r, k = _rank(data), _last_dim(idx)
+        if node.attributes.get_int("batch_dims", 0) == 0 and r and k is not None and k < r:
+            return rec(data)
+        return f"GatherND {name} indexes the last axis"
+    if op == "Slice":
+        r = _rank(node.inputs[0])
+        axes = match.ints(match.input_at(node, 3)) if match.input_at(node, 3) is not None else \
+            (list(range(len(match.ints(match.input_at(node, 1)) or []))) if match.input_at(node, 1) is not None
+             else None)
+        if axes is None or not r:
+            return f"Slice {name}'s axes are not constant"
+        if all(a % r != r - 1 for a in axes):
+            return rec(node.inputs[0])
+        size = _last_dim(node.inputs[0])
+        rng = _slice_range(node, r, size) if size is not None else None
+        if rng is None or rng[2] != 1 or rng[0] % 2:
+            return f"Slice {name} cuts the last axis at an odd offset or with a step"
+        return rec(node.inputs[0])
+    if op == "Split":
+        r = _rank(node.inputs[0])
+        if keeps_last(node.attributes.get_int("axis", 0), r):
+            return rec(node.inputs[0])
+        k = list(node.outputs).index(v)
+        sizes = [_last_dim(o) for o in node.outputs[:k]]
+        if any(s is None or s % 2 for s in sizes):
+            return f"Split {name} cuts the last axis at an odd offset"
+        return rec(node.inputs[0])
+    if op == "Concat":
+        # On another axis the parts keep the last axis; on the last axis each part has an even last dim (rec
+        # checks it), so the parts' pairs are the result's.
+        parts = list(node.inputs)
+        if not keeps_last(node.attributes.get_int("axis", 0), rank_out) and len(parts) > 1 and \
+                all(p is parts[0] for p in parts):
+            return (f"{name} is Concat({parts[0].name}, {parts[0].name}) on the last axis: the rotate_half (mode 0) "
+                    "layout cat(f, f), not the interleaved one")
+        for x in parts:
+            why = rec(x)
+            if why:
+                return why
+        return None
+    if op == "MatMul":
+        b = node.inputs[1]
+        if _rank(b) is not None and _rank(b) >= 2:
+            return rec(b)
+        return f"MatMul {name} by a vector"
+    if op == "Where":
+        for x in node.inputs[1:]:
+            if not _broadcast_over_last(x):
+                why = rec(x)
+                if why:
+                    return why
+        cond = node.inputs[0]
+        return None if _broadcast_over_last(cond) else rec(cond)
+    return f"{name} is made by {op}, which the proof does not follow"
+
+
 class _RopeFusion(pattern.RewriteRuleClassBase):
     mode = 0
 
@@ -214,6 +394,13 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
             n = FACTS.static(x, axis, deep=False)
             if n is not None and n >= MAX_BATCH_HEADS:
                 return result.fail(f"x {_show(x)}: B and N must be < {MAX_BATCH_HEADS}", x)
+        if self.mode == 1:
+            memo: dict = {}
+            for c in (cos, sin):
+                why = repeated_pairs(c, memo)
+                if why:
+                    return result.fail(f"mode 1 takes cos/sin that repeat each angle twice (cos[2i] = cos[2i+1]); "
+                                       f"not provable for {c.name}: {why}", c)
         return result
 
     def rewrite(self, op, x, cos, sin, **_):
@@ -400,3 +587,100 @@ RULES = [RotateHalfSlices.rule("RoPE-rotate-half-slices"), RotateHalfSplit.rule(
          NativeRotaryEmbedding.rule("RoPE-native-opset23")]
 PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*sin (rotate_half, interleaved, "
                     "partial) -> mindspore::RotaryPositionEmbedding", pattern.RewriteRuleSet(RULES, commute=True))
+
+
+# --- fusion coverage: why a rotary candidate was left ----------------------------------------------------------
+_SHAPE_ONLY = ("Unsqueeze", "Reshape", "Identity", "Squeeze", "Flatten", "Cast")
+
+
+def _std_users(value: ir.Value, *op_types: str) -> list[ir.Node]:
+    return [u.node for u in value.uses() if u.node.domain in match.STANDARD_DOMAINS and u.node.op_type in op_types]
+
+
+def _sliced_from(value: ir.Value | None) -> ir.Value | None:
+    """x when `value` is a Slice or Split output of x (through shape-only ops), else None."""
+    while value is not None:
+        node = value.producer()
+        if node is None or node.domain not in match.STANDARD_DOMAINS:
+            return None
+        if node.op_type in ("Slice", "Split"):
+            return node.inputs[0]
+        if node.op_type not in _SHAPE_ONLY:
+            return None
+        value = node.inputs[0]
+    return None
+
+
+def _concat_of(neg: ir.Node) -> tuple[ir.Node, ir.Value, bool] | None:
+    """(the Concat the Neg reaches, the Concat input it reaches through, whether an Unsqueeze is on the way)."""
+    frontier = [(neg.outputs[0], False)]
+    for _ in range(3):
+        nxt = []
+        for value, unsqueezed in frontier:
+            for use in value.uses():
+                node = use.node
+                if node.domain not in match.STANDARD_DOMAINS:
+                    continue
+                if node.op_type == "Concat":
+                    return node, value, unsqueezed
+                if node.op_type in _SHAPE_ONLY:
+                    nxt.append((node.outputs[0], unsqueezed or node.op_type == "Unsqueeze"))
+        frontier = nxt
+    return None
+
+
+def _explain_neg(neg: ir.Node) -> str | None:
+    found = _concat_of(neg)
+    if found is None:
+        return None
+    concat, via, stacked = found
+    x = _sliced_from(neg.inputs[0])
+    if x is None:
+        return "the negated value is not a Slice or Split of the rotated tensor (rot(x) takes halves or pairs of x)"
+    parts = list(concat.inputs)
+    if len(parts) != 2:
+        return f"the Concat of the rotation joins {len(parts)} parts, not (-x2, x1)"
+    if parts[1] is via:
+        if stacked:
+            return ("stack(x[..., 0::2], -x[..., 1::2]) is the inverse rotation: rotate_every_two is "
+                    "stack(-x[..., 1::2], x[..., 0::2])")
+        return "concat(x1, -x2) is the inverse rotation: rotate_half is concat(-x2, x1)"
+    if _sliced_from(parts[1]) is not x:
+        return "the two halves of the rotation come from different tensors"
+    rot = concat.outputs[0]
+    if stacked:
+        flat = _std_users(rot, "Reshape", "Flatten")
+        if not flat:
+            return "the stacked pairs are not flattened back to x's shape (no Reshape after the stack)"
+        rot = flat[0].outputs[0]
+    muls = _std_users(rot, "Mul")
+    if not muls:
+        return "rot(x) is not multiplied by a sin: there is no x * cos + rot(x) * sin around this rotation"
+    for mul in muls:
+        for combine in _std_users(mul.outputs[0], "Add", "Sub"):
+            other = next((v for v in combine.inputs if v is not mul.outputs[0]), None)
+            if combine.op_type == "Sub":
+                return "x * cos - rot(x) * sin (a Sub): not RoPE's x * cos + rot(x) * sin"
+            p = match.producer(other, "Mul")
+            if p is None:
+                made = other.producer() if other is not None else None
+                return f"rot(x) * sin is added to {made.op_type if made else 'a graph input'}, not to x * cos"
+            if x not in p.inputs:
+                return "x * cos multiplies another tensor than the one rotated"
+            return None  # the whole application is there: the rules' checks give the reasons
+    return "rot(x) * sin is not added to x * cos"
+
+
+def explain(node: ir.Node) -> str | None:
+    """Why a rotary candidate (passes/coverage.py: a Neg reaching a Concat, an opset-23 RotaryEmbedding) was
+    not fused, read from the graph around it (asked only when no check recorded a reason)."""
+    if node.op_type == "Neg":
+        return _explain_neg(node)
+    if node.op_type == "RotaryEmbedding":
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            return "RotaryEmbedding with position_ids (cos/sin caches indexed inside the op) is not fused"
+        return None
+    return None
+
+
+coverage.set_explain("rotary", explain)

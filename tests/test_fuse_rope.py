@@ -38,7 +38,7 @@ class _G:
     def node(self, op, inputs, **attrs) -> str:
         self.k += 1
         out = f"{op.lower()}{self.k}"
-        self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        self.nodes.append(helper.make_node(op, inputs, [out], name=f"n_{out}", **attrs))
         return out
 
     def input(self, name, elem, shape) -> str:
@@ -97,30 +97,92 @@ def _rotation(g: _G, x: str, form: str, d: int, axis: int = -1) -> str:
     raise ValueError(form)
 
 
+def _positions_freqs(g: _G, x: str, seq_axis: int, d: int) -> str:
+    """(seq, d/2) angles: positions 0..seq-1 from x's shape times inv_freq (transformers' default)."""
+    seq = g.node("Gather", [g.node("Shape", [x]), g.const(seq_axis)], axis=0)
+    pos = g.node("Cast", [g.node("Range", [g.const(0), seq, g.const(1)])], to=TensorProto.FLOAT)
+    inv_freq = g.const(1.0 / 10000 ** (np.arange(0, d, 2) / d), np.float32)
+    return g.node("Mul", [g.unsqueeze(pos, [1]), inv_freq])
+
+
+def _repeat_interleave(g: _G, f: str, width: int, form: str = "expand") -> str:
+    """repeat_interleave(f, 2, -1) of a (seq, width) f as the exporters write it: Unsqueeze(-1), Expand of the new
+    axis to 2, Reshape merging the last two axes (target [0, 2w], or dynamo's [-1, 2w]). Near misses: "tile"
+    (Tile(f, [1, 2]) = cat(f, f)) and "concat" (Concat(f, f), the rotate_half layout)."""
+    if form == "tile":
+        return g.node("Tile", [f, g.const([1, 2])])
+    if form == "concat":
+        return g.node("Concat", [f, f], axis=-1)
+    pairs = g.node("Expand", [g.unsqueeze(f, [-1]), g.const([1, 1, 2])])
+    return g.node("Reshape", [pairs, g.const([0, 2 * width] if form == "expand" else [-1, 2 * width])])
+
+
+def _to_rank4(g: _G, cos: str, sin: str, shape, seq_axis: int) -> tuple[str, str]:
+    """(seq, d) cos/sin unsqueezed to 4-D with seq at x's seq axis, when `shape` asks for rank 4."""
+    if shape is not None and len(shape) == 4:
+        axes = [k for k in range(3) if k != seq_axis]
+        return g.unsqueeze(cos, axes), g.unsqueeze(sin, axes)
+    return cos, sin
+
+
 def _cos_sin(g: _G, *, source: str, shape, elem, d: int, x: str, seq_axis: int, sin_shape=None) -> tuple[str, str]:
+    np_elem = helper.tensor_dtype_to_np_dtype(elem)
     if source == "input":
         return g.input("cos", elem, shape), g.input("sin", elem, sin_shape or shape)
-    if source == "computed":  # positions 0..seq-1 from x's shape, inv_freq, Concat(freqs, freqs), Cos/Sin
-        seq = g.node("Gather", [g.node("Shape", [x]), g.const(seq_axis)], axis=0)
-        pos = g.node("Cast", [g.node("Range", [g.const(0), seq, g.const(1)])], to=TensorProto.FLOAT)
-        inv_freq = g.const(1.0 / 10000 ** (np.arange(0, d, 2) / d), np.float32)
-        freqs = g.node("Mul", [g.unsqueeze(pos, [1]), inv_freq])
-        emb = g.node("Concat", [freqs, freqs], axis=-1)  # (seq, d)
-        cos, sin = g.node("Cos", [emb]), g.node("Sin", [emb])
-        if shape is not None and len(shape) == 4:
-            axes = [0, 1] if seq_axis == 2 else [0, 2]
-            cos, sin = g.unsqueeze(cos, axes), g.unsqueeze(sin, axes)
+    if source in ("computed", "interleaved", "interleaved-dynamo", "interleaved-tile", "interleaved-concat"):
+        # angles from positions and inv_freq; widened by Concat(f, f) (rotate_half) or repeat_interleave
+        freqs = _positions_freqs(g, x, seq_axis, d)
+        if source == "computed":
+            emb = g.node("Concat", [freqs, freqs], axis=-1)  # (seq, d)
+        else:
+            form = {"interleaved": "expand", "interleaved-dynamo": "dynamo", "interleaved-tile": "tile",
+                    "interleaved-concat": "concat"}[source]
+            emb = _repeat_interleave(g, freqs, d // 2, form)
+        cos, sin = _to_rank4(g, g.node("Cos", [emb]), g.node("Sin", [emb]), shape, seq_axis)
         if elem != TensorProto.FLOAT:
             cos, sin = g.node("Cast", [cos], to=elem), g.node("Cast", [sin], to=elem)
         return cos, sin
     if source == "gather":  # Gather(cos_cached, position_ids) -> (batch, seq, d), then the heads axis
         ids = g.input("position_ids", TensorProto.INT64, ["batch", "seq"])
         rng = np.random.default_rng(1)
-        np_elem = helper.tensor_dtype_to_np_dtype(elem)
         cos = g.node("Gather", [g.const(rng.uniform(-1, 1, (64, d)), np_elem), ids], axis=0)
         sin = g.node("Gather", [g.const(rng.uniform(-1, 1, (64, d)), np_elem), ids], axis=0)
         head_axis = 1 if seq_axis == 2 else 2
         return g.unsqueeze(cos, [head_axis]), g.unsqueeze(sin, [head_axis])
+    if source in ("table", "table-interleaved", "table-odd-offset", "table-random"):
+        # constant cos/sin caches (max_pos, d) indexed by positions 0..seq-1 (older Llama's cos_cached[:seq],
+        # the interleaved caches repeat each angle twice)
+        seq = g.node("Gather", [g.node("Shape", [x]), g.const(seq_axis)], axis=0)
+        pos = g.node("Range", [g.const(0), seq, g.const(1)])
+        angles = np.outer(np.arange(64), 1.0 / 10000 ** (np.arange(0, d, 2) / d))
+        width = d + 2 if source == "table-odd-offset" else d
+        if source == "table":
+            table = np.concatenate([angles, angles], -1)
+        elif source == "table-random":
+            table = np.random.default_rng(2).uniform(0, 3, (64, width))
+        else:
+            table = np.repeat(np.outer(np.arange(64), 1.0 / 10000 ** (np.arange(0, width, 2) / width)), 2, -1)
+        out = []
+        for fn in (np.cos, np.sin):
+            c = g.node("Gather", [g.const(fn(table), np_elem), pos], axis=0)
+            if source == "table-odd-offset":  # cache[:, 1:d+1]: every pair straddles two angles
+                c = g.slice(c, 1, d + 1)
+            out.append(c)
+        return _to_rank4(g, out[0], out[1], shape, seq_axis)
+    if source == "gptj":
+        # GPT-J: one sincos table (max_pos, d) = cat(sin, cos) of (max_pos, d/2) angles, GatherND by positions,
+        # split into sin and cos, each repeat_interleaved to d, then the heads axis (BSND: (1, S, 1, d))
+        seq = g.node("Gather", [g.node("Shape", [x]), g.const(seq_axis)], axis=0)
+        pos = g.unsqueeze(g.unsqueeze(g.node("Range", [g.const(0), seq, g.const(1)]), [0]), [-1])  # (1, S, 1)
+        angles = np.outer(np.arange(64), 1.0 / 10000 ** (np.arange(0, d, 2) / d))
+        sincos = g.node("GatherND", [g.const(np.concatenate([np.sin(angles), np.cos(angles)], -1), np_elem), pos])
+        sin_h, cos_h = f"gptj_sin{g.k}", f"gptj_cos{g.k}"
+        g.nodes.append(helper.make_node("Split", [sincos, g.const([d // 2, d // 2])], [sin_h, cos_h], axis=-1))
+        out = []
+        for half in (cos_h, sin_h):  # (1, S, d/2) -> (1, S, 1, d/2, 1) -> (1, S, 1, d/2, 2) -> (1, S, 1, d)
+            pairs = g.node("Expand", [g.unsqueeze(half, [2, 4]), g.const([1, 1, 1, 1, 2])])
+            out.append(g.node("Reshape", [pairs, g.const([1, -1, 1, d])]))
+        return out[0], out[1]
     raise ValueError(source)
 
 
@@ -134,7 +196,7 @@ def _rope_graph(form="slices", *, layout="BNSD", cos_shape=("seq", D), source="i
     x = g.input("x", elem, shape)
     rd = rot_dim or d
     xr = g.slice(x, 0, rd) if rot_dim else x
-    seq_axis = 2 if layout == "BNSD" else 1
+    seq_axis = shape.index("seq")
     cos, sin = _cos_sin(g, source=source, shape=cos_shape, elem=elem, d=rd, x=x, seq_axis=seq_axis,
                         sin_shape=sin_shape)
     rot = _rotation(g, xr, form, rd)
@@ -185,17 +247,32 @@ SPELLINGS = {
     "cos gathered from a cache": dict(source="gather", swap_add=True),
     "partial rotary": dict(rot_dim=8, d=32, cos_shape=("seq", 8)),
     "partial rotary, split, computed cos": dict(form="split", rot_dim=8, d=32, source="computed", cos_shape=None),
-    "interleaved": dict(form="interleaved", cos_shape=(1, 1, "seq", D)),
-    "interleaved, 2-D cos, Muls swapped": dict(form="interleaved", swap_x_mul=True, swap_rot_mul=True),
-    "interleaved, Reshape to Shape(x)": dict(form="interleaved-shape", cos_shape=(1, 1, "seq", D), swap_add=True),
-    "interleaved, flatten(-2) from Shape(stacked)": dict(form="interleaved-flatten", cos_shape=(1, 1, "seq", D)),
-    "interleaved, BSND (1,S,1,D)": dict(form="interleaved", layout="BSND", cos_shape=(1, "seq", 1, D)),
-    "interleaved, SBND (S,1,1,D)": dict(form="interleaved", x_shape=["seq", "batch", N, D],
+    "cos from a constant cache indexed by positions": dict(source="table", cos_shape=None),
+    "partial rotary 4 of 16 (NeoX, StableLM rotary 0.25)": dict(rot_dim=4, source="computed",
+                                                                cos_shape=(1, 1, "seq", 4)),
+    "partial rotary 8 of 16 (Phi 0.5), split": dict(form="split", rot_dim=8, source="computed", cos_shape=None),
+    # mode 1: cos/sin built so that cos[2i] = cos[2i+1] is provable (repeat_interleave, a repeated cache)
+    "interleaved": dict(form="interleaved", source="interleaved", cos_shape=(1, 1, "seq", D)),
+    "interleaved, 2-D cos, Muls swapped": dict(form="interleaved", source="interleaved", cos_shape=None,
+                                               swap_x_mul=True, swap_rot_mul=True),
+    "interleaved, dynamo's Reshape [-1, D]": dict(form="interleaved", source="interleaved-dynamo",
+                                                  cos_shape=(1, 1, "seq", D)),
+    "interleaved, Reshape to Shape(x)": dict(form="interleaved-shape", source="interleaved", cos_shape=(1, 1, "seq", D),
+                                             swap_add=True),
+    "interleaved, flatten(-2) from Shape(stacked)": dict(form="interleaved-flatten", source="interleaved",
+                                                         cos_shape=(1, 1, "seq", D)),
+    "interleaved, BSND (1,S,1,D)": dict(form="interleaved", source="interleaved", layout="BSND",
+                                        cos_shape=(1, "seq", 1, D)),
+    "interleaved, SBND (S,1,1,D)": dict(form="interleaved", source="interleaved", x_shape=["seq", "batch", N, D],
                                         cos_shape=("seq", 1, 1, D)),
-    "interleaved, partial, computed cos": dict(form="interleaved", rot_dim=8, d=32, source="computed",
-                                               cos_shape=None),
-    "interleaved, opset 13": dict(form="interleaved", opset=13, cos_shape=(1, 1, "seq", D)),
-    "interleaved, fp16": dict(form="interleaved", elem=TensorProto.FLOAT16),
+    "interleaved, partial 8 of 32 (GLM-4, GPT-J rotary_dim)": dict(form="interleaved", rot_dim=8, d=32,
+                                                                   source="interleaved", cos_shape=None),
+    "interleaved, opset 13": dict(form="interleaved", source="interleaved", opset=13, cos_shape=(1, 1, "seq", D)),
+    "interleaved, fp16": dict(form="interleaved", source="interleaved", cos_shape=None, elem=TensorProto.FLOAT16),
+    "interleaved, repeated cache indexed by positions": dict(form="interleaved", source="table-interleaved",
+                                                             cos_shape=(1, 1, "seq", D)),
+    "interleaved, GPT-J sincos table (GatherND, Split, repeat_interleave), BSND": dict(
+        form="interleaved", source="gptj", layout="BSND", rot_dim=8, d=16, swap_add=True),
 }
 
 
@@ -253,6 +330,20 @@ REFUSALS = {
     "1000 heads": (dict(heads=1000), "B and N must be < 1000"),
     "x of rank 3": (dict(x_shape=["batch", "seq", D]), "takes a 4-D x"),
     "fp16 below opset 15": (dict(opset=14, elem=TensorProto.FLOAT16), "below opset 15"),
+    "cos of another dim than the rotated one": (dict(cos_shape=("seq", 8)), "not the rotated size 16"),
+    "partial rotary, cos of the full head dim": (dict(rot_dim=8, d=32, cos_shape=("seq", 32)),
+                                                  "not the rotated size 8"),
+    # mode 1 needs cos[2i] = cos[2i+1] proved from the graph
+    "mode 1 with cos/sin as graph inputs": (dict(form="interleaved", cos_shape=(1, 1, "seq", D)),
+                                            "cos is a graph input"),
+    "mode 1 with cat(f, f) cos (the rotate_half layout)": (dict(form="interleaved", source="computed", cos_shape=None),
+                                                           "the rotate_half (mode 0) layout"),
+    "mode 1 with Tile(f, [1, 2]) cos": (dict(form="interleaved", source="interleaved-tile", cos_shape=None),
+                                       "made by Tile"),
+    "mode 1 with a cache that does not repeat its pairs": (dict(form="interleaved", source="table-random",
+                                                                cos_shape=None), "does not repeat its values in pairs"),
+    "mode 1 with a repeated cache sliced at an odd offset": (dict(form="interleaved", source="table-odd-offset",
+                                                                  cos_shape=None), "odd offset"),
     "rotation the other way": (dict(form="wrong-direction"), "x[..., :8]"),
     "halves of another axis": (dict(form="slice-other-axis"), "x[..., :8]"),
 }
@@ -267,8 +358,79 @@ def test_refusals_do_not_fuse_and_say_why(name):
 
 
 def test_stack_in_the_wrong_order_is_not_a_rotation():
-    count, skipped, fused = _run(_rope_graph(form="interleaved-wrong-order"))
+    count, skipped, fused = _run(_rope_graph(form="interleaved-wrong-order", source="interleaved"))
     assert count == 0 and not fused_nodes(fused) and skipped == []
+
+
+# --- fusion coverage: every rotary candidate (a Neg reaching a Concat) is fused or explained -------------------
+def _coverage(model: onnx.ModelProto) -> dict:
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True))
+    pm = passes.PassManager("fuse-rope")
+    pm.run(m)
+    return pm.coverage["rotary"]
+
+
+def _near_miss(kind: str) -> onnx.ModelProto:
+    """x * cos + rot(x) * sin on x (batch, N, seq, D) with one piece of the application wrong, so that no rule
+    matches (the rotation's Neg stays, a coverage candidate that `explain` must give a reason for)."""
+    g = _G(18)
+    x = g.input("x", TensorProto.FLOAT, ["batch", N, "seq", D])
+    other = g.input("other", TensorProto.FLOAT, ["batch", N, "seq", D])
+    cos, sin = g.input("cos", TensorProto.FLOAT, ["seq", D]), g.input("sin", TensorProto.FLOAT, ["seq", D])
+    h = D // 2
+    x1, x2 = g.slice(x, 0, h), g.slice(x, h, INT64_MAX)
+    if kind == "concat(x1, -x2)":
+        rot = g.node("Concat", [x1, g.node("Neg", [x2])], axis=-1)
+    elif kind == "halves of two tensors":
+        rot = g.node("Concat", [g.node("Neg", [x2]), g.slice(other, 0, h)], axis=-1)
+    elif kind == "negated value not a slice":
+        rot = g.node("Concat", [g.node("Neg", [g.node("Relu", [x2])]), x1], axis=-1)
+    else:
+        rot = g.node("Concat", [g.node("Neg", [x2]), x1], axis=-1)
+    x_cos = g.node("Mul", [other if kind == "x*cos of another tensor" else x, cos])
+    if kind == "rot(x) not multiplied":
+        y = g.node("Add", [x_cos, rot])
+    else:
+        rot_sin = g.node("Mul", [rot, sin])
+        y = g.node("Sub" if kind == "Sub" else "Add", [x_cos, rot_sin])
+    return g.model(y, TensorProto.FLOAT, ["batch", N, "seq", D])
+
+
+NEAR_MISS_REASONS = {
+    "concat(x1, -x2)": "concat(x1, -x2) is the inverse rotation",
+    "halves of two tensors": "come from different tensors",
+    "negated value not a slice": "not a Slice or Split of the rotated tensor",
+    "x*cos of another tensor": "x * cos multiplies another tensor than the one rotated",
+    "Sub": "a Sub",
+    "rot(x) not multiplied": "rot(x) is not multiplied by a sin",
+}
+
+
+@pytest.mark.parametrize("kind", NEAR_MISS_REASONS)
+def test_unmatched_rotary_candidates_are_explained(kind):
+    c = _coverage(_near_miss(kind))
+    assert (c["candidates"], c["fused"]) == (1, 0)
+    (item,) = c["items"]
+    assert item["op"] == "Neg" and item["pass"] == "fuse-rope"
+    assert NEAR_MISS_REASONS[kind] in item["reason"], item["reason"]
+
+
+def test_interleaved_stack_in_the_wrong_order_is_explained():
+    c = _coverage(_rope_graph(form="interleaved-wrong-order", source="interleaved"))
+    assert (c["candidates"], c["fused"]) == (1, 0)
+    assert "stack(x[..., 0::2], -x[..., 1::2]) is the inverse rotation" in c["items"][0]["reason"]
+
+
+def test_a_check_reason_reaches_the_rotary_coverage_item():
+    """A full application refused by a check (mode 1's pairs not provable): the item carries that reason."""
+    c = _coverage(_rope_graph(form="interleaved", source="computed", cos_shape=None))
+    assert (c["candidates"], c["fused"]) == (1, 0)
+    assert "the rotate_half (mode 0) layout" in c["items"][0]["reason"]
+
+
+def test_fused_candidates_leave_no_items():
+    c = _coverage(_rope_graph(form="interleaved", source="interleaved", cos_shape=None))
+    assert (c["candidates"], c["fused"], c["items"]) == (1, 1, [])
 
 
 def test_skipped_fusion_is_in_the_compile_report(tmp_path):
@@ -502,6 +664,74 @@ def test_transformers_partial_rotary_models(kind, mode, tmp_path):
     report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx")
     fused = _check_compiled(report, out, tmp_path / "fused.onnx", onnx_path, 4)
     assert _modes(fused) == [mode] * 4
+
+
+# --- the architectures users bring: tiny transformers models, default settings, dynamo --------------------------
+# name -> (mode, rotated size D of each fused node, partial: the rotated part is sliced out of the head and
+# concatenated back). Expected RotaryPositionEmbedding count: q and k of each of the 2 layers = 4 (every one of
+# these architectures rotates both in every layer). From transformers 5.24's modeling code:
+ROPE_ARCHITECTURES = {
+    "gptj": (1, 8, True),       # rotate_every_two on rotary_dim 8 of 16, [B, S, N, D]; sincos table gathered by
+                                # position ids, split, repeat_interleave(2)
+    "glm4": (1, 8, True),       # partial_rotary_factor 0.5, cos[..., :half].repeat_interleave(2), interleaved
+    "cohere": (1, 16, False),   # repeat_interleave(freqs, 2), interleaved rotate_half, full head
+    "phi": (0, 8, True),        # partial_rotary_factor 0.5 of 16, rotate_half
+    "gpt_neox": (0, 4, True),   # rotary_pct 0.25 of 16
+    "stablelm": (0, 4, True),   # partial_rotary_factor 0.25 of 16
+    "qwen3": (0, 16, False),    # after the per-head q_norm/k_norm
+    "olmo2": (0, 16, False),    # after q_norm/k_norm over the whole projection
+    "gemma3": (0, 32, False),   # after the (1 + w) q_norm/k_norm, two rope tables (local/global)
+}
+N_ROPE = 4  # q and k x 2 layers
+
+
+def _rotated_sizes(fused: onnx.ModelProto) -> list:
+    known = {v.name: v for v in [*fused.graph.value_info, *fused.graph.input]}
+    sizes = []
+    for n in fused_nodes(fused, "RotaryPositionEmbedding"):
+        v = known.get(n.input[0])
+        sizes.append(v.type.tensor_type.shape.dim[-1].dim_value if v is not None else None)
+    return sizes
+
+
+def _check_architecture(compiled, name):
+    from arch_compile import check_family, check_verified, expected_census, modes
+
+    mode, d, partial = ROPE_ARCHITECTURES[name]
+    report, fused = compiled.report, compiled.fused
+    assert expected_census(name)["RotaryPositionEmbedding"] == N_ROPE  # the zoo's registry agrees
+    assert report.fusions["fuse-rope"] == N_ROPE and report.census.get("RotaryPositionEmbedding") == N_ROPE
+    check_family(compiled, "rotary", N_ROPE)
+    assert modes(fused) == [mode] * N_ROPE and sorted(_mindir_modes(compiled.mindir)) == [mode] * N_ROPE
+    assert _rotated_sizes(fused) == [d] * N_ROPE
+    producers = {o: n for n in fused.graph.node for o in n.output}
+    for n in fused_nodes(fused, "RotaryPositionEmbedding"):
+        users = [u.op_type for u in fused.graph.node if n.output[0] in u.input]
+        if partial:  # the Slice of the rotated part and the Concat with the pass-through part stay around it
+            assert producers[n.input[0]].op_type == "Slice" and "Concat" in users, (name, users)
+    check_verified(compiled)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "gptj" else pytest.mark.slow)
+                                  for n in ROPE_ARCHITECTURES])
+def test_architectures_fuse_one_rope_per_q_and_k(name, tmp_path_factory):
+    """GPT-J (the default run: interleaved, partial, cos/sin gathered from the sincos table) and the others (slow)
+    exported at opset 18: 4 RotaryPositionEmbedding of the architecture's mode and rotated size."""
+    pytest.importorskip("transformers")
+    from arch_compile import compile_arch
+
+    _check_architecture(compile_arch(tmp_path_factory, name, 18), name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["phi", "gpt_neox", "glm4", "cohere", "gemma3"])
+def test_architectures_at_opset_23(name, tmp_path_factory):
+    """At opset 23 dynamo writes RotaryEmbedding for the rotate_half models (on the sliced part for the partial
+    ones) and leaves the interleaved ones decomposed: the same counts."""
+    pytest.importorskip("transformers")
+    from arch_compile import compile_arch
+
+    _check_architecture(compile_arch(tmp_path_factory, name, 23), name)
 
 
 def _native_rope_graph(interleaved=0, rot_dim=0, d=16):
