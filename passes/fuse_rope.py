@@ -42,10 +42,11 @@ Coverage candidates (family "rotary", passes/coverage.py): every Neg whose resul
 shape-only ops (rotate_half's concat(-x2, x1), the interleaved stack(-x[1::2], x[0::2])), and every opset-23
 RotaryEmbedding. One left unfused with no check reason is explained by `explain` below: the rotation the other
 way (concat(x1, -x2), stack(x[0::2], -x[1::2])), halves from different tensors, a negated value that is no slice
-of x, no rot(x) * sin, a Sub instead of the Add, x * cos of another tensor, RotaryEmbedding with position_ids.
+of x, no rot(x) * sin, a Sub instead of the Add, x * cos of another tensor.
 
-Opset 23's RotaryEmbedding (what dynamo writes at opset 23) fuses as mode 0 when x is 4-D, not interleaved, fully
-rotated and without position_ids (NativeRotaryEmbedding below).
+Opset 23's RotaryEmbedding (what dynamo writes at opset 23 for rotate_half models) fuses too: 4-D (B, N, S, D)
+or 3-D (B, S, N*D) x, halves (mode 0) or pairs (mode 1, cos/sin batch static 1), full or partial
+(rotary_embedding_dim), cos/sin given or gathered by position_ids (NativeRotaryEmbedding below).
 Not matched: the half-length forms (x1*cos - x2*sin, x2*cos + x1*sin, then Concat), complex-number RoPE.
 MindSpore's `ApplyRotaryPosEmb` (q and k together) is never emitted.
 """
@@ -547,44 +548,113 @@ def _leading_dims_then(target: ir.Value, stacked: ir.Value, d: int) -> bool:
 
 
 class NativeRotaryEmbedding(pattern.RewriteRuleClassBase):
-    """Opset 23's RotaryEmbedding on a 4-D (B, N, S, D) x with cos/sin of width D/2 and no position_ids
-    (what dynamo emits at opset 23). ONNX computes [x1*c - x2*s, x2*c + x1*s] on the halves, which is mode 0
-    with cos/sin widened to concat(c, c) and given a head axis: (B|1, 1, S, D)."""
+    """Opset 23's RotaryEmbedding(x, cos, sin[, position_ids]; interleaved, rotary_embedding_dim, num_heads).
 
-    def pattern(self, op, x, cos, sin):
+    ONNX (onnx.reference's rotary_embedding) rotates x[..., :R] (R = rotary_embedding_dim, 0: the head dim D) and
+    passes the rest through; cos/sin are (B, S, R/2), or caches (max_pos, R/2) indexed by position_ids (B, S).
+    Halves (interleaved=0): [x1*c - x2*s, x2*c + x1*s], which is mode 0 with cos/sin widened to concat(c, c);
+    pairs (interleaved=1): out[2i] = x[2i]*c_i - x[2i+1]*s_i, out[2i+1] = x[2i+1]*c_i + x[2i]*s_i, which is mode 1
+    with cos/sin widened to repeat_interleave(c, 2) (cos[2i] = cos[2i+1] by construction). x is 4-D (B, N, S, D),
+    the widened cos/sin get the head axis: (B, 1, S, R); or 3-D (B, S, N*D) with num_heads, viewed as BSND
+    (B, S, N, D) around the fused node, cos/sin (B, S, 1, R). Partial rotation: Slice, fused node, Concat with the
+    pass-through part. Mode 1 takes 11SD / 1S1D cos only: B (of cos, or of position_ids) must be static 1.
+    """
+
+    def __init__(self, name: str, with_positions: bool):
+        super().__init__(name)
+        self._positions = with_positions
+
+    def pattern(self, op, x, cos, sin, position_ids):
+        if self._positions:
+            return op.RotaryEmbedding(x, cos, sin, position_ids, _outputs=["y"])
         return op.RotaryEmbedding(x, cos, sin, _outputs=["y"])
 
-    def check(self, context, x, cos, sin, y, **_) -> pattern.MatchResult:
+    def check(self, context, x, cos, sin, y, position_ids=None, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
         attrs = y.producer().attributes
-        if attrs.get_int("interleaved", 0):
-            return result.fail("interleaved RotaryEmbedding (its cos/sin widening is not a concat)", x)
-        if _rank(x) != 4:
-            return result.fail(f"RotaryEmbedding on a rank-{_rank(x)} x; only 4-D (B, N, S, D) is fused", x)
-        d = x.shape[3] if x.shape is not None else None
-        if not isinstance(d, int) or d % 2 or d >= MAX_HEAD_DIM:
-            return result.fail(f"the head dim {d} is not static, even and < {MAX_HEAD_DIM}", x)
-        if attrs.get_int("rotary_embedding_dim", 0) not in (0, d):
-            return result.fail("partial rotary (rotary_embedding_dim < head dim)", x)
+        interleaved = attrs.get_int("interleaved", 0)
+        rank = _rank(x)
+        if rank not in (3, 4):
+            return result.fail(f"RotaryEmbedding on a rank-{rank} x; 4-D (B, N, S, D) or 3-D (B, S, N*D) is fused", x)
+        heads = attrs.get_int("num_heads", 0)
+        if rank == 3:
+            hidden = x.shape[2]
+            if not heads or not isinstance(hidden, int) or hidden % heads:
+                return result.fail(f"a 3-D x {_show(x)} needs num_heads dividing a static hidden size", x)
+            d = hidden // heads
+        else:
+            d = x.shape[3]
+        if not isinstance(d, int):
+            return result.fail(f"the head dim of {x.name} is not static", x)
+        r = attrs.get_int("rotary_embedding_dim", 0) or d
+        if r > d:
+            return result.fail(f"rotary_embedding_dim {r} exceeds the head dim {d}", x)
+        if r % 2 or r >= MAX_HEAD_DIM:
+            return result.fail(f"the rotated size {r} (of head dim {d}) is not even and < {MAX_HEAD_DIM}", x)
+        if x.dtype not in match.FLOATS:
+            return result.fail(f"dtype {x.dtype}: RotaryPositionEmbedding takes fp16/bf16/fp32", x)
         for c in (cos, sin):
-            if _rank(c) != 3 or c.shape[2] != d // 2:
-                return result.fail(f"cos/sin {c.name} is not (B, S, {d // 2})", c)
-            if c.dtype != x.dtype or x.dtype not in match.FLOATS:
+            want = 2 if self._positions else 3
+            if _rank(c) != want or c.shape[want - 1] != r // 2:
+                shape = f"(max_pos, {r // 2})" if self._positions else f"(B, S, {r // 2})"
+                return result.fail(f"cos/sin {c.name} {_show(c)} is not {shape}", c)
+            if c.dtype != x.dtype:
                 return result.fail(f"dtypes x={x.dtype}, {c.name}={c.dtype}", c)
-        if not match.float_guard(context, result, x, "RotaryPositionEmbedding"):
-            return result
-        return result
+        if self._positions and (_rank(position_ids) != 2 or position_ids.dtype != ir.DataType.INT64):
+            return result.fail("position_ids is not a 2-D int64 (B, S)", position_ids)
+        batch = (position_ids if self._positions else cos).shape[0]
+        if interleaved and batch != 1:
+            where = "position_ids" if self._positions else "cos/sin"
+            return result.fail(f"interleaved: mode 1 takes cos/sin of 11SD (1S1D) only, and the batch of {where} "
+                               f"is {batch if isinstance(batch, int) else 'not static'}, not 1", x)
+        for axis in ((0, 1) if rank == 4 else (0,)):
+            n = x.shape[axis]
+            if isinstance(n, int) and n >= MAX_BATCH_HEADS:
+                return result.fail(f"x {_show(x)}: B and N must be < {MAX_BATCH_HEADS}", x)
+        if rank == 3 and heads >= MAX_BATCH_HEADS:
+            return result.fail(f"num_heads {heads}: N must be < {MAX_BATCH_HEADS}", x)
+        return match.float_guard(context, result, x, "RotaryPositionEmbedding")
 
-    def rewrite(self, op, x, cos, sin, **_):
-        head_axis = op.Constant(value=ir.tensor(np.array([1], dtype=np.int64), name=None))
-        full = [op.Unsqueeze(op.Concat(c, c, axis=-1), head_axis) for c in (cos, sin)]
-        return op.RotaryPositionEmbedding(x, full[0], full[1], mode=0, _domain="mindspore")
+    def rewrite(self, op, x, cos, sin, y, position_ids=None, **_):
+        attrs = y.producer().attributes
+        interleaved = attrs.get_int("interleaved", 0)
+        rank = _rank(x)
+
+        def ints(*values):
+            return op.Constant(value=ir.tensor(np.array(values, dtype=np.int64), name=None))
+
+        if rank == 3:
+            heads = attrs.get_int("num_heads", 0)
+            d = x.shape[2] // heads
+            x4 = op.Reshape(x, ints(0, 0, heads, d))  # (B, S, N, D): BSND
+            head_axis = 2
+        else:
+            d, x4, head_axis = x.shape[3], x, 1
+        r = attrs.get_int("rotary_embedding_dim", 0) or d
+        full = []
+        for c in (cos, sin):
+            if self._positions:
+                c = op.Gather(c, position_ids, axis=0)  # (B, S, R/2)
+            if interleaved:  # repeat_interleave(c, 2, -1)
+                last = ints(-1)
+                c = op.Reshape(op.Concat(op.Unsqueeze(c, last), op.Unsqueeze(c, last), axis=-1), ints(0, 0, r))
+            else:
+                c = op.Concat(c, c, axis=-1)
+            full.append(op.Unsqueeze(c, ints(head_axis)))
+        x_rot = op.Slice(x4, ints(0), ints(r), ints(-1)) if r < d else x4
+        out = op.RotaryPositionEmbedding(x_rot, full[0], full[1], mode=1 if interleaved else 0, _domain="mindspore")
+        if r < d:
+            out = op.Concat(out, op.Slice(x4, ints(r), ints(d), ints(-1)), axis=-1)
+        if rank == 3:
+            out = op.Reshape(out, op.Shape(x))
+        return out
 
 
 RULES = [RotateHalfSlices.rule("RoPE-rotate-half-slices"), RotateHalfSplit.rule("RoPE-rotate-half-split"),
          InterleavedSlices.rule("RoPE-interleaved-slices"),
          InterleavedSlicesFlatten.rule("RoPE-interleaved-slices-flatten"),
-         NativeRotaryEmbedding.rule("RoPE-native-opset23")]
+         NativeRotaryEmbedding.rule("RoPE-native-opset23", False),
+         NativeRotaryEmbedding.rule("RoPE-native-opset23-position-ids", True)]
 PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*sin (rotate_half, interleaved, "
                     "partial) -> mindspore::RotaryPositionEmbedding", pattern.RewriteRuleSet(RULES, commute=True))
 
@@ -677,9 +747,7 @@ def explain(node: ir.Node) -> str | None:
     if node.op_type == "Neg":
         return _explain_neg(node)
     if node.op_type == "RotaryEmbedding":
-        if len(node.inputs) > 3 and node.inputs[3] is not None:
-            return "RotaryEmbedding with position_ids (cos/sin caches indexed inside the op) is not fused"
-        return None
+        return None  # every RotaryEmbedding matches a rule: its check gives the reason
     return None
 
 

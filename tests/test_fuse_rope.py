@@ -734,40 +734,88 @@ def test_architectures_at_opset_23(name, tmp_path_factory):
     _check_architecture(compile_arch(tmp_path_factory, name, 23), name)
 
 
-def _native_rope_graph(interleaved=0, rot_dim=0, d=16):
-    """Opset 23's RotaryEmbedding as dynamo emits it: x (B, N, S, D), cos/sin (1, S, D/2) computed on the fly."""
+def _native_rope_graph(interleaved=0, rot_dim=0, d=16, positions=None, rank=4, heads=4):
+    """Opset 23's RotaryEmbedding as dynamo emits it: x (B, N, S, D), cos/sin (1, S, R/2) computed on the fly
+    (R = rot_dim or d). positions "input": caches (64, R/2) indexed by a position_ids input (B, S); "range": by
+    positions 0..S-1 of shape (1, S). rank 3: x (B, S, N*D) with num_heads."""
     from onnx import TensorProto as TP, helper as h, numpy_helper as nh
 
-    inv = nh.from_array((1.0 / 10000 ** (np.arange(0, d, 2) / d)).astype(np.float32).reshape(1, 1, d // 2), "inv")
-    nodes = [h.make_node("Shape", ["x"], ["shape"], start=2, end=3),
+    r = rot_dim or d
+    seq_axis = 2 if rank == 4 else 1
+    inv = (1.0 / 10000 ** (np.arange(0, r, 2) / r)).astype(np.float32)
+    inits = [nh.from_array(np.array(0, np.int64), "zero"), nh.from_array(np.array(1, np.int64), "one"),
+             nh.from_array(np.array([0, 1], np.int64), "axes01"), nh.from_array(np.array([0], np.int64), "axes0")]
+    x_shape = ["batch", heads, "seq", d] if rank == 4 else ["batch", "seq", heads * d]
+    inputs = [h.make_tensor_value_info("x", TP.FLOAT, x_shape)]
+    nodes = [h.make_node("Shape", ["x"], ["shape"], start=seq_axis, end=seq_axis + 1),
              h.make_node("Squeeze", ["shape"], ["s"]),
-             h.make_node("Range", ["zero", "s", "one"], ["pos"]),
-             h.make_node("Cast", ["pos"], ["posf"], to=TP.FLOAT),
-             h.make_node("Unsqueeze", ["posf", "axes01"], ["pos3"]),
-             h.make_node("Transpose", ["pos3"], ["pos3t"], perm=[0, 2, 1]),
-             h.make_node("Mul", ["pos3t", "inv"], ["freqs"]),
-             h.make_node("Cos", ["freqs"], ["cos"]), h.make_node("Sin", ["freqs"], ["sin"]),
-             h.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=interleaved,
-                         **({"rotary_embedding_dim": rot_dim} if rot_dim else {}))]
-    inits = [inv, nh.from_array(np.array(0, np.int64), "zero"), nh.from_array(np.array(1, np.int64), "one"),
-             nh.from_array(np.array([0, 1], np.int64), "axes01")]
-    g = h.make_graph(nodes, "rope23", [h.make_tensor_value_info("x", TP.FLOAT, ["batch", 4, "seq", d])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", 4, "seq", d])], inits)
+             h.make_node("Range", ["zero", "s", "one"], ["pos"])]
+    extra = []
+    if positions is None:
+        inits.append(nh.from_array(inv.reshape(1, 1, r // 2), "inv"))
+        nodes += [h.make_node("Cast", ["pos"], ["posf"], to=TP.FLOAT),
+                  h.make_node("Unsqueeze", ["posf", "axes01"], ["pos3"]),
+                  h.make_node("Transpose", ["pos3"], ["pos3t"], perm=[0, 2, 1]),
+                  h.make_node("Mul", ["pos3t", "inv"], ["freqs"]),
+                  h.make_node("Cos", ["freqs"], ["cos"]), h.make_node("Sin", ["freqs"], ["sin"])]
+    else:
+        angles = np.outer(np.arange(64), inv)
+        inits += [nh.from_array(np.cos(angles).astype(np.float32), "cos"),
+                  nh.from_array(np.sin(angles).astype(np.float32), "sin")]
+        if positions == "input":
+            inputs.append(h.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]))
+        else:
+            nodes.append(h.make_node("Unsqueeze", ["pos", "axes0"], ["position_ids"]))
+        extra = ["position_ids"]
+    attrs = dict(interleaved=interleaved, **({"rotary_embedding_dim": rot_dim} if rot_dim else {}),
+                 **({"num_heads": heads} if rank == 3 else {}))
+    nodes.append(h.make_node("RotaryEmbedding", ["x", "cos", "sin", *extra], ["y"], **attrs))
+    g = h.make_graph(nodes, "rope23", inputs, [h.make_tensor_value_info("y", TP.FLOAT, x_shape)], inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 23)])
 
 
-def test_opset23_native_rotary_embedding_fuses_to_mode0():
-    original = _native_rope_graph()
+NATIVE_SPELLINGS = {  # -> mode
+    "halves": (dict(), 0),
+    "pairs (interleaved), cos batch 1": (dict(interleaved=1), 1),
+    "partial 8 of 16": (dict(rot_dim=8), 0),
+    "partial interleaved 8 of 32": (dict(rot_dim=8, d=32, interleaved=1), 1),
+    "caches indexed by position_ids (B, S)": (dict(positions="input"), 0),
+    "caches indexed by positions (1, S), interleaved": (dict(positions="range", interleaved=1), 1),
+    "3-D x (B, S, N*D) with num_heads": (dict(rank=3), 0),
+    "3-D x, partial, position_ids": (dict(rank=3, rot_dim=8, positions="input"), 0),
+}
+
+
+@pytest.mark.parametrize("name", NATIVE_SPELLINGS)
+def test_opset23_native_rotary_embedding_fuses(name):
+    kwargs, mode = NATIVE_SPELLINGS[name]
+    original = _native_rope_graph(**kwargs)
     count, fused = fuse(original, "fuse-rope")
     assert count == 1
     (node,) = [n for n in fused.graph.node if n.domain == "mindspore"]
     assert node.op_type == "RotaryPositionEmbedding"
-    assert onnx.helper.get_attribute_value(node.attribute[0]) == 0
+    assert _modes(fused) == [mode]
+    assert "RotaryEmbedding" not in [n.op_type for n in fused.graph.node]
     # onnxruntime 1.32 refuses this RotaryEmbedding at batch != 1: the oracle falls back to onnx.reference.
     assert_same_numerics(original, fused, 1e-5, 1e-5)
 
 
-@pytest.mark.parametrize("kwargs", [dict(interleaved=1), dict(rot_dim=8)], ids=["interleaved", "partial"])
-def test_opset23_native_rotary_embedding_refusals(kwargs):
-    count, _ = fuse(_native_rope_graph(**kwargs), "fuse-rope")
-    assert count == 0
+NATIVE_REFUSALS = {
+    "pairs with position_ids of any batch": (dict(interleaved=1, positions="input"),
+                                             "mode 1 takes cos/sin of 11SD"),
+    "head dim 896": (dict(d=896), "not even and < 896"),
+    "3-D x without num_heads": (dict(rank=3, heads=0), "needs num_heads"),
+}
+
+
+@pytest.mark.parametrize("name", NATIVE_REFUSALS)
+def test_opset23_native_rotary_embedding_refusals(name):
+    kwargs, why = NATIVE_REFUSALS[name]
+    model = _native_rope_graph(**kwargs)
+    if name == "3-D x without num_heads":  # x of 64 = 4 heads of 16, num_heads left out
+        model = _native_rope_graph(rank=3)
+        node = next(n for n in model.graph.node if n.op_type == "RotaryEmbedding")
+        del node.attribute[[a.name for a in node.attribute].index("num_heads")]
+    count, skipped, fused = _run(model)
+    assert count == 0 and not fused_nodes(fused)
+    assert skipped and all(why in r for r in skipped), skipped
