@@ -12,7 +12,8 @@ Spellings matched (each with Mul/Add operands in either order):
               folded into a constant by onnxsim or left as Add(1, w) (any value of shape (H,)), or a constant of
               shape (1, ..., 1, H) (taken as (H,)); or none: an all-ones gamma's `* 1` is removed by onnxsim (fused
               with a ones gamma; needs the normalised size static)
-  native      opset 23's RMSNormalization over the last axis, stash_type fp32
+  native      opset 23's RMSNormalization and onnxruntime's SimplifiedLayerNormalization over the last axis,
+              stash_type fp32
 The normalised axis is x's last, whatever x's rank: a model norm on (B, S, H), Qwen3's / Gemma-3's per-head
 q_norm/k_norm on (B, S, N, D) or (B, N, S, D) with gamma (D,), OLMo-2's q_norm/k_norm over the whole projection
 (B, S, N*D) with gamma (N*D,).
@@ -210,31 +211,45 @@ class UnitGammaRmsNormFusion(RmsNormFusion):
 
 
 class NativeRmsNormalization(pattern.RewriteRuleClassBase):
-    """Opset 23's RMSNormalization (what dynamo emits for an RMSNorm formula at opset 23)."""
+    """Opset 23's RMSNormalization (what dynamo emits for an RMSNorm formula at opset 23), or onnxruntime's
+    SimplifiedLayerNormalization (default domain, what ORT's transformer optimizer writes): both
+    y = x / sqrt(mean(x², axes axis..-1) + eps) * scale, statistics in stash_type. Fused over the last axis with
+    stash_type fp32 and only y used (SimplifiedLayerNormalization's inv_std_var output unused)."""
+
+    def __init__(self, name: str, op_type: str = "RMSNormalization"):
+        super().__init__(name)
+        self._op_type = op_type
 
     def pattern(self, op, x, gamma):
-        return op.RMSNormalization(x, gamma, _outputs=["y"])
+        return getattr(op, self._op_type)(x, gamma, _outputs=["y"])
 
     def check(self, context, x, gamma, y, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
-        attrs = y.producer().attributes
+        node = y.producer()
+        attrs = node.attributes
         get = lambda k, d: attrs[k].value if k in attrs else d  # noqa: E731
         rank = x.shape.rank() if x.shape is not None else None
         if rank is None or get("axis", -1) % rank != rank - 1:
-            return result.fail("RMSNormalization over more than the last axis", x)
+            return result.fail(f"{self._op_type} over more than the last axis", x)
         if get("stash_type", 1) != 1:
             return result.fail("stash_type is not fp32 (RmsNorm computes its statistics in fp32)", x)
-        if x.dtype not in match.FLOATS or gamma.dtype != x.dtype:
-            return result.fail(f"dtypes x={x.dtype}, gamma={gamma.dtype}: RmsNorm needs one float dtype", gamma)
-        if gamma.shape is None or gamma.shape.rank() != 1:
-            return result.fail("gamma is not 1-D", gamma)
+        if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return result.fail(f"{self._op_type}'s inv_std_var output is used (RmsNorm's rstd is not emitted)", x)
+        if x.dtype not in match.FLOATS:
+            return result.fail(f"dtype x={x.dtype}: RmsNorm takes fp32, fp16 or bf16", x)
+        why = _gamma_reason(gamma, x, x.dtype)
+        if why:
+            return result.fail(why, gamma)
         if not 0 < get("epsilon", 1e-5) <= 1:
             return result.fail("epsilon is not in (0, 1]", x)
-        return result
+        return match.float_guard(context, result, x, "RmsNorm")
 
     def rewrite(self, op, x, gamma, y, **_):
         attrs = y.producer().attributes
         eps = float(attrs["epsilon"].value) if "epsilon" in attrs else 1e-5
+        flat = _flat_gamma(gamma, x) if gamma.shape is not None and gamma.shape.rank() != 1 else None
+        if flat is not None:
+            gamma = op.Constant(value=ir.tensor(flat, name=None))
         return op.RmsNorm(x, gamma, epsilon=eps, _domain="mindspore")
 
 
@@ -242,7 +257,8 @@ NORMALIZE = ("reciprocal", "div-one", "div", "pow")
 RULES = [RmsNormFusion.rule(f"RmsNorm-{v}", v) for v in NORMALIZE]
 RULES += [UnitGammaRmsNormFusion.rule(f"RmsNorm-unit-gamma-{v}{'-cast' if c else ''}", v, c)
           for v in NORMALIZE for c in (False, True)]
-RULES.append(NativeRmsNormalization.rule("RmsNorm-native"))
+RULES += [NativeRmsNormalization.rule("RmsNorm-native"),
+          NativeRmsNormalization.rule("RmsNorm-ort-simplified-layernorm", "SimplifiedLayerNormalization")]
 PASS = rewrite_pass("fuse-rmsnorm", "decomposed RMSNorm (Pow/Mul, Sqrt, Reciprocal/Div, Cast islands) -> "
                     "mindspore::RmsNorm", pattern.RewriteRuleSet(RULES, commute=True))
 

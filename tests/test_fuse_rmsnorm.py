@@ -240,22 +240,40 @@ def test_pass_can_be_disabled_and_unknown_passes_are_refused():
         passes.PassManager("fuse-everything")
 
 
-def _native_graph(axis=-1, stash_type=1, gamma_shape=(H,)):
+def _native_graph(axis=-1, stash_type=1, gamma_shape=(H,), op_type="RMSNormalization", opset=23,
+                  x_shape=("batch", "seq", H), inv_std_var=False):
+    outputs = ["y", "inv_std"] if inv_std_var else ["y"]
     g = helper.make_graph(
-        [helper.make_node("RMSNormalization", ["x", "gamma"], ["y"], axis=axis, epsilon=EPS, stash_type=stash_type)],
-        "rms23", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", H])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", H])],
+        [helper.make_node(op_type, ["x", "gamma"], outputs, axis=axis, epsilon=EPS, stash_type=stash_type)],
+        "rms23", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
         [numpy_helper.from_array(np.random.default_rng(1).standard_normal(gamma_shape).astype(np.float32), "gamma")])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def test_opset23_native_rmsnormalization_fuses():
-    original = _native_graph()
+NATIVE = {
+    "RMSNormalization": dict(),
+    "RMSNormalization, qk-norm on (B, S, N, D)": dict(x_shape=QWEN3_Q),
+    "RMSNormalization, (1, H) gamma": dict(gamma_shape=(1, H)),
+    # onnxruntime's contrib op in the default domain (its transformer optimizer writes it)
+    "SimplifiedLayerNormalization": dict(op_type="SimplifiedLayerNormalization", opset=18),
+}
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_rmsnorm_ops_fuse(name):
+    original = _native_graph(**NATIVE[name])
     count, fused = fuse(original, "fuse-rmsnorm")
     assert count == 1
     (node,) = [n for n in fused.graph.node if n.domain == "mindspore"]
     assert node.op_type == "RmsNorm" and helper.get_attribute_value(node.attribute[0]) == pytest.approx(EPS)
     assert_same_numerics(original, fused, 1e-5, 1e-5)
+
+
+def test_simplified_layernorm_whose_inv_std_var_is_used_does_not_fuse():
+    count, _ = fuse(_native_graph(op_type="SimplifiedLayerNormalization", opset=18, inv_std_var=True),
+                    "fuse-rmsnorm")
+    assert count == 0
 
 
 def test_opset23_native_rmsnormalization_over_two_axes_does_not_fuse():
