@@ -323,13 +323,13 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
         # On another axis the parts keep the last axis; on the last axis each part has an even last dim (rec
         # checks it), so the parts' pairs are the result's.
         parts = list(node.inputs)
-        if not keeps_last(node.attributes.get_int("axis", 0), rank_out) and len(parts) > 1 and \
-                all(p is parts[0] for p in parts):
-            return (f"{name} is Concat({parts[0].name}, {parts[0].name}) on the last axis: the rotate_half (mode 0) "
-                    "layout cat(f, f), not the interleaved one")
         for x in parts:
             why = rec(x)
             if why:
+                if not keeps_last(node.attributes.get_int("axis", 0), rank_out) and len(parts) > 1 and \
+                        all(p is parts[0] for p in parts):
+                    return (f"{name} is Concat({parts[0].name}, {parts[0].name}) on the last axis: the rotate_half "
+                            "(mode 0) layout cat(f, f), not the interleaved one")
                 return why
         return None
     if op == "MatMul":

@@ -362,6 +362,55 @@ def test_stack_in_the_wrong_order_is_not_a_rotation():
     assert count == 0 and not fused_nodes(fused) and skipped == []
 
 
+# --- mode 1's proof that cos[2i] = cos[2i+1], rule by rule ------------------------------------------------------
+def _pairs_of(build) -> str | None:
+    """repeated_pairs on the output of a small graph (seq, 8) built by `build(g, f)` from f = angles (seq, 4)."""
+    import passes.fuse_rope as fuse_rope
+
+    g = _G(18)
+    x = g.input("x", TensorProto.FLOAT, ["batch", N, "seq", D])
+    f = _positions_freqs(g, x, 2, 8)
+    out = build(g, f)
+    model = onnx.shape_inference.infer_shapes(g.model(out, TensorProto.FLOAT, None), data_prop=True)
+    graph = ir.from_proto(model).graph
+    fuse_rope.FACTS.reset()
+    value = next(v for n in graph for v in n.outputs if v.name == out)
+    return fuse_rope.repeated_pairs(value)
+
+
+PAIRS = {  # -> a part of the reason, or None (proved)
+    "repeat_interleave": (lambda g, f: _repeat_interleave(g, f, 4), None),
+    "Cos of it times a scalar, Cast": (lambda g, f: g.node("Cast", [g.node("Mul", [
+        g.node("Cos", [_repeat_interleave(g, f, 4)]), g.const(0.5, np.float32)])], to=TensorProto.FLOAT), None),
+    "cat(p, p) of a repeated p": (lambda g, f: g.slice(g.node("Concat", [_repeat_interleave(g, f, 4)] * 2, axis=-1),
+                                                       0, 8), None),
+    "Slice [2:6] of it": (lambda g, f: g.node("Concat", [g.slice(_repeat_interleave(g, f, 4), 2, 6)] * 2, axis=-1),
+                          None),
+    "MatMul by a constant with repeated columns": (
+        lambda g, f: g.node("MatMul", [f, g.const(np.repeat(np.eye(4), 2, axis=1), np.float32)]), None),
+    "Transpose keeping the last axis": (lambda g, f: g.node("Transpose", [g.unsqueeze(_repeat_interleave(g, f, 4),
+                                                                                       [0])], perm=[1, 0, 2]), None),
+    "cat(f, f)": (lambda g, f: g.node("Concat", [f, f], axis=-1), "the rotate_half (mode 0) layout"),
+    "Tile": (lambda g, f: g.node("Tile", [f, g.const([1, 2])]), "made by Tile"),
+    "Slice [1:9] of a repeated (seq, 10)": (lambda g, f: g.slice(_repeat_interleave(g, g.node("Concat", [
+        f, g.slice(f, 0, 1)], axis=-1), 5), 1, 9), "odd offset"),
+    "Transpose moving the last axis": (lambda g, f: g.node("Transpose", [g.node("Reshape", [
+        _repeat_interleave(g, f, 4), g.const([-1, 2, 4])])], perm=[0, 2, 1]), "moves the last axis"),
+    "Expand of a whole row (tile)": (lambda g, f: g.node("Reshape", [g.node("Expand", [
+        g.unsqueeze(f, [1]), g.const([1, 2, 1])]), g.const([0, 8])]), "does not repeat its values in pairs"),
+}
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_repeated_pairs_proof(name):
+    build, why = PAIRS[name]
+    got = _pairs_of(build)
+    if why is None:
+        assert got is None, got
+    else:
+        assert got is not None and why in got, got
+
+
 # --- fusion coverage: every rotary candidate (a Neg reaching a Concat) is fused or explained -------------------
 def _coverage(model: onnx.ModelProto) -> dict:
     m = ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True))
