@@ -52,24 +52,35 @@ _WHERE = {
 }
 
 
+def _times(op, v, c, c_first: bool):
+    """Mul(v, c) or Mul(c, v) of a tensor v and a constant c, the order a rule variant. Not match.mul: its
+    alternatives backtrack only locally, so where c is visited before v is bound elsewhere (a swapped root),
+    Mul(c, x) would bind x to the constant and the match fail later."""
+    return op.Mul(c, v) if c_first else op.Mul(v, c)
+
+
 class GeluDecomposed(pattern.RewriteRuleClassBase):
-    def __init__(self, name: str, kind: str, outer: str, swap: bool):
+    def __init__(self, name: str, kind: str, outer: str, swap: bool, orders: tuple = ()):
         super().__init__(name)
         self._kind, self._outer, self._swap = kind, outer, swap
+        # the order of each tensor-times-constant Mul: erf ("div" | "x*s" | "s*x"), factored (coeff first,
+        # scale first)
+        self._orders = orders
 
     def pattern(self, op, x, half, one, scale, coeff, three, one_inner):
         if self._kind == "erf":
-            arg = pattern.OrValue([op.Div(x, scale), match.mul(op, x, scale)], tag_var="erf_op",
-                                  tag_values=["div", "mul"])
+            (arg_form,) = self._orders
+            arg = op.Div(x, scale) if arg_form == "div" else _times(op, x, scale, arg_form == "s*x")
             t = op.Erf(arg)
         elif self._kind == "tanh":
             cube = pattern.OrValue([op.Pow(x, three), match.mul(op, x, match.mul(op, x, x))])
             t = op.Tanh(match.mul(op, scale, match.add(op, x, match.mul(op, coeff, cube))))
         else:  # factored (Bloom): sqrt(2/pi) * x * (1 + 0.044715 * x * x)
-            square = pattern.OrValue([match.mul(op, match.mul(op, coeff, x), x),
+            coeff_first, scale_first = self._orders
+            square = pattern.OrValue([match.mul(op, _times(op, x, coeff, coeff_first), x),
                                       match.mul(op, coeff, match.mul(op, x, x))])
             one_plus_square = match.add(op, one_inner, square)
-            t = op.Tanh(pattern.OrValue([match.mul(op, match.mul(op, scale, x), one_plus_square),
+            t = op.Tanh(pattern.OrValue([match.mul(op, _times(op, x, scale, scale_first), one_plus_square),
                                          match.mul(op, scale, match.mul(op, x, one_plus_square))]))
         one_plus = match.add(op, t, one)
         # The root Mul's operand order is a rule variant (a pattern's root is a node, not alternatives).
@@ -77,16 +88,16 @@ class GeluDecomposed(pattern.RewriteRuleClassBase):
             a, b = x, match.mul(op, half, one_plus)
         elif self._outer == "(x*(1+t))*half":
             a, b = match.mul(op, x, one_plus), half
-        else:
-            a, b = match.mul(op, x, half), one_plus
+        else:  # (x*half)*(1+t) | (half*x)*(1+t)
+            a, b = _times(op, x, half, self._outer == "(half*x)*(1+t)"), one_plus
         return op.Mul(b, a) if self._swap else op.Mul(a, b)
 
-    def check(self, context, x, half, one, scale, erf_op=None, coeff=None, three=None, one_inner=None,
+    def check(self, context, x, half, one, scale, coeff=None, three=None, one_inner=None,
               **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
         expected = {"half": (half, _EXPECTED["half"]), "one": (one, _EXPECTED["one"])}
         if self._kind == "erf":
-            expected["scale"] = (scale, _EXPECTED[f"erf_{erf_op}"])
+            expected["scale"] = (scale, _EXPECTED["erf_div" if self._orders == ("div",) else "erf_mul"])
         else:
             expected["scale"] = (scale, _EXPECTED["sqrt_2_pi"])
             expected["coeff"] = (coeff, _EXPECTED["coeff"])
@@ -292,10 +303,14 @@ def explain(node: ir.Node) -> str | None:
 
 coverage.set_explain("gelu", explain)
 
-OUTER = ("x*(half*(1+t))", "(x*(1+t))*half", "(x*half)*(1+t)")
+OUTER = ("x*(half*(1+t))", "(x*(1+t))*half", "(x*half)*(1+t)", "(half*x)*(1+t)")
+ORDERS = {"erf": [("div",), ("x*s",), ("s*x",)], "tanh": [()],
+          "factored": [(c, s) for c in (False, True) for s in (False, True)]}
 RULES = ([GeluNative.rule("Gelu-native")] +
-         [GeluDecomposed.rule(f"Gelu-{kind}-{outer}{'-swapped' if swap else ''}", kind, outer, swap)
-          for kind in ("erf", "tanh", "factored") for outer in OUTER for swap in (False, True)] +
+         [GeluDecomposed.rule(f"Gelu-{kind}-{outer}{'-swapped' if swap else ''}"
+                              f"{''.join(f'-{o}' for o in orders)}", kind, outer, swap, orders)
+          for kind in ("erf", "tanh", "factored") for orders in ORDERS[kind] for outer in OUTER
+          for swap in (False, True)] +
          [QuickGelu.rule(f"FastGelu{'-sigmoid-first' if s else ''}{'-k-first' if k else ''}", s, k)
           for s in (False, True) for k in (False, True)])
 PASS = rewrite_pass("fuse-gelu", "exact (erf), tanh (also Bloom's factored form) and quick GELU, decomposed or "

@@ -136,6 +136,9 @@ class LayerNormDecomposed(pattern.RewriteRuleClassBase):
             return result.fail("epsilon is not a constant scalar in (0, 1]", epsilon)
         if cast_in != cast_out:
             return result.fail("a Cast on one side of the precision island only", x)
+        island = mean.producer().inputs[0]
+        if cast_in and island.dtype != ir.DataType.FLOAT:
+            return result.fail(f"the precision island computes in {island.dtype}, not float32", island)
         if not _check_affine(result, x, gamma, beta):
             return result
         return match.float_guard(context, result, x, "LayerNorm")

@@ -147,6 +147,51 @@ def _refusals(coverage: dict, family: str) -> list[str]:
     return [item["reason"] for item in coverage[family]["items"]]
 
 
+# --- every operand order ------------------------------------------------------------------------------------
+
+def _any_order_graph(kind: str, outer: int, flips: list[bool]) -> onnx.ModelProto:
+    """A GELU of x[batch, H] whose every binary Mul/Add takes its operands in the order `flips` says: kind
+    "erf" (x * 1/sqrt(2)), "tanh" (x * (x * x) cube) or "factored" (Bloom), outer 0: x * (0.5 * (1 + T)),
+    1: (x * (1 + T)) * 0.5, 2: (x * 0.5) * (1 + T)."""
+    consts = dict(half=0.5, one=1.0, s=1 / math.sqrt(2) if kind == "erf" else math.sqrt(2 / math.pi), c=0.044715,
+                  one_in=1.0)
+    inits = [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()]
+    order = iter(flips)
+
+    def binary(op, a, b, out):
+        return helper.make_node(op, [b, a] if next(order) else [a, b], [out])
+
+    if kind == "erf":
+        nodes = [binary("Mul", "x", "s", "arg")]
+    elif kind == "tanh":
+        nodes = [binary("Mul", "x", "x", "xx"), binary("Mul", "x", "xx", "x3"), binary("Mul", "c", "x3", "cx3"),
+                 binary("Add", "x", "cx3", "in"), binary("Mul", "s", "in", "arg")]
+    else:
+        nodes = [binary("Mul", "x", "c", "xc"), binary("Mul", "xc", "x", "cxx"), binary("Add", "cxx", "one_in", "in"),
+                 binary("Mul", "x", "s", "xs"), binary("Mul", "xs", "in", "arg")]
+    nodes += [helper.make_node("Erf" if kind == "erf" else "Tanh", ["arg"], ["t"]), binary("Add", "t", "one", "op")]
+    nodes += [[binary("Mul", "half", "op", "b"), binary("Mul", "x", "b", "y")],
+              [binary("Mul", "x", "op", "a"), binary("Mul", "a", "half", "y")],
+              [binary("Mul", "x", "half", "a"), binary("Mul", "a", "op", "y")]][outer]
+    g = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", H])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("kind", ["erf", "tanh", "factored"])
+@pytest.mark.parametrize("outer", [0, 1, 2])
+def test_every_operand_order_fuses(kind, outer):
+    """Mul and Add commute: 24 random operand orders of every binary node (seeded) each fuse once, and a few
+    keep the numbers (the rest are the same function)."""
+    rng = np.random.default_rng(100 * outer + len(kind))
+    for trial in range(24):
+        original = _any_order_graph(kind, outer, list(rng.random(12) < 0.5))
+        count, fused = fuse(original, "fuse-gelu")
+        assert count == 1, (trial, [list(n.input) for n in original.graph.node])
+        if trial < 3:
+            assert_same_numerics(original, fused)
+
+
 # --- Bloom's factored tanh GELU ------------------------------------------------------------------------------
 
 def _bloom_graph(order="dynamo", coeff=0.044715, scale=0.79788456, one_inner=1.0, opset=18,
