@@ -20,18 +20,23 @@ STANDARD_DOMAINS = ("", "ai.onnx")
 MIN_LOW_PRECISION_OPSET = 15
 
 
+def _numeric(c: np.ndarray) -> np.ndarray:
+    """bfloat16 arrays (numpy kind 'V' under ml_dtypes) as float32, so dtype-kind checks see a float."""
+    return c.astype(np.float32) if c.dtype == ml_dtypes.bfloat16 else c
+
+
 def const_value(value: ir.Value | None) -> np.ndarray | None:
-    """The value of an initializer or a `Constant` node's output, else None."""
+    """The value of an initializer or a `Constant` node's output, else None (bfloat16 read as float32)."""
     if value is None:
         return None
     if value.const_value is not None:
-        return value.const_value.numpy()
+        return _numeric(value.const_value.numpy())
     producer = value.producer()
     if producer is None or producer.op_type != "Constant" or producer.domain not in STANDARD_DOMAINS:
         return None
     attr = producer.attributes.get("value")
     if attr is not None:
-        return attr.value.numpy()
+        return _numeric(attr.value.numpy())
     for name, dtype in (("value_float", np.float32), ("value_floats", np.float32),
                         ("value_int", np.int64), ("value_ints", np.int64)):
         attr = producer.attributes.get(name)
@@ -51,11 +56,15 @@ def scalar(value: ir.Value | None) -> float | None:
 def scalar_with_tolerance(value: ir.Value | None) -> tuple[float, float] | None:
     """A constant scalar and the relative tolerance its dtype can hold a coefficient to (1e-5, or the
     fp16/bf16 rounding step)."""
+    if value is None:
+        return None
+    stored = value.dtype  # the tolerance is the stored dtype's (bf16 is read as float32)
     c = const_value(value)
     if c is None or c.size != 1 or c.dtype.kind not in "fiu":
         return None
-    rel = max(1e-5, float(ml_dtypes.finfo(c.dtype).eps)) if c.dtype.kind == "f" else 1e-5
-    return float(c.reshape(-1)[0]), rel
+    eps = float(ml_dtypes.finfo(stored.numpy()).eps) if stored in FLOATS else float(np.finfo(c.dtype).eps) \
+        if c.dtype.kind == "f" else 0.0
+    return float(c.reshape(-1)[0]), max(1e-5, eps)
 
 
 def close_to(value: ir.Value | None, expected: float) -> bool:

@@ -24,6 +24,21 @@ def fuse(model: onnx.ModelProto, pass_name: str) -> tuple[int, onnx.ModelProto]:
     return count, onnx.shape_inference.infer_shapes(fused, data_prop=True)
 
 
+# The norm/activation families' passes in pipeline order (no rotary or attention): real exports through them.
+FAMILY_PIPELINE = "canonicalize,tie-weights,fuse-rmsnorm,fuse-layernorm,fuse-gelu,fuse-silu,fuse-swiglu"
+
+
+def fused_equals_unfused(path, spec: str = FAMILY_PIPELINE, tol: float = 1e-5):
+    """The export run through `spec` (`fuse` for a pipeline), then onnxruntime on the fused graph with
+    its function bodies against the export: returns the pass counts."""
+    original = onnx.load(path)
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(original, data_prop=True))
+    counts = passes.PassManager(spec).run(m)
+    fused = onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(m)), data_prop=True)
+    assert_same_numerics(original, fused, tol, tol)
+    return counts
+
+
 def assert_same_numerics(original: onnx.ModelProto, fused: onnx.ModelProto, atol: float = 1e-5,
                          rtol: float = 1e-5) -> None:
     """onnxruntime on the fused graph equals onnxruntime on the original, at both reference shapes."""

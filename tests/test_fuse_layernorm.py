@@ -350,7 +350,7 @@ ARCH = "models.architectures:build_{}"
 def test_real_export_bias_free_layernorm(arch, opset, n, export_cache, tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("models.architectures")
-    from test_fuse_gelu import fused_equals_unfused
+    from fusion_utils import fused_equals_unfused
 
     path = export_cache(ARCH.format(arch), opset, "dynamo")
     assert fused_equals_unfused(path)["fuse-layernorm"] == n

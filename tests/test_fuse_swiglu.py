@@ -464,7 +464,7 @@ def test_real_export_merged_gate_up_gets_one_swiglu_per_layer(arch, opset, expor
     output, one per layer, the weight untouched."""
     pytest.importorskip("transformers")
     pytest.importorskip("models.architectures")
-    from test_fuse_gelu import fused_equals_unfused
+    from fusion_utils import fused_equals_unfused
 
     n_layers = 2
     path = export_cache(ARCH.format(arch), opset, "dynamo")

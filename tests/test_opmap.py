@@ -972,6 +972,7 @@ case("Gelu_fused", "Gelu", [x("batch", "seq", 8)], domain=fused.DOMAIN,
      xfail="GeluExt has no CPU kernel (Ascend only); tests/test_fuse_gelu.py checks the cpu twin")
 case("GeluTanh_fused", "GeluTanh", [x("batch", "seq", 8)], domain=fused.DOMAIN)
 case("SiLU_fused", "SiLU", [x("batch", "seq", 8)], domain=fused.DOMAIN)
+case("FastGelu_fused", "FastGelu", [x("batch", "seq", 8)], domain=fused.DOMAIN)
 case("Swiglu_fused", "Swiglu", [x("batch", "seq", 8)], {"dim": -1}, domain=fused.DOMAIN,
      xfail="Swiglu has no CPU kernel (Ascend only); tests/test_fuse_swiglu.py checks the cpu twin")
 
