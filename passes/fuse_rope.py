@@ -660,7 +660,7 @@ PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*si
 
 
 # --- fusion coverage: why a rotary candidate was left ----------------------------------------------------------
-_SHAPE_ONLY = ("Unsqueeze", "Reshape", "Identity", "Squeeze", "Flatten", "Cast")
+_SHAPE_ONLY = coverage._SHAPE_ONLY  # the candidate rule's "shape-only ops" (one definition)
 
 
 def _std_users(value: ir.Value, *op_types: str) -> list[ir.Node]:
