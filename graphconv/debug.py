@@ -35,10 +35,7 @@ def likely_causes(op: str) -> str:
 
 # What usually makes a node of this kind disagree.
 LIKELY_CAUSES = {
-    "RmsNorm": "epsilon, the normalised axis, or the Cast island around it",
-    "LayerNorm": "epsilon (MindSpore's nn.LayerNorm defaults to 1e-7), the normalised axes",
     "LayerNormalization": "epsilon, the normalised axes, stash_type",
-    "RotaryPositionEmbedding": "rotary direction (rotate_half vs interleaved), the cos/sin layout",
     "Softmax": "the axis; a mask with the wrong polarity or a non-finite fill value",
     "Where": "mask polarity",
     "Cast": "the target dtype; overflow when narrowing",

@@ -33,7 +33,6 @@ import onnx_ir as ir
 
 from passes import match
 
-_SHAPE_ONLY = {"Unsqueeze", "Reshape", "Identity", "Squeeze", "Flatten", "Cast"}
 _GELU_COEFFICIENTS = (0.044715, 0.7978845608028654, 0.035677408136300125)  # 0.044715*sqrt(2/pi): Bloom
 
 
@@ -97,7 +96,7 @@ def _reaches_concat(value: ir.Value, hops: int = 2) -> bool:
         node = use.node
         if _std(node, "Concat"):
             return True
-        if hops and _std(node, *_SHAPE_ONLY) and _reaches_concat(node.outputs[0], hops - 1):
+        if hops and _std(node, *match.SHAPE_ONLY) and _reaches_concat(node.outputs[0], hops - 1):
             return True
     return False
 

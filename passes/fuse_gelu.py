@@ -201,9 +201,6 @@ def _subtree_scalars(value: ir.Value | None, depth: int) -> list[float]:
     return found
 
 
-def _users(value: ir.Value, *op_types: str) -> list[ir.Node]:
-    return [u.node for u in value.uses() if u.node.domain in match.STANDARD_DOMAINS and u.node.op_type in op_types]
-
 
 def _dtype_reason(x: ir.Value | None, op_name: str) -> str | None:
     if x is not None and x.dtype is not None and x.dtype not in match.FLOATS:
@@ -213,7 +210,7 @@ def _dtype_reason(x: ir.Value | None, op_name: str) -> str | None:
 
 def _outer_reason(t: ir.Value, what: str) -> str:
     """Why T (an Erf or Tanh result) is not in 0.5 * x * (1 + T)."""
-    adds = _users(t, "Add")
+    adds = match.users(t, "Add")
     ones = [a for a in adds if any(v is not t and match.close_to(v, 1.0) for v in a.inputs)]
     if not ones:
         others = [match.scalar(v) for a in adds for v in a.inputs if v is not t]
@@ -222,8 +219,8 @@ def _outer_reason(t: ir.Value, what: str) -> str:
         return f"{what}'s result is not in 1 + {what} (GELU's 0.5 * x * (1 + {what}))"
     # The outer factor: a scalar operand of the Muls around 1 + T (x * (half * (1 + T)), (x * half) * (1 + T),
     # (x * (1 + T)) * half).
-    outer = [u for a in ones for u in _users(a.outputs[0], "Mul")]
-    around = outer + [u for m in outer for u in _users(m.outputs[0], "Mul")]
+    outer = [u for a in ones for u in match.users(a.outputs[0], "Mul")]
+    around = outer + [u for m in outer for u in match.users(m.outputs[0], "Mul")]
     around += [match.producer(v, "Mul") for m in outer for v in m.inputs if match.producer(v, "Mul") is not None]
     for m in around:
         for v in m.inputs:

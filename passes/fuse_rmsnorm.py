@@ -277,9 +277,6 @@ def _squared(reduce: ir.Node) -> ir.Value | None:
     return sq.inputs[0] if sq is not None and sq.op_type in ("Pow", "Mul") else None
 
 
-def _users(value: ir.Value, *op_types: str) -> list[ir.Node]:
-    return [u.node for u in value.uses() if u.node.domain in match.STANDARD_DOMAINS and u.node.op_type in op_types]
-
 
 def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
     return next((v for v in node.inputs if v is not value), None) if len(node.inputs) == 2 else None
@@ -309,13 +306,13 @@ def explain(node: ir.Node) -> str | None:
     if keep is not None and keep.value != 1:
         return "ReduceMean drops the reduced axis (keepdims=0)"
     mean = node.outputs[0]
-    sqrts = _users(mean, "Sqrt")
-    if sqrts and not _users(mean, "Add"):
+    sqrts = match.users(mean, "Sqrt")
+    if sqrts and not match.users(mean, "Add"):
         for s in sqrts:
-            if any(match.const_value(_other(a, s.outputs[0])) is not None for a in _users(s.outputs[0], "Add")):
+            if any(match.const_value(_other(a, s.outputs[0])) is not None for a in match.users(s.outputs[0], "Add")):
                 return "epsilon is added outside the square root (sqrt(mean(x²)) + eps); RmsNorm adds it inside"
         return "no epsilon is added to mean(x²) before the square root"
-    adds = _users(mean, "Add")
+    adds = match.users(mean, "Add")
     if not adds:
         return f"mean(x²) is not followed by + epsilon (it feeds {', '.join(u.node.op_type for u in mean.uses())})"
     add = adds[0]
@@ -327,23 +324,23 @@ def explain(node: ir.Node) -> str | None:
         return "epsilon is not a constant scalar in (0, 1]"
     ms = add.outputs[0]
     rstd_users = []  # (node, the value it multiplies or divides, kind)
-    for s in _users(ms, "Sqrt"):
+    for s in match.users(ms, "Sqrt"):
         rms = s.outputs[0]
-        for d in _users(rms, "Div"):
+        for d in match.users(rms, "Div"):
             if d.inputs[1] is rms:
                 if match.close_to(d.inputs[0], 1.0):
-                    rstd_users += [(m, _other(m, d.outputs[0])) for m in _users(d.outputs[0], "Mul")]
+                    rstd_users += [(m, _other(m, d.outputs[0])) for m in match.users(d.outputs[0], "Mul")]
                 else:
                     rstd_users.append((d, d.inputs[0]))
-        for r in _users(rms, "Reciprocal"):
-            rstd_users += [(m, _other(m, r.outputs[0])) for m in _users(r.outputs[0], "Mul")]
+        for r in match.users(rms, "Reciprocal"):
+            rstd_users += [(m, _other(m, r.outputs[0])) for m in match.users(r.outputs[0], "Mul")]
         if not rstd_users:
             return "sqrt(mean(x²) + eps) is not used as x / rms or x * (1 / rms)"
-    for p in _users(ms, "Pow"):
+    for p in match.users(ms, "Pow"):
         exponent = match.scalar(p.inputs[1]) if len(p.inputs) > 1 else None
         if exponent != _RSQRT_EXPONENT:
             return f"(mean(x²) + eps) is raised to {exponent}, not -0.5 (1 / rms)"
-        rstd_users += [(m, _other(m, p.outputs[0])) for m in _users(p.outputs[0], "Mul")]
+        rstd_users += [(m, _other(m, p.outputs[0])) for m in match.users(p.outputs[0], "Mul")]
     if not rstd_users:
         return "(mean(x²) + eps) is not followed by a square root (Sqrt, or Pow(-0.5))"
     if not any(_same_x(v, x) for _, v in rstd_users):

@@ -660,11 +660,7 @@ PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*si
 
 
 # --- fusion coverage: why a rotary candidate was left ----------------------------------------------------------
-_SHAPE_ONLY = coverage._SHAPE_ONLY  # the candidate rule's "shape-only ops" (one definition)
 
-
-def _std_users(value: ir.Value, *op_types: str) -> list[ir.Node]:
-    return [u.node for u in value.uses() if u.node.domain in match.STANDARD_DOMAINS and u.node.op_type in op_types]
 
 
 def _sliced_from(value: ir.Value | None) -> ir.Value | None:
@@ -675,7 +671,7 @@ def _sliced_from(value: ir.Value | None) -> ir.Value | None:
             return None
         if node.op_type in ("Slice", "Split"):
             return node.inputs[0]
-        if node.op_type not in _SHAPE_ONLY:
+        if node.op_type not in match.SHAPE_ONLY:
             return None
         value = node.inputs[0]
     return None
@@ -693,7 +689,7 @@ def _concat_of(neg: ir.Node) -> tuple[ir.Node, ir.Value, bool] | None:
                     continue
                 if node.op_type == "Concat":
                     return node, value, unsqueezed
-                if node.op_type in _SHAPE_ONLY:
+                if node.op_type in match.SHAPE_ONLY:
                     nxt.append((node.outputs[0], unsqueezed or node.op_type == "Unsqueeze"))
         frontier = nxt
     return None
@@ -719,15 +715,15 @@ def _explain_neg(neg: ir.Node) -> str | None:
         return "the two halves of the rotation come from different tensors"
     rot = concat.outputs[0]
     if stacked:
-        flat = _std_users(rot, "Reshape", "Flatten")
+        flat = match.users(rot, "Reshape", "Flatten")
         if not flat:
             return "the stacked pairs are not flattened back to x's shape (no Reshape after the stack)"
         rot = flat[0].outputs[0]
-    muls = _std_users(rot, "Mul")
+    muls = match.users(rot, "Mul")
     if not muls:
         return "rot(x) is not multiplied by a sin: there is no x * cos + rot(x) * sin around this rotation"
     for mul in muls:
-        for combine in _std_users(mul.outputs[0], "Add", "Sub"):
+        for combine in match.users(mul.outputs[0], "Add", "Sub"):
             other = next((v for v in combine.inputs if v is not mul.outputs[0]), None)
             if combine.op_type == "Sub":
                 return "x * cos - rot(x) * sin (a Sub): not RoPE's x * cos + rot(x) * sin"

@@ -104,6 +104,15 @@ def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
     return p if p is not None and p.domain in STANDARD_DOMAINS and p.op_type in op_types else None
 
 
+def users(value: ir.Value, *op_types: str) -> list[ir.Node]:
+    """The standard-domain nodes of one of `op_types` that read `value`."""
+    return [u.node for u in value.uses() if u.node.domain in STANDARD_DOMAINS and u.node.op_type in op_types]
+
+
+# Ops that only move or relabel a tensor's elements (the coverage rules look through them).
+SHAPE_ONLY = frozenset({"Unsqueeze", "Reshape", "Identity", "Squeeze", "Flatten", "Cast"})
+
+
 def input_at(node: ir.Node, i: int) -> ir.Value | None:
     return node.inputs[i] if i < len(node.inputs) else None
 

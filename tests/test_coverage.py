@@ -119,3 +119,17 @@ def test_inspect_pass_options_need_fusions():
     result = CliRunner().invoke(cli, ["inspect", str(LLAMA), "--disable-pass", "fuse-rope"])
     assert result.exit_code == 1  # (main() prints the InputError as one line)
     assert "go with --fusions" in str(result.exception)
+
+
+def test_every_fused_op_record_names_its_pass_and_family():
+    """The fused-op table is the one record of each op's facts: its producer is a registered pass that is
+    one of its coverage family's passes."""
+    import passes
+    from opmap.fused import FUSED_OPS
+    from passes.coverage import FAMILIES
+
+    registered = {p.name for p in passes.available_passes()}
+    for op in FUSED_OPS.values():
+        assert op.producer in registered, op.name
+        assert op.producer in FAMILIES[op.family].passes, (op.name, op.family)
+        assert op.likely_causes, op.name

@@ -46,7 +46,8 @@ def _body(opset: int) -> list[onnx.NodeProto]:
 
 RMS_NORM = define(FusedOp(
     name="RmsNorm", inputs=("x", "gamma"), outputs=("y",), attributes=("epsilon",), body=_body,
-    primitive="RmsNorm", doc=__doc__))
+    primitive="RmsNorm", doc=__doc__, producer="fuse-rmsnorm", family="norm",
+    likely_causes="epsilon, the normalised axis, or the Cast island around it"))
 
 
 @register("RmsNorm", since=1, domain="mindspore")

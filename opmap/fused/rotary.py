@@ -71,7 +71,8 @@ def _body(opset: int) -> list[onnx.NodeProto]:
 
 ROTARY_POSITION_EMBEDDING = define(FusedOp(
     name="RotaryPositionEmbedding", inputs=("x", "cos", "sin"), outputs=("y",), attributes=("mode",),
-    body=_body, primitive="RotaryPositionEmbedding", doc=__doc__))
+    body=_body, primitive="RotaryPositionEmbedding", doc=__doc__, producer="fuse-rope", family="rotary",
+    likely_causes="rotary direction (rotate_half vs interleaved), the cos/sin layout, a partial rotary's slice"))
 
 
 @register("RotaryPositionEmbedding", since=1, domain="mindspore")
