@@ -7,7 +7,10 @@ and at a second shape with every dynamic dim changed (this catches shapes baked 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -66,12 +69,28 @@ def _grown(example_inputs: dict, dynamic_axes: dict):
     return out
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send what the exporter prints to stdout (TorchScript's C++ logger writes its "Torch IR graph at
+    exception" dump to file descriptor 1) to stderr: `--json` output owns stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, opset: int, exporter: str,
                   names: list[str]) -> None:
     import torch
 
     input_names = list(example_inputs)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _stdout_to_stderr():
         warnings.simplefilter("ignore")
         try:
             if exporter == "dynamo":

@@ -65,3 +65,16 @@ def test_unknown_exporter_and_opset_are_refused(tmp_path):
         export_pytorch(Doubler(), {"x": torch.randn(2, 4)}, tmp_path / "d.onnx", exporter="jit")
     with pytest.raises(graphconv.InputError, match="opset 12"):
         export_pytorch(Doubler(), {"x": torch.randn(2, 4)}, tmp_path / "d.onnx", opset=12)
+
+
+def test_an_exporter_failure_prints_nothing_on_stdout(tmp_path):
+    """TorchScript's C++ logger dumps the whole Torch IR graph on fd 1 when it fails (146 KB for this model,
+    measured): `--json` output owns stdout, so the dump goes to stderr and the error is one line."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "glm4.onnx"
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "export", "hf/glm4", "-o", str(out), "--exporter",
+                           "torchscript", "--opset", "17", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1].startswith("graphconv: error: PyTorch's torchscript exporter")
+    assert list(tmp_path.iterdir()) == []
