@@ -70,15 +70,17 @@ def _grown(example_inputs: dict, dynamic_axes: dict):
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr():
-    """Send what the exporter prints to stdout (TorchScript's C++ logger writes its "Torch IR graph at
-    exception" dump to file descriptor 1) to stderr: `--json` output owns stdout."""
+def _quiet_stdout():
+    """Drop what the exporter prints on stdout: TorchScript's C++ logger writes a "Torch IR graph at exception"
+    dump of the whole model to file descriptor 1 when it fails. `--json` output owns stdout, and the failure
+    is reported as one line anyway."""
     sys.stdout.flush()
     saved = os.dup(1)
     try:
-        os.dup2(2, 1)
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            with contextlib.redirect_stdout(null):
+                yield
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
@@ -90,7 +92,7 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
     import torch
 
     input_names = list(example_inputs)
-    with warnings.catch_warnings(), _stdout_to_stderr():
+    with warnings.catch_warnings(), _quiet_stdout():
         warnings.simplefilter("ignore")
         try:
             if exporter == "dynamo":
