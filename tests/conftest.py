@@ -38,7 +38,7 @@ def export_cache(tmp_path_factory):
     def get(name: str, opset: int = 18, exporter: str = "dynamo") -> Path:
         key = (name, opset, exporter)
         if key not in done:
-            d = root / f"{name.replace('/', '-')}-{opset}-{exporter}"
+            d = root / f"{name.replace('/', '_')}-{opset}-{exporter}"  # hf/llama and hf-llama differ
             d.mkdir()
             path = d / "model.onnx"
             zoo_export(load_factory(name), path, opset=opset, exporter=exporter)
