@@ -13,6 +13,8 @@ Spellings matched (each with Mul/Add operands in either order), T being the inne
               It is the tanh GELU: sqrt(2/pi) * x * (1 + 0.044715 x^2) = sqrt(2/pi) * (x + 0.044715 x^3) by
               distributing x (exact in real arithmetic; in fp32 the two orders differ by rounding only), and
               Bloom's 0.79788456 is sqrt(2/pi) = 0.7978845608... to 1e-9 (both round to the same fp32 value).
+  folded 0.5  x * (1 + T) with no 0.5 anywhere: onnxsim folded the 0.5 into the next Conv/MatMul's weight
+              (Whisper's conv stem through TorchScript) -> 2 * GELU(x), exact (a power of two)
   native      opset 20's Gelu(x, approximate="none" | "tanh")
   quick       Mul(x, Sigmoid(Mul(x, 1.702))) -> mindspore::FastGelu (MindSpore's FastGeLU is exactly
               x * sigmoid(1.702 x), FUSED_OPS.md): CLIP's quick_gelu, transformers' QuickGELUActivation
@@ -33,6 +35,8 @@ when no check recorded a reason.
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
@@ -88,6 +92,8 @@ class GeluDecomposed(pattern.RewriteRuleClassBase):
             a, b = x, match.mul(op, half, one_plus)
         elif self._outer == "(x*(1+t))*half":
             a, b = match.mul(op, x, one_plus), half
+        elif self._outer == "x*(1+t)":  # the 0.5 folded into the next layer's weight (onnxsim): 2 * GELU
+            a, b = x, one_plus
         else:  # (x*half)*(1+t) | (half*x)*(1+t)
             a, b = _times(op, x, half, self._outer == "(half*x)*(1+t)"), one_plus
         return op.Mul(b, a) if self._swap else op.Mul(a, b)
@@ -96,6 +102,12 @@ class GeluDecomposed(pattern.RewriteRuleClassBase):
               **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
         expected = {"half": (half, _EXPECTED["half"]), "one": (one, _EXPECTED["one"])}
+        if self._outer == "x*(1+t)":
+            del expected["half"]
+            root = context.output_values[0]
+            if any(u.node.op_type == "Mul" and any(match.close_to(v, 0.5) for v in u.node.inputs)
+                   for u in root.uses()):
+                return result.fail("")  # the 0.5 follows: the rule with it takes the whole GELU (no reason)
         if self._kind == "erf":
             expected["scale"] = (scale, _EXPECTED["erf_div" if self._orders == ("div",) else "erf_mul"])
         else:
@@ -121,7 +133,10 @@ class GeluDecomposed(pattern.RewriteRuleClassBase):
         return _WHERE[name]
 
     def rewrite(self, op, x, **_):
-        return op.Gelu(x, _domain="mindspore") if self._kind == "erf" else op.GeluTanh(x, _domain="mindspore")
+        y = op.Gelu(x, _domain="mindspore") if self._kind == "erf" else op.GeluTanh(x, _domain="mindspore")
+        if self._outer == "x*(1+t)":  # x * (1 + t) = 2 * GELU(x): exact in binary floating point
+            return op.Mul(y, op.Constant(value=ir.tensor(np.array(2.0, x.dtype.numpy()))))
+        return y
 
 
 class GeluNative(pattern.RewriteRuleClassBase):
@@ -300,7 +315,7 @@ def explain(node: ir.Node) -> str | None:
 
 coverage.set_explain("gelu", explain)
 
-OUTER = ("x*(half*(1+t))", "(x*(1+t))*half", "(x*half)*(1+t)", "(half*x)*(1+t)")
+OUTER = ("x*(half*(1+t))", "(x*(1+t))*half", "(x*half)*(1+t)", "(half*x)*(1+t)", "x*(1+t)")
 ORDERS = {"erf": [("div",), ("x*s",), ("s*x",)], "tanh": [()],
           "factored": [(c, s) for c in (False, True) for s in (False, True)]}
 RULES = ([GeluNative.rule("Gelu-native")] +

@@ -68,7 +68,8 @@ def rewrite_pass(name: str, description: str, rules, *, default: bool = True) ->
         skipped, node_reasons = [], {}
         for rule, matches in tracer.best_matches_map.items():
             for m in matches:
-                if m.status == _basics.MatchStatus.CONDITION_FAILED:
+                if m.status == _basics.MatchStatus.CONDITION_FAILED and m.match_result.reason:
+                    # (a check failing without a reason declines a match another rule takes: not a refusal)
                     reason = m.match_result.reason
                     skipped.append(f"{m.root_node.name or m.root_node.op_type}: {reason}")
                     involved = [m.root_node, *m.match_result.nodes, *m.match_result.failure_nodes_and_values]

@@ -50,6 +50,8 @@ def _gelu_graph(kind="erf", erf_op="div", cube="pow", outer="x*(half*(1+t))", sw
     elif outer == "(x*(1+t))*half":
         nodes.append(helper.make_node("Mul", ["x", "op"], ["a"]))
         a, b = "a", "half"
+    elif outer == "x*(1+t)":  # the 0.5 folded into the next layer's weight: then y = 2 * GELU(x)
+        a, b = "x", "op"
     else:
         nodes.append(helper.make_node("Mul", ["x", "half"], ["a"]))
         a, b = "a", "op"
@@ -453,3 +455,24 @@ def test_real_export_gets_one_gelu_per_layer(arch, opset, export_cache, tmp_path
                    for item in mlp["items"]), mlp
         assert "Swiglu" not in report.census
     assert_verified(report)
+
+
+
+@pytest.mark.parametrize("kind,swap", [("erf", False), ("erf", True), ("tanh", False)])
+def test_gelu_whose_half_was_folded_away_fuses_as_twice_gelu(kind, swap):
+    """x * (1 + erf(x / sqrt 2)) with no 0.5 (onnxsim folded it into the next Conv's weight: Whisper's conv
+    stem through TorchScript) is 2 * GELU(x): the GELU fuses and a Mul by 2 stays."""
+    original = _gelu_graph(kind=kind, outer="x*(1+t)", swap=swap, opset=18)
+    count, fused = fuse(original, "fuse-gelu")
+    assert count == 1
+    assert [n.op_type for n in fused.graph.node if n.op_type != "Constant"] == [
+        "Gelu" if kind == "erf" else "GeluTanh", "Mul"]
+    assert_same_numerics(original, fused, 1e-5, 1e-5)
+
+
+def test_a_full_gelu_is_not_split_into_twice_gelu_times_half():
+    """With the 0.5 present the whole GELU fuses as one op (the folded-half rule declines silently)."""
+    count, fused = fuse(_gelu_graph(outer="(x*(1+t))*half", opset=18), "fuse-gelu")
+    assert count == 1 and [n.op_type for n in fused.graph.node] == ["Gelu"]
+    counts, coverage, skipped = _coverage(_gelu_graph(outer="(x*(1+t))*half", opset=18))
+    assert skipped.get("fuse-gelu", []) == [] and coverage["gelu"]["fused"] == 1
