@@ -1,7 +1,9 @@
 """refine-shapes: static dims that onnxruntime's symbolic shape inference proves and onnx's does not.
 
 TorchScript exports of transformers models reshape q/k/v with a -1 for the head count, which onnx's shape
-inference leaves unknown; fuse-attention needs it static. Runs before the fusions (passes/shapes.py).
+inference leaves unknown; fuse-attention needs it static. Runs before the fusions (passes/shapes.py). Where
+onnxruntime's inference gives up (BERT's position-id slice: "unsupported broadcast between Min(128, seq) and
+seq"), the Reshape's -1 is solved from the shape arithmetic itself (refine_reshape_minus_one).
 """
 
 from __future__ import annotations
@@ -9,10 +11,10 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from passes.manager import register_pass
-from passes.shapes import refine_static_dims
+from passes.shapes import refine_reshape_minus_one, refine_static_dims
 
 
 @register_pass("refine-shapes", "static dims proved by onnxruntime's symbolic shape inference (e.g. head counts "
                                 "behind Reshape(x, [b, s, -1, d]))")
 def refine_shapes(model: ir.Model) -> int:
-    return refine_static_dims(model)
+    return refine_static_dims(model) + refine_reshape_minus_one(model)

@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from passes import match
+
 # Initializers up to this size are kept in the shape-inference copy (shape constants); bigger ones (weights)
 # become inputs of the same shape.
 _SNAPSHOT_MAX_ELEMENTS = 4096
@@ -113,5 +115,132 @@ def refine_static_dims(model: ir.Model) -> int:
             new = [d if isinstance(d, int) or not isinstance(s, int) else s for d, s in zip(v.shape, inferred)]
             if new != list(v.shape):
                 v.shape = ir.Shape(new)
+                changed += 1
+    return changed
+
+
+# --- Reshape's -1 from shape arithmetic ------------------------------------------------------------------------
+# TorchScript writes Reshape(x, Concat(Shape(y)[0], Shape(y)[1], -1, 16)); where x's own dims are traced to the
+# same Shape(y) pieces (x = Reshape(..., Concat(Shape(y)[0:2], 64))), the -1 is 64 / 16 = 4 whatever y's dims are.
+# A dim is an "atom": a static int, or ("axis", value, i) for axis i of a value no producer explains further.
+
+_MAX_DEPTH = 8
+
+
+def _dim_atom(value: ir.Value, axis: int, depth: int = 0):
+    dims = match.dims(value)
+    if dims is not None and axis < len(dims) and isinstance(dims[axis], int):
+        return dims[axis]
+    reshape = match.producer(value, "Reshape")
+    if reshape is not None and depth < _MAX_DEPTH:
+        target = _shape_atoms(reshape.inputs[1], depth + 1)
+        if target is not None and axis < len(target) and target[axis] not in (None, -1, 0):
+            return target[axis]
+    return ("axis", id(value), axis)
+
+
+def _shape_atoms(shape: ir.Value | None, depth: int = 0) -> list | None:
+    """The atoms of a 1-D int64 shape tensor's elements (None for an element not traced), else None."""
+    if shape is None or depth > _MAX_DEPTH:
+        return None
+    c = match.const_value(shape)
+    if c is not None:
+        return [int(v) for v in c.reshape(-1)] if c.dtype.kind in "iu" else None
+    p = shape.producer()
+    if p is None or p.domain not in match.STANDARD_DOMAINS:
+        return None
+    if p.op_type == "Shape":
+        rank = match.rank(p.inputs[0])
+        if rank is None:
+            return None
+        start = p.attributes.get_int("start", 0)
+        end = p.attributes.get_int("end", rank)
+        start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else min(end, rank))
+        return [_dim_atom(p.inputs[0], i, depth + 1) for i in range(start, end)]
+    if p.op_type in ("Cast", "Identity"):
+        return _shape_atoms(p.inputs[0], depth + 1)
+    if p.op_type == "Concat":
+        parts = [_shape_atoms(x, depth + 1) for x in p.inputs]
+        return None if any(x is None for x in parts) else [a for x in parts for a in x]
+    if p.op_type in ("Unsqueeze", "Squeeze", "Reshape"):  # a scalar made 1-D, or the other way
+        inner = _shape_atoms(p.inputs[0], depth + 1)
+        return inner if inner is not None and len(inner) == 1 else None
+    if p.op_type in ("Gather", "Slice"):
+        src = _shape_atoms(p.inputs[0], depth + 1)
+        if src is None:
+            return None
+        if p.op_type == "Gather":
+            idx = match.ints(p.inputs[1])
+            return None if idx is None or p.attributes.get_int("axis", 0) != 0 else [src[i] for i in idx]
+        starts, ends = match.ints(match.input_at(p, 1)), match.ints(match.input_at(p, 2))
+        axes, steps = match.input_at(p, 3), match.input_at(p, 4)
+        if starts is None or ends is None or len(starts) != 1 or (axes is not None and match.ints(axes) != [0]) \
+                or (steps is not None and match.ints(steps) != [1]):
+            return None
+        return src[slice(starts[0], ends[0])]
+    return None
+
+
+_FOLLOWS = {"Transpose", "Mul", "Div", "Add", "Sub", "Cast", "Identity"}
+
+
+def _follow(node: ir.Node) -> int:
+    """Static dims of a Transpose's input, or of an elementwise op's input taken with a scalar constant,
+    carried to its output where the output's are unknown."""
+    x, out = node.inputs[0], node.outputs[0]
+    xd, od = match.dims(x), match.dims(out)
+    if xd is None or od is None or len(xd) != len(od):
+        return 0
+    if node.op_type == "Transpose":
+        xd = [xd[i] for i in match.perm(node, len(xd))]
+    elif node.op_type not in ("Cast", "Identity") and (len(node.inputs) != 2 or match.scalar(node.inputs[1]) is None):
+        return 0
+    new = [x_ if isinstance(x_, int) and not isinstance(o, int) else o for x_, o in zip(xd, od)]
+    if new == od:
+        return 0
+    out.shape = ir.Shape([n if isinstance(n, int) else d for n, d in zip(new, out.shape)])
+    return 1
+
+
+def _symbols(atoms: list) -> list:
+    return [a for a in atoms if not isinstance(a, int)]
+
+
+def refine_reshape_minus_one(model: ir.Model) -> int:
+    """Give a Reshape output the static size of its -1 where the shape arithmetic proves it: every symbolic
+    factor of the target is one of the input's (same value, same axis), none of the input's is left over,
+    and the static factors divide. Returns how many dims became static."""
+    changed = 0
+    for node in model.graph:  # topological order: a refined dim reaches the Transposes and scalings after it
+        if node.domain not in match.STANDARD_DOMAINS:
+            continue
+        if node.op_type in _FOLLOWS:
+            changed += _follow(node)
+            continue
+        if node.op_type != "Reshape":
+            continue
+        out, src = node.outputs[0], node.inputs[0]
+        target, dims = _shape_atoms(node.inputs[1]), match.dims(out)
+        rank = match.rank(src)
+        if target is None or dims is None or rank is None or len(target) != len(dims) or target.count(-1) != 1:
+            continue
+        if 0 in target and node.attributes.get_int("allowzero", 0) == 0:
+            continue  # (0 copies an input dim: not handled)
+        k = target.index(-1)
+        if isinstance(dims[k], int):
+            continue
+        have = [_dim_atom(src, i) for i in range(rank)]
+        left = _symbols(have)
+        for a in _symbols(target):
+            if a not in left:
+                break
+            left.remove(a)
+        else:
+            num = int(np.prod([a for a in have if isinstance(a, int)]))
+            den = int(np.prod([a for a in target if isinstance(a, int) and a != -1]))
+            if not left and den > 0 and num % den == 0:
+                new = list(out.shape)
+                new[k] = num // den
+                out.shape = ir.Shape(new)
                 changed += 1
     return changed
