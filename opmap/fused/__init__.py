@@ -53,6 +53,17 @@ def fp16_primitives() -> set[str]:
     return {op.primitive for op in FUSED_OPS.values() if op.ascend_compute == "fp16"}
 
 
+def fp32_island(opset: int, core: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """A one-input body computed in fp32: x -> x32, `core` computes y32 from x32, y32 -> y in x's dtype.
+    Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype, and
+    the fusions take fp32 inputs only there (match.float_guard)."""
+    cast = opset >= 15
+    return ([onnx.helper.make_node("Cast", ["x"], ["x32"], to=onnx.TensorProto.FLOAT) if cast else
+             onnx.helper.make_node("Identity", ["x"], ["x32"])] + core +
+            [onnx.helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else
+             onnx.helper.make_node("Identity", ["y32"], ["y"])])
+
+
 def define(op: FusedOp) -> FusedOp:
     FUSED_OPS[op.name] = op
     return op

@@ -12,27 +12,21 @@ MindIR on CPU and has a CPU kernel as well).
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from opmap.fused import FusedOp, define
+from opmap.fused import FusedOp, define, fp32_island
 from opmap.registry import register
 
 QUICK_GELU_SCALE = 1.702
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
-    """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype, and
-    the fusion only takes fp32 inputs there (passes/fuse_gelu.py checks it)."""
-    cast = opset >= 15
-    return [
-        helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT) if cast else
-        helper.make_node("Identity", ["x"], ["x32"]),
+    return fp32_island(opset, [
         helper.make_node("Constant", [], ["k"], value_float=QUICK_GELU_SCALE),
         helper.make_node("Mul", ["x32", "k"], ["kx"]),
         helper.make_node("Sigmoid", ["kx"], ["s"]),
         helper.make_node("Mul", ["x32", "s"], ["y32"]),
-        helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else helper.make_node("Identity", ["y32"], ["y"]),
-    ]
+    ])
 
 
 FAST_GELU = define(FusedOp(name="FastGelu", inputs=("x",), outputs=("y",), attributes=(), body=_body,

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from opmap.fused import FusedOp, define
+from opmap.fused import FusedOp, define, fp32_island
 from opmap.registry import register
 
 SQRT1_2 = 1.0 / math.sqrt(2.0)
@@ -30,16 +30,6 @@ def _const(name: str, value: float) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value_float=value)
 
 
-def _wrap(opset: int, core: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """x -> x32, core computes y32 from x32, y32 -> y. Before opset 15 there is no CastLike to return to x's
-    dtype: the body then computes in x's dtype and the fusion only takes fp32 there (passes/fuse_gelu.py)."""
-    cast = opset >= 15
-    return ([helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT) if cast else
-             helper.make_node("Identity", ["x"], ["x32"])] + core +
-            [helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else
-             helper.make_node("Identity", ["y32"], ["y"])])
-
-
 def _half_x_one_plus(t: str) -> list[onnx.NodeProto]:
     """y32 = 0.5 * x32 * (1 + t)"""
     return [_const("half", 0.5), _const("one", 1.0),
@@ -49,7 +39,7 @@ def _half_x_one_plus(t: str) -> list[onnx.NodeProto]:
 
 
 def _exact_body(opset: int) -> list[onnx.NodeProto]:
-    return _wrap(opset, [
+    return fp32_island(opset, [
         _const("sqrt1_2", SQRT1_2),
         helper.make_node("Mul", ["x32", "sqrt1_2"], ["scaled"]),
         helper.make_node("Erf", ["scaled"], ["erf"]),
@@ -57,7 +47,7 @@ def _exact_body(opset: int) -> list[onnx.NodeProto]:
 
 
 def _tanh_body(opset: int) -> list[onnx.NodeProto]:
-    return _wrap(opset, [
+    return fp32_island(opset, [
         _const("coeff", TANH_CUBE_COEFF), _const("sqrt_2_pi", SQRT_2_OVER_PI),
         helper.make_node("Mul", ["x32", "x32"], ["x2"]),
         helper.make_node("Mul", ["x2", "x32"], ["x3"]),
