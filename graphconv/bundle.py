@@ -250,13 +250,6 @@ PRECISIONS = {
     "bf16": ("must_keep_origin_dtype", "enforce_origin"),
 }
 _TOLERANCE_KEY = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-# Primitives whose ascend lowering computes in fp16 (graphconv casts q/k/v around FlashAttentionScore):
-# a device run of that MindIR is held to the fp16 tolerance (the compile measured it so). The fused-op
-# records say which (opmap.fused); the generation-time attention primitives are fp16-only too.
-def fp16_primitives() -> set[str]:
-    from opmap.fused import fp16_primitives as table
-
-    return table() | {"PromptFlashAttention", "IncreFlashAttention"}
 
 
 class CommandError(InputError):
@@ -1007,6 +1000,8 @@ class _Plan:
         self.atc_onnx: AtcOnnx | None = None
         self.commands: dict[str, list[list[str]]] = {}
         self.atc_precision, self.lite_precision = PRECISIONS[ctx.precision]
+        from opmap.fused import fp16_primitives  # (the records say which primitives compute in fp16)
+
         fp16_prims = sorted(p for p in ctx.census if p in fp16_primitives())
         self.device_precision = "fp16" if (ctx.target == "ascend" and fp16_prims and ctx.precision == "fp32") \
             else ctx.precision

@@ -14,15 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from graphconv import census
+from opmap.fused import fused_primitives
 from graphconv.errors import InputError
 
-def fused_primitives() -> set[str]:
-    """The primitives of the fused-op table (opmap.fused), and those of MindSpore's fused family that
-    graphconv reads in a MindIR but does not emit itself."""
-    from opmap.fused import FUSED_OPS
-
-    return {op.primitive for op in FUSED_OPS.values()} | {"AddRmsNorm", "LayerNormExt", "PromptFlashAttention",
-                                                          "IncreFlashAttention", "FusedInferAttentionScore"}
 
 
 def inspect_onnx(path: Path) -> dict:

@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 
 from graphconv.errors import GraphconvError, UnsupportedError
+from opmap.fused import fused_primitives
 from graphconv.progress import SILENT, Progress
 
 EXPORTERS = ("dynamo", "torchscript")
 OPSETS = tuple(range(14, 24))
 SLICE = {"exporters": ("dynamo",), "opsets": (17, 18)}  # what CI runs; --full runs everything
-# The architecture zoo at the opsets users export with. TorchScript still exports these tiny transformers
-# models (measured: hf/llama and hf/bert at opset 17), so it stays a column; where it fails, the cell says so.
+# The architecture zoo at the opsets users export with, through both exporters: TorchScript still exports
+# these tiny transformers models (measured: hf/llama and hf/bert at opset 17); where it fails, the cell says so.
 HF_PREFIX = "hf/"
-HF_EXPORTERS = ("dynamo", "torchscript")
 HF_OPSETS = (17, 18, 23)
 HF_SLICE_OPSETS = (18,)
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -81,13 +81,19 @@ def model_names(full: bool = False) -> list[str]:
     return names + [HF_PREFIX + n for n in architectures.names("all" if full else "ci")]
 
 
+def _architecture(model: str):
+    """The models.architectures record of an `hf/<name>` model, else None."""
+    if not model.startswith(HF_PREFIX):
+        return None
+    from models.architectures import ARCHITECTURES
+
+    return ARCHITECTURES[model[len(HF_PREFIX):]]
+
+
 def expected_census(model: str) -> dict[str, int]:
     """The fused primitives (name -> call-weighted count) a perfect compile of `model` holds; absent = 0."""
-    if model.startswith(HF_PREFIX):
-        from models.architectures import ARCHITECTURES
-
-        return dict(ARCHITECTURES[model[len(HF_PREFIX):]].census)
-    return dict(EXPECTED_PRIMITIVES.get(model, {}))
+    arch = _architecture(model)
+    return dict(arch.census if arch is not None else EXPECTED_PRIMITIVES.get(model, {}))
 
 
 def _factory(model: str):
@@ -99,25 +105,11 @@ def _factory(model: str):
         raise UnsupportedError(str(e)) from None
 
 
-def _expected_unsupported(model: str) -> dict[str, int]:
-    if not model.startswith(HF_PREFIX):
-        return {}
-    from models.architectures import ARCHITECTURES
-
-    return dict(ARCHITECTURES[model[len(HF_PREFIX):]].unsupported)
-
-
 def census_mismatch(expected: dict[str, int], census: dict[str, int]) -> dict[str, tuple[int, int]]:
     """Fused primitive -> (found, expected) wherever the census differs from the expectation."""
     names = set(expected) | (set(census) & fused_primitives())
     return {p: (census.get(p, 0), expected.get(p, 0)) for p in sorted(names)
             if census.get(p, 0) != expected.get(p, 0)}
-
-
-def fused_primitives() -> set[str]:
-    from graphconv.inspect import fused_primitives as table
-
-    return table()
 
 
 def _max_abs(report) -> float:
@@ -177,8 +169,8 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
         # construction the network `--target cpu` emits (the same fused graph with the bodies inlined).
         ascend = compile_model(onnx_path, d / "ascend.mindir", target="ascend")
     except UnsupportedError as e:
-        expected = _expected_unsupported(model)
-        known = expected and all(op in str(e) for op in expected)
+        arch = _architecture(model)
+        known = arch is not None and arch.unsupported and all(op in str(e) for op in arch.unsupported)
         cell.status, cell.reason = ("unsupported" if known else "fail"), str(e)
     except GraphconvError as e:
         cell.status, cell.reason = "fail", str(e)
@@ -205,20 +197,13 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
     return cell
 
 
-def cells_of(model: str, exporters, opsets) -> list[tuple[str, int]]:
-    """The (exporter, opset) cells a model takes part in (the architecture zoo: HF_EXPORTERS)."""
-    if model.startswith(HF_PREFIX):
-        exporters = [e for e in exporters if e in HF_EXPORTERS]
-    return [(e, o) for e in exporters for o in opsets]
-
-
 def run_matrix(models, exporters, opsets, progress: Progress = SILENT, hf_opsets=None) -> list[Cell]:
     """Run the cells; `hf_opsets` (default: `opsets`) are the opsets of the `hf/` architectures."""
     cells = []
     with tempfile.TemporaryDirectory(prefix="graphconv-matrix-") as tmp:
         for model in models:
             chosen = hf_opsets if hf_opsets is not None and model.startswith(HF_PREFIX) else opsets
-            for exporter, opset in cells_of(model, exporters, chosen):
+            for exporter, opset in ((e, o) for e in exporters for o in chosen):
                 progress.info(f"matrix {model} {exporter} opset {opset}")
                 cell = run_cell(model, exporter, opset, Path(tmp))
                 progress.info(f"  {cell.status}{': ' + cell.reason[:150] if cell.reason else ''}")

@@ -109,6 +109,8 @@ class Compiler:
         self.progress.info(f"load {self.model_path}")
         with self.report.stage("load") as st:
             loaded = load(self.model_path)
+            # External weights stay on disk for the whole compile (graphconv.weights).
+            self.streaming, self._spill = loaded.external_bytes > 0, None
             st.nodes_after = len(loaded.proto.graph.node)
             if loaded.external_bytes:
                 st.detail = {"external_weight_bytes": loaded.external_bytes, "weights": "read in place"}
@@ -404,8 +406,6 @@ class Compiler:
         return self._spill
 
     def _run_in(self, loaded: LoadedModel, ws: Workspace) -> None:
-        # External weights stay on disk for the whole compile (graphconv.weights).
-        self.streaming, self._spill = loaded.external_bytes > 0, None
         original = loaded.proto
         cases = self.reference_cases(original)
         simplified = self.simplify(loaded, ws)
@@ -569,7 +569,6 @@ def analyze_fusions(model_path: str | Path, *, simplify: bool = True, passes: st
     compiler = Compiler(Path(model_path), opts, SILENT)
     loaded = compiler.load()
     with Workspace(Path(tempfile.gettempdir()) / "graphconv-inspect.mindir") as ws:
-        compiler.streaming, compiler._spill = loaded.external_bytes > 0, None
         compiler.fuse(compiler.simplify(loaded, ws), None, None, ws)
     compiler.report.status = "analyzed"
     return compiler.report

@@ -75,13 +75,13 @@ class Report:
             lines.append("  ops: " + ", ".join(f"{k} {v}" for k, v in top))
         if self.fusions:
             lines.append("  fusions: " + ", ".join(f"{k} {v}" for k, v in self.fusions.items()))
-        from passes.coverage import FAMILIES, summary_lines
+        from passes.coverage import family_passes, summary_lines
 
         for line in summary_lines(self.coverage):
             lines.append(f"  {line}")
-        family_passes = {p for f in FAMILIES.values() for p in f.passes} if self.coverage else set()
+        covered = family_passes() if self.coverage else set()  # (their reasons are in the lines above)
         for name, reasons in self.skipped_fusions.items():
-            for r in reasons[:5] if name not in family_passes else []:
+            for r in reasons[:5] if name not in covered else []:
                 lines.append(f"  {name} skipped {r}")
         if self.census:
             top = sorted(self.census.items(), key=lambda kv: (-kv[1], kv[0]))[:12]

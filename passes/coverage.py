@@ -40,7 +40,6 @@ _GELU_COEFFICIENTS = (0.044715, 0.7978845608028654, 0.035677408136300125)  # 0.0
 class Family:
     name: str
     passes: tuple[str, ...]
-    rule: str
     candidates: Callable[[ir.Graph], list[ir.Node]]
     # The pass's own reason for a candidate that no check recorded one for (None: not known).
     explain: Callable[[ir.Node], str | None] | None = None
@@ -63,15 +62,11 @@ def _std(node: ir.Node, *op_types: str) -> bool:
     return node.domain in match.STANDARD_DOMAINS and node.op_type in op_types
 
 
-def _nodes(graph: ir.Graph):
-    return list(graph)
-
-
 # --- the candidate rules ---------------------------------------------------------------------------------
 
 
 def attention_candidates(graph: ir.Graph) -> list[ir.Node]:
-    return [n for n in _nodes(graph) if _std(n, "Softmax", "Attention")]
+    return [n for n in graph if _std(n, "Softmax", "Attention")]
 
 
 def _is_square(value: ir.Value | None) -> bool:
@@ -86,7 +81,7 @@ def _is_square(value: ir.Value | None) -> bool:
 
 
 def norm_candidates(graph: ir.Graph) -> list[ir.Node]:
-    return [n for n in _nodes(graph)
+    return [n for n in graph
             if (_std(n, "ReduceMean") and _is_square(n.inputs[0]))
             or _std(n, "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization")]
 
@@ -102,7 +97,7 @@ def _reaches_concat(value: ir.Value, hops: int = 2) -> bool:
 
 
 def rotary_candidates(graph: ir.Graph) -> list[ir.Node]:
-    return [n for n in _nodes(graph)
+    return [n for n in graph
             if (_std(n, "Neg") and _reaches_concat(n.outputs[0])) or _std(n, "RotaryEmbedding")]
 
 
@@ -128,7 +123,7 @@ def _activation_input(value: ir.Value | None) -> ir.Value | None:
 
 def gated_mlp_candidates(graph: ir.Graph) -> list[ir.Node]:
     found = []
-    for n in _nodes(graph):
+    for n in graph:
         if not _std(n, "Mul") or len(n.inputs) != 2:
             continue
         for act, other in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
@@ -152,7 +147,7 @@ def _gelu_shaped(value: ir.Value | None, depth: int = 4) -> bool:
 
 def gelu_candidates(graph: ir.Graph) -> list[ir.Node]:
     found = []
-    for n in _nodes(graph):
+    for n in graph:
         if _std(n, "Erf", "Gelu") or (_std(n, "Tanh") and _gelu_shaped(n.inputs[0])):
             found.append(n)
         elif _std(n, "Sigmoid"):
@@ -162,16 +157,17 @@ def gelu_candidates(graph: ir.Graph) -> list[ir.Node]:
     return found
 
 
-register_family(Family("attention", ("fuse-attention",), "every Softmax and every opset-23 Attention",
-                       attention_candidates))
-register_family(Family("norm", ("fuse-rmsnorm", "fuse-layernorm"),
-                       "every ReduceMean of a square, every LayerNormalization/RMSNormalization", norm_candidates))
-register_family(Family("rotary", ("fuse-rope",), "every Neg that reaches a Concat, every RotaryEmbedding",
-                       rotary_candidates))
-register_family(Family("gated_mlp", ("fuse-silu", "fuse-swiglu"),
-                       "every Mul of an activation (SiLU, GELU) with another value", gated_mlp_candidates))
-register_family(Family("gelu", ("fuse-gelu",), "every Erf, Gelu, GELU-shaped Tanh, Sigmoid(c*x)",
-                       gelu_candidates))
+# (the candidate rules in words: this module's docstring)
+register_family(Family("attention", ("fuse-attention",), attention_candidates))
+register_family(Family("norm", ("fuse-rmsnorm", "fuse-layernorm"), norm_candidates))
+register_family(Family("rotary", ("fuse-rope",), rotary_candidates))
+register_family(Family("gated_mlp", ("fuse-silu", "fuse-swiglu"), gated_mlp_candidates))
+register_family(Family("gelu", ("fuse-gelu",), gelu_candidates))
+
+
+def family_passes() -> set[str]:
+    """Every pass some fusion family judges (their skip reasons come from the coverage)."""
+    return {p for f in FAMILIES.values() for p in f.passes}
 
 
 # --- judging ---------------------------------------------------------------------------------------------

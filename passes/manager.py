@@ -100,9 +100,9 @@ DEFAULT_ORDER: list[str] = [
 def skipped_fusions(manager: "PassManager") -> dict[str, list[str]]:
     """The report's skipped_fusions: per fusion family's pass, its coverage items ("node: reason"); other
     passes keep the reasons their checks gave."""
-    from passes.coverage import FAMILIES, skipped_view
+    from passes.coverage import family_passes, skipped_view
 
-    covered = {p for f in FAMILIES.values() for p in f.passes}
+    covered = family_passes()
     view = {k: v for k, v in manager.skipped.items() if k not in covered}
     view.update(skipped_view(manager.coverage))
     return view

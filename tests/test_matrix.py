@@ -24,7 +24,7 @@ def _params():
                 marks = [] if in_ci else [pytest.mark.slow]
                 yield pytest.param(model, exporter, opset, marks=marks, id=f"{model}-{exporter}-{opset}")
     for name in architectures.names("all"):
-        for exporter in matrix.HF_EXPORTERS:
+        for exporter in matrix.EXPORTERS:
             for opset in matrix.HF_OPSETS:
                 in_ci = (exporter, opset) == ("dynamo", 18) and name in architectures.CI_SLICE
                 yield pytest.param(matrix.HF_PREFIX + name, exporter, opset, marks=[] if in_ci else [pytest.mark.slow],

@@ -48,9 +48,21 @@ class FusedOp:
 FUSED_OPS: dict[str, FusedOp] = {}
 
 
+# MindSpore fused primitives graphconv recognises in a MindIR without emitting them (primitive -> "fp16"
+# where it computes in fp16 only, like FlashAttentionScore).
+READ_ONLY_PRIMITIVES = {"AddRmsNorm": None, "LayerNormExt": None, "PromptFlashAttention": "fp16",
+                        "IncreFlashAttention": "fp16", "FusedInferAttentionScore": None}
+
+
+def fused_primitives() -> set[str]:
+    """Every fused primitive: those of the table and the read-only ones (inspect, matrix census)."""
+    return {op.primitive for op in FUSED_OPS.values()} | set(READ_ONLY_PRIMITIVES)
+
+
 def fp16_primitives() -> set[str]:
-    """Primitives whose ascend lowering computes in fp16 (a device run is held to the fp16 tolerance)."""
-    return {op.primitive for op in FUSED_OPS.values() if op.ascend_compute == "fp16"}
+    """Primitives that compute in fp16 on Ascend (a device run is held to the fp16 tolerance)."""
+    return ({op.primitive for op in FUSED_OPS.values() if op.ascend_compute == "fp16"}
+            | {p for p, dtype in READ_ONLY_PRIMITIVES.items() if dtype == "fp16"})
 
 
 def fp32_island(opset: int, core: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
