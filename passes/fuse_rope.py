@@ -18,12 +18,13 @@ constant cos/sin cache (GPT-J's embed_positions sincos table, older Llama's cos_
 
 Mode 1 also needs cos[2i] = cos[2i+1] (and the same for sin; FUSED_OPS.md), which is proved from the graph
 (`repeated_pairs`) or the fusion is refused: a constant is compared; repeat_interleave(f, 2, -1) as the exporters
-write it (Unsqueeze(-1), Expand of the new size-1 axis to 2, Reshape merging the last two axes) creates the
-property; elementwise ops (Cos, Sin, Cast, Mul by a scalar or by another such value), reshapes to an even last
-dim, Gather/GatherND/Slice/Split/Transpose/Concat that keep the last axis or cut it at even offsets keep it.
-GPT-J (sincos table gathered, split into sin and cos, each repeat_interleaved), Cohere (repeat_interleave of the
-frequencies) and GLM-4 (cos[..., :half].repeat_interleave(2)) are proved this way; cat(f, f) (the rotate_half
-layout) or a graph input is refused with the reason.
+write it (Unsqueeze(-1), Expand of the new size-1 axis to 2 -- or TorchScript's Tile by [1, .., 1, 2] --, Reshape
+merging the last two axes) creates the property; elementwise ops (Cos, Sin, Cast, Mul by a scalar or by another
+such value), reshapes to an even last dim, a Tile of an even last axis, Gather/GatherND/Slice/Split/Transpose/Concat
+that keep the last axis or cut it at even offsets keep it.
+GPT-J (sincos table gathered, split into sin and cos, each repeat_interleaved: Expand through dynamo, Tile through
+TorchScript), Cohere (repeat_interleave of the frequencies) and GLM-4 (cos[..., :half].repeat_interleave(2)) are
+proved this way; cat(f, f) or Tile(f, [1, 2]) (the rotate_half layout) or a graph input is refused with the reason.
 
 Refused (the report's check reasons): x not 4-D, D not static, odd, or >= 896; a dtype other than fp16/bf16/fp32
 or cos/sin of another dtype than x (fp16/bf16 also below opset 15, where the reference body has no CastLike);
@@ -221,7 +222,8 @@ def repeated_pairs(value: ir.Value, memo: dict | None = None, depth: int = _PAIR
     """None when value[..., 2i] = value[..., 2i+1] is proved from the graph, else why it is not (the value at
     which the proof stopped). The rules: constants are compared; elementwise ops keep the property when each
     operand has it or is constant along the last axis; Expand of a last-dim-1 tensor to an even last dim
-    creates it (repeat_interleave: Unsqueeze(-1), Expand(..., 2), Reshape); reshapes to an even last dim, and
+    creates it (repeat_interleave: Unsqueeze(-1), Expand(..., 2) or Tile(..., [1, .., 2]), Reshape); a Tile
+    of an even last axis keeps it; reshapes to an even last dim, and
     Gather/GatherND/Slice/Split/Transpose/Concat that keep the last axis (or cut it at even offsets) keep it."""
     memo = {} if memo is None else memo
     key = id(value)
@@ -277,6 +279,22 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
         if _last_dim(node.inputs[0]) == last:
             return rec(node.inputs[0])
         return f"Expand {name} repeats its input's last axis as a whole (tile), not element by element"
+    if op == "Tile":
+        # out[..., j] = in[..., j mod L] (L = the input's last dim; the other axes copy whole slices). L = 1: each
+        # element copied along the (even) last axis, repeat_interleave as TorchScript writes it (Unsqueeze(-1),
+        # Tile by [1, .., 1, 2], Reshape merging the last two axes). An even L: out's pairs are the input's.
+        src = node.inputs[0]
+        if _broadcast_over_last(src):
+            return None
+        size = _last_dim(src)
+        shown = _show(src, _rank(src) - 1) if _rank(src) else "?"
+        if size is None or size % 2:
+            return f"Tile {name} repeats its input's last axis (of size {shown}) as a whole, not element by element"
+        why = rec(src)
+        if why:
+            return (f"Tile {name} copies whole rows of its input (last dim {shown}) instead of repeating each "
+                    f"element, and the input's pairs are not proved: {why}")
+        return None
     if op == "Transpose":
         if match.perm(node, rank_out)[-1] != rank_out - 1:
             return f"Transpose {name} moves the last axis"

@@ -183,6 +183,26 @@ def _cos_sin(g: _G, *, source: str, shape, elem, d: int, x: str, seq_axis: int, 
             pairs = g.node("Expand", [g.unsqueeze(half, [2, 4]), g.const([1, 1, 1, 1, 2])])
             out.append(g.node("Reshape", [pairs, g.const([1, -1, 1, d])]))
         return out[0], out[1]
+    if source in ("gptj-tile", "gptj-tile-wrong-axis"):
+        # GPT-J through TorchScript (after onnxsim): the sincos table Gathered by positions (1, S), split into
+        # sin and cos, each repeat_interleave(c[:, :, None, :], 2, 3) written as Unsqueeze(axes [2, 4]) to
+        # (1, S, 1, d/2, 1), Tile by [1, 1, 1, 1, 2], Reshape to Concat(Shape(tiled)[:3], [-1]) = (1, S, 1, d).
+        # "wrong-axis": the new axis before the angles (Unsqueeze [2, 3], Tile [1, 1, 1, 2, 1]): cat(c, c).
+        seq = g.node("Gather", [g.node("Shape", [x]), g.const(seq_axis)], axis=0)
+        pos = g.unsqueeze(g.node("Range", [g.const(0), seq, g.const(1)]), [0])  # (1, S)
+        angles = np.outer(np.arange(64), 1.0 / 10000 ** (np.arange(0, d, 2) / d))
+        sincos = g.node("Gather", [g.const(np.concatenate([np.sin(angles), np.cos(angles)], -1), np_elem), pos],
+                        axis=0)
+        sin_h, cos_h = f"gptj_sin{g.k}", f"gptj_cos{g.k}"
+        g.nodes.append(helper.make_node("Split", [sincos, g.const([d // 2, d // 2])], [sin_h, cos_h], axis=-1))
+        wrong = source == "gptj-tile-wrong-axis"
+        out = []
+        for half in (cos_h, sin_h):
+            tiled = g.node("Tile", [g.unsqueeze(half, [2, 3] if wrong else [2, 4]),
+                                    g.const([1, 1, 1, 2, 1] if wrong else [1, 1, 1, 1, 2])])
+            lead = g.slice(g.node("Shape", [tiled]), 0, 3, axis=0)
+            out.append(g.node("Reshape", [tiled, g.node("Concat", [lead, g.const([-1])], axis=0)]))
+        return out[0], out[1]
     raise ValueError(source)
 
 
@@ -273,6 +293,8 @@ SPELLINGS = {
                                                              cos_shape=(1, 1, "seq", D)),
     "interleaved, GPT-J sincos table (GatherND, Split, repeat_interleave), BSND": dict(
         form="interleaved", source="gptj", layout="BSND", rot_dim=8, d=16, swap_add=True),
+    "interleaved, GPT-J through TorchScript (Gather, Split, Unsqueeze, Tile [1,1,1,1,2], Reshape), BSND": dict(
+        form="interleaved-flatten", source="gptj-tile", layout="BSND", rot_dim=8, d=16),
 }
 
 
@@ -285,8 +307,9 @@ def test_each_spelling_fuses_once_and_keeps_numerics(name):
     assert _modes(fused) == [1 if spelling.get("form", "").startswith("interleaved") else 0]
     left = [n.op_type for n in fused.graph.node]
     assert "Neg" not in left and "Add" not in left  # the whole application went into the fused node
-    if spelling.get("rot_dim"):  # partial rotary: the slice of the rotated part and the Concat back stay
-        assert left.count("Slice") == 2 and "Concat" in left
+    if spelling.get("rot_dim"):  # partial rotary: the Slices of x (rotated and passed-through parts) and the
+        # Concat back stay (other Slices may cut Shapes for cos/sin)
+        assert sum(n.op_type == "Slice" and "x" in n.input for n in fused.graph.node) == 2 and "Concat" in left
     tol = 1e-2 if spelling.get("elem") == TensorProto.FLOAT16 else 1e-5
     assert_same_numerics(original, fused, tol, tol)
     # fusion_utils.fuse (the shared helper) sees the same
@@ -339,7 +362,10 @@ REFUSALS = {
     "mode 1 with cat(f, f) cos (the rotate_half layout)": (dict(form="interleaved", source="computed", cos_shape=None),
                                                            "the rotate_half (mode 0) layout"),
     "mode 1 with Tile(f, [1, 2]) cos": (dict(form="interleaved", source="interleaved-tile", cos_shape=None),
-                                       "made by Tile"),
+                                       "copies whole rows of its input (last dim 8)"),
+    "mode 1 with GPT-J's Tile on the axis before the angles (cat(c, c))": (
+        dict(form="interleaved-flatten", source="gptj-tile-wrong-axis", layout="BSND", rot_dim=8, d=16),
+        "copies whole rows of its input (last dim 4)"),
     "mode 1 with a cache that does not repeat its pairs": (dict(form="interleaved", source="table-random",
                                                                 cos_shape=None), "does not repeat its values in pairs"),
     "mode 1 with a repeated cache sliced at an odd offset": (dict(form="interleaved", source="table-odd-offset",
@@ -391,7 +417,18 @@ PAIRS = {  # -> a part of the reason, or None (proved)
     "Transpose keeping the last axis": (lambda g, f: g.node("Transpose", [g.unsqueeze(_repeat_interleave(g, f, 4),
                                                                                        [0])], perm=[1, 0, 2]), None),
     "cat(f, f)": (lambda g, f: g.node("Concat", [f, f], axis=-1), "the rotate_half (mode 0) layout"),
-    "Tile": (lambda g, f: g.node("Tile", [f, g.const([1, 2])]), "made by Tile"),
+    "Tile of the last axis (cat(f, f))": (lambda g, f: g.node("Tile", [f, g.const([1, 2])]),
+                                          "copies whole rows of its input (last dim 4)"),
+    "Tile of a new last axis of 1 (TorchScript's repeat_interleave)": (lambda g, f: g.node("Reshape", [g.node(
+        "Tile", [g.unsqueeze(f, [-1]), g.const([1, 1, 2])]), g.const([0, 8])]), None),
+    "Tile of a new axis before the last (cat(f, f))": (lambda g, f: g.node("Reshape", [g.node(
+        "Tile", [g.unsqueeze(f, [1]), g.const([1, 2, 1])]), g.const([0, 8])]), "copies whole rows"),
+    "Tile of an odd last axis": (lambda g, f: g.node("Tile", [g.slice(f, 0, 3), g.const([1, 2])]),
+                                 "repeats its input's last axis (of size 3) as a whole"),
+    "Tile along the rows of a repeated value": (lambda g, f: g.node("Tile", [_repeat_interleave(g, f, 4),
+                                                                             g.const([2, 1])]), None),
+    "Tile of a repeated value's last axis": (lambda g, f: g.node("Tile", [_repeat_interleave(g, f, 4),
+                                                                          g.const([1, 2])]), None),
     "Slice [1:9] of a repeated (seq, 10)": (lambda g, f: g.slice(_repeat_interleave(g, g.node("Concat", [
         f, g.slice(f, 0, 1)], axis=-1), 5), 1, 9), "odd offset"),
     "Transpose moving the last axis": (lambda g, f: g.node("Transpose", [g.node("Reshape", [
@@ -577,6 +614,25 @@ def test_transformers_llama_gets_one_rope_per_q_and_k(export_cache, tmp_path):
     # The default pipeline: fuse-rope does not depend on the passes after it (fuse-attention reads its output).
     report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx")
     _check_compiled(report, out, tmp_path / "fused.onnx", onnx_path, 4)
+
+
+def test_transformers_gptj_through_torchscript_gets_one_rope_per_q_and_k(export_cache, tmp_path):
+    """transformers' GPT-J through TorchScript (opset 17): repeat_interleave(sin/cos, 2, 3) is exported as
+    Unsqueeze, Tile by [1, 1, 1, 1, 2] and Reshape; the proof follows the Tile, and every q and k fuses as mode 1
+    (the architecture's count: 2 layers x q and k)."""
+    pytest.importorskip("transformers")
+    from arch_compile import expected_census
+
+    n_rope = expected_census("gptj")["RotaryPositionEmbedding"]
+    assert n_rope == 4
+    onnx_path = export_cache("hf/gptj", 17, "torchscript")
+    assert "Tile" in [n.op_type for n in onnx.load(onnx_path).graph.node]  # the spelling this test is about
+    out = tmp_path / "gptj.mindir"
+    report = graphconv.compile(onnx_path, out, save_fused=tmp_path / "fused.onnx")
+    fused = _check_compiled(report, out, tmp_path / "fused.onnx", onnx_path, n_rope)
+    assert _modes(fused) == [1] * n_rope and _mindir_modes(out) == [1] * n_rope
+    cov = report.coverage["rotary"]
+    assert (cov["candidates"], cov["fused"], cov["refused"]) == (n_rope, n_rope, {}), cov
 
 
 # --- small PyTorch blocks exported for real: the spellings the exporters produce ---------------------------------
