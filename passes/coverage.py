@@ -173,10 +173,16 @@ def family_passes() -> set[str]:
 # --- judging ---------------------------------------------------------------------------------------------
 
 
-def _alive(node: ir.Node, graph: ir.Graph) -> bool:
-    if node.graph is not graph:
-        return False
+def _computes(node: ir.Node) -> bool:
     return any(o.uses() or o.is_graph_output() for o in node.outputs)
+
+
+def _alive(node: ir.Node, graph: ir.Graph, standard_names: set[str]) -> bool:
+    """The candidate still computes: the node itself, or (a pass that went through an intermediate op and
+    expanded it back: passes/fuse_attention.py) a standard-domain node carrying its name."""
+    if node.graph is graph:
+        return _computes(node)
+    return bool(node.name) and node.name in standard_names
 
 
 class Tracker:
@@ -215,8 +221,9 @@ class Tracker:
         refused: dict[str, int] = {}
         items = []
         fused = 0
+        standard_names = {n.name for n in graph if n.name and n.domain in match.STANDARD_DOMAINS and _computes(n)}
         for node in candidates:
-            if disabled is None and not _alive(node, graph):
+            if disabled is None and not _alive(node, graph, standard_names):
                 fused += 1
                 continue
             pass_name, reason = (f.passes[0], disabled) if disabled else self._reason(f, node, node_reasons)

@@ -51,32 +51,65 @@ def register_pass(name: str, description: str, *, default: bool = True):
     return deco
 
 
-def rewrite_pass(name: str, description: str, rules, *, default: bool = True) -> Pass:
-    """Register a pass that applies onnxscript rewrite rules (a RewriteRuleSet or a list of rules)."""
+def _ruleset(rules):
     from onnxscript.rewriter import pattern
 
-    ruleset = rules if isinstance(rules, pattern.RewriteRuleSet) else pattern.RewriteRuleSet(list(rules))
+    return rules if isinstance(rules, pattern.RewriteRuleSet) else pattern.RewriteRuleSet(list(rules))
+
+
+def apply_rules(ruleset, model: ir.Model) -> tuple[int, list[str], dict[str, str]]:
+    """Apply a RewriteRuleSet; returns (count, reasons, node_reasons) as a Pass's `apply` does."""
+    from onnxscript.rewriter import _basics
+
+    count = ruleset.apply_to_model(model)
+    # A second, tracing walk over what is left: with a tracer the rewriter only records why candidate
+    # matches failed their checks (it rewrites nothing), which is what the report wants.
+    tracer = _basics.MatchingTracer()
+    ruleset.apply_to_model(model, tracer=tracer)
+    skipped, node_reasons = [], {}
+    for rule, matches in tracer.best_matches_map.items():
+        for m in matches:
+            if m.status == _basics.MatchStatus.CONDITION_FAILED and m.match_result.reason:
+                # (a check failing without a reason declines a match another rule takes: not a refusal)
+                reason = m.match_result.reason
+                skipped.append(f"{m.root_node.name or m.root_node.op_type}: {reason}")
+                involved = [m.root_node, *m.match_result.nodes, *m.match_result.failure_nodes_and_values]
+                for x in involved:
+                    if isinstance(x, ir.Node) and x.name:
+                        node_reasons.setdefault(x.name, reason)
+    return count, sorted(set(skipped)), node_reasons
+
+
+def rewrite_pass(name: str, description: str, rules, *, default: bool = True) -> Pass:
+    """Register a pass that applies onnxscript rewrite rules (a RewriteRuleSet or a list of rules)."""
+    ruleset = _ruleset(rules)
+    register_pass(name, description, default=default)(lambda model: apply_rules(ruleset, model))
+    return _PASSES[name]
+
+
+def staged_rewrite_pass(name: str, description: str, stages: list, *, finish: Callable[[ir.Model], None] | None = None,
+                        default: bool = True) -> Pass:
+    """Register a pass that fuses through intermediate ops: each stage (rules, or a function
+    `(model) -> None` for a stage that is no rewrite) runs in order, `finish` last (e.g. to expand
+    intermediate ops no stage took further). The pass's count is the last rule stage's; a node's first
+    recorded refusal wins."""
+    from onnxscript.rewriter import pattern
+
+    steps = [_ruleset(s) if isinstance(s, (pattern.RewriteRuleSet, list, tuple)) else s for s in stages]
 
     def apply(model: ir.Model) -> tuple[int, list[str], dict[str, str]]:
-        from onnxscript.rewriter import _basics
-
-        count = ruleset.apply_to_model(model)
-        # A second, tracing walk over what is left: with a tracer the rewriter only records why candidate
-        # matches failed their checks (it rewrites nothing), which is what the report wants.
-        tracer = _basics.MatchingTracer()
-        ruleset.apply_to_model(model, tracer=tracer)
-        skipped, node_reasons = [], {}
-        for rule, matches in tracer.best_matches_map.items():
-            for m in matches:
-                if m.status == _basics.MatchStatus.CONDITION_FAILED and m.match_result.reason:
-                    # (a check failing without a reason declines a match another rule takes: not a refusal)
-                    reason = m.match_result.reason
-                    skipped.append(f"{m.root_node.name or m.root_node.op_type}: {reason}")
-                    involved = [m.root_node, *m.match_result.nodes, *m.match_result.failure_nodes_and_values]
-                    for x in involved:
-                        if isinstance(x, ir.Node) and x.name:
-                            node_reasons.setdefault(x.name, reason)
-        return count, sorted(set(skipped)), node_reasons
+        count, skipped, node_reasons = 0, set(), {}
+        for step in steps:
+            if isinstance(step, pattern.RewriteRuleSet):
+                count, reasons, nodes = apply_rules(step, model)
+                skipped.update(reasons)
+                for k, v in nodes.items():
+                    node_reasons.setdefault(k, v)
+            else:
+                step(model)
+        if finish is not None:
+            finish(model)
+        return count, sorted(skipped), node_reasons
 
     register_pass(name, description, default=default)(apply)
     return _PASSES[name]

@@ -1,0 +1,83 @@
+"""Stage 4 of fuse-attention: graphconv::SDPA -> mindspore::FlashAttentionScore, where the primitive can take it.
+
+FlashAttentionScore (opmap/fused/flash_attention.py) takes BNSD q/k/v of one float dtype with a static head
+dim that is a multiple of 16 and at most 512, N1 a multiple of N2 (it does GQA itself), an additive mask
+(the SDPA's, proven by stage mask.py; a scalar 0 for none) and an additive position bias `real_shift` added
+BEFORE the scale: the SDPA's bias (added after it) goes in as bias / scale.
+Refused here: dtypes other than one of fp32/fp16/bf16 (below opset 15, fp32 only: the reference body cannot
+express the others), a non-static head count or head dim, a head dim not a multiple of 16 or > 512, k/v head
+dims or head counts that disagree, batch or key lengths that disagree, q heads not a multiple of kv heads,
+a mask not proven (stage mask.py gave the reason).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from passes import match
+from passes.attention.scores import Refused
+from passes.attention.sdpa import DOMAIN, Sdpa
+
+
+def check(s: Sdpa, opset: int) -> tuple[int, int]:
+    """(N1, N2) when FlashAttentionScore can compute the SDPA, else Refused."""
+    dtypes = {s.q.dtype, s.k.dtype, s.v.dtype}
+    if len(dtypes) != 1 or not dtypes <= match.FLOATS:
+        raise Refused(f"q/k/v dtypes {sorted(str(d) for d in dtypes)}: FlashAttentionScore takes one float dtype "
+                      "(fp32 inputs are cast to fp16)")
+    if opset < 15 and s.q.dtype != ir.DataType.FLOAT:
+        raise Refused("below opset 15 the reference body can only express fp32")
+    qd, kd, vd = match.dims(s.q), match.dims(s.k), match.dims(s.v)
+    n1, d = qd[1], qd[3]
+    if not isinstance(n1, int) or not isinstance(d, int):
+        raise Refused(f"the query's head count and head dim must be static (shape {qd})")
+    if d % 16 or d > 512:
+        raise Refused(f"head dim {d}: FlashAttentionScore needs a multiple of 16, at most 512")
+    if kd[3] != d or vd[3] != d:
+        raise Refused(f"head dims q={d}, k={kd[3]}, v={vd[3]} differ")
+    if not (match.may_equal(qd[0], kd[0]) and match.may_equal(qd[0], vd[0]) and match.may_equal(kd[2], vd[2])):
+        raise Refused(f"batch or key length of q {qd}, k {kd}, v {vd} disagree")
+    n2 = kd[1]
+    if not isinstance(n2, int) or n2 != vd[1]:
+        raise Refused(f"key and value head counts differ ({n2} vs {vd[1]})")
+    if n1 % n2:
+        raise Refused(f"query heads {n1} are not a multiple of kv heads {n2}")
+    if s.mask is not None and not s.mask_proven:
+        raise Refused("the mask is not proven 0 / large negative")
+    return n1, n2
+
+
+class ToFlashAttention(pattern.RewriteRuleClassBase):
+    def __init__(self):
+        super().__init__("FlashAttentionScore", remove_nodes=False)
+
+    def pattern(self, op, q, k, v):
+        return op.SDPA(q, k, v, _allow_other_inputs=True, _domain=DOMAIN, _outputs=["out"])
+
+    def check(self, context, out, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        s = Sdpa.read(out.producer())
+        try:
+            self._heads = check(s, match.opset(context))
+        except Refused as e:
+            return result.fail(str(e), out.producer())
+        self._sdpa = s
+        return result
+
+    def rewrite(self, op, out, **_):
+        s, (n1, n2) = self._sdpa, self._heads
+        zero = op.Constant(value=ir.tensor(np.array(0.0, np.float32)))
+        mask = s.mask if s.mask is not None else zero
+        # scale·qk + bias = (qk + bias/scale)·scale: FlashAttentionScore's real_shift
+        pse = zero if s.bias is None else \
+            op.Mul(s.bias, op.Constant(value=ir.tensor(np.array(1.0 / s.scale, s.bias.dtype.numpy()))))
+        result = op.FlashAttentionScore(s.q, s.k, s.v, mask, pse, _domain="mindspore", scale=float(s.scale),
+                                        head_num=n1, kv_head_num=n2, mask_kind=s.mask_kind, input_layout="BNSD",
+                                        sparse_mode=0)
+        result.dtype, result.shape = out.dtype, out.shape
+        return result
+
+
+RULES = pattern.RewriteRuleSet([ToFlashAttention.rule()])
