@@ -3,7 +3,9 @@
 TorchScript exports of transformers models reshape q/k/v with a -1 for the head count, which onnx's shape
 inference leaves unknown; fuse-attention needs it static. Runs before the fusions (passes/shapes.py). Where
 onnxruntime's inference gives up (BERT's position-id slice: "unsupported broadcast between Min(128, seq) and
-seq"), the Reshape's -1 is solved from the shape arithmetic itself (refine_reshape_minus_one).
+seq"), the Reshape's -1 is solved from the shape arithmetic itself (refine_reshape_minus_one), following dims
+through the ops that pass them on unchanged (BERT's first query after onnxsim: Reshape(MatMul(LayerNorm(x), Wq),
+Concat(Shape(LayerNorm(x))[0], [1], -1, 16)) with no bias Add in between).
 """
 
 from __future__ import annotations

@@ -124,13 +124,67 @@ def refine_static_dims(model: ir.Model) -> int:
 # same Shape(y) pieces (x = Reshape(..., Concat(Shape(y)[0:2], 64))), the -1 is 64 / 16 = 4 whatever y's dims are.
 # A dim is an "atom": a static int, or ("axis", value, i) for axis i of a value no producer explains further.
 
+# A dim passed on unchanged (an op whose output axis is exactly one input's axis) is the same atom as that
+# input's: Shape(LayerNorm(x))[0] and MatMul(LayerNorm(x), W)'s axis 0 are both x's axis 0 (BERT's first query
+# through TorchScript after onnxsim dropped its zero bias: Reshape(MatMul(ln, Wq), Concat(Shape(ln)[0],
+# Shape(ln)[1], -1, 16))). Both sides of a comparison are traced by the same walk, so they meet where they should.
+
 _MAX_DEPTH = 8
+_MAX_CHAIN = 256  # ops passing a dim on, followed in a row (not counted in the depth: the walks must meet)
+# Output 0 has input 0's shape.
+_SAME_SHAPE = {"Identity", "Cast", "CastLike", "LayerNormalization", "RMSNormalization", "Softmax", "LogSoftmax",
+               "Dropout", "Relu", "LeakyRelu", "Gelu", "Erf", "Tanh", "Sigmoid", "HardSigmoid", "Softplus", "Neg",
+               "Abs", "Sqrt", "Exp", "Log", "Reciprocal", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Not",
+               "IsNaN", "IsInf", "Clip"}
+# Multidirectional (numpy) broadcasting of all inputs.
+_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Where", "And", "Or", "Xor", "Equal",
+              "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "PRelu"}
+
+
+def _passed_on(value: ir.Value, axis: int) -> tuple[ir.Value, int] | None:
+    """(input, its axis) when `value`'s `axis` is provably that input's dim, else None: output 0 of a
+    same-shape op; a Transpose's permuted axis; a MatMul by a 2-D matrix (no batch broadcast) on every axis but
+    the last; a broadcasting op on an axis where every other input is absent or static 1 (broadcasting a 1
+    gives the other input's size, whatever it is)."""
+    p = value.producer()
+    if p is None or p.domain not in match.STANDARD_DOMAINS or not p.inputs or p.inputs[0] is None:
+        return None
+    op = p.op_type
+    if op in _SAME_SHAPE:
+        return (p.inputs[0], axis) if value is p.outputs[0] else None
+    if op == "Transpose":
+        r = match.rank(p.inputs[0])
+        return (p.inputs[0], match.perm(p, r)[axis]) if r is not None and r == match.rank(value) else None
+    if op == "MatMul":
+        a, b = p.inputs[0], p.inputs[1]
+        ra = match.rank(a)
+        return (a, axis) if ra is not None and ra >= 2 and match.rank(b) == 2 and axis < ra - 1 else None
+    if op in _BROADCAST:
+        out_rank = match.rank(value)
+        if out_rank is None:
+            return None
+        carriers = []
+        for x in p.inputs:
+            xd = match.dims(x)
+            if xd is None:
+                return None
+            k = axis - (out_rank - len(xd))
+            if k < 0 or xd[k] == 1:
+                continue  # absent or static 1: broadcast to the other inputs' size
+            carriers.append((x, k))
+        return carriers[0] if len(carriers) == 1 else None
+    return None
 
 
 def _dim_atom(value: ir.Value, axis: int, depth: int = 0):
-    dims = match.dims(value)
-    if dims is not None and axis < len(dims) and isinstance(dims[axis], int):
-        return dims[axis]
+    for _ in range(_MAX_CHAIN):
+        dims = match.dims(value)
+        if dims is not None and axis < len(dims) and isinstance(dims[axis], int):
+            return dims[axis]
+        nxt = _passed_on(value, axis)
+        if nxt is None:
+            break
+        value, axis = nxt
     reshape = match.producer(value, "Reshape")
     if reshape is not None and depth < _MAX_DEPTH:
         target = _shape_atoms(reshape.inputs[1], depth + 1)

@@ -122,3 +122,142 @@ def test_torchscript_transformers_encoders_fuse_attention(name, export_cache, tm
     assert report.status == "verified"
     assert report.coverage["attention"] == {"candidates": 2, "fused": 2, "refused": {}, "items": []}
     assert report.census.get("FlashAttentionScore") == 2
+
+
+# --- BERT's first query through TorchScript: no Reshape in front of the -1 -------------------------------------
+# After onnxsim, transformers' BERT (zero-initialised biases) has q = MatMul(ln, Wq) with no bias Add, reshaped by
+# Concat(Shape(ln)[0], Shape(ln)[1], -1, 16): q's dims are traced only through the MatMul and the LayerNorm to ln's.
+HIDDEN, HEADS, HEAD_DIM = 64, 4, 16
+
+
+class _B:
+    def __init__(self):
+        self.nodes, self.inits, self.k = [], [], 0
+        self.rng = np.random.default_rng(0)
+
+    def const(self, value, dtype=np.int64) -> str:
+        self.k += 1
+        name = f"c{self.k}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def weight(self, *shape) -> str:
+        return self.const(self.rng.normal(0, 0.2, shape), np.float32)
+
+    def op(self, op_type, *inputs, out=None, **attrs) -> str:
+        self.k += 1
+        out = out or f"{op_type.lower()}{self.k}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=f"n{self.k}", **attrs))
+        return out
+
+
+def _bert_like(layers: int = 2, query_bias: tuple[bool, ...] = (False, True), position_slice: bool = True,
+               residual_from: str | None = None) -> onnx.ModelProto:
+    """`layers` BERT self-attention layers as TorchScript writes them after onnxsim: ln = LayerNorm(emb);
+    q = MatMul(ln, Wq) (+ bias where `query_bias` says), k, v = MatMul + bias; each Reshape(., Concat(
+    Unsqueeze(Gather(Shape(ln), 0)), Unsqueeze(Gather(Shape(ln), 1)), [-1], [16])) and Transposed; scores
+    * 0.25 + Where(mask, 0, min); softmax; context back to (b, s, 64), output projection, residual, LayerNorm.
+    `position_slice`: the position embeddings are Gathered by arange(128)[:, :seq] (what stops onnxruntime's
+    symbolic inference). `residual_from`: the first layer's q gets Add(q, that input) (b', s, 64) of its own."""
+    b = _B()
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])]
+    emb = b.op("Gather", b.weight(128, HIDDEN), "input_ids", axis=0)
+    if position_slice:
+        seq = b.op("Unsqueeze", b.op("Gather", b.op("Shape", "input_ids"), b.const(1), axis=0), b.const([0]))
+        ids = b.op("Slice", b.const(np.arange(128)[None]), b.const([0]), seq, b.const([1]), b.const([1]))
+        emb = b.op("Add", emb, b.op("Gather", b.weight(128, HIDDEN), ids, axis=0))
+    keep = b.op("Cast", b.op("Unsqueeze", "attention_mask", b.const([1, 2])), to=TensorProto.BOOL)
+    mask = b.op("Where", keep, b.const(0.0, np.float32), b.const(np.finfo(np.float32).min, np.float32))
+    ln = b.op("LayerNormalization", emb, b.const(np.ones(HIDDEN), np.float32), b.const(np.zeros(HIDDEN), np.float32),
+              axis=-1, epsilon=1e-12)
+    if residual_from:
+        inputs.append(helper.make_tensor_value_info(residual_from, TensorProto.FLOAT, ["other", "seq", HIDDEN]))
+    for layer in range(layers):
+        shape = b.op("Shape", ln)
+        target = b.op("Concat", b.op("Unsqueeze", b.op("Gather", shape, b.const(0), axis=0), b.const([0])),
+                      b.op("Unsqueeze", b.op("Gather", shape, b.const(1), axis=0), b.const([0])),
+                      b.const([-1]), b.const([HEAD_DIM]), axis=0)
+        heads = []
+        for which, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+            proj = b.op("MatMul", ln, b.weight(HIDDEN, HIDDEN))
+            if which != "q" or query_bias[layer]:
+                proj = b.op("Add", b.weight(HIDDEN), proj)
+            if which == "q" and layer == 0 and residual_from:
+                proj = b.op("Add", proj, residual_from)
+            heads.append(b.op("Transpose", b.op("Reshape", proj, target), perm=perm,
+                              out=f"q_heads{layer}" if which == "q" else None))
+        scores = b.op("Add", b.op("Mul", b.op("MatMul", heads[0], heads[1]), b.const(0.25, np.float32)), mask)
+        ctx = b.op("Transpose", b.op("MatMul", b.op("Softmax", scores, axis=-1), heads[2]), perm=[0, 2, 1, 3])
+        flat = b.op("Concat", b.op("Slice", b.op("Shape", ctx), b.const([0]), b.const([2])), b.const([HIDDEN]), axis=0)
+        out = b.op("Add", b.op("MatMul", b.op("Reshape", ctx, flat), b.weight(HIDDEN, HIDDEN)), ln)
+        ln = b.op("LayerNormalization", out, b.const(np.ones(HIDDEN), np.float32),
+                  b.const(np.zeros(HIDDEN), np.float32), axis=-1, epsilon=1e-12)
+    b.nodes.append(helper.make_node("Identity", [ln], ["y"]))
+    g = helper.make_graph(b.nodes, "bert", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          b.inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _query_heads(model: ir.Model) -> list[ir.Value]:
+    """Each layer's q after the Transpose to (b, heads, s, 16)."""
+    return [v for n in model.graph for v in n.outputs if v.name.startswith("q_heads")]
+
+
+def test_bert_first_query_without_bias_gets_its_head_count():
+    """onnxruntime's symbolic inference gives up at the position-id slice (as on the real export); the first
+    query's Reshape has MatMul(ln, Wq) in front, traced through the MatMul and the LayerNorm to ln's dims."""
+    proto = onnx.shape_inference.infer_shapes(_bert_like(), data_prop=True)
+    model = ir.from_proto(proto)
+    qs = _query_heads(model)
+    assert len(qs) == 2 and all(not isinstance(q.shape[1], int) for q in qs)  # onnx's inference leaves them open
+    passes.PassManager("refine-shapes").run(model)
+    assert [list(q.shape)[1:2] + list(q.shape)[3:] for q in qs] == [[HEADS, HEAD_DIM]] * 2
+    assert all(not isinstance(q.shape[0], int) and not isinstance(q.shape[2], int) for q in qs)  # b, s symbolic
+
+
+def test_bert_first_query_is_open_without_following_the_matmul(monkeypatch):
+    """Without the trace through the ops that pass a dim on (simulated), the first query's -1 stays open: that
+    trace is what proves it."""
+    import passes.shapes
+
+    monkeypatch.setattr(passes.shapes, "_passed_on", lambda value, axis: None)
+    model = ir.from_proto(onnx.shape_inference.infer_shapes(_bert_like(query_bias=(False, False)), data_prop=True))
+    qs = _query_heads(model)
+    passes.PassManager("refine-shapes").run(model)
+    assert not isinstance(qs[0].shape[1], int)
+
+
+def test_a_residual_of_another_batch_keeps_the_head_count_open():
+    """q = MatMul(ln, Wq) + z with z (other, seq, 64) of its own: q's batch is the broadcast of ln's and z's,
+    which the shape arithmetic cannot tell apart; the -1 stays unsolved (never guessed)."""
+    model = ir.from_proto(onnx.shape_inference.infer_shapes(_bert_like(layers=1, query_bias=(False,),
+                                                                       residual_from="z"), data_prop=True))
+    (q,) = _query_heads(model)
+    passes.PassManager("refine-shapes").run(model)
+    assert not isinstance(q.shape[1], int)
+
+
+def test_bert_like_layers_fuse_attention_with_the_same_numerics():
+    """2 layers -> 2 FlashAttentionScore once the heads are proved, and the fused graph equals the original."""
+    from fusion_utils import assert_same_numerics, fused_nodes
+    import opmap.fused
+
+    original = _bert_like()
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(original, data_prop=True))
+    counts = passes.PassManager("refine-shapes,fuse-attention").run(m)
+    assert counts["fuse-attention"] == 2
+    fused = onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(m)), data_prop=True)
+    assert len(fused_nodes(fused, "FlashAttentionScore")) == 2
+    assert_same_numerics(original, fused, 1e-5, 1e-5)
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(original, data_prop=True))
+    assert passes.PassManager("fuse-attention").run(m)["fuse-attention"] == 0  # without refine-shapes: none
+
+
+def test_torchscript_hf_bert_fuses_both_attentions(export_cache, tmp_path):
+    """models/hf.py's plain BERT through TorchScript (opset 17): 2 layers -> 2 FlashAttentionScore, verified."""
+    pytest.importorskip("transformers")
+    report = graphconv.compile(export_cache("hf-bert", 17, "torchscript"), tmp_path / "m.mindir")
+    assert report.status == "verified"
+    assert report.coverage["attention"] == {"candidates": 2, "fused": 2, "refused": {}, "items": []}
+    assert report.census.get("FlashAttentionScore") == 2
