@@ -8,48 +8,29 @@
   stacked on a new first axis.
 - Scan (opset 9+): unrolled over the static length of the scan axis, with scan_input/output axes and
   directions.
-Subgraphs see the enclosing graph's values directly (onnx_ir shares them), so the lowering's operand table
-is all they need; the handlers bind the body's inputs in it for each iteration.
+Subgraphs see the enclosing graph's values directly (onnx_ir shares them); the handlers bind the body's
+inputs for each iteration and lower it through the NodeContext's public sub-graph API (bind,
+lower_subgraph, block, if_).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
 from opmap.registry import register
 
 
 def _graph(n, name: str):
-    attr = n.node.attributes.get(name)
-    if attr is None:
+    g = n.attr(name)
+    if g is None:
         n.fail(f"attribute {name} is missing")
-    return attr.value
+    return g
 
 
-def _lower_body(n, graph) -> list:
-    """Lower the subgraph's nodes; returns each output as a numpy array (compile-time value) or an expression."""
-    low = n._low
-    for node in graph:
-        low.lower_node(node)
-    out = []
-    for v in graph.outputs:
-        c = low.const_value(v)
-        out.append(c if c is not None else low.tensor_expr(v))
-    return out
-
-
-def _bind(n, value, item) -> None:
-    """Make a subgraph input stand for `item` (an array: a compile-time value; a str: an expression)."""
-    from graphconv.lower import Operand
-
-    if isinstance(item, np.ndarray):
-        n._low.operands[value] = Operand(expr=None, const=item)
-    else:
-        n._low.operands[value] = Operand(expr=item)
-
-
-def _expr(n, item, hint: str) -> str:
-    return n.const_tensor(item, hint) if isinstance(item, np.ndarray) else item
+def _tensor(n, item):
+    """A branch or loop result as a value (an array from compile time becomes a constant tensor)."""
+    return n.const_tensor(item, "branch") if isinstance(item, np.ndarray) else item
 
 
 @register("If", since=1)
@@ -57,26 +38,16 @@ def if_(n):
     cond = n.const(0)
     if cond is not None:
         taken = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
-        return tuple(_lower_body(n, _graph(n, taken)))
-    from graphconv.lower import py_name
-
-    low = n._low
-    names = [py_name(f"{low.var_prefix(n.node)}_branch{k}", low.used_names) for k in range(n.n_outputs)]
+        return tuple(n.lower_subgraph(_graph(n, taken)))
     blocks = []
     for branch in ("then_branch", "else_branch"):
-        start = len(low.body)
-        outs = _lower_body(n, _graph(n, branch))
-        if len(outs) != len(names):
-            n.fail(f"{branch} has {len(outs)} outputs, the node {len(names)}")
-        for name, item in zip(names, outs):
-            low.emit(f"{name} = {_expr(n, item, 'branch')}")
-        blocks.append(low.body[start:])
-        del low.body[start:]
-    low.emit(f"if {n.x(0)}:")
-    low.body.extend("    " + line for line in blocks[0])
-    low.emit("else:")
-    low.body.extend("    " + line for line in blocks[1])
-    return tuple(names)
+        with n.block() as block:
+            outs = n.lower_subgraph(_graph(n, branch))
+            if len(outs) != n.n_outputs:
+                n.fail(f"{branch} has {len(outs)} outputs, the node {n.n_outputs}")
+            block.outputs = [_tensor(n, item) for item in outs]
+        blocks.append(block)
+    return n.if_(n.x(0), *blocks)
 
 
 @register("Loop", since=11)
@@ -98,11 +69,11 @@ def loop(n):
     ins = body.inputs
     i = 0
     while i < limit and bool(np.asarray(cond).reshape(-1)[0]):
-        _bind(n, ins[0], np.array(i, np.int64))
-        _bind(n, ins[1], np.array(bool(np.asarray(cond).reshape(-1)[0])))
+        n.bind(ins[0], np.array(i, np.int64))
+        n.bind(ins[1], np.array(bool(np.asarray(cond).reshape(-1)[0])))
         for v, item in zip(ins[2:], carried):
-            _bind(n, v, item)
-        outs = _lower_body(n, body)
+            n.bind(v, item)
+        outs = n.lower_subgraph(body)
         cond = outs[0]
         if not isinstance(cond, np.ndarray):
             n.fail("the loop condition depends on run-time values (the loop is unrolled)")
@@ -116,7 +87,7 @@ def loop(n):
     for items in scans:
         if not items:
             n.fail("a loop with no iteration has empty scan outputs of unknown shape")
-        results.append(f"ops.stack(({', '.join(_expr(n, it, 'scan') for it in items)},), 0)")
+        results.append(n.call("ops.stack", tuple(_tensor(n, it) for it in items), 0))
     return tuple(results)
 
 
@@ -149,19 +120,19 @@ def scan(n):
     collected: list[list] = [[] for _ in range(k_out)]
     for t in range(length):
         for v, item in zip(body.inputs[:n_state], state):
-            _bind(n, v, item)
+            n.bind(v, item)
         for j, (x, axis) in enumerate(xs):
             step = length - 1 - t if in_dirs[j] else t
-            _bind(n, body.inputs[n_state + j], n.tmp(f"ops.gather({x}, Tensor({step}, ms.int64), {axis})", "scan_in"))
-        outs = _lower_body(n, body)
+            n.bind(body.inputs[n_state + j], n.call("ops.gather", x, n.call("Tensor", step, n.ms_dtype(ir.DataType.INT64)), axis))
+        outs = n.lower_subgraph(body)
         state = outs[:n_state]
         for k, item in enumerate(outs[n_state:]):
-            collected[k].append(_expr(n, item, "scan"))
-    results = [_expr(n, s, "state") for s in state]
+            collected[k].append(_tensor(n, item))
+    results = [_tensor(n, s) for s in state]
     for k, items in enumerate(collected):
         if out_dirs[k]:
             items = items[::-1]
         rank = (n.out_shape(n_state + k) or [None]).__len__()
         axis = out_axes[k] + rank if out_axes[k] < 0 else out_axes[k]
-        results.append(f"ops.stack(({', '.join(items)},), {axis})")
+        results.append(n.call("ops.stack", tuple(items), axis))
     return tuple(results)

@@ -36,4 +36,4 @@ FAST_GELU = define(FusedOp(name="FastGelu", inputs=("x",), outputs=("y",), attri
 
 @register("FastGelu", since=1, domain="mindspore")
 def lower_fast_gelu(n):
-    return f"ops.FastGeLU()({n.x(0)})"
+    return n.call(n.call("ops.FastGeLU"), n.x(0))

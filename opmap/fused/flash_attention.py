@@ -152,26 +152,28 @@ def lower_flash_attention_score(n):
     compute = compute_dtype(model_dt, requested)
     cdt = n.ms_dtype(compute)
     head_num, scale = int(n.attr("head_num")), float(n.attr("scale"))
-    q, k, v = (n.x(i) if model_dt == compute else n.tmp(f"ops.cast({n.x(i)}, {cdt})", h)
-               for i, h in ((0, "q"), (1, "k"), (2, "v")))
+    q, k, v = (n.x(i) if model_dt == compute else n.call("ops.cast", n.x(i), cdt) for i in range(3))
     kind = n.attr("mask_kind", "none")
     if kind not in MASK_KINDS:
         n.fail(f"unknown mask_kind {kind!r}")
-    mask = "None"
+    mask = None
     if kind != "none":
-        discard = f"ops.less({n.x(3)}, 0.0)"  # values proven 0 or <= -1e4 / -inf by the pass
+        discard = n.call("ops.less", n.x(3), 0.0)  # values proven 0 or <= -1e4 / -inf by the pass
         shape = n.shape(3) or []
         heads = head_num if len(shape) >= 3 and shape[-3] == head_num and head_num != 1 else 1
         # FlashAttentionScore takes (B, 1, S1, S2) or (B, N1, S1, S2): broadcast the graph's mask to it.
-        target = (f"ops.concat((ops.dyn_shape({n.x(0)})[0:1], {n.const_tensor(np.array([heads], np.int64), 'heads')}, "
-                  f"ops.dyn_shape({n.x(0)})[2:3], ops.dyn_shape({n.x(1)})[2:3]))")
-        mask = n.tmp(f"ops.cast(ops.logical_or({discard}, ops.zeros({target}, ms.bool_)), ms.uint8)", "discard")
-    pse = "None"
+        q_dims, k_dims = n.call("ops.dyn_shape", n.x(0)), n.call("ops.dyn_shape", n.x(1))
+        target = n.call("ops.concat", n.tuple(n.getitem(q_dims, slice(0, 1)),
+                                              n.const_tensor(np.array([heads], np.int64), "heads"),
+                                              n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
+        full = n.call("ops.logical_or", discard, n.call("ops.zeros", target, n.ms_dtype(ir.DataType.BOOL)))
+        mask = n.call("ops.cast", full, n.ms_dtype(ir.DataType.UINT8))
+    pse = None
     shift = n.const(4) if n.has(4) else np.zeros(())
     if shift is None or shift.size != 1 or float(shift.reshape(-1)[0]) != 0.0:  # not a scalar 0: a real bias
-        pse = n.x(4) if n.dtype(4) == compute else n.tmp(f"ops.cast({n.x(4)}, {cdt})", "pse")
-    out = (f"ops.flash_attention_score({q}, {k}, {v}, {head_num}, real_shift={pse}, attn_mask={mask}, "
-           f"keep_prob=1.0, scalar_value={scale!r}, input_layout='BNSD', sparse_mode=0)")
+        pse = n.x(4) if n.dtype(4) == compute else n.call("ops.cast", n.x(4), cdt)
+    out = n.call("ops.flash_attention_score", q, k, v, head_num, real_shift=pse, attn_mask=mask, keep_prob=1.0,
+                 scalar_value=scale, input_layout="BNSD", sparse_mode=0)
     if model_dt != compute:
-        out = f"ops.cast({out}, {n.ms_dtype(model_dt)})"
+        out = n.call("ops.cast", out, n.ms_dtype(model_dt))
     return out

@@ -72,9 +72,9 @@ GELU_TANH = define(FusedOp(
 @register("Gelu", since=1, domain="mindspore")
 def lower_gelu(n):
     # GeluExt takes approximate as a string (an enum in the MindIR: 'none' = 0).
-    return f"ops.auto_generate.GeluExt()({n.x(0)}, 'none')"
+    return n.call(n.call("ops.auto_generate.GeluExt"), n.x(0), "none")
 
 
 @register("GeluTanh", since=1, domain="mindspore")
 def lower_gelu_tanh(n):
-    return f"ops.GeLU()({n.x(0)})"
+    return n.call(n.call("ops.GeLU"), n.x(0))

@@ -63,4 +63,4 @@ LAYER_NORM = define(FusedOp(
 def lower_layer_norm(n):
     eps = float(n.attr("epsilon"))
     # begin_norm_axis = begin_params_axis = -1: normalise the last axis, gamma/beta of its size.
-    return f"ops.LayerNorm(-1, -1, {eps!r})({n.x(0)}, {n.x(1)}, {n.x(2)})[0]"
+    return n.getitem(n.call(n.call("ops.LayerNorm", -1, -1, eps), n.x(0), n.x(1), n.x(2)), 0)

@@ -53,4 +53,4 @@ RMS_NORM = define(FusedOp(
 @register("RmsNorm", since=1, domain="mindspore")
 def lower_rms_norm(n):
     eps = float(n.attr("epsilon"))
-    return f"ops.rms_norm({n.x(0)}, {n.x(1)}, {eps!r})[0]"
+    return n.getitem(n.call("ops.rms_norm", n.x(0), n.x(1), eps), 0)

@@ -80,4 +80,4 @@ def lower_rotary_position_embedding(n):
     mode = int(n.attr("mode"))
     if mode not in (0, 1):
         n.fail(f"mode {mode} is neither 0 (rotate_half) nor 1 (interleaved)")
-    return f"ops.rotary_position_embedding({n.x(0)}, {n.x(1)}, {n.x(2)}, {mode})"
+    return n.call("ops.rotary_position_embedding", n.x(0), n.x(1), n.x(2), mode)

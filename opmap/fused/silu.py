@@ -24,4 +24,4 @@ SILU = define(FusedOp(name="SiLU", inputs=("x",), outputs=("y",), attributes=(),
 
 @register("SiLU", since=1, domain="mindspore")
 def lower_silu(n):
-    return f"ops.silu({n.x(0)})"
+    return n.call("ops.silu", n.x(0))

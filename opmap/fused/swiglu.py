@@ -43,4 +43,4 @@ SWIGLU = define(FusedOp(name="Swiglu", inputs=("x",), outputs=("y",), attributes
 
 @register("Swiglu", since=1, domain="mindspore")
 def lower_swiglu(n):
-    return f"ops.auto_generate.Swiglu()({n.x(0)}, {int(n.attr('dim'))})"
+    return n.call(n.call("ops.auto_generate.Swiglu"), n.x(0), int(n.attr("dim")))

@@ -1,0 +1,288 @@
+"""The code generator: an emission Program (graphconv/emission.py) -> the Python source of a MindSpore nn.Cell.
+
+It names the values (from their hints: the ONNX value names), drops the nodes whose results nothing uses,
+writes one statement per ONNX node (a value used once, by a later node of the same ONNX node and block, is
+written inline into its user), renders If blocks, and writes each repeated layer class once (with
+`@mindspore.lazy_inline` on its __init__: ARCHITECTURE.md decision 5) with a CellList of its instances.
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import math
+import re
+
+import numpy as np
+
+from graphconv.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
+
+RESERVED = {"self", "ms", "ops", "nn", "np", "Tensor", "Parameter", "mint", "weights", "names"}
+
+
+def py_name(name: str, used: set[str], fallback: str = "v") -> str:
+    """A readable, unique Python identifier for an ONNX name."""
+    base = re.sub(r"_output_(\d+)$", r"_\1", name)
+    base = re.sub(r"\W+", "_", base).strip("_") or fallback
+    if base[0].isdigit():
+        base = f"{fallback}_{base}"
+    if keyword.iskeyword(base) or base in RESERVED or base.startswith("__"):
+        base = f"{fallback}_{base}"
+    base = base[:60]
+    candidate, k = base, 1
+    while candidate in used:
+        k += 1
+        candidate = f"{base}_{k}"
+    used.add(candidate)
+    return candidate
+
+
+def literal(value) -> str:
+    """Python source for a literal argument."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (int, np.integer)):
+        return repr(int(value))
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else '-float("inf")'
+        return repr(v)
+    if value is Ellipsis:
+        return "..."
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} as a literal")
+
+
+def _np_literal(value: np.ndarray) -> str:
+    if value.dtype.kind == "f" and value.dtype.itemsize < 4 or value.dtype.name == "bfloat16":
+        value = value.astype(np.float32)  # cast back to the right MindSpore dtype by Tensor(..., dtype)
+    if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+        body = repr(value.tolist()).replace("inf", "np.inf").replace("nan", "np.nan")
+        return f"np.array({body}, dtype={value.dtype.name!r})"
+    return f"np.array({value.tolist()!r}, dtype={value.dtype.name!r})"
+
+
+def _uses(block: Block, counts: dict[int, int]) -> None:
+    for node in block.nodes:
+        for v in node.inputs():
+            counts[id(v)] = counts.get(id(v), 0) + 1
+        for b in node.blocks:
+            _uses(b, counts)
+            for v in b.outputs:
+                counts[id(v)] = counts.get(id(v), 0) + 1
+    for v in block.outputs:
+        counts[id(v)] = counts.get(id(v), 0) + 1
+
+
+def eliminate_dead(block: Block) -> None:
+    """Drop nodes whose outputs nothing uses (every node is pure), innermost blocks included."""
+    while True:
+        counts: dict[int, int] = {}
+        _uses(block, counts)
+        removed = _drop_unused(block, counts)
+        if not removed:
+            return
+
+
+def _drop_unused(block: Block, counts: dict[int, int]) -> bool:
+    keep, removed = [], False
+    for node in block.nodes:
+        if not any(counts.get(id(o)) for o in node.outputs):
+            removed = True
+            continue
+        for b in node.blocks:
+            removed |= _drop_unused(b, counts)
+        keep.append(node)
+    block.nodes = keep
+    return removed
+
+
+class _Writer:
+    """Renders one construct body (a namespace of its own)."""
+
+    def __init__(self, inputs: list[Value], counts: dict[int, int], used: set[str] | None = None):
+        self.counts = counts
+        self.used = set(used or ())
+        self.names: dict[int, str] = {}
+        self.inline: dict[int, str] = {}  # value id -> its expression, for values written into their user
+        self.lines: list[str] = []
+        self.args = [self.name(v, "x") for v in inputs]
+
+    def name(self, v: Value, fallback: str = "v") -> str:
+        if id(v) not in self.names:
+            hint = v.hint or (f"{v.producer.origin}_t" if v.producer is not None and v.producer.origin else fallback)
+            self.names[id(v)] = py_name(hint, self.used, fallback)
+        return self.names[id(v)]
+
+    # --- expressions ------------------------------------------------------------------------------------
+    def expr(self, v, operand: bool = False) -> str:
+        """`operand`: the expression is an operand of an operator, subscript or attribute access."""
+        if isinstance(v, Ref):
+            return v.code
+        if isinstance(v, AttrValue):
+            return f"self.{v.attr.name}"
+        if isinstance(v, Value):
+            if id(v) in self.inline:
+                text, compound = self.inline[id(v)]
+                return f"({text})" if operand and compound else text
+            return self.name(v)
+        if isinstance(v, tuple):
+            items = ", ".join(self.expr(x) for x in v)
+            return f"({items},)" if len(v) == 1 else f"({items})"
+        if isinstance(v, list):
+            return "[" + ", ".join(self.expr(x) for x in v) + "]"
+        return literal(v)
+
+    def _index(self, index) -> str:
+        if isinstance(index, slice):
+            parts = ["" if p is None else self.expr(p) for p in (index.start, index.stop, index.step)]
+            return ":".join(parts[:2]) + (f":{parts[2]}" if index.step is not None else "")
+        if isinstance(index, tuple):
+            return ", ".join(self._index(i) for i in index) + ("," if len(index) == 1 else "")
+        return self.expr(index)
+
+    def _call_args(self, args, kwargs) -> str:
+        parts = [self.expr(a) for a in args] + [f"{k}={self.expr(v)}" for k, v in kwargs.items()]
+        return ", ".join(parts)
+
+    def node_expr(self, node: Node) -> tuple[str, bool]:
+        """(source, whether it is compound: needs parentheses as an operand)."""
+        k, a = node.kind, node.args
+        if k == "call":
+            target = self.expr(node.target, True) if isinstance(node.target, Value) else node.target
+            return f"{target}({self._call_args(a, node.kwargs)})", False
+        if k == "method":
+            return f"{self.expr(a[0], True)}.{node.target}({self._call_args(a[1:], node.kwargs)})", False
+        if k == "binop":
+            return f"{self.expr(a[0], True)} {node.target} {self.expr(a[1], True)}", True
+        if k == "unop":
+            sep = " " if node.target == "not" else ""
+            return f"{node.target}{sep}{self.expr(a[0], True)}", True
+        if k == "getitem":
+            return f"{self.expr(a[0], True)}[{self._index(a[1])}]", False
+        if k == "tuple":
+            return self.expr(tuple(a)), False
+        if k == "cell":
+            return f"{node.target}({self._call_args(a, node.kwargs)})", False
+        raise ValueError(f"node kind {k} has no expression")
+
+    # --- statements -------------------------------------------------------------------------------------
+    def block(self, block: Block, indent: str, users: dict[int, Node]) -> None:
+        for node in block.nodes:
+            if node.kind == "if":
+                self._if(node, indent, users)
+                continue
+            text, compound = self.node_expr(node)
+            out = node.outputs[0]
+            user = users.get(id(out))
+            if (node.n_outputs == 1 and self.counts.get(id(out)) == 1 and user is not None
+                    and user.origin == node.origin and user.kind not in ("if",) and node.origin):
+                self.inline[id(out)] = (text, compound)
+                continue
+            targets = ", ".join(self.name(o) if self.counts.get(id(o)) else "_" for o in node.outputs)
+            self.lines.append(f"{indent}{targets} = {text}")
+
+    def _if(self, node: Node, indent: str, users: dict[int, Node]) -> None:
+        names = [self.name(o) for o in node.outputs]
+        self.lines.append(f"{indent}if {self.expr(node.args[0])}:")
+        for k, branch in enumerate(node.blocks):
+            if k == 1:
+                self.lines.append(f"{indent}else:")
+            self.block(branch, indent + "    ", users)
+            for name, v in zip(names, branch.outputs):
+                self.lines.append(f"{indent}    {name} = {self.expr(v)}")
+            if not branch.nodes and not branch.outputs:
+                self.lines.append(f"{indent}    pass")
+
+    def ret(self, outputs: list[Value], indent: str) -> None:
+        outs = [self.expr(v) for v in outputs]
+        self.lines.append(f"{indent}return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ',)'}")
+
+
+def _users(block: Block, found: dict[int, Node]) -> dict[int, Node]:
+    """The (last) user of each value, for the inlining rule (which only inlines values used once)."""
+    for node in block.nodes:
+        for v in node.inputs():
+            found[id(v)] = node
+        for b in node.blocks:
+            _users(b, found)
+    return found
+
+
+def _construct(block: Block) -> _Writer:
+    eliminate_dead(block)
+    counts: dict[int, int] = {}
+    _uses(block, counts)
+    w = _Writer(block.inputs, counts)
+    w.block(block, "        ", _users(block, {}))
+    w.ret(block.outputs, "        ")
+    return w
+
+
+def _ms_dtype(dtype: str) -> str:
+    return {"bool": "ms.bool_"}.get(dtype, f"ms.{dtype}")
+
+
+def _param_key(a: Attr) -> str:
+    """The weights-file key and Parameter name of an attribute bound from the weights."""
+    if a.param is not None:
+        return getattr(a.param, "name", None) or a.param.onnx_name
+    return a.name
+
+
+def _attr_line(a: Attr, name_expr: str | None = None) -> str:
+    """`self.<attr> = ...` in __init__; `name_expr` the source of the weights key (a layer's names[k])."""
+    key = name_expr or repr(_param_key(a))
+    if a.param is not None:
+        p = a.param
+        return (f"self.{a.name} = _param(weights, {key}, {tuple(p.shape)!r}, {_ms_dtype(p.dtype)}"
+                f"{', transposed=True' if p.transposed else ''})")
+    if a.as_parameter:
+        return f"self.{a.name} = _param(weights, {key}, {tuple(a.shape)!r}, {_ms_dtype(a.dtype)})"
+    return f"self.{a.name} = Tensor({_np_literal(a.value)}, {_ms_dtype(a.dtype)})"
+
+
+def render(program: Program, helper_module) -> str:
+    """The generated module: imports, the helpers used, each layer class, then the network class."""
+    parts = [
+        f'"""MindSpore network generated by graphconv: {program.class_name}."""',
+        "import numpy as np",
+        "import mindspore as ms",
+        "from mindspore import Parameter, Tensor, nn, ops",
+        "",
+        "",
+        inspect.getsource(helper_module._param).rstrip(),
+    ]
+    for h in program.helpers:
+        parts += ["", "", inspect.getsource(getattr(helper_module, h)).rstrip()]
+    for cell in program.cells:
+        parts += ["", ""] + _cell_class(cell)
+    # auto_prefix=False everywhere: MindSpore otherwise renames a sub-cell's Parameters after its attribute
+    # path (`layers.0.w`), and the Parameters carry the model's own names.
+    parts += ["", "", f"class {program.class_name}(nn.Cell):", "    def __init__(self, weights=None):",
+              "        super().__init__(auto_prefix=False)"]
+    parts += [f"        {_attr_line(a)}" for a in program.attrs]
+    for cell, attr, per_instance in program.instances:
+        rows = []
+        for attrs in per_instance:
+            rows.append(f"            {cell.name}(weights, {tuple(_param_key(a) for a in attrs)!r}),")
+        parts += [f"        self.{attr} = nn.CellList(["] + rows + ["        ], auto_prefix=False)"]
+    w = _construct(program.body)
+    parts += ["", f"    def construct(self, {', '.join(w.args)}):"] + w.lines
+    return "\n".join(parts) + "\n"
+
+
+def _cell_class(cell: CellClass) -> list[str]:
+    """class <name>(nn.Cell) with __init__(weights, names): attribute k is bound from weights[names[k]] (a
+    Parameter of that name); constant tensors are the same in every instance."""
+    lines = [f"class {cell.name}(nn.Cell):"]
+    if cell.lazy_inline:
+        lines.append("    @ms.lazy_inline")
+    lines += ["    def __init__(self, weights, names):", "        super().__init__(auto_prefix=False)"]
+    for k, a in enumerate(cell.attrs):
+        lines.append(f"        {_attr_line(a, f'names[{k}]')}")
+    w = _construct(cell.body)
+    lines += ["", f"    def construct(self, {', '.join(w.args)}):"] + w.lines
+    return lines

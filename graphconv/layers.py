@@ -1,0 +1,402 @@
+"""Repeated layers: find the decoder/encoder layers of a lowered program and emit them as one Cell class.
+
+Which layer a node belongs to comes from where the exporter says it was: the module path of its ONNX node
+(`scopes`: dynamo's `namespace` metadata or TorchScript's `/model/layers.3/self_attn/MatMul` names, both
+recorded before onnxsim drops the metadata: `record_scopes`), else the weights it reads
+(`model.layers.3.mlp.down_proj.weight`), else its producers' layer (nodes a pass made). The layer list is the
+module path prefix with the most indices (`model.layers`). Then:
+  - what every layer computes alike from values outside the layers (the attention mask's conversions,
+    cos/sin, position ids) moves before the first layer and is computed once (identical nodes merged);
+  - each layer becomes a Block: its inputs the outside values it reads (the hidden state, the mask, cos/sin,
+    weights it shares with others), its outputs what is read after it, its attributes the weights only it
+    reads;
+  - layers whose Blocks are the same up to renaming (structure, literals, attribute shapes and dtypes,
+    constant values) share one CellClass; each is replaced by a call of its instance in a CellList.
+A layer that fits no class stays inline (in place); the program then still computes the same. `group`
+returns what it found, for the report (`layers`: prefix, layers, classes, grouped, and the reason when
+nothing was grouped).
+"""
+
+from __future__ import annotations
+
+import re
+
+import onnx
+
+from graphconv.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
+
+_INDEXED = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?[A-Za-z_][\w]*)\.(?P<index>\d+)(?:\.|$)")
+
+
+def record_scopes(model: onnx.ModelProto) -> dict[str, str]:
+    """ONNX node name -> module path (`model.layers.0.self_attn`), from dynamo's `namespace` metadata or a
+    TorchScript scoped node name; nodes without either are left out."""
+    scopes = {}
+    for node in model.graph.node:
+        if not node.name:
+            continue
+        ns = next((p.value for p in node.metadata_props if p.key == "namespace"), None)
+        if ns:  # ": top/model: LlamaForCausalLM/model.model.layers.0: LlamaDecoderLayer/.../view_2: aten.view"
+            modules = [part.split(":")[0].strip() for part in ns.split("/")[:-1]]
+            modules = [m for m in modules if m]
+            if modules:
+                scopes[node.name] = modules[-1]
+        elif node.name.startswith("/") and node.name.count("/") >= 2:
+            scopes[node.name] = ".".join(p for p in node.name.split("/")[1:-1] if p)
+    return scopes
+
+
+def layer_of(path: str | None) -> tuple[str, int] | None:
+    """(list prefix, index) of the first indexed module in a dotted path: `model.layers.3.mlp` -> (model.layers, 3)."""
+    if not path:
+        return None
+    m = _INDEXED.match(path)
+    return (m.group("prefix"), int(m.group("index"))) if m else None
+
+
+def _param_path(v: Value) -> str | None:
+    if isinstance(v, AttrValue) and v.attr.param is not None:
+        return v.attr.param.name
+    return None
+
+
+def _assign(nodes: list[Node], scopes: dict[str, str]) -> tuple[str | None, dict[int, int | None]]:
+    """The layer list's prefix and each top-level node's layer index (None: outside the layers)."""
+    found: dict[int, tuple[str, int] | None] = {}
+    for node in nodes:
+        where = layer_of(scopes.get(node.origin))
+        if where is None:
+            for v in node.inputs():
+                where = layer_of(_param_path(v))
+                if where is not None:
+                    break
+        found[id(node)] = where
+    counts: dict[str, set[int]] = {}
+    for where in found.values():
+        if where is not None:
+            counts.setdefault(where[0], set()).add(where[1])
+    if not counts:
+        return None, {}
+    prefix = max(counts, key=lambda p: len(counts[p]))
+    scoped = {node.origin for node in nodes if node.origin in scopes}
+    layer: dict[int, int | None] = {}
+    produced: dict[int, int | None] = {}
+    for node in nodes:
+        where = found[id(node)]
+        if where is not None and where[0] == prefix:
+            k = where[1]
+        elif node.origin in scoped:
+            k = None  # the exporter placed it outside the layer list
+        else:  # a node a pass made, or without a scope: its producers' layer
+            ks = [produced.get(id(v)) for v in node.inputs() if v.producer is not None]
+            ks = [x for x in ks if x is not None]
+            k = max(ks) if ks else None
+        layer[id(node)] = k
+        for o in node.outputs:
+            produced[id(o)] = k
+    return prefix, layer
+
+
+def _hoist(nodes: list[Node], layer: dict[int, int | None]) -> None:
+    """Nodes of a layer that read nothing of any layer and no weight are computed outside (once)."""
+    produced: dict[int, int | None] = {}
+    for node in nodes:
+        if layer[id(node)] is not None:
+            inside = any(produced.get(id(v)) is not None for v in node.inputs())
+            weights = any(isinstance(v, AttrValue) and (v.attr.param is not None or v.attr.as_parameter)
+                          for v in node.inputs())
+            if not inside and not weights and node.kind != "if":
+                layer[id(node)] = None
+        for o in node.outputs:
+            produced[id(o)] = layer[id(node)]
+
+
+def _key(v) -> tuple:
+    if isinstance(v, Ref):
+        return ("ref", v.code)
+    if isinstance(v, AttrValue):
+        return ("attr", id(v.attr))
+    if isinstance(v, Value):
+        return ("value", id(v))
+    if isinstance(v, (tuple, list)):
+        return (type(v).__name__,) + tuple(_key(x) for x in v)
+    if isinstance(v, slice):
+        return ("slice", _key(v.start), _key(v.stop), _key(v.step))
+    if isinstance(v, float):
+        return ("float", repr(v))
+    return ("lit", type(v).__name__, v)
+
+
+def merge_identical(block: Block) -> dict[int, Value]:
+    """Common-subexpression elimination over a block's top level: a node with the same kind, target and
+    arguments as an earlier one is dropped and its outputs replaced by the earlier one's. Returns that
+    replacement (value id -> value), for the nodes outside the block that read the dropped ones."""
+    seen: dict[tuple, Node] = {}
+    mapping: dict[int, Value] = {}
+    keep = []
+    for node in block.nodes:
+        if mapping:
+            _substitute_node(node, mapping)
+        if node.kind in ("if", "cell"):
+            keep.append(node)
+            continue
+        k = (node.kind, _key(node.target) if isinstance(node.target, Value) else node.target, node.n_outputs,
+             _key(node.args), _key(tuple(sorted(node.kwargs.items()))))
+        first = seen.get(k)
+        if first is None:
+            seen[k] = node
+            keep.append(node)
+            continue
+        for a, b in zip(node.outputs, first.outputs):
+            mapping[id(a)] = b
+    block.nodes = keep
+    block.outputs = [mapping.get(id(v), v) for v in block.outputs]
+    return mapping
+
+
+def _sub(x, mapping: dict[int, Value]):
+    if isinstance(x, Value):
+        return mapping.get(id(x), x)
+    if isinstance(x, tuple):
+        return tuple(_sub(a, mapping) for a in x)
+    if isinstance(x, list):
+        return [_sub(a, mapping) for a in x]
+    if isinstance(x, slice):
+        return slice(_sub(x.start, mapping), _sub(x.stop, mapping), _sub(x.step, mapping))
+    return x
+
+
+def _substitute_node(node: Node, mapping: dict[int, Value]) -> None:
+    if isinstance(node.target, Value):
+        node.target = _sub(node.target, mapping)
+    node.args = _sub(node.args, mapping)
+    node.kwargs = {k: _sub(v, mapping) for k, v in node.kwargs.items()}
+    for b in node.blocks:
+        for inner in b.nodes:
+            _substitute_node(inner, mapping)
+        b.outputs = [mapping.get(id(v), v) for v in b.outputs]
+
+
+class _Layer:
+    """One layer's nodes as a Block candidate, with its canonical signature: every value numbered by where
+    it is made (or first read, for inputs and attributes), so two layers that compute the same up to renaming
+    have equal signatures."""
+
+    def __init__(self, index: int, nodes: list[Node], used_elsewhere: set[int], attr_users: dict[int, set]):
+        self.index, self.nodes = index, nodes
+        self._attr_users = attr_users
+        self.inputs: list[Value] = []
+        self.attrs: list[Attr] = []
+        self._numbers: dict[int, tuple] = {}
+        sig = [self._node_sig(node) for node in nodes]
+        self.outputs = [o for n in nodes for o in n.outputs if id(o) in used_elsewhere]
+        sig.append(tuple(self._numbers[id(o)] for o in self.outputs))
+        self.signature = tuple(sig)
+
+    def _node_sig(self, node: Node) -> tuple:
+        args = self._arg(node.args)
+        kwargs = tuple((k, self._arg(v)) for k, v in sorted(node.kwargs.items()))
+        blocks = tuple(tuple(self._node_sig(n) for n in b.nodes) + (tuple(self._arg(v) for v in b.outputs),)
+                       for b in node.blocks)
+        target = self._arg(node.target) if isinstance(node.target, Value) else node.target
+        for k, o in enumerate(node.outputs):
+            self._numbers[id(o)] = ("made", len(self._numbers), k)
+        return (node.kind, target, node.n_outputs, args, kwargs, blocks)
+
+    def _arg(self, v):
+        if isinstance(v, Ref):
+            return ("ref", v.code)
+        if isinstance(v, AttrValue) and self._attr_users.get(id(v.attr)) == {self.index}:
+            a = v.attr
+            if not any(x is a for x in self.attrs):
+                self.attrs.append(a)
+            const = None if a.value is None or a.as_parameter else (a.value.dtype.str, a.value.tobytes())
+            transposed = a.param.transposed if a.param is not None else False
+            number = next(k for k, x in enumerate(self.attrs) if x is a)
+            return ("attr", number, a.shape, a.dtype, a.param is not None, transposed, const)
+        if isinstance(v, Value):
+            if id(v) in self._numbers:
+                return self._numbers[id(v)]
+            if not any(x is v for x in self.inputs):
+                self.inputs.append(v)
+            return ("in", next(k for k, x in enumerate(self.inputs) if x is v))
+        if isinstance(v, (tuple, list)):
+            return (type(v).__name__,) + tuple(self._arg(x) for x in v)
+        if isinstance(v, slice):
+            return ("slice",) + tuple(self._arg(x) for x in (v.start, v.stop, v.step))
+        if isinstance(v, float):
+            return ("float", repr(v))
+        return ("lit", type(v).__name__, v)
+
+
+def _class_name(prefix: str, program: Program) -> str:
+    base = "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", prefix.split(".")[-1]) if p)
+    base = (base[:-1] if base.endswith("s") and len(base) > 1 else base) or "Layer"
+    if base[0].isdigit() or base in ("Layer",):
+        base = f"Repeated{base}"
+    return base if base != program.class_name else f"{base}Block"
+
+
+def _strip(hint: str | None, prefix: str, index: int) -> str | None:
+    """A value or attribute name without its layer path (`model_layers_3_self_attn_...` -> `self_attn_...`)."""
+    if not hint:
+        return hint
+    pattern = re.escape(prefix).replace(r"\.", r"[^A-Za-z0-9]+")
+    stripped = re.sub(rf"^.*?{pattern}[^A-Za-z0-9]+{index}(?:[^A-Za-z0-9]+|$)", "", hint)
+    return stripped or hint
+
+
+def group(program: Program, scopes: dict[str, str], min_layers: int = 2) -> dict:
+    """Group the program's repeated layers (this module's docstring); returns the summary for the report."""
+    nodes = program.body.nodes
+    prefix, layer = _assign(nodes, scopes)
+    if prefix is None:
+        return {"grouped": 0, "reason": "no node has a layer index (no module scopes or layer weights)"}
+    _hoist(nodes, layer)
+    # order: what needs no layer, the layers in index order, then the rest; refuse if that breaks a dependency
+    produced_by: dict[int, int | None] = {}
+    depends: dict[int, bool] = {}
+    for node in nodes:
+        k = layer[id(node)]
+        dep = any(depends.get(id(v)) or produced_by.get(id(v)) is not None for v in node.inputs())
+        depends[id(node)] = dep
+        for o in node.outputs:
+            produced_by[id(o)] = k
+            depends[id(o)] = dep or k is not None
+    indices = sorted({k for k in layer.values() if k is not None})
+    if len(indices) < min_layers:
+        return {"prefix": prefix, "layers": len(indices), "grouped": 0, "reason": "fewer than two layers"}
+    pro = [n for n in nodes if layer[id(n)] is None and not depends[id(n)]]
+    epi = [n for n in nodes if layer[id(n)] is None and depends[id(n)]]
+    per = {k: [n for n in nodes if layer[id(n)] == k] for k in indices}
+    order = pro + [n for k in indices for n in per[k]] + epi
+    position = {}
+    for p, n in enumerate(order):
+        for o in n.outputs:
+            position[id(o)] = p
+    for p, n in enumerate(order):
+        if any(position.get(id(v), -1) >= p for v in n.inputs()):
+            return {"prefix": prefix, "layers": len(indices), "grouped": 0,
+                    "reason": "a node outside the layers sits between two of them"}
+    block = Block(program.body.inputs, pro, program.body.outputs)
+    merged = merge_identical(block)
+    pro = block.nodes
+    for n in [n for k in indices for n in per[k]] + epi:
+        _substitute_node(n, merged)
+    program.body.outputs = [merged.get(id(v), v) for v in program.body.outputs]
+    uses_outside: dict[int, set] = {}  # value id -> the layers (or None) reading it
+    attr_users: dict[int, set] = {}
+    everything = pro + [n for k in indices for n in per[k]] + epi
+    for n in everything:
+        where = layer[id(n)]
+        for v in n.inputs():
+            uses_outside.setdefault(id(v), set()).add(where)
+            if isinstance(v, AttrValue):
+                attr_users.setdefault(id(v.attr), set()).add(where)
+        for b in n.blocks:
+            for inner in b.walk():
+                for v in inner.inputs():
+                    uses_outside.setdefault(id(v), set()).add(where)
+                    if isinstance(v, AttrValue):
+                        attr_users.setdefault(id(v.attr), set()).add(where)
+            for v in b.outputs:
+                uses_outside.setdefault(id(v), set()).add(where)
+    for v in program.body.outputs:
+        uses_outside.setdefault(id(v), set()).add("output")
+    candidates = []
+    for k in indices:
+        elsewhere = {vid for vid, users in uses_outside.items() if users - {k}}
+        candidates.append(_Layer(k, per[k], elsewhere, attr_users))
+    by_signature: dict[tuple, list[_Layer]] = {}
+    for c in candidates:
+        by_signature.setdefault(c.signature, []).append(c)
+    body: list[Node] = list(pro)
+    classes: dict[tuple, tuple[CellClass, str, list]] = {}
+    mapping: dict[int, Value] = {}
+    for c in candidates:
+        members = by_signature[c.signature]
+        if len(members) < min_layers:
+            for n in c.nodes:
+                _substitute_node(n, mapping)
+            body += c.nodes
+            continue
+        if c.signature not in classes:
+            classes[c.signature] = _make_class(program, c, prefix, len(classes))
+        cell, list_attr, instances = classes[c.signature]
+        inputs = [mapping.get(id(v), v) for v in c.inputs]
+        call = Node("cell", f"self.{list_attr}[{len(instances)}]", tuple(inputs), n_outputs=len(c.outputs),
+                    origin=f"{prefix}.{c.index}")
+        for old, new in zip(c.outputs, call.outputs):
+            new.hint = _strip(old.hint, prefix, c.index) if old.hint else None
+            new.hint = f"{list_attr}_{c.index}_{new.hint or 'out'}"
+            mapping[id(old)] = new
+        instances.append(c.attrs)
+        body.append(call)
+    for n in epi:
+        _substitute_node(n, mapping)
+    body += epi
+    program.body.nodes = body
+    program.body.outputs = [mapping.get(id(v), v) for v in program.body.outputs]
+    grouped_attrs = {id(a) for _, _, inst in classes.values() for attrs in inst for a in attrs}
+    program.attrs = [a for a in program.attrs if id(a) not in grouped_attrs]
+    for cell, list_attr, instances in classes.values():
+        program.cells.append(cell)
+        program.instances.append((cell, list_attr, instances))
+    grouped = sum(len(inst) for _, _, inst in classes.values())
+    summary = {"prefix": prefix, "layers": len(indices), "classes": len(classes), "grouped": grouped,
+               "merged_shared_nodes": len(merged)}
+    if grouped < len(indices):
+        summary["inline"] = [c.index for c in candidates if len(by_signature[c.signature]) < min_layers]
+    return summary
+
+
+def _make_class(program: Program, first: _Layer, prefix: str, number: int) -> tuple[CellClass, str, list]:
+    """The class body: the first member's nodes, reading its inputs as construct arguments and its
+    attributes under layer-independent names."""
+    name = _class_name(prefix, program) + (str(number + 1) if number else "")
+    used: set[str] = set()
+    attrs, swap = [], {}
+    for a in first.attrs:
+        stripped = _strip(a.name, prefix, first.index) or a.name
+        k, candidate = 1, stripped
+        while candidate in used:
+            k += 1
+            candidate = f"{stripped}_{k}"
+        used.add(candidate)
+        copy = Attr(candidate, a.shape, a.dtype, param=a.param, value=a.value, as_parameter=a.as_parameter)
+        attrs.append(copy)
+        swap[id(a)] = copy
+    inputs = [Value(hint=_strip(v.hint, prefix, first.index)) for v in first.inputs]
+    mapping = {id(v): new for v, new in zip(first.inputs, inputs)}
+    body_nodes = [_copy_node(n, mapping, swap, prefix, first.index) for n in first.nodes]
+    outputs = [mapping[id(o)] for o in first.outputs]
+    cell = CellClass(name, Block(inputs, body_nodes, outputs), attrs)
+    list_attr = re.sub(r"\W+", "_", prefix.split(".")[-1]) or "layers"
+    if number:
+        list_attr = f"{list_attr}_{number + 1}"
+    return cell, list_attr, []
+
+
+def _copy_node(node: Node, mapping: dict[int, Value], swap: dict[int, Attr], prefix: str, index: int) -> Node:
+    def conv(x):
+        if isinstance(x, AttrValue) and id(x.attr) in swap:
+            return AttrValue(swap[id(x.attr)])
+        if isinstance(x, Value):
+            return mapping.get(id(x), x)
+        if isinstance(x, tuple):
+            return tuple(conv(a) for a in x)
+        if isinstance(x, list):
+            return [conv(a) for a in x]
+        if isinstance(x, slice):
+            return slice(conv(x.start), conv(x.stop), conv(x.step))
+        return x
+
+    blocks = tuple(Block([], [_copy_node(n, mapping, swap, prefix, index) for n in b.nodes],
+                         [conv(v) for v in b.outputs]) for b in node.blocks)
+    target = conv(node.target) if isinstance(node.target, Value) else node.target
+    copy = Node(node.kind, target, conv(node.args), {k: conv(v) for k, v in node.kwargs.items()},
+                n_outputs=node.n_outputs, origin=node.origin, blocks=blocks)
+    for old, new in zip(node.outputs, copy.outputs):
+        new.hint = _strip(old.hint, prefix, index)
+        mapping[id(old)] = new
+    return copy
