@@ -1,5 +1,14 @@
 """graphconv: compile PyTorch-born ONNX models into verified MindSpore MindIR for Ascend."""
 
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError  # noqa: F401
-from graphconv.pipeline import compile  # noqa: F401  (shadows the builtin inside this namespace only)
 from graphconv.version import __version__  # noqa: F401
+
+
+def __getattr__(name: str):
+    """`graphconv.compile` (the pipeline) is imported on first use: importing graphconv.errors or any other
+    small module must not pull in the whole pipeline (and the passes and opmap behind it)."""
+    if name == "compile":
+        from graphconv.pipeline import compile
+
+        return compile
+    raise AttributeError(f"module 'graphconv' has no attribute {name!r}")

@@ -25,11 +25,12 @@ def placeholders(model: onnx.ModelProto) -> list[dict]:
             for s in reference.input_specs(model)]
 
 
-def prepare(model: onnx.ModelProto, directory: Path, name: str = "network") -> tuple[lower.LoweredNetwork, dict]:
+def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
+            scopes: dict[str, str] | None = None) -> tuple[lower.LoweredNetwork, dict]:
     """Lower `model`, write <name>.py, its weights and folded constants; return the network and the
     export task (the caller adds file_base and checkpoint)."""
     ir_model = ir.from_proto(model)
-    net, folded = lower.lower(ir_model)
+    net, folded = lower.lower(ir_model, scopes=scopes)
     source = directory / f"{name}.py"
     source.write_text(net.source)
     # Weights already in files (the model's external data, weights a pass made) are read from there by the

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv import census, compare, emit, lower, precision, reference, weights
+from graphconv import census, compare, emit, layers, lower, precision, reference, weights
 from graphconv.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.load import LoadedModel, load
@@ -115,6 +115,8 @@ class Compiler:
             if loaded.external_bytes:
                 st.detail = {"external_weight_bytes": loaded.external_bytes, "weights": "read in place"}
         self.report.model = _model_info(loaded.proto)
+        # Which layer each node is in, from the exporter's module scopes (onnxsim drops dynamo's metadata).
+        self.scopes = layers.record_scopes(loaded.proto)
         self.report.op_histogram = _histogram(loaded.proto)
         missing = lower.unsupported_ops(loaded.proto)
         if missing:
@@ -222,8 +224,9 @@ class Compiler:
         self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
-            net, task = emit.prepare(model, ws.dir, name)
-            st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n")}
+            net, task = emit.prepare(model, ws.dir, name, scopes=self.scopes)
+            st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"),
+                         "layers": net.layers}
         return net, task
 
     def emit(self, task: dict, ws: Workspace, checkpoint: bool = False) -> list[Path]:

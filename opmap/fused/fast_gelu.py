@@ -14,7 +14,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from opmap.fused import FusedOp, define, fp32_island
+from opmap.fused.record import FusedOp, define, fp32_island
 from opmap.registry import register
 
 QUICK_GELU_SCALE = 1.702

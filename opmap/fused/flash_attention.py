@@ -39,7 +39,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused import FusedOp, define
+from opmap.fused.record import FusedOp, define
 from opmap.registry import register
 
 ATTRIBUTES = ("scale", "head_num", "kv_head_num", "mask_kind", "input_layout", "sparse_mode", "dtype")

@@ -18,7 +18,7 @@ import math
 import onnx
 from onnx import helper
 
-from opmap.fused import FusedOp, define, fp32_island
+from opmap.fused.record import FusedOp, define, fp32_island
 from opmap.registry import register
 
 SQRT1_2 = 1.0 / math.sqrt(2.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from opmap.fused import FusedOp, define
+from opmap.fused.record import FusedOp, define
 from opmap.registry import register
 
 

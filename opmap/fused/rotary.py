@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused import FusedOp, define
+from opmap.fused.record import FusedOp, define
 from opmap.registry import register
 
 _INT64_MAX = np.iinfo(np.int64).max

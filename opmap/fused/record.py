@@ -1,0 +1,77 @@
+"""The fused-op record: each MindSpore fused operator's facts, defined once (opmap/fused/__init__.py
+explains the table). Its own module so that the op modules and the package can both import it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import onnx
+
+DOMAIN = "mindspore"
+DOMAIN_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedOp:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: tuple[str, ...]
+    body: Callable[[int], list[onnx.NodeProto]]  # opset -> nodes of the function body
+    primitive: str  # the MindSpore primitive the ascend lowering emits
+    doc: str = ""
+    # The body as the ascend lowering computes it when that differs in precision (e.g. q/k/v cast to fp16
+    # around FlashAttentionScore): run by onnxruntime to measure the cast's effect, never lowered.
+    ascend_body: Callable[[int], list[onnx.NodeProto]] | None = None
+    # The op's other facts, in this one record (read by the passes' docs, precision, debug, the bundle):
+    producer: str = ""  # the pass that makes it
+    family: str = ""  # its fusion-coverage family (passes/coverage.py)
+    as_is_inputs: tuple[int, ...] = ()  # inputs --precision leaves in their dtype (a mask is not data)
+    ascend_compute: str | None = None  # "fp16": the ascend lowering computes in fp16 whatever the model's dtype
+    likely_causes: str = ""  # what usually makes it disagree (graphconv debug)
+
+    def function(self, opset: int, ascend_precision: bool = False) -> onnx.FunctionProto:
+        body = self.ascend_body if ascend_precision and self.ascend_body else self.body
+        return onnx.helper.make_function(
+            DOMAIN, self.name, list(self.inputs), list(self.outputs), body(opset),
+            opset_imports=[onnx.helper.make_opsetid("", opset)], attributes=list(self.attributes),
+            doc_string=self.doc)
+
+
+FUSED_OPS: dict[str, FusedOp] = {}
+
+
+# MindSpore fused primitives graphconv recognises in a MindIR without emitting them (primitive -> "fp16"
+# where it computes in fp16 only, like FlashAttentionScore).
+READ_ONLY_PRIMITIVES = {"AddRmsNorm": None, "LayerNormExt": None, "PromptFlashAttention": "fp16",
+                        "IncreFlashAttention": "fp16", "FusedInferAttentionScore": None}
+
+
+def fused_primitives() -> set[str]:
+    """Every fused primitive: those of the table and the read-only ones (inspect, matrix census)."""
+    return {op.primitive for op in FUSED_OPS.values()} | set(READ_ONLY_PRIMITIVES)
+
+
+def fp16_primitives() -> set[str]:
+    """Primitives that compute in fp16 on Ascend (a device run is held to the fp16 tolerance)."""
+    return ({op.primitive for op in FUSED_OPS.values() if op.ascend_compute == "fp16"}
+            | {p for p, dtype in READ_ONLY_PRIMITIVES.items() if dtype == "fp16"})
+
+
+def fp32_island(opset: int, core: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """A one-input body computed in fp32: x -> x32, `core` computes y32 from x32, y32 -> y in x's dtype.
+    Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype, and
+    the fusions take fp32 inputs only there (match.float_guard)."""
+    cast = opset >= 15
+    return ([onnx.helper.make_node("Cast", ["x"], ["x32"], to=onnx.TensorProto.FLOAT) if cast else
+             onnx.helper.make_node("Identity", ["x"], ["x32"])] + core +
+            [onnx.helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else
+             onnx.helper.make_node("Identity", ["y32"], ["y"])])
+
+
+def define(op: FusedOp) -> FusedOp:
+    FUSED_OPS[op.name] = op
+    return op
+
+

@@ -1,0 +1,94 @@
+"""No import cycle among graphconv/, passes/ and opmap/: every import statement (at module level or inside
+a function: a lazy import is still a dependency) is an edge to the module it names, and the graph of
+modules must have no cycle. (A package's __init__ is a facade: `from graphconv.errors import X` depends on
+graphconv.errors, not on everything graphconv/__init__.py re-exports; graphconv/__init__.py imports its
+pipeline lazily, so at run time that holds too.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("graphconv", "passes", "opmap")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for t in targets:
+                parts = t.split(".")
+                for k in range(len(parts), 0, -1):  # the deepest module the name reaches
+                    prefix = ".".join(parts[:k])
+                    if prefix in modules:
+                        if prefix != name:
+                            edges[name].add(prefix)
+                        break
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_edges(_modules()))
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_walk_sees_imports():
+    """The check can fail: the walk finds the edges it must (lowering imports opmap, opmap the node context)."""
+    edges = _edges(_modules())
+    assert "opmap" in edges["graphconv.lower"]
+    assert "graphconv.node_context" in edges["graphconv.lower"]
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
