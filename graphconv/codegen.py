@@ -69,9 +69,7 @@ def _uses(block: Block, counts: dict[int, int]) -> None:
         for v in node.inputs():
             counts[id(v)] = counts.get(id(v), 0) + 1
         for b in node.blocks:
-            _uses(b, counts)
-            for v in b.outputs:
-                counts[id(v)] = counts.get(id(v), 0) + 1
+            _uses(b, counts)  # (a branch's outputs are counted as its uses)
     for v in block.outputs:
         counts[id(v)] = counts.get(id(v), 0) + 1
 
@@ -190,10 +188,16 @@ class _Writer:
         for k, branch in enumerate(node.blocks):
             if k == 1:
                 self.lines.append(f"{indent}else:")
+            made = {id(o) for n in branch.nodes for o in n.outputs}
+            for name, v in zip(names, branch.outputs):  # a branch result made for it takes the If's name
+                if id(v) in made and self.counts.get(id(v)) == 1 and id(v) not in self.names:
+                    self.names[id(v)] = name
+            start = len(self.lines)
             self.block(branch, indent + "    ", users)
             for name, v in zip(names, branch.outputs):
-                self.lines.append(f"{indent}    {name} = {self.expr(v)}")
-            if not branch.nodes and not branch.outputs:
+                if self.expr(v) != name:
+                    self.lines.append(f"{indent}    {name} = {self.expr(v)}")
+            if len(self.lines) == start:
                 self.lines.append(f"{indent}    pass")
 
     def ret(self, outputs: list[Value], indent: str) -> None:

@@ -26,7 +26,7 @@ def placeholders(model: onnx.ModelProto) -> list[dict]:
 
 
 def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
-            scopes: dict[str, str] | None = None) -> tuple[lower.LoweredNetwork, dict]:
+            scopes=None) -> tuple[lower.LoweredNetwork, dict]:
     """Lower `model`, write <name>.py, its weights and folded constants; return the network and the
     export task (the caller adds file_base and checkpoint)."""
     ir_model = ir.from_proto(model)

@@ -19,6 +19,7 @@ nothing was grouped).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import onnx
@@ -28,21 +29,40 @@ from graphconv.emission import Attr, AttrValue, Block, CellClass, Node, Program,
 _INDEXED = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?[A-Za-z_][\w]*)\.(?P<index>\d+)(?:\.|$)")
 
 
-def record_scopes(model: onnx.ModelProto) -> dict[str, str]:
-    """ONNX node name -> module path (`model.layers.0.self_attn`), from dynamo's `namespace` metadata or a
-    TorchScript scoped node name; nodes without either are left out."""
-    scopes = {}
+@dataclasses.dataclass
+class Scopes:
+    """Where the exporter says each ONNX node came from: node name -> module path, and module path -> the
+    module's class (dynamo records it: `LlamaDecoderLayer`), which names the emitted layer class."""
+
+    nodes: dict[str, str] = dataclasses.field(default_factory=dict)
+    classes: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def get(self, node_name: str) -> str | None:
+        return self.nodes.get(node_name)
+
+    def __contains__(self, node_name: str) -> bool:
+        return node_name in self.nodes
+
+
+def record_scopes(model: onnx.ModelProto) -> Scopes:
+    """The module path (`model.layers.0.self_attn`) of every node that has one, from dynamo's `namespace`
+    metadata or a TorchScript scoped node name."""
+    scopes = Scopes()
     for node in model.graph.node:
         if not node.name:
             continue
         ns = next((p.value for p in node.metadata_props if p.key == "namespace"), None)
         if ns:  # ": top/model: LlamaForCausalLM/model.model.layers.0: LlamaDecoderLayer/.../view_2: aten.view"
-            modules = [part.split(":")[0].strip() for part in ns.split("/")[:-1]]
-            modules = [m for m in modules if m]
+            modules = []
+            for part in ns.split("/")[:-1]:
+                path, _, cls = part.partition(":")
+                if path.strip():
+                    modules.append(path.strip())
+                    scopes.classes.setdefault(path.strip(), cls.strip().rpartition(".")[2])
             if modules:
-                scopes[node.name] = modules[-1]
+                scopes.nodes[node.name] = modules[-1]
         elif node.name.startswith("/") and node.name.count("/") >= 2:
-            scopes[node.name] = ".".join(p for p in node.name.split("/")[1:-1] if p)
+            scopes.nodes[node.name] = ".".join(p for p in node.name.split("/")[1:-1] if p)
     return scopes
 
 
@@ -60,7 +80,7 @@ def _param_path(v: Value) -> str | None:
     return None
 
 
-def _assign(nodes: list[Node], scopes: dict[str, str]) -> tuple[str | None, dict[int, int | None]]:
+def _assign(nodes: list[Node], scopes: Scopes) -> tuple[str | None, dict[int, int | None]]:
     """The layer list's prefix and each top-level node's layer index (None: outside the layers)."""
     found: dict[int, tuple[str, int] | None] = {}
     for node in nodes:
@@ -229,11 +249,14 @@ class _Layer:
         return ("lit", type(v).__name__, v)
 
 
-def _class_name(prefix: str, program: Program) -> str:
+def _class_name(prefix: str, program: Program, scopes: Scopes, index: int) -> str:
+    known = scopes.classes.get(f"{prefix}.{index}")
+    if known and known.isidentifier() and known != program.class_name:
+        return known
     base = "".join(p[:1].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", prefix.split(".")[-1]) if p)
     base = (base[:-1] if base.endswith("s") and len(base) > 1 else base) or "Layer"
-    if base[0].isdigit() or base in ("Layer",):
-        base = f"Repeated{base}"
+    if base[0].isdigit():
+        base = f"Layer{base}"
     return base if base != program.class_name else f"{base}Block"
 
 
@@ -246,8 +269,9 @@ def _strip(hint: str | None, prefix: str, index: int) -> str | None:
     return stripped or hint
 
 
-def group(program: Program, scopes: dict[str, str], min_layers: int = 2) -> dict:
+def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
     """Group the program's repeated layers (this module's docstring); returns the summary for the report."""
+    scopes = scopes or Scopes()
     nodes = program.body.nodes
     prefix, layer = _assign(nodes, scopes)
     if prefix is None:
@@ -321,7 +345,7 @@ def group(program: Program, scopes: dict[str, str], min_layers: int = 2) -> dict
             body += c.nodes
             continue
         if c.signature not in classes:
-            classes[c.signature] = _make_class(program, c, prefix, len(classes))
+            classes[c.signature] = _make_class(program, c, prefix, len(classes), scopes)
         cell, list_attr, instances = classes[c.signature]
         inputs = [mapping.get(id(v), v) for v in c.inputs]
         call = Node("cell", f"self.{list_attr}[{len(instances)}]", tuple(inputs), n_outputs=len(c.outputs),
@@ -350,10 +374,11 @@ def group(program: Program, scopes: dict[str, str], min_layers: int = 2) -> dict
     return summary
 
 
-def _make_class(program: Program, first: _Layer, prefix: str, number: int) -> tuple[CellClass, str, list]:
+def _make_class(program: Program, first: _Layer, prefix: str, number: int,
+                scopes: Scopes) -> tuple[CellClass, str, list]:
     """The class body: the first member's nodes, reading its inputs as construct arguments and its
     attributes under layer-independent names."""
-    name = _class_name(prefix, program) + (str(number + 1) if number else "")
+    name = _class_name(prefix, program, scopes, first.index) + (str(number + 1) if number else "")
     used: set[str] = set()
     attrs, swap = [], {}
     for a in first.attrs:

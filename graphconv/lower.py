@@ -60,11 +60,11 @@ class Lowering:
     """Implements node_context.Scope: the operand table, constants and Parameters, and the builder."""
 
     def __init__(self, model: ir.Model, class_name: str = "Network", param_names: dict[str, str] | None = None,
-                 scopes: dict[str, str] | None = None):
+                 scopes: "layers.Scopes | None" = None):
         self.model = model
         # initializer name -> Parameter name (graphconv.param_names; unique); absent: the ONNX name.
         self.param_names = dict(param_names or {})
-        self.scopes = dict(scopes or {})  # ONNX node name -> module path (graphconv/layers.py)
+        self.scopes = scopes  # where each ONNX node came from (graphconv/layers.py)
         self.graph = model.graph
         self.class_name = class_name
         self.opsets = {("" if d == "ai.onnx" else d): v for d, v in model.opset_imports.items()}
@@ -358,7 +358,7 @@ def dense_weights(graph: ir.Graph) -> set[ir.Value]:
 
 
 def lower(model: ir.Model, class_name: str = "Network", param_names: dict[str, str] | None = None,
-          scopes: dict[str, str] | None = None) -> tuple[LoweredNetwork, dict[str, np.ndarray]]:
+          scopes: "layers.Scopes | None" = None) -> tuple[LoweredNetwork, dict[str, np.ndarray]]:
     """Returns the network and the folded constants that became Parameters (name -> value).
     `param_names`: initializer name -> Parameter name (graphconv.param_names); others keep their ONNX name.
     `scopes`: ONNX node name -> module path (graphconv/layers.py), for grouping repeated layers."""

@@ -1,0 +1,155 @@
+"""The emission IR and its code generator (graphconv/emission.py, codegen.py) and the repeated-layer grouping
+(graphconv/layers.py), on programs built by hand: assertions on IR nodes and on the generated source's
+structure; the real exports' numbers are in tests/test_layers_real.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphconv import codegen, layers
+from graphconv.emission import Attr, AttrValue, Block, Builder, Program, Ref, Value
+from graphconv.lower import ParamSpec
+from opmap import helpers
+
+
+def _program(build) -> Program:
+    body = Block()
+    b = Builder(body)
+    x = Value(hint="x")
+    body.inputs.append(x)
+    body.outputs = list(build(b, x))
+    return Program("Network", body)
+
+
+def _construct(src: str) -> list[str]:
+    lines = src.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.strip().startswith("def construct("))
+    return [line.strip() for line in lines[start + 1:] if line.strip()]
+
+
+def test_values_used_once_in_one_onnx_node_are_inline_and_dead_ones_dropped():
+    def build(b, x):
+        b.origin = "node_a"
+        y = b.binop("*", 2, b.call("ops.sigmoid", x))
+        b.call("ops.exp", x)  # nothing reads it
+        b.origin = "node_b"
+        z = b.call("ops.add", y, y)
+        return [z]
+
+    program = _program(build)
+    src = codegen.render(program, helpers)
+    body = _construct(src)
+    assert body[0].endswith("= 2 * ops.sigmoid(x)")  # one statement for node_a, its inner call inline
+    assert "ops.exp" not in src
+    assert body[1].endswith(f"= ops.add({body[0].split(' = ')[0]}, {body[0].split(' = ')[0]})")
+    assert body[-1].startswith("return ")
+
+
+def test_literals_are_python_and_never_names():
+    def build(b, x):
+        b.origin = "n"
+        return [b.call("ops.clamp", x, float("-inf"), 1e30, name="a'b", axes=(0, 1), dtype=Ref("ms.float16"))]
+
+    src = codegen.render(_program(build), helpers)
+    call = next(line for line in _construct(src) if "ops.clamp" in line)
+    assert '-float("inf")' in call and "1e+30" in call and "name=\"a'b\"" in call and "axes=(0, 1)" in call
+    assert "dtype=ms.float16" in call
+
+
+def test_if_blocks_render_both_branches():
+    def build(b, x):
+        b.origin = "if0"
+        with b.block() as then:
+            then.outputs = [b.binop("+", x, 1)]
+        with b.block() as orelse:
+            orelse.outputs = [b.binop("-", x, 1)]
+        (out,) = b.if_(b.call("ops.reduce_any", b.binop(">", x, 0)), then, orelse)
+        return [out]
+
+    body = _construct(codegen.render(_program(build), helpers))
+    k = next(i for i, line in enumerate(body) if line.startswith("if "))
+    assert body[k + 1].endswith("= x + 1") and body[k + 2] == "else:" and body[k + 3].endswith("= x - 1")
+
+
+def _param_attr(name: str, shape=(4, 4)) -> AttrValue:
+    spec = ParamSpec(name.replace(".", "_"), name, shape, "float32")
+    return AttrValue(Attr(spec.attr, shape, "float32", param=spec))
+
+
+def _layered(n_layers: int, odd: int | None = None) -> tuple[Program, dict[str, str]]:
+    """x -> [mask from x, same in every layer] -> n layers h = dense(h, w_i) * mask (+ an extra op in
+    layer `odd`) -> out."""
+    scopes = layers.Scopes()
+
+    def build(b, x):
+        b.origin = "embed"
+        scopes.nodes["embed"] = "model.embed"
+        h = b.call("ops.relu", x)
+        for i in range(n_layers):
+            b.origin = f"/model/layers.{i}/mask"
+            scopes.nodes[b.origin] = f"model.layers.{i}"
+            mask = b.call("ops.less", x, 0.0)  # reads no layer value and no weight: computed once
+            b.origin = f"/model/layers.{i}/proj"
+            scopes.nodes[b.origin] = f"model.layers.{i}.proj"
+            h = b.binop("*", b.call("ops.dense", h, _param_attr(f"model.layers.{i}.proj.weight")), mask)
+            if i == odd:
+                h = b.call("ops.neg", h)
+        b.origin = "head"
+        scopes.nodes["head"] = "lm_head"
+        return [b.call("ops.dense", h, _param_attr("lm_head.weight"))]
+
+    return _program(build), scopes
+
+
+def test_identical_layers_become_one_class_and_shared_work_is_done_once():
+    program, scopes = _layered(3)
+    summary = layers.group(program, scopes)
+    assert summary["layers"] == 3 and summary["classes"] == 1 and summary["grouped"] == 3
+    assert summary["merged_shared_nodes"] == 2  # the mask of layers 1 and 2 is layer 0's
+    (cell,) = program.cells
+    assert [n.target for n in cell.body.nodes if n.kind == "call"] == ["ops.dense"]
+    assert [a.param.name for a in cell.attrs] == ["model.layers.0.proj.weight"]
+    (_, list_attr, instances) = program.instances[0]
+    assert [[a.param.name for a in inst] for inst in instances] == [
+        [f"model.layers.{i}.proj.weight"] for i in range(3)]
+    top = program.body.nodes
+    assert sum(n.kind == "cell" for n in top) == 3 and sum(n.target == "ops.less" for n in top) == 1
+    src = codegen.render(program, helpers)
+    assert src.count("class Layer(nn.Cell)") == 1 and "@ms.lazy_inline" in src
+    assert "nn.CellList([" in src and "'model.layers.2.proj.weight'" in src
+
+
+def test_a_layer_that_differs_stays_inline():
+    program, scopes = _layered(3, odd=1)
+    summary = layers.group(program, scopes)
+    assert summary["grouped"] == 2 and summary["inline"] == [1]
+    assert any(n.kind == "call" and n.target == "ops.neg" for n in program.body.nodes)
+
+
+def test_without_scopes_or_layer_weights_nothing_is_grouped():
+    def build(b, x):
+        b.origin = "n"
+        return [b.call("ops.dense", x, AttrValue(Attr("w", (4, 4), "float32", value=np.zeros((4, 4), np.float32))))]
+
+    program = _program(build)
+    summary = layers.group(program, layers.Scopes())
+    assert summary["grouped"] == 0 and "no node has a layer index" in summary["reason"]
+    assert not program.cells
+
+
+def test_record_scopes_reads_dynamo_metadata_and_torchscript_names():
+    import onnx
+    from onnx import helper
+
+    dyn = helper.make_node("Relu", ["a"], ["b"], name="node_relu_3")
+    entry = dyn.metadata_props.add()
+    entry.key, entry.value = "namespace", (": top/model: LlamaForCausalLM/model.model.layers.3: LlamaDecoderLayer/"
+                                           "model.model.layers.3.mlp: LlamaMLP/relu_3: aten.relu.default")
+    ts = helper.make_node("Relu", ["b"], ["c"], name="/model/layers.5/self_attn/Relu")
+    model = helper.make_model(helper.make_graph([dyn, ts], "g", [], []))
+    scopes = layers.record_scopes(model)
+    assert scopes.nodes == {"node_relu_3": "model.model.layers.3.mlp",
+                            "/model/layers.5/self_attn/Relu": "model.layers.5.self_attn"}
+    assert scopes.classes["model.model.layers.3"] == "LlamaDecoderLayer"
+    assert layers.layer_of(scopes.get("node_relu_3")) == ("model.model.layers", 3)
+    assert isinstance(model, onnx.ModelProto)
