@@ -26,11 +26,11 @@ def placeholders(model: onnx.ModelProto) -> list[dict]:
 
 
 def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
-            scopes=None) -> tuple[lower.LoweredNetwork, dict]:
+            scopes=None, lazy_inline: bool = True) -> tuple[lower.LoweredNetwork, dict]:
     """Lower `model`, write <name>.py, its weights and folded constants; return the network and the
     export task (the caller adds file_base and checkpoint)."""
     ir_model = ir.from_proto(model)
-    net, folded = lower.lower(ir_model, scopes=scopes)
+    net, folded = lower.lower(ir_model, scopes=scopes, lazy_inline=lazy_inline)
     source = directory / f"{name}.py"
     source.write_text(net.source)
     # Weights already in files (the model's external data, weights a pass made) are read from there by the

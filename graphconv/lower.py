@@ -60,8 +60,9 @@ class Lowering:
     """Implements node_context.Scope: the operand table, constants and Parameters, and the builder."""
 
     def __init__(self, model: ir.Model, class_name: str = "Network", param_names: dict[str, str] | None = None,
-                 scopes: "layers.Scopes | None" = None):
+                 scopes: "layers.Scopes | None" = None, lazy_inline: bool = True):
         self.model = model
+        self.lazy_inline = lazy_inline
         # initializer name -> Parameter name (graphconv.param_names; unique); absent: the ONNX name.
         self.param_names = dict(param_names or {})
         self.scopes = scopes  # where each ONNX node came from (graphconv/layers.py)
@@ -169,7 +170,7 @@ class Lowering:
         program = Program(self.class_name, self.body, self.attrs, self.helpers)
         grouping = layers.group(program, self.scopes)
         return LoweredNetwork(
-            source=codegen.render(program, helper_lib),
+            source=codegen.render(program, helper_lib, self.lazy_inline),
             class_name=self.class_name,
             input_names=[v.name for v in self.graph.inputs],
             output_names=[v.name for v in self.graph.outputs],
@@ -358,11 +359,13 @@ def dense_weights(graph: ir.Graph) -> set[ir.Value]:
 
 
 def lower(model: ir.Model, class_name: str = "Network", param_names: dict[str, str] | None = None,
-          scopes: "layers.Scopes | None" = None) -> tuple[LoweredNetwork, dict[str, np.ndarray]]:
+          scopes: "layers.Scopes | None" = None,
+          lazy_inline: bool = True) -> tuple[LoweredNetwork, dict[str, np.ndarray]]:
     """Returns the network and the folded constants that became Parameters (name -> value).
     `param_names`: initializer name -> Parameter name (graphconv.param_names); others keep their ONNX name.
-    `scopes`: ONNX node name -> module path (graphconv/layers.py), for grouping repeated layers."""
-    low = Lowering(model, class_name, param_names, scopes)
+    `scopes`: where each node came from (graphconv/layers.py), for grouping repeated layers; `lazy_inline`:
+    see codegen.render."""
+    low = Lowering(model, class_name, param_names, scopes, lazy_inline)
     net = low.run()
     return net, low._folded_params
 

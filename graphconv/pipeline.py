@@ -98,6 +98,7 @@ class Compiler:
         self.report = Report()
         plugins = passes.load_plugins(options.plugins)
         self.pass_manager = passes.PassManager(options.passes, options.disable_passes)
+        self.scopes = layers.Scopes()
         self.report.provenance = {
             "tools": tool_versions(), "passes": self.pass_manager.names, "plugins": plugins,
             "target": options.target, "precision": options.precision,
@@ -224,7 +225,8 @@ class Compiler:
         self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
-            net, task = emit.prepare(model, ws.dir, name, scopes=self.scopes)
+            # The cpu twin runs directly, not from a MindIR: no lazy_inline (graphconv/codegen.render).
+            net, task = emit.prepare(model, ws.dir, name, scopes=self.scopes, lazy_inline=name == "network")
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"),
                          "layers": net.layers}
         return net, task
