@@ -196,6 +196,8 @@ class Builder:
         return self.add(Node("call", target, args, kwargs)).outputs[0]
 
     def call_n(self, target, n_outputs: int, *args, **kwargs) -> tuple[Value, ...]:
+        if n_outputs == 1:  # `a = f(...)` would bind the 1-tuple itself: take its item instead
+            return (self.getitem(self.call(target, *args, **kwargs), 0),)
         return tuple(self.add(Node("call", target, args, kwargs, n_outputs=n_outputs)).outputs)
 
     def method(self, value: Value, name: str, *args, **kwargs) -> Value:

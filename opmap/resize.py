@@ -181,7 +181,7 @@ def _resize(n, roi_i: int | None, scales_i: int, sizes_i: int | None):
     work_dt = {ir.DataType.DOUBLE: np.float64}.get(dt, np.float32)
     low = mode != "nearest" and dt in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
     if low:
-        x = f"ops.cast({x}, ms.float32)"
+        x = n.call("ops.cast", x, n.ms_dtype(ir.DataType.FLOAT))
     mask = None
     for a in range(rank):
         roi_a = None if full_roi is None else (full_roi[a], full_roi[rank + a])
@@ -192,18 +192,18 @@ def _resize(n, roi_i: int | None, scales_i: int, sizes_i: int | None):
         w, extra = axis_matrix(shape[a], out[a], float(full_scales[a]), coeffs, ctm, roi_a, exclude)
         if mode == "nearest":
             index = n.const_tensor(w.argmax(axis=1).astype(np.int64) if out[a] else np.zeros(0, np.int64), "index")
-            x = n.tmp(f"ops.gather({x}, {index}, {a})", "resized")
+            x = n.call("ops.gather", x, index, a)
         else:
             wt = n.const_tensor(w.T.astype(work_dt), "weights")
-            x = n.tmp(f"ops.swapaxes(ops.matmul(ops.swapaxes({x}, {a}, -1), {wt}), {a}, -1)", "resized")
+            x = n.call("ops.swapaxes", n.call("ops.matmul", n.call("ops.swapaxes", x, a, -1), wt), a, -1)
         if extra is not None and extra.any():
             m = extra.reshape((-1,) + (1,) * (rank - a - 1))
             mask = m if mask is None else (mask | m)
     if mask is not None:
         fill = n.const_tensor(np.array(extrapolation, work_dt if low else dt.numpy()), "extrapolation")
-        x = f"ops.where({n.const_tensor(mask, 'outside')}, {fill}, {x})"
+        x = n.call("ops.where", n.const_tensor(mask, "outside"), fill, x)
     if low:
-        x = f"ops.cast({x}, {n.ms_dtype(dt)})"
+        x = n.call("ops.cast", x, n.ms_dtype(dt))
     return x
 
 

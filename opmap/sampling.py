@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import onnx_ir as ir
 
 from opmap.registry import register
 
@@ -23,27 +24,41 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-def _reflect(n, v: str, lo: float, hi: float, hint: str) -> str:
+def _reflect(n, v, lo: float, hi: float):
     """v reflected at lo and hi until inside (where v is outside; elsewhere v)."""
     rng = hi - lo
-    below = n.tmp(f"{v} < {lo!r}", f"{hint}_below")
-    dx = n.tmp(f"ops.where({below}, {lo!r} - {v}, {v} - {hi!r})", f"{hint}_dx")
-    k = n.tmp(f"ops.floor({dx} / {rng!r})", f"{hint}_k")
-    rem = n.tmp(f"{dx} - {k} * {rng!r}", f"{hint}_rem")
-    even = n.tmp(f"ops.equal(ops.fmod({k}, 2.0), 0.0)", f"{hint}_even")
-    inside = f"ops.where({below}, ops.where({even}, {lo!r} + {rem}, {hi!r} - {rem}), " \
-             f"ops.where({even}, {hi!r} - {rem}, {lo!r} + {rem}))"
-    return n.tmp(f"ops.where(ops.logical_or({v} < {lo!r}, {v} > {hi!r}), {inside}, {v})", hint)
+    below = n.binop("<", v, lo)
+    dx = n.call("ops.where", below, n.binop("-", lo, v), n.binop("-", v, hi))
+    k = n.call("ops.floor", n.binop("/", dx, rng))
+    rem = n.binop("-", dx, n.binop("*", k, rng))
+    even = n.call("ops.equal", n.call("ops.fmod", k, 2.0), 0.0)
+    inside = n.call("ops.where", below,
+                    n.call("ops.where", even, n.binop("+", lo, rem), n.binop("-", hi, rem)),
+                    n.call("ops.where", even, n.binop("-", hi, rem), n.binop("+", lo, rem)))
+    outside = n.call("ops.logical_or", n.binop("<", v, lo), n.binop(">", v, hi))
+    return n.call("ops.where", outside, inside, v)
 
 
-def _cubic_coeffs(n, t: str, hint: str) -> list[str]:
+def _cubic_coeffs(n, t) -> list:
     a = _CUBIC_A
-    t = n.tmp(f"ops.abs({t})", f"{hint}_t")
-    return [n.tmp(e, f"{hint}_c{i}") for i, e in enumerate((
-        f"(({a!r} * ({t} + 1) - {5 * a!r}) * ({t} + 1) + {8 * a!r}) * ({t} + 1) - {4 * a!r}",
-        f"(({a + 2!r} * {t} - {a + 3!r}) * {t} * {t} + 1)",
-        f"(({a + 2!r} * (1 - {t}) - {a + 3!r}) * (1 - {t}) * (1 - {t}) + 1)",
-        f"(({a!r} * (2 - {t}) - {5 * a!r}) * (2 - {t}) + {8 * a!r}) * (2 - {t}) - {4 * a!r}"))]
+    t = n.call("ops.abs", t)
+
+    def outer(u):  # ((a u - 5a) u + 8a) u - 4a, for 1 < u < 2
+        return n.binop("-", n.binop("*", n.binop("+", n.binop("*", n.binop("-", n.binop("*", a, u), 5 * a), u),
+                                                 8 * a), u), 4 * a)
+
+    def inner(u):  # ((a + 2) u - (a + 3)) u u + 1, for u <= 1
+        return n.binop("+", n.binop("*", n.binop("*", n.binop("-", n.binop("*", a + 2, u), a + 3), u), u), 1)
+
+    return [outer(n.binop("+", t, 1)), inner(t), inner(n.binop("-", 1, t)), outer(n.binop("-", 2, t))]
+
+
+def _sum(n, op: str, items: list):
+    """items[0] op items[1] op ... (left to right)."""
+    acc = items[0]
+    for item in items[1:]:
+        acc = n.binop(op, acc, item)
+    return acc
 
 
 def _grid_sample(n, mode: str):
@@ -60,54 +75,59 @@ def _grid_sample(n, mode: str):
         n.fail(f"padding_mode {padding!r} is not supported")
     x, grid = n.x(0), n.x(1)
     dt = n.ms_dtype(n.dtype(0))
+    i64 = n.ms_dtype(ir.DataType.INT64)
     channels, out_dims = xs[1], gs[1:-1]
-    per_dim = []  # [(index expressions, weight expressions)] per spatial dim
+    per_dim = []  # [(index values, weight values)] per spatial dim
     for i, size in enumerate(dims):
-        g = n.tmp(f"{grid}[..., {r - 1 - i}]", f"g{i}")
-        v = f"({g} + 1) / 2.0 * {size - 1}" if align else f"(({g} + 1) * {size} - 1) / 2.0"
-        v = n.tmp(f"ops.round({v})" if mode == "nearest" else v, f"v{i}")
+        g = n.getitem(grid, (Ellipsis, r - 1 - i))
+        g1 = n.binop("+", g, 1)
+        if align:
+            v = n.binop("*", n.binop("/", g1, 2.0), size - 1)
+        else:
+            v = n.binop("/", n.binop("-", n.binop("*", g1, size), 1), 2.0)
+        if mode == "nearest":
+            v = n.call("ops.round", v)
         lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
         if padding == "border":
-            outside = f"ops.logical_or({v} < {lo!r}, {v} > {hi!r})"
-            v = n.tmp(f"ops.where({outside}, ops.clamp({v}, 0.0, {size - 1.0!r}), {v})", f"v{i}_in")
+            outside = n.call("ops.logical_or", n.binop("<", v, lo), n.binop(">", v, hi))
+            v = n.call("ops.where", outside, n.call("ops.clamp", v, 0.0, size - 1.0), v)
         elif padding == "reflection":
-            v = _reflect(n, v, lo, hi, f"v{i}_in")
+            v = _reflect(n, v, lo, hi)
         if mode == "nearest":
             points, weights = [v], [None]
         else:
-            base = n.tmp(f"ops.floor({v})", f"v{i}_floor")
-            frac = n.tmp(f"{v} - {base}", f"v{i}_frac")
+            base = n.call("ops.floor", v)
+            frac = n.binop("-", v, base)
             if mode == "linear":
-                points, weights = [base, f"({base} + 1)"], [n.tmp(f"1 - {frac}", f"w{i}_0"), frac]
+                points, weights = [base, n.binop("+", base, 1)], [n.binop("-", 1, frac), frac]
             else:
-                points = [f"({base} - 1)", base, f"({base} + 1)", f"({base} + 2)"]
-                weights = _cubic_coeffs(n, frac, f"w{i}")
+                points = [n.binop("-", base, 1), base, n.binop("+", base, 1), n.binop("+", base, 2)]
+                weights = _cubic_coeffs(n, frac)
         entries = []
-        for k, (p, w) in enumerate(zip(points, weights)):
+        for p, w in zip(points, weights):
             if padding == "zeros":
-                ok = f"ops.cast(ops.logical_and({p} >= 0, {p} < {size}), {dt})"
-                w = n.tmp(ok if w is None else f"{w} * {ok}", f"w{i}_{k}z")
+                ok = n.call("ops.cast", n.call("ops.logical_and", n.binop(">=", p, 0), n.binop("<", p, size)), dt)
+                w = ok if w is None else n.binop("*", w, ok)
             elif padding == "reflection":
-                p = _reflect(n, p, lo, hi, f"p{i}_{k}")
-            idx = n.tmp(f"ops.clamp(ops.cast({p}, ms.int64), 0, {size - 1})", f"i{i}_{k}")
+                p = _reflect(n, p, lo, hi)
+            idx = n.call("ops.clamp", n.call("ops.cast", p, i64), 0, size - 1)
             entries.append((idx, w))
         per_dim.append(entries)
     strides = [int(np.prod(dims[i + 1:], dtype=np.int64)) for i in range(r)]
-    flat = n.tmp(f"ops.flatten({x}, start_dim=2)", "flat")
+    flat = n.call("ops.flatten", x, start_dim=2)
     q = int(np.prod(out_dims, dtype=np.int64))
     terms = []
     for combo in itertools.product(*[range(len(e)) for e in per_dim]):
-        lin = " + ".join(f"{per_dim[i][k][0]} * {strides[i]}" if strides[i] != 1 else per_dim[i][k][0]
-                         for i, k in enumerate(combo))
-        index = n.tmp(f"ops.broadcast_to(ops.expand_dims(ops.reshape({lin}, (-1, {q})), 1), (-1, {channels}, {q}))",
-                      "index")
-        value = f"ops.gather_elements({flat}, 2, {index})"
+        lin = _sum(n, "+", [n.binop("*", per_dim[i][k][0], strides[i]) if strides[i] != 1 else per_dim[i][k][0]
+                            for i, k in enumerate(combo)])
+        index = n.call("ops.broadcast_to", n.call("ops.expand_dims", n.call("ops.reshape", lin, (-1, q)), 1),
+                       (-1, channels, q))
+        value = n.call("ops.gather_elements", flat, 2, index)
         ws = [per_dim[i][k][1] for i, k in enumerate(combo) if per_dim[i][k][1] is not None]
         if ws:
-            value = f"{value} * ops.expand_dims(ops.reshape({' * '.join(ws)}, (-1, {q})), 1)"
-        terms.append(n.tmp(value, "term"))
-    total = terms[0] if len(terms) == 1 else " + ".join(terms)
-    return f"ops.reshape({total}, (-1, {channels}) + {tuple(out_dims)!r})"
+            value = n.binop("*", value, n.call("ops.expand_dims", n.call("ops.reshape", _sum(n, "*", ws), (-1, q)), 1))
+        terms.append(value)
+    return n.call("ops.reshape", _sum(n, "+", terms), (-1, channels) + tuple(out_dims))
 
 
 @register("GridSample", since=16)
@@ -139,5 +159,5 @@ def affine_grid(n):
     base = np.stack(list(reversed(grids)) + [np.ones(spatial)], axis=-1).reshape(-1, len(spatial) + 1)
     np_dt = n.dtype(0).numpy()
     base_t = n.const_tensor(base.astype(np_dt), "base")
-    y = f"ops.matmul({base_t}, ops.transpose({n.x(0)}, (0, 2, 1)))"  # (N, P, r)
-    return f"ops.reshape({y}, (-1,) + {tuple(spatial) + (len(spatial),)!r})"
+    y = n.call("ops.matmul", base_t, n.call("ops.transpose", n.x(0), (0, 2, 1)))  # (N, P, r)
+    return n.call("ops.reshape", y, (-1,) + tuple(spatial) + (len(spatial),))

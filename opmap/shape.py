@@ -20,15 +20,15 @@ def shape(n):
     static = n.shape(0)
     if static is not None and all(isinstance(d, int) for d in static):
         return np.array(static[start:end], dtype=np.int64)
-    expr = f"ops.dyn_shape({n.x(0)})"
+    dims = n.call("ops.dyn_shape", n.x(0))
     if start != 0 or end is not None:
-        expr += f"[{start or ''}:{'' if end is None else end}]"
-    return expr
+        dims = n.getitem(dims, slice(start or None, end))
+    return dims
 
 
 @register("Size", since=1)
 def size(n):
-    return f"ops.prod(ops.dyn_shape({n.x(0)}))"
+    return n.call("ops.prod", n.call("ops.dyn_shape", n.x(0)))
 
 
 @register("Reshape", since=5)
@@ -37,14 +37,14 @@ def reshape(n):
     target = n.ints(1)
     allowzero = n.attr("allowzero", 0)
     if target is None:
-        return f"ops.reshape({x}, {n.x(1)})" if allowzero else f"{n.helper('onnx_reshape')}({x}, {n.x(1)})"
+        return n.call("ops.reshape", x, n.x(1)) if allowzero else n.call(n.helper("onnx_reshape"), x, n.x(1))
     if not allowzero and 0 in target:
         src = n.shape(0) or []
         if all(i < len(src) and isinstance(src[i], int) for i, v in enumerate(target) if v == 0):
             target = [src[i] if v == 0 else v for i, v in enumerate(target)]
         else:
-            return f"{n.helper('onnx_reshape')}({x}, {n.const_tensor(np.array(target, dtype=np.int64), 'shape')})"
-    return f"ops.reshape({x}, {tuple(target)!r})"
+            return n.call(n.helper("onnx_reshape"), x, n.const_tensor(np.array(target, dtype=np.int64), "shape"))
+    return n.call("ops.reshape", x, tuple(target))
 
 
 @register("Flatten", since=13)
@@ -56,24 +56,23 @@ def flatten(n):
     src = n.shape(0)
     head, tail = src[:axis], src[axis:]
     if all(isinstance(d, int) for d in tail):
-        return f"ops.reshape({n.x(0)}, (-1, {int(np.prod(tail, dtype=np.int64))}))"
+        return n.call("ops.reshape", n.x(0), (-1, int(np.prod(tail, dtype=np.int64))))
     if all(isinstance(d, int) for d in head):
-        return f"ops.reshape({n.x(0)}, ({int(np.prod(head, dtype=np.int64))}, -1))"
-    return f"{n.helper('onnx_flatten')}({n.x(0)}, {axis})"
+        return n.call("ops.reshape", n.x(0), (int(np.prod(head, dtype=np.int64)), -1))
+    return n.call(n.helper("onnx_flatten"), n.x(0), axis)
 
 
 @register("Transpose", since=1)
 def transpose(n):
     rank = n.require_rank(0)
     perm = n.attr("perm") or list(reversed(range(rank)))
-    return f"ops.transpose({n.x(0)}, {tuple(perm)!r})"
+    return n.call("ops.transpose", n.x(0), tuple(perm))
 
 
 @register("Concat", since=4)
 def concat(n):
     rank = n.require_rank(0)
-    xs = n.xs()
-    return f"ops.concat(({', '.join(xs)},), {n.axis(n.attr('axis'), rank)})"
+    return n.call("ops.concat", tuple(n.xs()), n.axis(n.attr("axis"), rank))
 
 
 @register("Split", since=13)
@@ -87,13 +86,14 @@ def split(n):
         dim = (n.shape(0) or [None] * rank)[axis]
         if not isinstance(dim, int):
             # ops.chunk/ops.split need the dim at compile time (graph mode): slice each part at run time.
-            step = n.tmp(f"(ops.dyn_shape({x})[{axis}] + {parts - 1}) // {parts}", "chunk")
+            length = n.getitem(n.call("ops.dyn_shape", x), axis)
+            step = n.binop("//", n.binop("+", length, parts - 1), parts)
             fn = n.helper("onnx_slice_axis")
-            return tuple(f"{fn}({x}, {step} * {k}, {step} * {k + 1}, {axis}, 1)" for k in range(parts))
+            return tuple(n.call(fn, x, n.binop("*", step, k), n.binop("*", step, k + 1), axis, 1)
+                         for k in range(parts))
         step = -(-dim // parts)  # ceil, the last part smaller (opset 18 num_outputs rule)
         sizes = [min(step, dim - k * step) for k in range(parts)]
-    t = n.tmp(f"ops.split({x}, {sizes!r}, {axis})", "parts")
-    return tuple(f"{t}[{k}]" for k in range(len(sizes)))
+    return n.call_n("ops.split", len(sizes), x, list(sizes), axis)
 
 
 @register("Split", since=18)
@@ -121,7 +121,7 @@ def slice_(n):
         n.fail("a step of 0 is invalid")
     if starts is not None and ends is not None:
         dims = n.shape(0)
-        index = [":"] * (max(axes) + 1)
+        index = [slice(None)] * (max(axes) + 1)
         for a, s, e, st in zip(axes, starts, ends, steps):
             s = max(min(s, _OPEN), -_OPEN)
             e = max(min(e, _OPEN), -_OPEN)
@@ -134,19 +134,24 @@ def slice_(n):
                 if st < 0 and s is not None and s >= 0:
                     # MindSpore does not clamp a start past the end of a dynamic dim when stepping backwards (it
                     # reads out of bounds): clamp at run time.
-                    x = (f"{n.helper('onnx_slice_axis')}({x}, {n.const_tensor(np.array(s, np.int64), 'start')}, "
-                         f"{n.const_tensor(np.array(-_OPEN if e is None else e, np.int64), 'end')}, {a}, {st})")
+                    x = n.call(n.helper("onnx_slice_axis"), x, n.const_tensor(np.array(s, np.int64), "start"),
+                               n.const_tensor(np.array(-_OPEN if e is None else e, np.int64), "end"), a, st)
                     continue
-            index[a] = f"{'' if s is None else s}:{'' if e is None else e}" + (f":{st}" if st != 1 else "")
-        return f"{x}[{', '.join(index)}]" if any(i != ":" for i in index) else x
+            index[a] = slice(s, e, st if st != 1 else None)
+        return n.getitem(x, _index(index)) if any(i != slice(None) for i in index) else x
     start = n.x(1) if starts is None else n.const_tensor(np.array(starts, np.int64), "start")
     end = n.x(2) if ends is None else n.const_tensor(np.array(ends, np.int64), "end")
     fn = n.helper("onnx_slice_axis")
     if len(axes) == 1:
-        return f"{fn}({x}, {start}, {end}, {axes[0]}, {steps[0]})"
+        return n.call(fn, x, start, end, axes[0], steps[0])
     for k, (a, st) in enumerate(zip(axes, steps)):  # one axis at a time
-        x = n.tmp(f"{fn}({x}, {start}[{k}:{k + 1}], {end}[{k}:{k + 1}], {a}, {st})", "sliced")
+        x = n.call(fn, x, n.getitem(start, slice(k, k + 1)), n.getitem(end, slice(k, k + 1)), a, st)
     return x
+
+
+def _index(index: list[slice]):
+    """A subscript: one slice alone (`x[1:3]`), several as a tuple (`x[:, 1:3]`)."""
+    return index[0] if len(index) == 1 else tuple(index)
 
 
 @register("Squeeze", since=13)
@@ -161,7 +166,7 @@ def squeeze(n):
     axes = sorted(n.axis(a, rank) for a in axes)
     if not axes:
         return n.x(0)
-    return f"ops.squeeze({n.x(0)}, {tuple(axes)!r})"
+    return n.call("ops.squeeze", n.x(0), tuple(axes))
 
 
 @register("Unsqueeze", since=13)
@@ -171,8 +176,8 @@ def unsqueeze(n):
     out_rank = rank + len(axes)
     axes = sorted(n.axis(a, out_rank) for a in axes)
     if len(axes) == 1:
-        return f"ops.expand_dims({n.x(0)}, {axes[0]})"
-    return f"{n.helper('onnx_unsqueeze')}({n.x(0)}, {tuple(axes)!r})"
+        return n.call("ops.expand_dims", n.x(0), axes[0])
+    return n.call(n.helper("onnx_unsqueeze"), n.x(0), tuple(axes))
 
 
 @register("Expand", since=8)
@@ -181,18 +186,18 @@ def expand(n):
     shape_ = n.x(1)
     x = n.x(0)
     if n.dtype(0) == ir.DataType.BOOL:
-        return f"ops.logical_or({x}, ops.zeros({shape_}, ms.bool_))"
-    return f"{x} + ops.zeros({shape_}, {n.ms_dtype(n.dtype(0))})"
+        return n.call("ops.logical_or", x, n.call("ops.zeros", shape_, n.ms_dtype(ir.DataType.BOOL)))
+    return n.binop("+", x, n.call("ops.zeros", shape_, n.ms_dtype(n.dtype(0))))
 
 
 @register("Tile", since=13)
 def tile(n):
     reps = n.require_ints(1, "Tile repeats")
-    return f"ops.tile({n.x(0)}, {tuple(reps)!r})"
+    return n.call("ops.tile", n.x(0), tuple(reps))
 
 
-def _nonneg_index(n, i: int, axis: int) -> tuple[str, bool]:
-    """The index input as an expression, and whether it is known to hold no negative values."""
+def _nonneg_index(n, i: int, axis: int) -> tuple:
+    """The index input as a value, and whether it is known to hold no negative values."""
     idx = n.const(i)
     if idx is not None:
         dim = (n.shape(0) or [None] * (axis + 1))[axis]
@@ -209,8 +214,8 @@ def gather(n):
     axis = n.axis(n.attr("axis", 0), rank)
     idx, safe = _nonneg_index(n, 1, axis)
     if safe:
-        return f"ops.gather({n.x(0)}, {idx}, {axis})"
-    return f"{n.helper('onnx_gather')}({n.x(0)}, {idx}, {axis})"
+        return n.call("ops.gather", n.x(0), idx, axis)
+    return n.call(n.helper("onnx_gather"), n.x(0), idx, axis)
 
 
 @register("GatherElements", since=13)
@@ -219,16 +224,16 @@ def gather_elements(n):
     axis = n.axis(n.attr("axis", 0), rank)
     idx, safe = _nonneg_index(n, 1, axis)
     if not safe:
-        dim = f"ops.dyn_shape({n.x(0)})[{axis}]"
-        idx = f"ops.where({idx} < 0, {idx} + {dim}, {idx})"
-    return f"ops.gather_elements({n.x(0)}, {axis}, {idx})"
+        dim = n.getitem(n.call("ops.dyn_shape", n.x(0)), axis)
+        idx = n.call("ops.where", n.binop("<", idx, 0), n.binop("+", idx, dim), idx)
+    return n.call("ops.gather_elements", n.x(0), axis, idx)
 
 
 @register("GatherND", since=13)
 def gather_nd(n):
     b = int(n.attr("batch_dims", 0))
     if not b:
-        return f"ops.gather_nd({n.x(0)}, {n.x(1)})"
+        return n.call("ops.gather_nd", n.x(0), n.x(1))
     # batch_dims=b: prefix every index tuple with its own batch coordinates, then one plain gather_nd.
     ishape = n.shape(1)
     if ishape is None or not all(isinstance(d, int) for d in ishape):
@@ -236,8 +241,9 @@ def gather_nd(n):
     grids = np.meshgrid(*[np.arange(d) for d in ishape[:b]], indexing="ij")
     prefix = np.stack(grids, -1).reshape(tuple(ishape[:b]) + (1,) * (len(ishape) - 1 - b) + (b,))
     prefix = np.broadcast_to(prefix, tuple(ishape[:-1]) + (b,)).astype(np.int64)
-    full = f"ops.concat(({n.const_tensor(prefix, 'batch_index')}, ops.cast({n.x(1)}, ms.int64)), -1)"
-    return f"ops.gather_nd({n.x(0)}, {full})"
+    full = n.call("ops.concat", (n.const_tensor(prefix, "batch_index"),
+                                 n.call("ops.cast", n.x(1), n.ms_dtype(ir.DataType.INT64))), -1)
+    return n.call("ops.gather_nd", n.x(0), full)
 
 
 _SCATTER = {"none": "ops.tensor_scatter_update", "add": "ops.tensor_scatter_add", "mul": "ops.tensor_scatter_mul",
@@ -255,7 +261,7 @@ def _reduction(n) -> str:
 @register("ScatterND", since=13)
 def scatter_nd(n):
     """Opset 16 adds reduction add / mul, 18 max / min: duplicates accumulate, as MindSpore's tensor_scatter_*."""
-    return f"{_SCATTER[_reduction(n)]}({n.x(0)}, {n.x(1)}, {n.x(2)})"
+    return n.call(_SCATTER[_reduction(n)], n.x(0), n.x(1), n.x(2))
 
 
 @register("ScatterElements", since=13)
@@ -264,19 +270,19 @@ def scatter_elements(n):
     axis = n.axis(n.attr("axis", 0), rank)
     reduction = _reduction(n)
     if reduction in ("none", "add"):
-        return f"ops.tensor_scatter_elements({n.x(0)}, {n.x(1)}, {n.x(2)}, {axis}, {reduction!r})"
+        return n.call("ops.tensor_scatter_elements", n.x(0), n.x(1), n.x(2), axis, reduction)
     # mul / max / min: as ScatterND with full coordinates (the element's own position, the index on `axis`).
     ishape = n.shape(1)
     if ishape is None or not all(isinstance(d, int) for d in ishape):
         n.fail(f"reduction={reduction!r} needs a static indices shape")
     dim = (n.shape(0) or [None] * rank)[axis]
-    idx = f"ops.cast({n.x(1)}, ms.int64)"
+    idx = n.call("ops.cast", n.x(1), n.ms_dtype(ir.DataType.INT64))
     if isinstance(dim, int):
-        idx = n.tmp(f"ops.where({idx} < 0, {idx} + {dim}, {idx})", "index")
+        idx = n.call("ops.where", n.binop("<", idx, 0), n.binop("+", idx, dim), idx)
     grids = np.meshgrid(*[np.arange(d, dtype=np.int64) for d in ishape], indexing="ij")
     parts = [idx if a == axis else n.const_tensor(g, f"coord{a}") for a, g in enumerate(grids)]
-    coords = f"ops.stack(({', '.join(parts)},), -1)"
-    return f"{_SCATTER[reduction]}({n.x(0)}, {coords}, {n.x(2)})"
+    coords = n.call("ops.stack", tuple(parts), -1)
+    return n.call(_SCATTER[reduction], n.x(0), coords, n.x(2))
 
 
 @register("ConstantOfShape", since=9)
@@ -286,17 +292,17 @@ def constant_of_shape(n):
     dt = n.ms_dtype(ir.DataType.from_numpy(value.dtype))
     v = value[0].item()
     if v == 0:
-        return f"ops.zeros({n.x(0)}, {dt})"
+        return n.call("ops.zeros", n.x(0), dt)
     if v == 1:
-        return f"ops.ones({n.x(0)}, {dt})"
-    return f"ops.zeros({n.x(0)}, {dt}) + {v!r}"
+        return n.call("ops.ones", n.x(0), dt)
+    return n.binop("+", n.call("ops.zeros", n.x(0), dt), v)
 
 
 @register("Range", since=11)
 def range_(n):
     # ops.range returns int64 for every integer input type (ONNX keeps the input type).
-    y = f"ops.range({n.x(0)}, {n.x(1)}, {n.x(2)})"
-    return y if n.dtype(0) in (ir.DataType.INT64, ir.DataType.FLOAT) else f"ops.cast({y}, {n.ms_dtype(n.dtype(0))})"
+    y = n.call("ops.range", n.x(0), n.x(1), n.x(2))
+    return y if n.dtype(0) in (ir.DataType.INT64, ir.DataType.FLOAT) else n.call("ops.cast", y, n.ms_dtype(n.dtype(0)))
 
 
 @register("CumSum", since=14)
@@ -305,12 +311,12 @@ def cumsum(n):
     axis = n.axis(n.require_ints(1, "CumSum axis")[0], rank)
     x = n.x(0)
     if n.attr("reverse", 0):
-        x = f"ops.flip({x}, ({axis},))"
-    y = f"ops.cumsum({x}, {axis})"
+        x = n.call("ops.flip", x, (axis,))
+    y = n.call("ops.cumsum", x, axis)
     if n.attr("exclusive", 0):
-        y = f"({y} - {x})"
+        y = n.binop("-", y, x)
     if n.attr("reverse", 0):
-        y = f"ops.flip({y}, ({axis},))"
+        y = n.call("ops.flip", y, (axis,))
     return y
 
 
@@ -320,7 +326,7 @@ def trilu(n):
     if 0 in (n.shape(0) or []):
         return n.x(0)  # nothing to mask (and MindSpore's CPU kernels refuse empty matrices)
     fn = "ops.triu" if n.attr("upper", 1) else "ops.tril"
-    return f"{fn}({n.x(0)}, {k})"
+    return n.call(fn, n.x(0), k)
 
 
 @register("Pad", since=13)
@@ -348,8 +354,8 @@ def pad(n):
     if ms_mode == "constant":
         value = n.const(2) if n.has(2) else None
         v = 0 if value is None else np.asarray(value).reshape(-1)[0].item()
-        return f"ops.pad({n.x(0)}, {tuple(order)!r}, 'constant', {v!r})"
-    return f"ops.pad({n.x(0)}, {tuple(order)!r}, {ms_mode!r})"
+        return n.call("ops.pad", n.x(0), tuple(order), "constant", v)
+    return n.call("ops.pad", n.x(0), tuple(order), ms_mode)
 
 
 @register("Identity", since=1)
@@ -361,7 +367,7 @@ def identity(n):
 def dropout(n):
     # Inference: identity; the optional mask output is all True.
     x = n.x(0)
-    return (x, f"ops.ones_like({x}).astype(ms.bool_)")
+    return (x, n.method(n.call("ops.ones_like", x), "astype", n.ms_dtype(ir.DataType.BOOL)))
 
 
 @register("EyeLike", since=9)
@@ -384,27 +390,28 @@ def center_crop_pad(n):
     axes = [n.axis(a, rank) for a in (n.attr("axes") or range(rank))]
     dims = n.shape(0)
     x = n.x(0)
-    index, pads = [":"] * rank, {}
+    index, pads = [slice(None)] * rank, {}
     for a, size in zip(axes, target):
         d = dims[a]
         if not isinstance(d, int):
             n.fail("cropped or padded axes must have static sizes")
         if d > size:
             start = (d - size) // 2
-            index[a] = f"{start}:{start + size}"
+            index[a] = slice(start, start + size)
         elif d < size:
             pads[a] = ((size - d) // 2, size - d - (size - d) // 2)
-    if any(i != ":" for i in index):
-        x = n.tmp(f"{x}[{', '.join(index)}]", "cropped")
+    if any(i != slice(None) for i in index):
+        x = n.getitem(x, _index(index))
     if pads:
         order = []
         for a in range(rank - 1, min(pads) - 1, -1):
             order += list(pads.get(a, (0, 0)))
-        x = f"ops.pad({x}, {tuple(order)!r})"
+        x = n.call("ops.pad", x, tuple(order))
     return x
 
 
 @register("NonZero", since=13)
 def non_zero(n):
     """(rank, count) int64 indices of the non-zero elements in row-major order; the count is data-dependent."""
-    return f"ops.transpose(ops.cast(ops.nonzero({n.x(0)}), ms.int64), (1, 0))"
+    return n.call("ops.transpose", n.call("ops.cast", n.call("ops.nonzero", n.x(0)), n.ms_dtype(ir.DataType.INT64)),
+                  (1, 0))

@@ -10,6 +10,7 @@ pools only (pool_strings: MindSpore has no string tensors).
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
 from opmap.registry import register
 
@@ -34,9 +35,10 @@ def tf_idf_vectorizer(n):
     weights = n.attr("weights")
     mode = _text(n.attr("mode"))
     out_size = max(indexes) + 1
-    x = n.x(0) if len(shape) == 2 else f"ops.expand_dims({n.x(0)}, 0)"
-    x = n.tmp(f"ops.cast({x}, ms.int64)", "tokens")
-    per_index: dict[int, list[str]] = {}
+    f32 = n.ms_dtype(ir.DataType.FLOAT)
+    x = n.x(0) if len(shape) == 2 else n.call("ops.expand_dims", n.x(0), 0)
+    x = n.call("ops.cast", x, n.ms_dtype(ir.DataType.INT64))
+    per_index: dict[int, list] = {}
     gram_id = 0
     for size, start in enumerate(counts, start=1):
         end = counts[size] if size < len(counts) else len(pool)
@@ -52,21 +54,34 @@ def tf_idf_vectorizer(n):
                 span = length - (size - 1) * d
                 if span <= 0:
                     continue
-                hits = " & ".join(f"ops.equal({x}[:, {j * d}:{j * d + span}], {int(v)})" for j, v in enumerate(gram))
-                per_index.setdefault(index, []).append(f"ops.sum(ops.cast({hits}, ms.float32), 1)")
+                hits = [n.call("ops.equal", n.getitem(x, (slice(None), slice(j * d, j * d + span))), int(v))
+                        for j, v in enumerate(gram)]
+                count = n.call("ops.sum", n.call("ops.cast", _chain(n, "&", hits), f32), 1)
+                per_index.setdefault(index, []).append(count)
     columns = []
-    zero = f"ops.zeros((ops.dyn_shape({x})[0],), ms.float32)"
+    zero = None
     for index in range(out_size):
         terms = per_index.get(index)
-        columns.append(" + ".join(terms) if terms else zero)
-    tf = n.tmp(f"ops.stack(({', '.join(columns)},), 1)", "tf")
+        if not terms and zero is None:
+            zero = n.call("ops.zeros", (n.getitem(n.call("ops.dyn_shape", x), 0),), f32)
+        columns.append(_chain(n, "+", terms) if terms else zero)
+    tf = n.call("ops.stack", tuple(columns), 1)
     if mode == "TF":
         y = tf
     elif mode == "IDF":
         w = n.const_tensor(np.asarray(weights if weights else [1.0] * out_size, np.float32), "idf")
-        y = f"ops.where({tf} > 0, ops.broadcast_to({w}, ops.dyn_shape({tf})), ops.zeros_like({tf}))"
+        y = n.call("ops.where", n.binop(">", tf, 0), n.call("ops.broadcast_to", w, n.call("ops.dyn_shape", tf)),
+                   n.call("ops.zeros_like", tf))
     elif mode == "TFIDF":
-        y = f"{tf} * {n.const_tensor(np.asarray(weights, np.float32), 'idf')}" if weights else tf
+        y = n.binop("*", tf, n.const_tensor(np.asarray(weights, np.float32), "idf")) if weights else tf
     else:
         n.fail(f"mode {mode!r} is not supported")
-    return y if len(shape) == 2 else f"ops.squeeze({y}, 0)"
+    return y if len(shape) == 2 else n.call("ops.squeeze", y, 0)
+
+
+def _chain(n, op: str, items: list):
+    """items[0] op items[1] op ... (left to right)."""
+    acc = items[0]
+    for item in items[1:]:
+        acc = n.binop(op, acc, item)
+    return acc
