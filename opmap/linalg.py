@@ -9,8 +9,8 @@ from opmap.registry import register
 def matmul(n):
     if n.is_dense_weight(1):
         # The weight is stored [out, in] (graphconv.lower.dense_weights): x @ w == dense(x, w_stored).
-        return f"ops.dense({n.x(0)}, {n.x(1)})"
-    return f"ops.matmul({n.x(0)}, {n.x(1)})"
+        return n.call("ops.dense", n.x(0), n.x(1))
+    return n.call("ops.matmul", n.x(0), n.x(1))
 
 
 @register("Gemm", since=13)
@@ -20,20 +20,20 @@ def gemm(n):
     if n.attr("transB", 0) and not n.attr("transA", 0) and alpha == 1.0 and beta in (0.0, 1.0) and \
             (not n.has(2) or n.rank(2) == 1):
         # Linear layout (weight stored out x in): one fused primitive, no run-time transpose.
-        return f"ops.dense({a}, {b}, {n.x(2) if n.has(2) and beta else None})"
+        return n.call("ops.dense", a, b, n.x(2) if n.has(2) and beta else None)
     if n.attr("transA", 0):
-        a = f"ops.transpose({a}, (1, 0))"
+        a = n.call("ops.transpose", a, (1, 0))
     if n.attr("transB", 0):
-        b = f"ops.transpose({b}, (1, 0))"
-    y = f"ops.matmul({a}, {b})"
+        b = n.call("ops.transpose", b, (1, 0))
+    y = n.call("ops.matmul", a, b)
     if alpha != 1.0:
-        y = f"{alpha!r} * {y}"
+        y = n.binop("*", alpha, y)
     if n.has(2) and beta != 0.0:
-        c = n.x(2) if beta == 1.0 else f"{beta!r} * {n.x(2)}"
-        y = f"{y} + {c}"
+        c = n.x(2) if beta == 1.0 else n.binop("*", beta, n.x(2))
+        y = n.binop("+", y, c)
     return y
 
 
 @register("Det", since=11)
 def det(n):
-    return f"ops.det({n.x(0)})"
+    return n.call("ops.det", n.x(0))

@@ -7,8 +7,11 @@ asymmetric ONNX pads need no special case.
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
 from opmap.registry import register
+
+_F32, _I64 = ir.DataType.FLOAT, ir.DataType.INT64
 
 
 def _spatial_attrs(n, spatial: int, w_index: int = 1):
@@ -58,13 +61,13 @@ def conv(n):
     if n.has(2):
         b = n.const(2)
         bias = (n.const_tensor(b.reshape((-1,) + (1,) * spatial), "bias") if b is not None
-                else f"ops.reshape({n.x(2)}, {(-1,) + (1,) * spatial!r})")
-        y = f"{y} + {bias}"
+                else n.call("ops.reshape", n.x(2), (-1,) + (1,) * spatial))
+        y = n.binop("+", y, bias)
     return y
 
 
-def conv_expr(n, x: str, w: str, w_index: int = 1) -> str:
-    """The convolution of x by w (the shape of input w_index, the node's attributes), without bias."""
+def conv_expr(n, x, w, w_index: int = 1):
+    """The convolution of x by w (Values; the shape of input w_index, the node's attributes), without bias."""
     w_shape = n.shape(w_index)
     if w_shape is None or not all(isinstance(d, int) for d in w_shape):
         n.fail("the weight shape must be static")
@@ -73,16 +76,16 @@ def conv_expr(n, x: str, w: str, w_index: int = 1) -> str:
         n.fail(f"{spatial}-D convolution is not supported")
     _, strides, dilations, pads = _spatial_attrs(n, spatial, w_index)
     if any(pads):
-        x = f"ops.pad({x}, {_ms_padding(pads, spatial)!r})"
+        x = n.call("ops.pad", x, _ms_padding(pads, spatial))
     if spatial == 1:  # as 2-D with a height of 1
-        x, w = f"ops.expand_dims({x}, 2)", f"ops.expand_dims({w}, 2)"
+        x, w = n.call("ops.expand_dims", x, 2), n.call("ops.expand_dims", w, 2)
         w_shape = [w_shape[0], w_shape[1], 1, w_shape[2]]
         strides, dilations = [1] + strides, [1] + dilations
-    prim = "ops.Conv3D" if spatial == 3 else "ops.Conv2D"
-    y = (f"{prim}({w_shape[0]}, {tuple(w_shape[2:])!r}, stride={tuple(strides)!r}, "
-         f"dilation={tuple(dilations)!r}, group={n.attr('group', 1)})({x}, {w})")
+    prim = n.call("ops.Conv3D" if spatial == 3 else "ops.Conv2D", w_shape[0], tuple(w_shape[2:]),
+                  stride=tuple(strides), dilation=tuple(dilations), group=n.attr("group", 1))
+    y = n.call(prim, x, w)
     if spatial == 1:
-        y = f"ops.squeeze({y}, (2,))"
+        y = n.call("ops.squeeze", y, (2,))
     return y
 
 
@@ -103,18 +106,18 @@ def max_pool(n):
         # MaxPool3D takes asymmetric pads and applies ONNX's ceil_mode rule to them (a window may not start in
         # the end padding); explicit padding would let such windows through.
         pad_list = (0, 0, pads[0], pads[2], pads[1], pads[3])
-        y = (f"ops.MaxPool3D((1, {kernel[0]}, {kernel[1]}), (1, {strides[0]}, {strides[1]}), 'PAD', {pad_list!r}, "
-             f"{ceil_mode})(ops.expand_dims({x}, 2))")
-        return f"ops.squeeze({y}, (2,))"
+        prim = n.call("ops.MaxPool3D", (1, kernel[0], kernel[1]), (1, strides[0], strides[1]), "PAD", pad_list,
+                      ceil_mode)
+        y = n.call(prim, n.call("ops.expand_dims", x, 2))
+        return n.call("ops.squeeze", y, (2,))
     # Dilated windows: MaxPoolWithArgmaxV2 pads symmetrically, at most half the kernel; pad explicitly otherwise.
     padding = tuple(pads[:spatial])
     if pads[:spatial] != pads[spatial:] or any(2 * p > k for p, k in zip(padding, kernel)):
         if ceil_mode:
             return _window_pool(n, "max")
-        x = f"ops.pad({x}, {_ms_padding(pads, spatial)!r}, 'constant', float('-inf'))"
+        x = n.call("ops.pad", x, _ms_padding(pads, spatial), "constant", float("-inf"))
         padding = 0
-    return (f"ops.max_pool2d({x}, {tuple(kernel)!r}, {tuple(strides)!r}, {padding!r}, {tuple(dilations)!r}, "
-            f"ceil_mode={ceil_mode})")
+    return n.call("ops.max_pool2d", x, tuple(kernel), tuple(strides), padding, tuple(dilations), ceil_mode=ceil_mode)
 
 
 @register("AveragePool", since=11)
@@ -128,8 +131,8 @@ def average_pool(n):
         return _window_pool(n, "avg")
     # ops.avg_pool2d (AvgPool3D) takes (top, bottom, left, right): asymmetric pads need no special case.
     padding = (pads[0], pads[2], pads[1], pads[3])
-    return (f"ops.avg_pool2d({n.x(0)}, {tuple(kernel)!r}, {tuple(strides)!r}, {padding!r}, "
-            f"ceil_mode={bool(n.attr('ceil_mode', 0))}, count_include_pad={bool(n.attr('count_include_pad', 0))})")
+    return n.call("ops.avg_pool2d", n.x(0), tuple(kernel), tuple(strides), padding,
+                  ceil_mode=bool(n.attr("ceil_mode", 0)), count_include_pad=bool(n.attr("count_include_pad", 0)))
 
 
 def _pool_geometry(n, spatial: int, dims: list[int]):
@@ -181,30 +184,30 @@ def _window_pool(n, kind: str, p: int = 2):
                 for o, s, k, dl, d, b in zip(out, strides, kernel, dilations, dims, begin)]
     x = n.x(0)
     if kind == "lp":
-        x = n.tmp(f"ops.pow(ops.abs({x}), {float(p)!r})" if p != 1 else f"ops.abs({x})", "abs_p")
-    fill = "0"
+        x = n.call("ops.pow", n.call("ops.abs", x), float(p)) if p != 1 else n.call("ops.abs", x)
+    fill = 0
     if kind == "max":
-        fill = "float('-inf')" if np.dtype(np_dt).kind == "f" else repr(int(np.iinfo(np_dt).min))
+        fill = float("-inf") if np.dtype(np_dt).kind == "f" else int(np.iinfo(np_dt).min)
     if any(e < 0 for e in need_end):  # windows never reach the end: crop (ops.pad with a negative amount and a
         # fill value is unreliable on CPU)
-        x = n.tmp(f"{x}[:, :, {', '.join(f':{d + e}' if e < 0 else ':' for d, e in zip(dims, need_end))}]", "cropped")
+        crop = tuple(slice(None, d + e) if e < 0 else slice(None) for d, e in zip(dims, need_end))
+        x = n.getitem(x, (slice(None), slice(None)) + crop)
         need_end = [max(e, 0) for e in need_end]
     if any(begin) or any(need_end):
-        x = n.tmp(f"ops.pad({x}, {_ms_padding(begin + need_end, spatial)!r}, 'constant', {fill})", "padded")
+        x = n.call("ops.pad", x, _ms_padding(begin + need_end, spatial), "constant", fill)
     combos = list(np.ndindex(*kernel))
     acc = best_idx = None
     indices = kind == "max" and n.n_outputs > 1 and bool(n.node.outputs[1].name)
     col_major = bool(n.attr("storage_order", 0))
     for combo in combos:
-        index = ", ".join(f"{j * dl}:{j * dl + (o - 1) * s + 1}:{s}"
-                          for j, dl, o, s in zip(combo, dilations, out, strides))
-        window = n.tmp(f"{x}[:, :, {index}]", "window")
+        index = tuple(slice(j * dl, j * dl + (o - 1) * s + 1, s) for j, dl, o, s in zip(combo, dilations, out, strides))
+        window = n.getitem(x, (slice(None), slice(None)) + index)
         if kind == "max":
             if acc is None:
                 acc = window
             else:
-                better = n.tmp(f"{window} > {acc}", "better") if indices else None
-                acc = n.tmp(f"ops.maximum({acc}, {window})", "acc")
+                better = n.binop(">", window, acc) if indices else None
+                acc = n.call("ops.maximum", acc, window)
             if indices:
                 pos = [np.arange(o) * s - b + j * dl for o, s, b, j, dl in zip(out, strides, begin, combo, dilations)]
                 grid = np.meshgrid(*pos, indexing="ij")
@@ -214,18 +217,19 @@ def _window_pool(n, kind: str, p: int = 2):
                     strides_flat = [int(np.prod(dims[a + 1:])) for a in range(spatial)]
                 flat = sum(g.astype(np.int64) * st for g, st in zip(grid, strides_flat))
                 flat_t = n.const_tensor(flat.astype(np.int64)[None, None], "flat")
-                best_idx = flat_t if best_idx is None else n.tmp(f"ops.where({better}, {flat_t}, {best_idx})", "argmax")
+                best_idx = flat_t if best_idx is None else n.call("ops.where", better, flat_t, best_idx)
         else:
-            acc = window if acc is None else n.tmp(f"{acc} + {window}", "acc")
+            acc = window if acc is None else n.binop("+", acc, window)
     if kind == "max":
         if indices:
             if not all(isinstance(d, int) for d in xs[:2]):
                 n.fail("the Indices output needs static N and C")
             base = (np.arange(xs[0] * xs[1], dtype=np.int64) * int(np.prod(dims))).reshape(xs[0], xs[1], *[1] * spatial)
-            return acc, f"ops.broadcast_to({best_idx}, {tuple(xs[:2]) + tuple(out)!r}) + {n.const_tensor(base, 'base')}"
+            return acc, n.binop("+", n.call("ops.broadcast_to", best_idx, tuple(xs[:2]) + tuple(out)),
+                                n.const_tensor(base, "base"))
         return acc
     if kind == "lp":
-        return f"ops.pow({acc}, {1.0 / p!r})" if p != 1 else acc
+        return n.call("ops.pow", acc, 1.0 / p) if p != 1 else acc
     include = bool(n.attr("count_include_pad", 0))
     counts = np.ones(out)
     for a in range(spatial):
@@ -233,7 +237,7 @@ def _window_pool(n, kind: str, p: int = 2):
         lo, hi = (-begin[a], dims[a] + end[a]) if include else (0, dims[a])
         c = ((pos >= lo) & (pos < hi)).sum(axis=1)
         counts = counts * c.reshape([-1] + [1] * (spatial - a - 1))
-    return f"{acc} / {n.const_tensor(counts.astype(np_dt), 'count')}"
+    return n.binop("/", acc, n.const_tensor(counts.astype(np_dt), "count"))
 
 
 @register("LpPool", since=11)
@@ -252,16 +256,21 @@ def global_pool(n):
     rank = n.require_rank(0)
     axes = tuple(range(2, rank))
     if n.node.op_type == "GlobalAveragePool":
-        return f"ops.mean({n.x(0)}, {axes!r}, keep_dims=True)"
-    return f"ops.amax({n.x(0)}, {axes!r}, keepdims=True)"
+        return n.call("ops.mean", n.x(0), axes, keep_dims=True)
+    return n.call("ops.amax", n.x(0), axes, keepdims=True)
 
 
-def _channel_param(n, i: int, spatial: int, hint: str) -> str:
+def _channel_param(n, i: int, spatial: int, hint: str):
     """A per-channel (C,) input reshaped to (C, 1, ..., 1) so it broadcasts over (N, C, spatial...)."""
     c = n.const(i)
     if c is not None:
         return n.const_tensor(c.reshape((-1,) + (1,) * spatial), hint)
-    return f"ops.reshape({n.x(i)}, {(-1,) + (1,) * spatial!r})"
+    return n.call("ops.reshape", n.x(i), (-1,) + (1,) * spatial)
+
+
+def _mean_square(n, x, axes):
+    """ops.mean(x * x, axes, keep_dims=True)."""
+    return n.call("ops.mean", n.binop("*", x, x), axes, keep_dims=True)
 
 
 @register("BatchNormalization", since=15)
@@ -273,7 +282,8 @@ def batch_norm(n):
         return _batch_norm_training(n, rank, eps)
     scale, bias, mean, var = (_channel_param(n, i, spatial, h) for i, h in
                               ((1, "bn_scale"), (2, "bn_bias"), (3, "bn_mean"), (4, "bn_var")))
-    return f"({n.x(0)} - {mean}) * ({scale} / ops.sqrt({var} + {eps!r})) + {bias}"
+    inv = n.binop("/", scale, n.call("ops.sqrt", n.binop("+", var, eps)))
+    return n.binop("+", n.binop("*", n.binop("-", n.x(0), mean), inv), bias)
 
 
 def _batch_norm_training(n, rank: int, eps: float):
@@ -282,16 +292,17 @@ def _batch_norm_training(n, rank: int, eps: float):
     spatial = rank - 2
     axes = (0,) + tuple(range(2, rank))
     x = n.x(0)
-    mean = n.tmp(f"ops.mean({x}, {axes!r}, keep_dims=True)", "batch_mean")
-    centered = n.tmp(f"{x} - {mean}", "centered")
-    var = n.tmp(f"ops.mean({centered} * {centered}, {axes!r}, keep_dims=True)", "batch_var")
+    mean = n.call("ops.mean", x, axes, keep_dims=True)
+    centered = n.binop("-", x, mean)
+    var = _mean_square(n, centered, axes)
     scale, bias = _channel_param(n, 1, spatial, "bn_scale"), _channel_param(n, 2, spatial, "bn_bias")
-    y = f"{centered} / ops.sqrt({var} + {eps!r}) * {scale} + {bias}"
+    y = n.binop("+", n.binop("*", n.binop("/", centered, n.call("ops.sqrt", n.binop("+", var, eps))), scale), bias)
     if n.n_outputs == 1:
         return y
     m = float(n.attr("momentum", 0.9))
-    flat_mean, flat_var = f"ops.reshape({mean}, (-1,))", f"ops.reshape({var}, (-1,))"
-    return (y, f"{n.x(3)} * {m!r} + {flat_mean} * {1 - m!r}", f"{n.x(4)} * {m!r} + {flat_var} * {1 - m!r}")
+    flat_mean, flat_var = n.call("ops.reshape", mean, (-1,)), n.call("ops.reshape", var, (-1,))
+    return (y, n.binop("+", n.binop("*", n.x(3), m), n.binop("*", flat_mean, 1 - m)),
+            n.binop("+", n.binop("*", n.x(4), m), n.binop("*", flat_var, 1 - m)))
 
 
 @register("InstanceNormalization", since=6)
@@ -299,12 +310,13 @@ def instance_norm(n):
     rank = n.require_rank(0)
     axes = tuple(range(2, rank))
     x = n.x(0)
-    mean = n.tmp(f"ops.mean({x}, {axes!r}, keep_dims=True)", "mean")
-    centered = n.tmp(f"{x} - {mean}", "centered")
-    var = f"ops.mean({centered} * {centered}, {axes!r}, keep_dims=True)"
+    mean = n.call("ops.mean", x, axes, keep_dims=True)
+    centered = n.binop("-", x, mean)
+    var = _mean_square(n, centered, axes)
     eps = float(n.attr("epsilon", 1e-5))
-    return (f"{_channel_param(n, 1, rank - 2, 'in_scale')} * {centered} / ops.sqrt({var} + {eps!r}) + "
-            f"{_channel_param(n, 2, rank - 2, 'in_bias')}")
+    scaled = n.binop("*", _channel_param(n, 1, rank - 2, "in_scale"), centered)
+    normed = n.binop("/", scaled, n.call("ops.sqrt", n.binop("+", var, eps)))
+    return n.binop("+", normed, _channel_param(n, 2, rank - 2, "in_bias"))
 
 
 @register("GroupNormalization", since=21)
@@ -319,17 +331,20 @@ def group_norm(n):
     dt = n.dtype(0)
     low = dt is not None and dt.name in ("FLOAT16", "BFLOAT16")
     if low:
-        x = n.tmp(f"ops.cast({x}, ms.float32)", "x32")
+        x = n.call("ops.cast", x, n.ms_dtype(_F32))
     head = n.const_tensor(np.array([groups, -1], np.int64), "groups")
-    grouped = n.tmp(f"ops.reshape({x}, ops.concat((ops.dyn_shape({x})[:1], {head})))", "grouped")
-    mean = n.tmp(f"ops.mean({grouped}, 2, keep_dims=True)", "mean")
-    centered = n.tmp(f"{grouped} - {mean}", "centered")
-    var = f"ops.mean({centered} * {centered}, 2, keep_dims=True)"
+    batch = n.getitem(n.call("ops.dyn_shape", x), slice(None, 1))
+    grouped = n.call("ops.reshape", x, n.call("ops.concat", (batch, head)))
+    mean = n.call("ops.mean", grouped, 2, keep_dims=True)
+    centered = n.binop("-", grouped, mean)
+    var = _mean_square(n, centered, 2)
     eps = float(n.attr("epsilon", 1e-5))
-    y = f"ops.reshape({centered} / ops.sqrt({var} + {eps!r}), ops.dyn_shape({n.x(0)}))"
+    normed = n.binop("/", centered, n.call("ops.sqrt", n.binop("+", var, eps)))
+    y = n.call("ops.reshape", normed, n.call("ops.dyn_shape", n.x(0)))
     if low:
-        y = f"ops.cast({y}, {n.ms_dtype(dt)})"
-    return f"{_channel_param(n, 1, rank - 2, 'gn_scale')} * {y} + {_channel_param(n, 2, rank - 2, 'gn_bias')}"
+        y = n.call("ops.cast", y, n.ms_dtype(dt))
+    return n.binop("+", n.binop("*", _channel_param(n, 1, rank - 2, "gn_scale"), y),
+                   _channel_param(n, 2, rank - 2, "gn_bias"))
 
 
 @register("LRN", since=13)
@@ -343,12 +358,15 @@ def lrn(n):
     alpha, beta, bias = float(n.attr("alpha", 1e-4)), float(n.attr("beta", 0.75)), float(n.attr("bias", 1.0))
     before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
     x = n.x(0)
-    sq = n.tmp(f"{x} * {x}", "square")
+    sq = n.binop("*", x, x)
     spatial = len(xs) - 2
-    padded = n.tmp(f"ops.pad({sq}, {(0, 0) * spatial + (before, after)!r})", "padded")
+    padded = n.call("ops.pad", sq, (0, 0) * spatial + (before, after))
     c = xs[1]
-    total = " + ".join(f"{padded}[:, {k}:{k + c}]" for k in range(size))
-    return f"{x} / ops.pow({bias!r} + {alpha / size!r} * ({total}), {beta!r})"
+    total = None
+    for k in range(size):
+        part = n.getitem(padded, (slice(None), slice(k, k + c)))
+        total = part if total is None else n.binop("+", total, part)
+    return n.binop("/", x, n.call("ops.pow", n.binop("+", bias, n.binop("*", alpha / size, total)), beta))
 
 
 @register("MeanVarianceNormalization", since=13)
@@ -357,9 +375,10 @@ def mean_variance_normalization(n):
     rank = n.require_rank(0)
     axes = tuple(sorted(n.axis(a, rank) for a in (n.attr("axes") or [0, 2, 3])))
     x = n.x(0)
-    mean = n.tmp(f"ops.mean({x}, {axes!r}, keep_dims=True)", "mean")
-    mean_sq = f"ops.mean({x} * {x}, {axes!r}, keep_dims=True)"
-    return f"({x} - {mean}) / (ops.sqrt({mean_sq} - {mean} * {mean}) + 1e-9)"
+    mean = n.call("ops.mean", x, axes, keep_dims=True)
+    mean_sq = _mean_square(n, x, axes)
+    std = n.call("ops.sqrt", n.binop("-", mean_sq, n.binop("*", mean, mean)))
+    return n.binop("/", n.binop("-", x, mean), n.binop("+", std, 1e-9))
 
 
 @register("LpNormalization", since=1)
@@ -370,13 +389,12 @@ def lp_normalization(n):
     p = int(n.attr("p", 2))
     x = n.x(0)
     if p == 1:
-        norm = f"ops.sum(ops.abs({x}), ({axis},), keepdim=True)"
+        norm = n.call("ops.sum", n.call("ops.abs", x), (axis,), keepdim=True)
     elif p == 2:
-        norm = f"ops.sqrt(ops.sum({x} * {x}, ({axis},), keepdim=True))"
+        norm = n.call("ops.sqrt", n.call("ops.sum", n.binop("*", x, x), (axis,), keepdim=True))
     else:
         n.fail(f"p={p} is not supported (1 or 2)")
-    norm = n.tmp(norm, "norm")
-    return f"ops.where({norm} == 0, ops.zeros_like({x}), {x} / {norm})"
+    return n.call("ops.where", n.binop("==", norm, 0), n.call("ops.zeros_like", x), n.binop("/", x, norm))
 
 
 @register("LayerNormalization", since=17)
@@ -389,17 +407,17 @@ def layer_norm(n):
     x = n.x(0)
     low_precision = n.dtype(0) is not None and n.dtype(0).name in ("FLOAT16", "BFLOAT16")
     if low_precision:  # stash_type=1: statistics in fp32
-        x = n.tmp(f"ops.cast({x}, ms.float32)", "x32")
-    mean = n.tmp(f"ops.mean({x}, {axes!r}, keep_dims=True)", "mean")
-    centered = n.tmp(f"{x} - {mean}", "centered")
-    var = n.tmp(f"ops.mean({centered} * {centered}, {axes!r}, keep_dims=True)", "var")
-    inv_std = n.tmp(f"ops.rsqrt({var} + {eps!r})", "inv_std") if stats else f"ops.rsqrt({var} + {eps!r})"
-    y = f"{centered} * {inv_std}"
+        x = n.call("ops.cast", x, n.ms_dtype(_F32))
+    mean = n.call("ops.mean", x, axes, keep_dims=True)
+    centered = n.binop("-", x, mean)
+    var = _mean_square(n, centered, axes)
+    inv_std = n.call("ops.rsqrt", n.binop("+", var, eps))
+    y = n.binop("*", centered, inv_std)
     if low_precision:
-        y = f"ops.cast({y}, {n.ms_dtype(n.dtype(0))})"
-    y = f"{y} * {n.x(1)}"
+        y = n.call("ops.cast", y, n.ms_dtype(n.dtype(0)))
+    y = n.binop("*", y, n.x(1))
     if n.has(2):
-        y = f"{y} + {n.x(2)}"
+        y = n.binop("+", y, n.x(2))
     # Mean and InvStdDev (optional outputs): the statistics, reduced axes kept as 1, in the stash type (fp32).
     return (y, mean, inv_std) if stats else y
 
@@ -413,13 +431,12 @@ def rms_normalization(n):
     x = n.x(0)
     low_precision = n.dtype(0) is not None and n.dtype(0).name in ("FLOAT16", "BFLOAT16")
     if low_precision:
-        x = n.tmp(f"ops.cast({x}, ms.float32)", "x32")
-    ms_ = n.tmp(f"ops.mean({x} * {x}, {axes!r}, keep_dims=True)", "meansq")
-    y = f"{x} * ops.rsqrt({ms_} + {eps!r})"
+        x = n.call("ops.cast", x, n.ms_dtype(_F32))
+    ms_ = _mean_square(n, x, axes)
+    y = n.binop("*", x, n.call("ops.rsqrt", n.binop("+", ms_, eps)))
     if low_precision:
-        y = f"ops.cast({y}, {n.ms_dtype(n.dtype(0))})"
-    return f"{y} * {n.x(1)}"
-
+        y = n.call("ops.cast", y, n.ms_dtype(n.dtype(0)))
+    return n.binop("*", y, n.x(1))
 
 
 @register("ConvTranspose", since=11)
@@ -456,9 +473,10 @@ def conv_transpose(n):
     cin, cout_g = ws[0], ws[1]
     cout = cout_g * group
     # Kernel (Cin, Cout/g, k..) -> (Cout, Cin/g, k..), flipped in every spatial dim.
-    w = (f"ops.reshape(ops.transpose(ops.reshape({w}, {(group, cin // group, cout_g) + tuple(kernel)!r}), "
-         f"{(0, 2, 1) + tuple(range(3, 3 + spatial))!r}), {(cout, cin // group) + tuple(kernel)!r})")
-    w = n.tmp(f"ops.flip({w}, {tuple(range(2, 2 + spatial))!r})", "kernel")
+    w = n.call("ops.reshape", w, (group, cin // group, cout_g) + tuple(kernel))
+    w = n.call("ops.transpose", w, (0, 2, 1) + tuple(range(3, 3 + spatial)))
+    w = n.call("ops.reshape", w, (cout, cin // group) + tuple(kernel))
+    w = n.call("ops.flip", w, tuple(range(2, 2 + spatial)))
     dims = list(xs)
     for a, s in enumerate(strides):
         if s == 1 or dims[2 + a] == 0:
@@ -466,27 +484,28 @@ def conv_transpose(n):
         ax = 2 + a
         reps = [1] * (len(dims) + 1)
         reps[ax + 1] = s - 1
-        grown = n.tmp(f"ops.expand_dims({x}, {ax + 1})", "grown")
-        zeros = f"ops.tile(ops.zeros_like({grown}), {tuple(reps)!r})"
+        grown = n.call("ops.expand_dims", x, ax + 1)
+        zeros = n.call("ops.tile", n.call("ops.zeros_like", grown), tuple(reps))
         merged = dims[:ax] + [dims[ax] * s] + dims[ax + 1:]
         merged[0] = -1
-        x = n.tmp(f"ops.reshape(ops.concat(({grown}, {zeros}), {ax + 1}), {tuple(merged)!r})", "dilated")
+        x = n.call("ops.reshape", n.call("ops.concat", (grown, zeros), ax + 1), tuple(merged))
         dims[ax] = (dims[ax] - 1) * s + 1
-        x = n.tmp(f"{x}[{', '.join([':'] * ax)}, :{dims[ax]}]", "dilated")
+        x = n.getitem(x, tuple([slice(None)] * ax) + (slice(None, dims[ax]),))
     pad_b = [k - 1 - p for k, p in zip(k_eff, pads[:spatial])]
     pad_e = [k - 1 - p + op for k, p, op in zip(k_eff, pads[spatial:], out_pad)]
     if any(pad_b) or any(pad_e):
-        x = f"ops.pad({x}, {_ms_padding(pad_b + pad_e, spatial)!r})"
+        x = n.call("ops.pad", x, _ms_padding(pad_b + pad_e, spatial))
     kshape = kernel
     if spatial == 1:
-        x, w = f"ops.expand_dims({x}, 2)", f"ops.expand_dims({w}, 2)"
+        x, w = n.call("ops.expand_dims", x, 2), n.call("ops.expand_dims", w, 2)
         kshape, dilations = [1] + kernel, [1] + list(dilations)
-    prim = "ops.Conv3D" if spatial == 3 else "ops.Conv2D"
-    y = f"{prim}({cout}, {tuple(kshape)!r}, dilation={tuple(dilations)!r}, group={group})({x}, {w})"
+    prim = n.call("ops.Conv3D" if spatial == 3 else "ops.Conv2D", cout, tuple(kshape), dilation=tuple(dilations),
+                  group=group)
+    y = n.call(prim, x, w)
     if spatial == 1:
-        y = f"ops.squeeze({y}, (2,))"
+        y = n.call("ops.squeeze", y, (2,))
     if n.has(2):
-        y = f"{y} + {_channel_param(n, 2, spatial, 'bias')}"
+        y = n.binop("+", y, _channel_param(n, 2, spatial, "bias"))
     return y
 
 
@@ -505,9 +524,9 @@ def max_unpool(n):
                          for a, (d, s, k) in enumerate(zip(xs[2:], strides, kernel))]
     total = int(np.prod(inferred))
     zeros = n.const_tensor(np.zeros(total, n.dtype(0).numpy()), "zeros")
-    idx = f"ops.reshape(ops.cast({n.x(1)}, ms.int64), (-1, 1))"
-    flat = f"ops.tensor_scatter_update({zeros}, {idx}, ops.reshape({n.x(0)}, (-1,)))"
-    y = f"ops.reshape({flat}, {tuple(inferred)!r})"
+    idx = n.call("ops.reshape", n.call("ops.cast", n.x(1), n.ms_dtype(_I64)), (-1, 1))
+    flat = n.call("ops.tensor_scatter_update", zeros, idx, n.call("ops.reshape", n.x(0), (-1,)))
+    y = n.call("ops.reshape", flat, tuple(inferred))
     if n.has(2):  # as the reference: the inferred-shape result, zero-padded at the end to output_shape
         out = n.require_ints(2, "MaxUnpool output_shape")
         extra = [o - i for o, i in zip(out, inferred)]
@@ -517,7 +536,7 @@ def max_unpool(n):
             order = []
             for e in reversed(extra):
                 order += [0, e]
-            y = f"ops.pad({y}, {tuple(order)!r})"
+            y = n.call("ops.pad", y, tuple(order))
     return y
 
 
@@ -548,11 +567,13 @@ def col2im(n):
     total = int(np.prod(image))
     flat = np.where(inside, flat, total).reshape(1, 1, -1).astype(np.int64)
     index = n.const_tensor(np.broadcast_to(flat, (1, channels, flat.shape[-1])).copy(), "col_index")
-    x = f"ops.reshape({n.x(0)}, (-1, {channels}, {k * xs[2]}))"
-    zeros = f"ops.zeros((ops.dyn_shape({n.x(0)})[0], {channels}, {total + 1}), {n.ms_dtype(n.dtype(0))})"
-    index = f"ops.broadcast_to({index}, (ops.dyn_shape({n.x(0)})[0], {channels}, {k * xs[2]}))"
-    summed = f"ops.tensor_scatter_elements({zeros}, {index}, {x}, 2, 'add')"
-    return f"ops.reshape({summed}[:, :, :{total}], (-1, {channels}) + {tuple(image)!r})"
+    x = n.call("ops.reshape", n.x(0), (-1, channels, k * xs[2]))
+    batch = n.getitem(n.call("ops.dyn_shape", n.x(0)), 0)
+    zeros = n.call("ops.zeros", (batch, channels, total + 1), n.ms_dtype(n.dtype(0)))
+    index = n.call("ops.broadcast_to", index, (batch, channels, k * xs[2]))
+    summed = n.call("ops.tensor_scatter_elements", zeros, index, x, 2, "add")
+    return n.call("ops.reshape", n.getitem(summed, (slice(None), slice(None), slice(None, total))),
+                  (-1, channels) + tuple(image))
 
 
 @register("DeformConv", since=19)
@@ -575,28 +596,39 @@ def deform_conv(n):
     base_w = (np.arange(ow)[None, None, :] * sw - pads[1] + np.arange(kw)[:, None, None] * dw)  # (kw, 1, ow)
     base_h = np.broadcast_to(base_h[:, None], (kh, kw, oh, ow)).reshape(1, 1, k, p).astype(np.float32)
     base_w = np.broadcast_to(base_w[None], (kh, kw, oh, ow)).reshape(1, 1, k, p).astype(np.float32)
-    off = n.tmp(f"ops.reshape({n.x(2)}, ({batch}, {og}, {k}, 2, {p}))", "offsets")
-    py = n.tmp(f"{n.const_tensor(base_h, 'base_h')} + {off}[:, :, :, 0]", "py")  # (N, G, K, P)
-    px = n.tmp(f"{n.const_tensor(base_w, 'base_w')} + {off}[:, :, :, 1]", "px")
-    y0, x0 = n.tmp(f"ops.floor({py})", "y0"), n.tmp(f"ops.floor({px})", "x0")
-    ly, lx = n.tmp(f"{py} - {y0}", "ly"), n.tmp(f"{px} - {x0}", "lx")
-    mask = f" * ops.reshape({n.x(4)}, ({batch}, {og}, {k}, {p}))" if n.has(4) else ""
-    feat = n.tmp(f"ops.reshape({n.x(0)}, ({batch}, {og}, {channels // og}, {height * width}))", "grouped_input")
+    off = n.call("ops.reshape", n.x(2), (batch, og, k, 2, p))
+    py = n.binop("+", n.const_tensor(base_h, "base_h"), n.getitem(off, (slice(None), slice(None), slice(None), 0)))
+    # (N, G, K, P)
+    px = n.binop("+", n.const_tensor(base_w, "base_w"), n.getitem(off, (slice(None), slice(None), slice(None), 1)))
+    y0, x0 = n.call("ops.floor", py), n.call("ops.floor", px)
+    ly, lx = n.binop("-", py, y0), n.binop("-", px, x0)
+    mask = n.call("ops.reshape", n.x(4), (batch, og, k, p)) if n.has(4) else None
+    feat = n.call("ops.reshape", n.x(0), (batch, og, channels // og, height * width))
+    not_ly, not_lx = n.binop("-", 1, ly), n.binop("-", 1, lx)
+    f32 = n.ms_dtype(_F32)
+    ys, xs_ = (y0, n.binop("+", y0, 1)), (x0, n.binop("+", x0, 1))
     terms = []
-    for dy, dx, w in ((0, 0, f"(1 - {ly}) * (1 - {lx})"), (0, 1, f"(1 - {ly}) * {lx}"),
-                      (1, 0, f"{ly} * (1 - {lx})"), (1, 1, f"{ly} * {lx}")):
-        yy, xx = f"({y0} + {dy})" if dy else y0, f"({x0} + {dx})" if dx else x0
-        valid = (f"ops.cast(ops.logical_and(ops.logical_and({yy} >= 0, {yy} < {height}), "
-                 f"ops.logical_and({xx} >= 0, {xx} < {width})), ms.float32)")
-        idx = (f"ops.cast(ops.clamp({yy}, 0, {height - 1}) * {width} + ops.clamp({xx}, 0, {width - 1}), ms.int64)")
-        idx = (f"ops.broadcast_to(ops.reshape({idx}, ({batch}, {og}, 1, {k * p})), "
-               f"({batch}, {og}, {channels // og}, {k * p}))")
-        wt = n.tmp(f"{w} * {valid}{mask}", "tap_weight")
-        terms.append(n.tmp(f"ops.gather_elements({feat}, 3, {idx}) * ops.reshape({wt}, ({batch}, {og}, 1, {k * p}))",
-                           "tap"))
-    cols = n.tmp(f"ops.reshape({' + '.join(terms)}, ({batch}, {group}, {channels // group * k}, {p}))", "columns")
-    weights = f"ops.reshape({n.x(1)}, (1, {group}, {out_c // group}, {channels // group * k}))"
-    y = f"ops.reshape(ops.matmul({weights}, {cols}), ({batch}, {out_c}, {oh}, {ow}))"
+    for dy, dx, (wy, wx) in ((0, 0, (not_ly, not_lx)), (0, 1, (not_ly, lx)), (1, 0, (ly, not_lx)), (1, 1, (ly, lx))):
+        yy, xx = ys[dy], xs_[dx]
+        inside_y = n.call("ops.logical_and", n.binop(">=", yy, 0), n.binop("<", yy, height))
+        inside_x = n.call("ops.logical_and", n.binop(">=", xx, 0), n.binop("<", xx, width))
+        valid = n.call("ops.cast", n.call("ops.logical_and", inside_y, inside_x), f32)
+        flat = n.binop("+", n.binop("*", n.call("ops.clamp", yy, 0, height - 1), width),
+                       n.call("ops.clamp", xx, 0, width - 1))
+        idx = n.call("ops.cast", flat, n.ms_dtype(_I64))
+        idx = n.call("ops.broadcast_to", n.call("ops.reshape", idx, (batch, og, 1, k * p)),
+                     (batch, og, channels // og, k * p))
+        wt = n.binop("*", n.binop("*", wy, wx), valid)
+        if mask is not None:
+            wt = n.binop("*", wt, mask)
+        terms.append(n.binop("*", n.call("ops.gather_elements", feat, 3, idx),
+                             n.call("ops.reshape", wt, (batch, og, 1, k * p))))
+    total = terms[0]
+    for t in terms[1:]:
+        total = n.binop("+", total, t)
+    cols = n.call("ops.reshape", total, (batch, group, channels // group * k, p))
+    weights = n.call("ops.reshape", n.x(1), (1, group, out_c // group, channels // group * k))
+    y = n.call("ops.reshape", n.call("ops.matmul", weights, cols), (batch, out_c, oh, ow))
     if n.has(3):
-        y = f"{y} + {_channel_param(n, 3, 2, 'bias')}"
+        y = n.binop("+", y, _channel_param(n, 3, 2, "bias"))
     return y

@@ -10,21 +10,27 @@ import onnx_ir as ir
 
 from opmap.registry import register
 
+
+def _square(n, x):
+    return n.binop("*", x, x)
+
+
+# op -> (n, x, axes, keepdims) -> the reduction
 _REDUCE = {
-    "ReduceMean": "ops.mean({x}, {axes}, keep_dims={k})",
-    "ReduceSum": "ops.sum({x}, {axes}, keepdim={k})",
-    "ReduceMax": "ops.amax({x}, {axes}, keepdims={k})",
-    "ReduceMin": "ops.amin({x}, {axes}, keepdims={k})",
-    "ReduceProd": "ops.prod({x}, {axes}, keep_dims={k})",
-    "ReduceL1": "ops.sum(ops.abs({x}), {axes}, keepdim={k})",
-    "ReduceL2": "ops.sqrt(ops.sum({x} * {x}, {axes}, keepdim={k}))",
-    "ReduceSumSquare": "ops.sum({x} * {x}, {axes}, keepdim={k})",
-    "ReduceLogSum": "ops.log(ops.sum({x}, {axes}, keepdim={k}))",
-    "ReduceLogSumExp": "ops.logsumexp({x}, {axes}, keepdim={k})",
+    "ReduceMean": lambda n, x, axes, k: n.call("ops.mean", x, axes, keep_dims=k),
+    "ReduceSum": lambda n, x, axes, k: n.call("ops.sum", x, axes, keepdim=k),
+    "ReduceMax": lambda n, x, axes, k: n.call("ops.amax", x, axes, keepdims=k),
+    "ReduceMin": lambda n, x, axes, k: n.call("ops.amin", x, axes, keepdims=k),
+    "ReduceProd": lambda n, x, axes, k: n.call("ops.prod", x, axes, keep_dims=k),
+    "ReduceL1": lambda n, x, axes, k: n.call("ops.sum", n.call("ops.abs", x), axes, keepdim=k),
+    "ReduceL2": lambda n, x, axes, k: n.call("ops.sqrt", n.call("ops.sum", _square(n, x), axes, keepdim=k)),
+    "ReduceSumSquare": lambda n, x, axes, k: n.call("ops.sum", _square(n, x), axes, keepdim=k),
+    "ReduceLogSum": lambda n, x, axes, k: n.call("ops.log", n.call("ops.sum", x, axes, keepdim=k)),
+    "ReduceLogSumExp": lambda n, x, axes, k: n.call("ops.logsumexp", x, axes, keepdim=k),
 }
 
 
-def _reduce(template, axes_is_input: bool):
+def _reduce(build, axes_is_input: bool):
     def lower(n):
         rank = n.require_rank(0)
         if axes_is_input:
@@ -43,8 +49,8 @@ def _reduce(template, axes_is_input: bool):
             return _empty_reduction(n, op, axes, keep)
         if n.dtype(0) == ir.DataType.BOOL and op in ("ReduceMax", "ReduceMin"):
             fn = "ops.any" if op == "ReduceMax" else "ops.all"  # max of bools is any, min is all
-            return f"{fn}({n.x(0)}, {axes}, {keep})"
-        return template.format(x=n.x(0), axes=axes, k=keep)
+            return n.call(fn, n.x(0), axes, keep)
+        return build(n, n.x(0), axes, keep)
 
     return lower
 
@@ -82,12 +88,14 @@ def arg_reduce(n):
     axis = n.axis(n.attr("axis", 0), rank)
     fn = "ops.argmax" if n.node.op_type == "ArgMax" else "ops.argmin"
     keep = bool(n.attr("keepdims", 1))
+    i64 = n.ms_dtype(ir.DataType.INT64)
     if n.attr("select_last_index", 0):
         # The last extreme is the first one of the reversed axis: index dim - 1 - (argmax of the flip).
         dim = (n.shape(0) or [None] * rank)[axis]
-        dim = dim if isinstance(dim, int) else f"ops.dyn_shape({n.x(0)})[{axis}]"
-        return f"({dim} - 1 - ops.cast({fn}(ops.flip({n.x(0)}, ({axis},)), {axis}, {keep}), ms.int64))"
-    return f"ops.cast({fn}({n.x(0)}, {axis}, {keep}), ms.int64)"
+        dim = dim if isinstance(dim, int) else n.getitem(n.call("ops.dyn_shape", n.x(0)), axis)
+        flipped = n.call("ops.cast", n.call(fn, n.call("ops.flip", n.x(0), (axis,)), axis, keep), i64)
+        return n.binop("-", n.binop("-", dim, 1), flipped)
+    return n.call("ops.cast", n.call(fn, n.x(0), axis, keep), i64)
 
 
 @register("Softmax", since=13)
@@ -97,16 +105,16 @@ def softmax(n):
     rank = n.require_rank(0)
     axis = n.axis(n.attr("axis", -1), rank)
     x = n.x(0)
-    live = n.tmp(f"ops.amax({x}, {axis}, keepdims=True) > float('-inf')", "live")
-    y = f"ops.softmax(ops.where({live}, {x}, ops.zeros_like({x})), {axis})"
+    live = n.binop(">", n.call("ops.amax", x, axis, keepdims=True), float("-inf"))
+    y = n.call("ops.softmax", n.call("ops.where", live, x, n.call("ops.zeros_like", x)), axis)
     nan = n.const_tensor(np.array(np.nan, n.dtype(0).numpy()), "nan")
-    return f"ops.where({live}, {y}, {nan})"
+    return n.call("ops.where", live, y, nan)
 
 
 @register("LogSoftmax", since=13)
 def log_softmax(n):
     rank = n.require_rank(0)
-    return f"ops.log_softmax({n.x(0)}, {n.axis(n.attr('axis', -1), rank)})"
+    return n.call("ops.log_softmax", n.x(0), n.axis(n.attr("axis", -1), rank))
 
 
 @register("Hardmax", since=13)
@@ -118,5 +126,5 @@ def hardmax(n):
     if not isinstance(dim, int):
         n.fail("the axis must have a static size")
     positions = n.const_tensor(np.arange(dim, dtype=np.int64).reshape((-1,) + (1,) * (rank - axis - 1)), "positions")
-    first = f"ops.cast(ops.argmax({n.x(0)}, {axis}, True), ms.int64)"
-    return f"ops.cast(ops.equal({positions}, {first}), {n.ms_dtype(n.dtype(0))})"
+    first = n.call("ops.cast", n.call("ops.argmax", n.x(0), axis, True), n.ms_dtype(ir.DataType.INT64))
+    return n.call("ops.cast", n.call("ops.equal", positions, first), n.ms_dtype(n.dtype(0)))

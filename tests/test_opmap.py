@@ -1124,6 +1124,7 @@ def test_dense_weights_are_those_only_matmuls_read():
     from onnx import TensorProto, helper, numpy_helper
 
     from graphconv import lower
+    from graphconv.emission import AttrValue
 
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "e"], ["y"]),
              helper.make_node("Gather", ["e", "ids"], ["z"])]
@@ -1136,6 +1137,13 @@ def test_dense_weights_are_those_only_matmuls_read():
         helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])))
     assert {v.name for v in lower.dense_weights(model.graph)} == {"w"}
     net, _ = lower.lower(model)
-    assert "ops.dense(x, self.w)" in net.source and "'w', (16, 16), ms.float32, transposed=True" in net.source
-    assert "ops.matmul(h, self.e)" in net.source
+    x_in = net.program.body.inputs[0]
+    (dense,) = net.program.calls("ops.dense")
+    data, w = dense.args
+    assert data is x_in and isinstance(w, AttrValue)
+    assert w.attr.param.onnx_name == "w" and w.attr.param.transposed and w.attr.shape == (16, 16)
+    (mm,) = net.program.calls("ops.matmul")
+    h, e = mm.args
+    assert h is dense.outputs[0] and isinstance(e, AttrValue)
+    assert e.attr.param.onnx_name == "e" and not e.attr.param.transposed
     assert [p.transposed for p in net.params] == [True, False]
