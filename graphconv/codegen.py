@@ -131,7 +131,8 @@ class _Writer:
             return f"({items},)" if len(v) == 1 else f"({items})"
         if isinstance(v, list):
             return "[" + ", ".join(self.expr(x) for x in v) + "]"
-        return literal(v)
+        text = literal(v)
+        return f"({text})" if operand and text.startswith("-") else text  # x - (-3.75), (-0.75) ** 2
 
     def _index(self, index) -> str:
         if isinstance(index, slice):

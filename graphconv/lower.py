@@ -78,6 +78,7 @@ class Lowering:
         self.body = Block()
         self.builder = Builder(self.body)
         self._folded_params: dict[str, np.ndarray] = {}
+        self._unnamed = 0
 
     # --- node_context.Scope ---------------------------------------------------------------------------
     def use_helper(self, name: str) -> None:
@@ -192,7 +193,9 @@ class Lowering:
         if handler is None:
             raise UnsupportedError(f"no lowering for {_op_label(node)} at opset {opset}")
         outer = self.builder.origin
-        self.builder.origin = node.name or f"{node.op_type}@{id(node)}"
+        if not node.name:  # (names the values it makes: stable from run to run)
+            self._unnamed += 1
+        self.builder.origin = node.name or f"{node.op_type.lower()}_{self._unnamed}"
         try:
             result = handler.fn(NodeContext(self, node, opset))
         finally:
