@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx_ir as ir
 
 from opmap import attention_general
 from opmap.registry import register
@@ -48,26 +49,28 @@ def attention(n):
         rep = nq // nkv
         heads = n.const_tensor(np.array([nq], np.int64), "heads")
         grow = n.const_tensor(np.zeros((1, 1, rep, 1, 1), np_dt), "grow")
-        k, v = (n.tmp(f"ops.reshape(ops.expand_dims({x}, 2) + {grow}, ops.concat((ops.dyn_shape({x})[0:1], {heads}, "
-                      f"ops.dyn_shape({x})[2:4])))", hint) for x, hint in ((k, "k_rep"), (v, "v_rep")))
-    scores = n.tmp(f"ops.matmul({q}, ops.transpose({k}, (0, 1, 3, 2))) * {float(scale)!r}", "scores")
+        k, v = (attention_general.repeat_heads(n, x, grow, heads) for x in (k, v))
+    scores = n.binop("*", n.call("ops.matmul", q, n.call("ops.transpose", k, (0, 1, 3, 2))), float(scale))
     # Masked scores get the dtype's lowest finite value, not -inf: MindSpore's CPU softmax (graph mode) turns
     # other rows to NaN when some row is all -inf. Same probabilities wherever a row keeps a key.
     lowest = n.const_tensor(np.array(np.finfo(np_dt).min, np_dt), "lowest")
     visible = None
     if n.attr("is_causal", 0):
-        one = "Tensor(1, ms.int64)"
-        rows = f"ops.range(Tensor(0, ms.int64), ops.dyn_shape({q})[2], {one})"
-        cols = f"ops.range(Tensor(0, ms.int64), ops.dyn_shape({k})[2], {one})"
-        visible = n.tmp(f"ops.expand_dims({cols}, 0) <= ops.expand_dims({rows}, 1)", "causal")
+        i64 = n.ms_dtype(ir.DataType.INT64)
+        one = n.call("Tensor", 1, i64)
+        rows = n.call("ops.range", n.call("Tensor", 0, i64), n.getitem(n.call("ops.dyn_shape", q), 2), one)
+        cols = n.call("ops.range", n.call("Tensor", 0, i64), n.getitem(n.call("ops.dyn_shape", k), 2), one)
+        visible = n.binop("<=", n.call("ops.expand_dims", cols, 0), n.call("ops.expand_dims", rows, 1))
     if n.has(3) and n.dtype(3) is not None and n.dtype(3).name == "BOOL":
-        visible = n.x(3) if visible is None else n.tmp(f"ops.logical_and({visible}, {n.x(3)})", "visible")
+        visible = n.x(3) if visible is None else n.call("ops.logical_and", visible, n.x(3))
     if visible is not None:
-        scores = n.tmp(f"ops.where({visible}, {scores}, {lowest})", "scores")
+        scores = n.call("ops.where", visible, scores, lowest)
     if n.has(3) and (n.dtype(3) is None or n.dtype(3).name != "BOOL"):
-        scores = n.tmp(f"{scores} + {n.x(3)}", "scores")
-    out = f"ops.matmul(ops.softmax({scores}, -1), {v})"
+        scores = n.binop("+", scores, n.x(3))
+    out = n.call("ops.matmul", n.call("ops.softmax", scores, -1), v)
     if visible is not None:  # ONNX: a query row that sees no key outputs 0
-        keeps = f"ops.cast(ops.ReduceAny(keep_dims=True)({visible}, -1), {n.ms_dtype(n.dtype(0))})"
-        out = f"{out} * {keeps}"
+        keeps = n.call("ops.cast", n.call(n.call("ops.ReduceAny", keep_dims=True), visible, -1),
+                       n.ms_dtype(n.dtype(0)))
+        out = n.binop("*", out, keeps)
     return out
+

@@ -28,6 +28,15 @@ def needs_general(n) -> bool:
     return rank == 3 or n.has(4) or n.has(5) or bool(n.attr("softcap", 0.0)) or extra_outputs or low
 
 
+def repeat_heads(n, x, grow, heads):
+    """(B, Nkv, S, D) -> (B, Nq, S, D), each kv head repeated Nq / Nkv times (numpy's repeat on axis 1): a
+    broadcast add of zeros `grow` (1, 1, rep, 1, 1), then the shape with `heads` (a [Nq] constant)."""
+    grown = n.binop("+", n.call("ops.expand_dims", x, 2), grow)
+    dims = n.call("ops.dyn_shape", x)
+    return n.call("ops.reshape", grown, n.call("ops.concat", (n.getitem(dims, slice(0, 1)), heads,
+                                                              n.getitem(dims, slice(2, 4)))))
+
+
 def attention(n):
     rank = n.require_rank(0)
     if rank not in (3, 4):
@@ -52,7 +61,7 @@ def attention(n):
         heads = []
         for x, s, h, hint in ((q, qs, qh, "q"), (k, ks, kvh, "k"), (v, vs, kvh, "v")):
             shape = n.const_tensor(np.array([0, 0, h, s[2] // h], np.int64), f"{hint}_heads")
-            heads.append(n.tmp(f"ops.transpose({reshape}({x}, {shape}), (0, 2, 1, 3))", f"{hint}_bnsd"))
+            heads.append(n.call("ops.transpose", n.call(reshape, x, shape), (0, 2, 1, 3)))
         q, k, v = heads
     else:
         qh, kvh, dq = qs[1], ks[1], qs[3]
@@ -62,9 +71,9 @@ def attention(n):
         if ps is None or not isinstance(ps[2], int):
             n.fail("past_key needs a static sequence length")
         past = ps[2]
-        k = n.tmp(f"ops.concat(({n.x(4)}, {k}), 2)", "present_key")
+        k = n.call("ops.concat", (n.x(4), k), 2)
     if n.has(5):
-        v = n.tmp(f"ops.concat(({n.x(5)}, {v}), 2)", "present_value")
+        v = n.call("ops.concat", (n.x(5), v), 2)
     present_k, present_v = k, v
     scale = n.attr("scale", None)
     if scale is None:
@@ -77,29 +86,31 @@ def attention(n):
             n.fail(f"query heads {qh} are not a multiple of kv heads {kvh}")
         grow = n.const_tensor(np.zeros((1, 1, qh // kvh, 1, 1), np_dt), "grow")
         n_heads = n.const_tensor(np.array([qh], np.int64), "heads")
-        k, v = (n.tmp(f"ops.reshape(ops.expand_dims({x}, 2) + {grow}, ops.concat((ops.dyn_shape({x})[0:1], "
-                      f"{n_heads}, ops.dyn_shape({x})[2:4])))", hint) for x, hint in ((k, "k_rep"), (v, "v_rep")))
-    scores = n.tmp(f"ops.matmul({q} * {root}, ops.transpose({k}, (0, 1, 3, 2)) * {root})", "qk")
+        k, v = (repeat_heads(n, x, grow, n_heads) for x in (k, v))
+    scores = n.call("ops.matmul", n.binop("*", q, root),
+                    n.binop("*", n.call("ops.transpose", k, (0, 1, 3, 2)), root))
     softcap = float(n.attr("softcap", 0.0) or 0.0)
     if softcap > 0:  # tanh as 2 * sigmoid(2x) - 1: ops.tanh is off by up to 1e-4 on CPU
-        scores = n.tmp(f"{softcap!r} * (2 * ops.sigmoid(2 * ({scores} / {softcap!r})) - 1)", "qk_softcap")
+        sigmoid = n.call("ops.sigmoid", n.binop("*", 2, n.binop("/", scores, softcap)))
+        scores = n.binop("*", softcap, n.binop("-", n.binop("*", 2, sigmoid), 1))
     bias = _bias(n, q, present_k, past, np_dt)
-    with_bias = n.tmp(f"{scores} + {bias}", "qk_bias") if bias is not None else scores
+    with_bias = n.binop("+", scores, bias) if bias is not None else scores
     lowest = n.const_tensor(np.array(np.finfo(np_dt).min, np_dt), "lowest")
     # ops.maximum(x, lowest) keeps -inf in graph mode on CPU: select on the bias instead.
-    logits = f"ops.where({bias} == float('-inf'), {lowest}, {with_bias})" if bias is not None else with_bias
+    logits = n.call("ops.where", n.binop("==", bias, float("-inf")), lowest, with_bias) if bias is not None \
+        else with_bias
     precision = n.attr("softmax_precision", None)
     if precision is not None and precision != int(dt):
-        probs = f"ops.cast(ops.softmax(ops.cast({logits}, {n.ms_dtype(precision)}), -1), {n.ms_dtype(dt)})"
+        probs = n.call("ops.cast", n.call("ops.softmax", n.call("ops.cast", logits, n.ms_dtype(precision)), -1),
+                       n.ms_dtype(dt))
     else:
-        probs = f"ops.softmax({logits}, -1)"
-    probs = n.tmp(probs, "probs")
+        probs = n.call("ops.softmax", logits, -1)
     if bias is not None:
-        masked_row = f"ops.amax({bias}, -1, keepdims=True) == float('-inf')"
-        probs = n.tmp(f"ops.where({masked_row}, ops.zeros_like({probs}), {probs})", "probs_safe")
-    y = n.tmp(f"ops.matmul({probs}, {v})", "attn")
+        masked_row = n.binop("==", n.call("ops.amax", bias, -1, keepdims=True), float("-inf"))
+        probs = n.call("ops.where", masked_row, n.call("ops.zeros_like", probs), probs)
+    y = n.call("ops.matmul", probs, v)
     if rank == 3:
-        y = f"ops.flatten(ops.transpose({y}, (0, 2, 1, 3)), start_dim=2)"
+        y = n.call("ops.flatten", n.call("ops.transpose", y, (0, 2, 1, 3)), start_dim=2)
     mode = int(n.attr("qk_matmul_output_mode", 0))
     qk_out = {0: scores, 1: scores, 2: with_bias, 3: probs}.get(mode)
     if qk_out is None:
@@ -107,7 +118,7 @@ def attention(n):
     return (y, present_k, present_v, qk_out)[: max(1, n.n_outputs)]
 
 
-def _bias(n, q: str, k: str, past: int, np_dt) -> str | None:
+def _bias(n, q, k, past: int, np_dt):
     """The additive bias (0 / -inf, or the float mask) of shape broadcastable to (B, H, S_q, S_kv), or None."""
     causal = bool(n.attr("is_causal", 0))
     if not n.has(3) and not causal:
@@ -130,12 +141,11 @@ def _bias(n, q: str, k: str, past: int, np_dt) -> str | None:
             n.fail("the attention mask needs a static last dim")
         pad = kv_len - mshape[-1]
         if pad > 0:
-            fill = "False" if is_bool else "float('-inf')"
-            mask = n.tmp(f"ops.pad({mask}, (0, {pad}), 'constant', {fill})", "mask_padded")
+            mask = n.call("ops.pad", mask, (0, pad), "constant", False if is_bool else float("-inf"))
         if is_bool:
-            mask = n.tmp(f"ops.where({mask}, {zero}, {neg_inf})", "mask_bias")
+            mask = n.call("ops.where", mask, zero, neg_inf)
     if causal:
         allowed = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + past
         causal_bias = n.const_tensor(np.where(allowed, 0, -np.inf).astype(np_dt), "causal")
-        return n.tmp(causal_bias if mask is None else f"{mask} + {causal_bias}", "bias")
+        return causal_bias if mask is None else n.binop("+", mask, causal_bias)
     return mask

@@ -12,18 +12,21 @@ intersection or a non-positive area never suppresses.
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
 from opmap.registry import register
 
 
-def _corners(n, boxes: str, center: bool) -> tuple[str, str, str, str]:
+def _corners(n, boxes, center: bool) -> tuple:
     """(x_min, x_max, y_min, y_max) of (B, N, 4) boxes, each (B, N)."""
     if center:
-        xc, yc, w, h = (f"{boxes}[..., {k}]" for k in range(4))
-        return (f"({xc} - {w} / 2)", f"({xc} + {w} / 2)", f"({yc} - {h} / 2)", f"({yc} + {h} / 2)")
-    y1, x1, y2, x2 = (f"{boxes}[..., {k}]" for k in range(4))
-    return (f"ops.minimum({x1}, {x2})", f"ops.maximum({x1}, {x2})", f"ops.minimum({y1}, {y2})",
-            f"ops.maximum({y1}, {y2})")
+        xc, yc, w, h = (n.getitem(boxes, (Ellipsis, k)) for k in range(4))
+        half_w, half_h = n.binop("/", w, 2), n.binop("/", h, 2)
+        return (n.binop("-", xc, half_w), n.binop("+", xc, half_w), n.binop("-", yc, half_h),
+                n.binop("+", yc, half_h))
+    y1, x1, y2, x2 = (n.getitem(boxes, (Ellipsis, k)) for k in range(4))
+    return (n.call("ops.minimum", x1, x2), n.call("ops.maximum", x1, x2), n.call("ops.minimum", y1, y2),
+            n.call("ops.maximum", y1, y2))
 
 
 @register("NonMaxSuppression", since=11)
@@ -46,57 +49,63 @@ def non_max_suppression(n):
             n.fail("score_threshold must be a constant")
         score_t = float(c.reshape(-1)[0]) if c.size else None
     boxes, scores = n.x(0), n.x(1)
-    x0, x1, y0, y1 = (n.tmp(e, h) for e, h in zip(_corners(n, boxes, bool(n.attr("center_point_box", 0))),
-                                                   ("x_min", "x_max", "y_min", "y_max")))
+    i32, i64 = n.ms_dtype(ir.DataType.INT32), n.ms_dtype(ir.DataType.INT64)
+    x0, x1, y0, y1 = _corners(n, boxes, bool(n.attr("center_point_box", 0)))
 
     def pair(v):  # (B, N) -> (B, N, 1) and (B, 1, N)
-        return f"ops.expand_dims({v}, 2)", f"ops.expand_dims({v}, 1)"
+        return n.call("ops.expand_dims", v, 2), n.call("ops.expand_dims", v, 1)
 
     (ax0, bx0), (ax1, bx1), (ay0, by0), (ay1, by1) = pair(x0), pair(x1), pair(y0), pair(y1)
-    iw = n.tmp(f"ops.minimum({ax1}, {bx1}) - ops.maximum({ax0}, {bx0})", "inter_w")
-    ih = n.tmp(f"ops.minimum({ay1}, {by1}) - ops.maximum({ay0}, {by0})", "inter_h")
-    inter = n.tmp(f"{iw} * {ih}", "inter")
-    area = n.tmp(f"({x1} - {x0}) * ({y1} - {y0})", "area")
-    union = n.tmp(f"ops.expand_dims({area}, 2) + ops.expand_dims({area}, 1) - {inter}", "union")
-    areas_ok = f"ops.logical_and(ops.expand_dims({area}, 2) > 0, ops.expand_dims({area}, 1) > 0)"
-    ok = (f"ops.logical_and(ops.logical_and(ops.logical_and({iw} > 0, {ih} > 0), {inter} > 0), "
-          f"ops.logical_and({areas_ok}, {union} > 0))")
-    safe_union = f"ops.where({union} > 0, {union}, ops.ones_like({union}))"
-    suppress = n.tmp(f"ops.logical_and({ok}, {inter} / {safe_union} > {iou_t!r})", "suppress")  # (B, N, N)
+    iw = n.binop("-", n.call("ops.minimum", ax1, bx1), n.call("ops.maximum", ax0, bx0))
+    ih = n.binop("-", n.call("ops.minimum", ay1, by1), n.call("ops.maximum", ay0, by0))
+    inter = n.binop("*", iw, ih)
+    area = n.binop("*", n.binop("-", x1, x0), n.binop("-", y1, y0))
+    area_i, area_j = pair(area)
+    union = n.binop("-", n.binop("+", area_i, area_j), inter)
+    areas_ok = n.call("ops.logical_and", n.binop(">", area_i, 0), n.binop(">", area_j, 0))
+    union_ok = n.binop(">", union, 0)
+    ok = n.call("ops.logical_and",
+                n.call("ops.logical_and", n.call("ops.logical_and", n.binop(">", iw, 0), n.binop(">", ih, 0)),
+                       n.binop(">", inter, 0)),
+                n.call("ops.logical_and", areas_ok, union_ok))
+    safe_union = n.call("ops.where", union_ok, union, n.call("ops.ones_like", union))
+    suppress = n.call("ops.logical_and", ok, n.binop(">", n.binop("/", inter, safe_union), iou_t))  # (B, N, N)
     # Rank of each box within its class: higher score first, ties by lower index.
-    si, sj = f"ops.expand_dims({scores}, 3)", f"ops.expand_dims({scores}, 2)"
+    si, sj = n.call("ops.expand_dims", scores, 3), n.call("ops.expand_dims", scores, 2)
     lower = n.const_tensor(np.tril(np.ones((boxes_n, boxes_n), bool), -1), "lower_index")
-    before = f"ops.logical_or({sj} > {si}, ops.logical_and({sj} == {si}, {lower}))"  # [b, c, i, j]: j goes before i
-    rank = n.tmp(f"ops.sum(ops.cast({before}, ms.int32), 3)", "rank")  # (B, C, N)
+    # [b, c, i, j]: j goes before i
+    before = n.call("ops.logical_or", n.binop(">", sj, si), n.call("ops.logical_and", n.binop("==", sj, si), lower))
+    rank = n.call("ops.sum", n.call("ops.cast", before, i32), 3)  # (B, C, N)
     positions = n.const_tensor(np.arange(boxes_n, dtype=np.int32), "positions")
     # order[b, c, k] = the box of rank k
-    order = n.tmp(f"ops.cast(ops.argmax(ops.cast(ops.equal(ops.expand_dims({rank}, 2), "
-                  f"ops.reshape({positions}, (1, 1, -1, 1))), ms.int32), 3), ms.int64)", "order")
-    valid = n.tmp(f"{scores} > {score_t!r}" if score_t is not None else f"ops.ones_like({scores}) > 0", "candidate")
+    is_rank = n.call("ops.equal", n.call("ops.expand_dims", rank, 2), n.call("ops.reshape", positions, (1, 1, -1, 1)))
+    order = n.call("ops.cast", n.call("ops.argmax", n.call("ops.cast", is_rank, i32), 3), i64)
+    valid = n.binop(">", scores, score_t) if score_t is not None else n.binop(">", n.call("ops.ones_like", scores), 0)
     eye = n.const_tensor(np.eye(boxes_n, dtype=bool), "one_hot")
-    selected = n.tmp(f"ops.zeros_like({valid})", "selected")  # (B, C, N), by box index
-    count = n.tmp(f"ops.zeros(({batches}, {classes}), ms.int32)", "count")
+    selected = n.call("ops.zeros_like", valid)  # (B, C, N), by box index
+    count = n.call("ops.zeros", (batches, classes), i32)
     picks = []
-    suppress_bc = n.tmp(f"ops.broadcast_to(ops.expand_dims({suppress}, 1), "
-                        f"({batches}, {classes}, {boxes_n}, {boxes_n}))", "suppress_bc")
+    suppress_bc = n.call("ops.broadcast_to", n.call("ops.expand_dims", suppress, 1),
+                         (batches, classes, boxes_n, boxes_n))
     for k in range(boxes_n):
-        box = f"{order}[:, :, {k}:{k + 1}]"  # (B, C, 1)
-        row = f"ops.squeeze(ops.gather_elements({suppress_bc}, 2, ops.broadcast_to(ops.expand_dims({box}, 3), "\
-              f"({batches}, {classes}, 1, {boxes_n}))), 2)"
-        hit = f"ops.ReduceAny()(ops.logical_and({selected}, {row}), 2)"
-        is_valid = f"ops.squeeze(ops.gather_elements({valid}, 2, {box}), 2)"
-        pick = n.tmp(f"ops.logical_and(ops.logical_and({is_valid}, ops.logical_not({hit})), {count} < {limit})", "pick")
+        box = n.getitem(order, (slice(None), slice(None), slice(k, k + 1)))  # (B, C, 1)
+        box_rows = n.call("ops.broadcast_to", n.call("ops.expand_dims", box, 3), (batches, classes, 1, boxes_n))
+        row = n.call("ops.squeeze", n.call("ops.gather_elements", suppress_bc, 2, box_rows), 2)
+        hit = n.call(n.call("ops.ReduceAny"), n.call("ops.logical_and", selected, row), 2)
+        is_valid = n.call("ops.squeeze", n.call("ops.gather_elements", valid, 2, box), 2)
+        pick = n.call("ops.logical_and", n.call("ops.logical_and", is_valid, n.call("ops.logical_not", hit)),
+                      n.binop("<", count, limit))
         picks.append(pick)
-        onehot = f"ops.gather({eye}, ops.squeeze({box}, 2), 0)"  # (B, C, N)
-        selected = n.tmp(f"ops.logical_or({selected}, ops.logical_and({onehot}, ops.expand_dims({pick}, 2)))",
-                         "selected")
-        count = n.tmp(f"{count} + ops.cast({pick}, ms.int32)", "count")
-    chosen = n.tmp(f"ops.reshape(ops.stack(({', '.join(picks)},), 2), (-1,))", "chosen")  # (B*C*N,) sorted order
+        onehot = n.call("ops.gather", eye, n.call("ops.squeeze", box, 2), 0)  # (B, C, N)
+        selected = n.call("ops.logical_or", selected,
+                          n.call("ops.logical_and", onehot, n.call("ops.expand_dims", pick, 2)))
+        count = n.binop("+", count, n.call("ops.cast", pick, i32))
+    chosen = n.call("ops.reshape", n.call("ops.stack", tuple(picks), 2), (-1,))  # (B*C*N,) sorted order
     b_idx = n.const_tensor(np.repeat(np.arange(batches, dtype=np.int64), classes * boxes_n), "batch_index")
     c_idx = n.const_tensor(np.tile(np.repeat(np.arange(classes, dtype=np.int64), boxes_n), batches), "class_index")
-    rows = [f"ops.masked_select({b_idx}, {chosen})", f"ops.masked_select({c_idx}, {chosen})",
-            f"ops.masked_select(ops.reshape({order}, (-1,)), {chosen})"]
-    return f"ops.stack(({', '.join(rows)},), 1)"
+    rows = (n.call("ops.masked_select", b_idx, chosen), n.call("ops.masked_select", c_idx, chosen),
+            n.call("ops.masked_select", n.call("ops.reshape", order, (-1,)), chosen))
+    return n.call("ops.stack", rows, 1)
 
 
 def _roi_align(n, default_ctm: str):
@@ -119,52 +128,63 @@ def _roi_align(n, default_ctm: str):
     mode = mode.decode() if isinstance(mode, bytes) else mode
     offset = 0.5 if ctm == "half_pixel" else 0.0
     r = n.x(1)
-    start_w, start_h = (n.tmp(f"{r}[:, {k}:{k + 1}] * {scale!r} - {offset!r}", h)
-                        for k, h in ((0, "start_w"), (1, "start_h")))
-    end_w, end_h = (f"({r}[:, {k}:{k + 1}] * {scale!r} - {offset!r})" for k in (2, 3))
-    roi_w, roi_h = f"({end_w} - {start_w})", f"({end_h} - {start_h})"
+
+    def coord(k):  # column k of the rois, scaled and offset: (R, 1)
+        return n.binop("-", n.binop("*", n.getitem(r, (slice(None), slice(k, k + 1))), scale), offset)
+
+    start_w, start_h = coord(0), coord(1)
+    end_w, end_h = coord(2), coord(3)
+    roi_w, roi_h = n.binop("-", end_w, start_w), n.binop("-", end_h, start_h)
     if ctm != "half_pixel":  # malformed ROIs forced to 1x1
-        roi_w, roi_h = f"ops.maximum({roi_w}, 1.0)", f"ops.maximum({roi_h}, 1.0)"
-    bin_w = n.tmp(f"{roi_w} / {pw_n}", "bin_w")
-    bin_h = n.tmp(f"{roi_h} / {ph_n}", "bin_h")
+        roi_w, roi_h = n.call("ops.maximum", roi_w, 1.0), n.call("ops.maximum", roi_h, 1.0)
+    bin_w = n.binop("/", roi_w, pw_n)
+    bin_h = n.binop("/", roi_h, ph_n)
     # Sample positions in units of bins, in [ph][pw][iy][ix] order: (S,) constants.
     ph, pw, iy, ix = np.meshgrid(np.arange(ph_n), np.arange(pw_n), np.arange(ratio), np.arange(ratio), indexing="ij")
     fy = n.const_tensor((ph + (iy + 0.5) / ratio).reshape(1, -1).astype(np.float32), "grid_y")
     fx = n.const_tensor((pw + (ix + 0.5) / ratio).reshape(1, -1).astype(np.float32), "grid_x")
-    y = n.tmp(f"{start_h} + {fy} * {bin_h}", "y")  # (R, S)
-    x = n.tmp(f"{start_w} + {fx} * {bin_w}", "x")
-    inside = n.tmp(f"ops.cast(ops.logical_not(ops.logical_or(ops.logical_or({y} < -1.0, {y} > {float(height)!r}), "
-                   f"ops.logical_or({x} < -1.0, {x} > {float(width)!r}))), ms.float32)", "inside")
+    y = n.binop("+", start_h, n.binop("*", fy, bin_h))  # (R, S)
+    x = n.binop("+", start_w, n.binop("*", fx, bin_w))
+    outside = n.call("ops.logical_or",
+                     n.call("ops.logical_or", n.binop("<", y, -1.0), n.binop(">", y, float(height))),
+                     n.call("ops.logical_or", n.binop("<", x, -1.0), n.binop(">", x, float(width))))
+    inside = n.call("ops.cast", n.call("ops.logical_not", outside), n.ms_dtype(ir.DataType.FLOAT))
     corners = {}
     for v, size, hint in ((y, height, "y"), (x, width, "x")):
-        v = n.tmp(f"ops.maximum({v}, 0.0)", f"{hint}_clamped")
-        low = n.tmp(f"ops.floor({v})", f"{hint}_low")
-        at_end = n.tmp(f"{low} >= {size - 1}", f"{hint}_at_end")
-        low = n.tmp(f"ops.where({at_end}, ops.full_like({low}, {size - 1}), {low})", f"{hint}_low")
-        high = n.tmp(f"ops.where({at_end}, {low}, {low} + 1)", f"{hint}_high")
-        frac = n.tmp(f"ops.where({at_end}, ops.zeros_like({v}), {v} - {low})", f"{hint}_frac")
+        v = n.call("ops.maximum", v, 0.0)
+        low = n.call("ops.floor", v)
+        at_end = n.binop(">=", low, size - 1)
+        low = n.call("ops.where", at_end, n.call("ops.full_like", low, size - 1), low)
+        high = n.call("ops.where", at_end, low, n.binop("+", low, 1))
+        frac = n.call("ops.where", at_end, n.call("ops.zeros_like", v), n.binop("-", v, low))
         corners[hint] = (low, high, frac)
     (y0, y1, ly), (x0, x1, lx) = corners["y"], corners["x"]
-    weights = [f"(1 - {ly}) * (1 - {lx})", f"(1 - {ly}) * {lx}", f"{ly} * (1 - {lx})", f"{ly} * {lx}"]
+    weights = [n.binop("*", n.binop("-", 1, ly), n.binop("-", 1, lx)), n.binop("*", n.binop("-", 1, ly), lx),
+               n.binop("*", ly, n.binop("-", 1, lx)), n.binop("*", ly, lx)]
     positions = [(y0, x0), (y0, x1), (y1, x0), (y1, x1)]
-    feat = n.tmp(f"ops.flatten(ops.gather({n.x(0)}, ops.cast({n.x(2)}, ms.int64), 0), start_dim=2)", "roi_features")
+    feat = n.call("ops.flatten", n.call("ops.gather", n.x(0), n.call("ops.cast", n.x(2), n.ms_dtype(ir.DataType.INT64)),
+                                        0), start_dim=2)
     samples = ph_n * pw_n * ratio * ratio
     terms = []
     for w, (py, px) in zip(weights, positions):
-        idx = f"ops.cast({py} * {width} + {px}, ms.int64)"
-        idx = f"ops.broadcast_to(ops.expand_dims({idx}, 1), ({rois}, {channels}, {samples}))"
-        wt = f"ops.expand_dims(({w}) * {inside}, 1)"
-        terms.append(n.tmp(f"ops.gather_elements({feat}, 2, {idx}) * {wt}", "corner"))
+        idx = n.call("ops.cast", n.binop("+", n.binop("*", py, width), px), n.ms_dtype(ir.DataType.INT64))
+        idx = n.call("ops.broadcast_to", n.call("ops.expand_dims", idx, 1), (rois, channels, samples))
+        wt = n.call("ops.expand_dims", n.binop("*", w, inside), 1)
+        terms.append(n.binop("*", n.call("ops.gather_elements", feat, 2, idx), wt))
+    bins = (rois, channels, ph_n, pw_n, ratio * ratio)
     if mode == "avg":
-        v = f"ops.mean(ops.reshape({' + '.join(terms)}, ({rois}, {channels}, {ph_n}, {pw_n}, {ratio * ratio})), 4)"
+        total = terms[0]
+        for t in terms[1:]:
+            total = n.binop("+", total, t)
+        v = n.call("ops.mean", n.call("ops.reshape", total, bins), 4)
     elif mode == "max":
         best = terms[0]
         for t in terms[1:]:
-            best = f"ops.maximum({best}, {t})"
-        v = f"ops.amax(ops.reshape({best}, ({rois}, {channels}, {ph_n}, {pw_n}, {ratio * ratio})), 4)"
+            best = n.call("ops.maximum", best, t)
+        v = n.call("ops.amax", n.call("ops.reshape", best, bins), 4)
     else:
         n.fail(f"mode {mode!r} is not supported")
-    return f"ops.cast({v}, {n.ms_dtype(n.dtype(0))})"
+    return n.call("ops.cast", v, n.ms_dtype(n.dtype(0)))
 
 
 @register("RoiAlign", since=10)

@@ -7,10 +7,12 @@ Targets equal to ignore_index may lie outside [0, C): they are replaced by 0 bef
 
 from __future__ import annotations
 
+import onnx_ir as ir
+
 from opmap.registry import register
 
 
-def _nll(n, log_prob: str, target: str, weight: str | None) -> str:
+def _nll(n, log_prob, target, weight):
     dt = n.ms_dtype(n.dtype(0))
     ignore = n.attr("ignore_index", None)
     reduction = n.attr("reduction", "mean")
@@ -18,27 +20,27 @@ def _nll(n, log_prob: str, target: str, weight: str | None) -> str:
         reduction = reduction.decode()
     if reduction not in ("none", "sum", "mean"):
         n.fail(f"reduction={reduction!r} is not supported")
-    t = n.tmp(f"ops.cast({target}, ms.int64)", "target")
+    t = n.call("ops.cast", target, n.ms_dtype(ir.DataType.INT64))
     valid = None
     if ignore is not None:
-        valid = n.tmp(f"{t} != {int(ignore)}", "valid")
-        t = n.tmp(f"ops.where({valid}, {t}, ops.zeros_like({t}))", "target_safe")
-    picked = n.tmp(f"ops.squeeze(ops.gather_elements({log_prob}, 1, ops.expand_dims({t}, 1)), 1)", "picked")
+        valid = n.binop("!=", t, int(ignore))
+        t = n.call("ops.where", valid, t, n.call("ops.zeros_like", t))
+    picked = n.call("ops.squeeze", n.call("ops.gather_elements", log_prob, 1, n.call("ops.expand_dims", t, 1)), 1)
     w = None
     if weight is not None:
-        w = f"ops.gather({weight}, {t}, 0)"
+        w = n.call("ops.gather", weight, t, 0)
     if valid is not None:
-        v = f"ops.cast({valid}, {dt})"
-        w = v if w is None else f"{w} * {v}"
+        v = n.call("ops.cast", valid, dt)
+        w = v if w is None else n.binop("*", w, v)
+    loss = n.unop("-", picked)
     if w is not None:
-        w = n.tmp(w, "w")
-    loss = f"-{picked}" if w is None else f"-{picked} * {w}"
+        loss = n.binop("*", loss, w)
     if reduction == "none":
         return loss
-    total = f"ops.sum({loss})"
+    total = n.call("ops.sum", loss)
     if reduction == "sum":
         return total
-    return f"{total} / ops.sum({w})" if w is not None else f"ops.mean({loss})"
+    return n.binop("/", total, n.call("ops.sum", w)) if w is not None else n.call("ops.mean", loss)
 
 
 @register("NegativeLogLikelihoodLoss", since=13)
@@ -48,6 +50,6 @@ def negative_log_likelihood_loss(n):
 
 @register("SoftmaxCrossEntropyLoss", since=13)
 def softmax_cross_entropy_loss(n):
-    log_prob = n.tmp(f"ops.log_softmax({n.x(0)}, 1)", "log_prob")
+    log_prob = n.call("ops.log_softmax", n.x(0), 1)
     loss = _nll(n, log_prob, n.x(1), n.x(2) if n.has(2) else None)
     return (loss, log_prob) if n.n_outputs > 1 else loss

@@ -23,7 +23,15 @@ def _range(n, dt) -> tuple[int, int]:
     return _INT_RANGE[dt]
 
 
-def _per_axis(n, i: int, rank: int) -> str:
+def _f32(n):
+    return n.ms_dtype(ir.DataType.FLOAT)
+
+
+def _f64(n):
+    return n.ms_dtype(ir.DataType.DOUBLE)
+
+
+def _per_axis(n, i: int, rank: int):
     """Input i (a scale or zero point): as is when 0-d or 1 element, else shaped to broadcast along `axis`."""
     shape = n.shape(i)
     x = n.x(i)
@@ -31,7 +39,7 @@ def _per_axis(n, i: int, rank: int) -> str:
         return x
     if len(shape) == 1:
         axis = n.axis(n.attr("axis", 1), rank)
-        return f"ops.reshape({x}, {(-1,) + (1,) * (rank - axis - 1)!r})"
+        return n.call("ops.reshape", x, (-1,) + (1,) * (rank - axis - 1))
     n.fail("blocked quantization (block_size) is not supported")
 
 
@@ -44,10 +52,10 @@ def _quantize(n):
         out = n.dtype(2) if n.has(2) else ir.DataType(n.attr("output_dtype", 0) or ir.DataType.UINT8)
     lo, hi = _range(n, out)
     scale = _per_axis(n, 1, rank)
-    y = f"ops.round(ops.cast({n.x(0)}, ms.float32) / ops.cast({scale}, ms.float32))"
+    y = n.call("ops.round", n.binop("/", n.call("ops.cast", n.x(0), _f32(n)), n.call("ops.cast", scale, _f32(n))))
     if n.has(2):
-        y = f"{y} + ops.cast({_per_axis(n, 2, rank)}, ms.float32)"
-    return f"ops.cast(ops.clamp({y}, {float(lo)!r}, {float(hi)!r}), {n.ms_dtype(out)})"
+        y = n.binop("+", y, n.call("ops.cast", _per_axis(n, 2, rank), _f32(n)))
+    return n.call("ops.cast", n.call("ops.clamp", y, float(lo), float(hi)), n.ms_dtype(out))
 
 
 def _dequantize(n):
@@ -56,10 +64,10 @@ def _dequantize(n):
     rank = n.require_rank(0)
     scale = _per_axis(n, 1, rank)
     out = n.out_dtype(0) or n.dtype(1)
-    x = f"ops.cast({n.x(0)}, ms.float32)"
+    x = n.call("ops.cast", n.x(0), _f32(n))
     if n.has(2):
-        x = f"({x} - ops.cast({_per_axis(n, 2, rank)}, ms.float32))"
-    return f"ops.cast({x} * ops.cast({scale}, ms.float32), {n.ms_dtype(out)})"
+        x = n.binop("-", x, n.call("ops.cast", _per_axis(n, 2, rank), _f32(n)))
+    return n.call("ops.cast", n.binop("*", x, n.call("ops.cast", scale, _f32(n))), n.ms_dtype(out))
 
 
 @register("QuantizeLinear", since=13)
@@ -99,60 +107,64 @@ def dynamic_quantize_linear(n):
     """uint8: scale = (max(0, max x) - min(0, min x)) / 255 (1/255 for a constant 0 input), zero point =
     round(clamp(-min / scale, 0, 255)), y = clamp(round(x / scale) + zero point, 0, 255); fp32 throughout."""
     x = n.x(0)
-    hi = n.tmp(f"ops.maximum(ops.amax({x}), 0.0)", "max")
-    lo = n.tmp(f"ops.minimum(ops.amin({x}), 0.0)", "min")
-    scale = n.tmp(f"ops.where({hi} == {lo}, ops.ones_like({hi}), {hi} - {lo}) / 255.0", "scale")
-    zp = n.tmp(f"ops.round(ops.clamp(0.0 - {lo} / {scale}, 0.0, 255.0))", "zero_point")
-    y = f"ops.cast(ops.clamp(ops.round({x} / {scale}) + {zp}, 0.0, 255.0), ms.uint8)"
-    return y, scale, f"ops.cast({zp}, ms.uint8)"
+    u8 = n.ms_dtype(ir.DataType.UINT8)
+    hi = n.call("ops.maximum", n.call("ops.amax", x), 0.0)
+    lo = n.call("ops.minimum", n.call("ops.amin", x), 0.0)
+    scale = n.binop("/", n.call("ops.where", n.binop("==", hi, lo), n.call("ops.ones_like", hi), n.binop("-", hi, lo)),
+                    255.0)
+    zp = n.call("ops.round", n.call("ops.clamp", n.binop("-", 0.0, n.binop("/", lo, scale)), 0.0, 255.0))
+    y = n.call("ops.cast", n.call("ops.clamp", n.binop("+", n.call("ops.round", n.binop("/", x, scale)), zp), 0.0, 255.0),
+               u8)
+    return y, scale, n.call("ops.cast", zp, u8)
 
 
-def _centered(n, i: int, zp: int | None, work: str, zp_shape_axis: int | None = None) -> str:
-    """Input i in the work float type, minus its zero point (input zp) when given."""
-    x = f"ops.cast({n.x(i)}, {work})"
+def _centered(n, i: int, zp: int | None, work, zp_shape_axis: int | None = None):
+    """Input i in the work float type (a dtype Ref), minus its zero point (input zp) when given."""
+    x = n.call("ops.cast", n.x(i), work)
     if zp is not None and n.has(zp):
         z = n.x(zp)
         zs = n.shape(zp)
         if zp_shape_axis is not None and zs is not None and len(zs) == 1 and zs[0] != 1:
             rank = n.require_rank(i)
-            z = f"ops.reshape({z}, {(-1,) + (1,) * (rank - zp_shape_axis - 1)!r})"
-        x = f"({x} - ops.cast({z}, {work}))"
+            z = n.call("ops.reshape", z, (-1,) + (1,) * (rank - zp_shape_axis - 1))
+        x = n.binop("-", x, n.call("ops.cast", z, work))
     return x
 
 
 @register("MatMulInteger", since=10)
 def matmul_integer(n):
-    a = _centered(n, 0, 2, "ms.float64")
+    a = _centered(n, 0, 2, _f64(n))
     b_zp = n.shape(3) if n.has(3) else None
-    b = _centered(n, 1, 3, "ms.float64")
     if b_zp and len(b_zp) == 1 and b_zp[0] != 1:  # per-column zero point of B
-        b = f"(ops.cast({n.x(1)}, ms.float64) - ops.cast({n.x(3)}, ms.float64))"
-    return f"ops.cast(ops.round(ops.matmul({a}, {b})), ms.int32)"
+        b = n.binop("-", n.call("ops.cast", n.x(1), _f64(n)), n.call("ops.cast", n.x(3), _f64(n)))
+    else:
+        b = _centered(n, 1, 3, _f64(n))
+    return n.call("ops.cast", n.call("ops.round", n.call("ops.matmul", a, b)), n.ms_dtype(ir.DataType.INT32))
 
 
 @register("ConvInteger", since=10)
 def conv_integer(n):
-    x = _centered(n, 0, 2, "ms.float32")
-    w = _centered(n, 1, 3, "ms.float32", zp_shape_axis=0)
-    return f"ops.cast(ops.round({conv_expr(n, x, w)}), ms.int32)"
+    x = _centered(n, 0, 2, _f32(n))
+    w = _centered(n, 1, 3, _f32(n), zp_shape_axis=0)
+    return n.call("ops.cast", n.call("ops.round", conv_expr(n, x, w)), n.ms_dtype(ir.DataType.INT32))
 
 
-def _requantize(n, acc: str, scale: str, zp_i: int, out_dt) -> str:
+def _requantize(n, acc, scale, zp_i: int, out_dt):
     lo, hi = _range(n, out_dt)
-    y = f"{acc} * ops.cast({scale}, ms.float64)"
+    y = n.binop("*", acc, n.call("ops.cast", scale, _f64(n)))
     if n.has(zp_i):
-        y = f"{y} + ops.cast({n.x(zp_i)}, ms.float64)"
-    return f"ops.cast(ops.clamp(ops.round({y}), {float(lo)!r}, {float(hi)!r}), {n.ms_dtype(out_dt)})"
+        y = n.binop("+", y, n.call("ops.cast", n.x(zp_i), _f64(n)))
+    return n.call("ops.cast", n.call("ops.clamp", n.call("ops.round", y), float(lo), float(hi)), n.ms_dtype(out_dt))
 
 
 @register("QLinearMatMul", since=10)
 def qlinear_matmul(n):
     """Opset 10 (21 adds float16 / bfloat16 scales): the scale product a_scale * b_scale / y_scale is computed in
     the scales' type, the rest in float64."""
-    a = _centered(n, 0, 2, "ms.float64")
-    b = _centered(n, 3, 5, "ms.float64")
-    acc = n.tmp(f"ops.matmul({a}, {b})", "acc")
-    scale = n.tmp(f"{n.x(1)} * {n.x(4)} / {n.x(6)}", "scale")
+    a = _centered(n, 0, 2, _f64(n))
+    b = _centered(n, 3, 5, _f64(n))
+    acc = n.call("ops.matmul", a, b)
+    scale = n.binop("/", n.binop("*", n.x(1), n.x(4)), n.x(6))
     out = n.dtype(7) if n.has(7) else n.dtype(0)
     return _requantize(n, acc, scale, 7, out)
 
@@ -164,18 +176,17 @@ def qlinear_matmul21(n):
 
 @register("QLinearConv", since=10)
 def qlinear_conv(n):
-    x = _centered(n, 0, 2, "ms.float32")
-    w = _centered(n, 3, 5, "ms.float32", zp_shape_axis=0)
-    acc = f"ops.cast(ops.round({conv_expr(n, x, w, w_index=3)}), ms.float64)"
+    x = _centered(n, 0, 2, _f32(n))
+    w = _centered(n, 3, 5, _f32(n), zp_shape_axis=0)
+    acc = n.call("ops.cast", n.call("ops.round", conv_expr(n, x, w, w_index=3)), _f64(n))
     if n.has(8):
         rank = n.require_rank(0)
-        acc = f"({acc} + ops.cast(ops.reshape({n.x(8)}, {(-1,) + (1,) * (rank - 2)!r}), ms.float64))"
-    acc = n.tmp(acc, "acc")
+        acc = n.binop("+", acc, n.call("ops.cast", n.call("ops.reshape", n.x(8), (-1,) + (1,) * (rank - 2)), _f64(n)))
     rank = n.require_rank(0)
     w_scale = n.shape(4)
     ws = n.x(4)
     if w_scale and len(w_scale) == 1 and w_scale[0] != 1:
-        ws = f"ops.reshape({ws}, {(-1,) + (1,) * (rank - 2)!r})"
-    scale = n.tmp(f"{n.x(1)} * {ws} / {n.x(6)}", "scale")
+        ws = n.call("ops.reshape", ws, (-1,) + (1,) * (rank - 2))
+    scale = n.binop("/", n.binop("*", n.x(1), ws), n.x(6))
     out = n.dtype(7) if n.has(7) else n.dtype(0)
     return _requantize(n, acc, scale, 7, out)

@@ -12,6 +12,7 @@ output 0 (forward direction only). LSTM input_forget=1 is refused.
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
 from opmap.registry import register
 
@@ -29,22 +30,28 @@ def _text(v):
 def _activation(n, name: str, alpha, beta):
     a = _ALPHA.get(name) if alpha is None else alpha
     b = _BETA.get(name) if beta is None else beta
+
+    def tanh(x):
+        return n.binop("-", n.binop("*", 2, n.call("ops.sigmoid", n.binop("*", 2, x))), 1)
+
     forms = {
-        "Sigmoid": "ops.sigmoid({x})",
-        "Tanh": "(2 * ops.sigmoid(2 * {x}) - 1)",
-        "Relu": "ops.relu({x})",
-        "HardSigmoid": f"ops.clamp({a!r} * {{x}} + {b!r}, 0.0, 1.0)",
-        "LeakyRelu": f"ops.where({{x}} >= 0, {{x}}, {a!r} * {{x}})",
-        "Affine": f"({a!r} * {{x}} + {b!r})",
-        "ScaledTanh": f"{a!r} * (2 * ops.sigmoid(2 * {b!r} * {{x}}) - 1)",
-        "Softsign": "({x} / (1 + ops.abs({x})))",
-        "Softplus": "ops.softplus({x})",
-        "Elu": f"ops.where({{x}} >= 0, {{x}}, {a!r} * (ops.exp({{x}}) - 1))",
-        "ThresholdedRelu": f"ops.where({{x}} > {a!r}, {{x}}, ops.zeros_like({{x}}))",
+        "Sigmoid": lambda x: n.call("ops.sigmoid", x),
+        "Tanh": tanh,
+        "Relu": lambda x: n.call("ops.relu", x),
+        "HardSigmoid": lambda x: n.call("ops.clamp", n.binop("+", n.binop("*", a, x), b), 0.0, 1.0),
+        "LeakyRelu": lambda x: n.call("ops.where", n.binop(">=", x, 0), x, n.binop("*", a, x)),
+        "Affine": lambda x: n.binop("+", n.binop("*", a, x), b),
+        "ScaledTanh": lambda x: n.binop("*", a, n.binop(
+            "-", n.binop("*", 2, n.call("ops.sigmoid", n.binop("*", 2 * b, x))), 1)),
+        "Softsign": lambda x: n.binop("/", x, n.binop("+", 1, n.call("ops.abs", x))),
+        "Softplus": lambda x: n.call("ops.softplus", x),
+        "Elu": lambda x: n.call("ops.where", n.binop(">=", x, 0), x,
+                                n.binop("*", a, n.binop("-", n.call("ops.exp", x), 1))),
+        "ThresholdedRelu": lambda x: n.call("ops.where", n.binop(">", x, a), x, n.call("ops.zeros_like", x)),
     }
     if name not in forms:
         n.fail(f"activation {name!r} is not supported")
-    return lambda x: forms[name].format(x=f"({x})")
+    return forms[name]
 
 
 def _recurrent(n, kind: str):
@@ -66,15 +73,14 @@ def _recurrent(n, kind: str):
         n.fail("input_forget=1 is not supported")
     if kind == "GRU":
         lbr = bool(n.attr("linear_before_reset", 0))
-    dt = n.ms_dtype(n.dtype(0))
     x = n.x(0)
     if layout:
-        x = n.tmp(f"ops.transpose({x}, (1, 0, 2))", "x_sbf")
+        x = n.call("ops.transpose", x, (1, 0, 2))
     seq_lens = n.x(4) if n.has(4) else None
     if seq_lens is not None and "reverse" in dirs:
         n.fail("sequence_lens with a reverse direction is not supported")
     if seq_lens is not None:
-        seq_lens = n.tmp(f"ops.cast({seq_lens}, ms.int64)", "seq_lens")
+        seq_lens = n.call("ops.cast", seq_lens, n.ms_dtype(ir.DataType.INT64))
     zeros = n.const_tensor(np.zeros((batch, hidden), n.dtype(0).numpy()), "zeros_h")
     ys, hs, cs = [], [], []
     for d, name in enumerate(dirs):
@@ -83,80 +89,86 @@ def _recurrent(n, kind: str):
             i = d * per_dir + k
             fs.append(_activation(n, acts[i], alphas[i] if i < len(alphas) else None,
                                   betas[i] if i < len(betas) else None))
-        w_t = n.tmp(f"ops.transpose({n.x(1)}[{d}], (1, 0))", f"w{d}")
-        r_t = n.tmp(f"ops.transpose({n.x(2)}[{d}], (1, 0))", f"r{d}")
-        xw = n.tmp(f"ops.matmul({x}, {w_t})", f"xw{d}")
+        w_t = n.call("ops.transpose", n.getitem(n.x(1), d), (1, 0))
+        r_t = n.call("ops.transpose", n.getitem(n.x(2), d), (1, 0))
+        xw = n.call("ops.matmul", x, w_t)
         wb = rb = None
         if n.has(3):
-            wb = n.tmp(f"{n.x(3)}[{d}, :{gates * hidden}]", f"wb{d}")
-            rb = n.tmp(f"{n.x(3)}[{d}, {gates * hidden}:]", f"rb{d}")
-            xw = n.tmp(f"{xw} + {wb}", f"xw{d}")
-        h = n.tmp(f"{n.x(5)}[{d}]", f"h{d}") if n.has(5) else zeros
+            wb = n.getitem(n.x(3), (d, slice(None, gates * hidden)))
+            rb = n.getitem(n.x(3), (d, slice(gates * hidden, None)))
+            xw = n.binop("+", xw, wb)
+        h = n.getitem(n.x(5), d) if n.has(5) else zeros
         c = None
         if kind == "LSTM":
-            c = n.tmp(f"{n.x(6)}[{d}]", f"c{d}") if n.has(6) else zeros
-            peep = [n.tmp(f"{n.x(7)}[{d}, {g * hidden}:{(g + 1) * hidden}]", f"p{d}_{g}") for g in range(3)] \
+            c = n.getitem(n.x(6), d) if n.has(6) else zeros
+            peep = [n.getitem(n.x(7), (d, slice(g * hidden, (g + 1) * hidden))) for g in range(3)] \
                 if n.has(7) else None
 
         def clipped(e):
-            return f"ops.clamp({e}, {-float(clip)!r}, {float(clip)!r})" if clip is not None else e
+            return n.call("ops.clamp", e, -float(clip), float(clip)) if clip is not None else e
 
         def gate(pre, g):
-            return f"{pre}[:, {g * hidden}:{(g + 1) * hidden}]"
+            return n.getitem(pre, (slice(None), slice(g * hidden, (g + 1) * hidden)))
+
+        def plus_rb(e):
+            return n.binop("+", e, rb) if rb is not None else e
 
         steps = range(seq) if name == "forward" else range(seq - 1, -1, -1)
         outs = [None] * seq
         for t in steps:
-            xt = f"{xw}[{t}]"
-            hr = f"ops.matmul({h}, {r_t})"
+            xt = n.getitem(xw, t)
+            hr = n.call("ops.matmul", h, r_t)
             if kind == "RNN":
-                pre = f"{xt} + {hr}" + (f" + {rb}" if rb else "")
-                h_new = n.tmp(fs[0](clipped(pre)), f"h{d}")
+                h_new = fs[0](clipped(plus_rb(n.binop("+", xt, hr))))
             elif kind == "GRU":
-                hr = n.tmp(hr + (f" + {rb}" if rb else ""), f"hr{d}")
-                z = n.tmp(fs[0](clipped(f"{gate(xt, 0)} + {gate(hr, 0)}")), f"z{d}")
-                r = n.tmp(fs[0](clipped(f"{gate(xt, 1)} + {gate(hr, 1)}")), f"rg{d}")
+                hr = plus_rb(hr)
+                z = fs[0](clipped(n.binop("+", gate(xt, 0), gate(hr, 0))))
+                r = fs[0](clipped(n.binop("+", gate(xt, 1), gate(hr, 1))))
                 if lbr:
-                    hh = f"{gate(xt, 2)} + {r} * {gate(hr, 2)}"
+                    hh = n.binop("+", gate(xt, 2), n.binop("*", r, gate(hr, 2)))
                 else:
-                    rh = f"ops.matmul({r} * {h}, {r_t}[:, {2 * hidden}:])"
-                    hh = f"{gate(xt, 2)} + {rh}" + (f" + {rb}[{2 * hidden}:]" if rb else "")
-                hh = n.tmp(fs[1](clipped(hh)), f"hh{d}")
-                h_new = n.tmp(f"(1 - {z}) * {hh} + {z} * {h}", f"h{d}")
+                    r_h = n.getitem(r_t, (slice(None), slice(2 * hidden, None)))
+                    rh = n.call("ops.matmul", n.binop("*", r, h), r_h)
+                    hh = n.binop("+", gate(xt, 2), rh)
+                    if rb is not None:
+                        hh = n.binop("+", hh, n.getitem(rb, slice(2 * hidden, None)))
+                hh = fs[1](clipped(hh))
+                h_new = n.binop("+", n.binop("*", n.binop("-", 1, z), hh), n.binop("*", z, h))
             else:
-                pre = n.tmp(f"{xt} + {hr}" + (f" + {rb}" if rb else ""), f"pre{d}")
+                pre = plus_rb(n.binop("+", xt, hr))
                 ig, og, fg, cg = (gate(pre, g) for g in range(4))
                 if peep:
-                    ig, fg = f"{ig} + {peep[0]} * {c}", f"{fg} + {peep[2]} * {c}"
-                i_ = n.tmp(fs[0](clipped(ig)), f"i{d}")
-                f_ = n.tmp(fs[0](clipped(fg)), f"f{d}")
-                g_ = n.tmp(fs[1](clipped(cg)), f"g{d}")
-                c_new = n.tmp(f"{f_} * {c} + {i_} * {g_}", f"c{d}")
+                    ig = n.binop("+", ig, n.binop("*", peep[0], c))
+                    fg = n.binop("+", fg, n.binop("*", peep[2], c))
+                i_ = fs[0](clipped(ig))
+                f_ = fs[0](clipped(fg))
+                g_ = fs[1](clipped(cg))
+                c_new = n.binop("+", n.binop("*", f_, c), n.binop("*", i_, g_))
                 if peep:
-                    og = f"{og} + {peep[1]} * {c_new}"
-                o_ = n.tmp(fs[0](clipped(og)), f"o{d}")
-                h_new = n.tmp(f"{o_} * {fs[2](c_new)}", f"h{d}")
+                    og = n.binop("+", og, n.binop("*", peep[1], c_new))
+                o_ = fs[0](clipped(og))
+                h_new = n.binop("*", o_, fs[2](c_new))
             if seq_lens is not None:
-                live = n.tmp(f"ops.expand_dims({t} < {seq_lens}, 1)", f"live{d}")
-                outs[t] = n.tmp(f"ops.where({live}, {h_new}, {zeros})", f"y{d}")
-                h_new = n.tmp(f"ops.where({live}, {h_new}, {h})", f"h{d}")
+                live = n.call("ops.expand_dims", n.binop("<", t, seq_lens), 1)
+                outs[t] = n.call("ops.where", live, h_new, zeros)
+                h_new = n.call("ops.where", live, h_new, h)
                 if kind == "LSTM":
-                    c_new = n.tmp(f"ops.where({live}, {c_new}, {c})", f"c{d}")
+                    c_new = n.call("ops.where", live, c_new, c)
             else:
                 outs[t] = h_new
             h = h_new
             if kind == "LSTM":
                 c = c_new
-        ys.append(f"ops.stack(({', '.join(outs)},), 0)")
+        ys.append(n.call("ops.stack", tuple(outs), 0))
         hs.append(h)
         cs.append(c)
-    y = n.tmp(f"ops.stack(({', '.join(ys)},), 1)", "y")  # (seq, dirs, batch, hidden)
-    y_h = f"ops.stack(({', '.join(hs)},), 0)"
-    y_c = f"ops.stack(({', '.join(cs)},), 0)" if kind == "LSTM" else None
+    y = n.call("ops.stack", tuple(ys), 1)  # (seq, dirs, batch, hidden)
+    y_h = n.call("ops.stack", tuple(hs), 0)
+    y_c = n.call("ops.stack", tuple(cs), 0) if kind == "LSTM" else None
     if layout:
-        y = f"ops.transpose({y}, (2, 0, 1, 3))"
-        y_h = f"ops.transpose({y_h}, (1, 0, 2))"
-        y_c = f"ops.transpose({y_c}, (1, 0, 2))" if y_c else None
+        y = n.call("ops.transpose", y, (2, 0, 1, 3))
+        y_h = n.call("ops.transpose", y_h, (1, 0, 2))
+        y_c = n.call("ops.transpose", y_c, (1, 0, 2)) if y_c is not None else None
     outputs = (y, y_h) if kind != "LSTM" else (y, y_h, y_c)
     return outputs[: max(1, n.n_outputs)]
 

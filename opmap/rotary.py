@@ -19,14 +19,14 @@ def rotary_embedding(n):
     x = n.x(0)
     if rank == 4:
         head = shape[3]
-        x = n.tmp(f"ops.transpose({x}, (0, 2, 1, 3))", "bshd")
+        x = n.call("ops.transpose", x, (0, 2, 1, 3))
     elif rank == 3:
         heads = n.attr("num_heads", 0)
         if not heads or not isinstance(shape[2], int):
             n.fail("3-D input needs num_heads and a static hidden size")
         head = shape[2] // heads
         shape4 = n.const_tensor(np.array([0, 0, heads, head], np.int64), "shape")
-        x = n.tmp(f"{n.helper('onnx_reshape')}({x}, {shape4})", "bshd")
+        x = n.call(n.helper("onnx_reshape"), x, shape4)
     else:
         n.fail(f"rank {rank} input is not supported")
     if not isinstance(head, int):
@@ -35,22 +35,20 @@ def rotary_embedding(n):
     half = rot // 2
     cos, sin = n.x(1), n.x(2)
     if n.has(3):
-        cos, sin = f"ops.gather({cos}, {n.x(3)}, 0)", f"ops.gather({sin}, {n.x(3)}, 0)"
-    cos = n.tmp(f"ops.expand_dims({cos}, 2)", "cos")
-    sin = n.tmp(f"ops.expand_dims({sin}, 2)", "sin")
+        cos, sin = n.call("ops.gather", cos, n.x(3), 0), n.call("ops.gather", sin, n.x(3), 0)
+    cos = n.call("ops.expand_dims", cos, 2)
+    sin = n.call("ops.expand_dims", sin, 2)
     if n.attr("interleaved", 0):
-        x1, x2 = f"{x}[..., 0:{rot}:2]", f"{x}[..., 1:{rot}:2]"
+        x1, x2 = n.getitem(x, (Ellipsis, slice(0, rot, 2))), n.getitem(x, (Ellipsis, slice(1, rot, 2)))
     else:
-        x1, x2 = f"{x}[..., 0:{half}]", f"{x}[..., {half}:{rot}]"
-    x1, x2 = n.tmp(x1, "x1"), n.tmp(x2, "x2")
-    real = n.tmp(f"{cos} * {x1} - {sin} * {x2}", "real")
-    imag = n.tmp(f"{sin} * {x1} + {cos} * {x2}", "imag")
+        x1, x2 = n.getitem(x, (Ellipsis, slice(0, half))), n.getitem(x, (Ellipsis, slice(half, rot)))
+    real = n.binop("-", n.binop("*", cos, x1), n.binop("*", sin, x2))
+    imag = n.binop("+", n.binop("*", sin, x1), n.binop("*", cos, x2))
     if n.attr("interleaved", 0):
-        rotated = f"ops.flatten(ops.stack(({real}, {imag}), -1), start_dim=3)"
+        rotated = n.call("ops.flatten", n.call("ops.stack", (real, imag), -1), start_dim=3)
     else:
-        rotated = f"ops.concat(({real}, {imag}), -1)"
-    y = rotated if rot == head else f"ops.concat(({rotated}, {x}[..., {rot}:]), -1)"
-    y = n.tmp(y, "rotated")
+        rotated = n.call("ops.concat", (real, imag), -1)
+    y = rotated if rot == head else n.call("ops.concat", (rotated, n.getitem(x, (Ellipsis, slice(rot, None)))), -1)
     if rank == 4:
-        return f"ops.transpose({y}, (0, 2, 1, 3))"
-    return f"ops.flatten({y}, start_dim=2)"
+        return n.call("ops.transpose", y, (0, 2, 1, 3))
+    return n.call("ops.flatten", y, start_dim=2)

@@ -11,25 +11,26 @@ applies the window and the onesided DFT. Windows are computed at run time from t
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 
 from opmap.registry import register
 
 
-def _along(x: str, axis: int, matrix: str) -> str:
+def _along(n, x, axis: int, matrix):
     """x @ matrix along `axis` (the axis becomes the matrix's column count)."""
-    return f"ops.swapaxes(ops.matmul(ops.swapaxes({x}, {axis}, -1), {matrix}), {axis}, -1)"
+    return n.call("ops.swapaxes", n.call("ops.matmul", n.call("ops.swapaxes", x, axis, -1), matrix), axis, -1)
 
 
-def _dft(n, x: str, shape: list, axis: int, length: int | None, inverse: bool, onesided: bool, np_dt) -> str:
-    """The DFT of x (..., 1 or 2) along axis; returns the expression of (..., bins, 2) or, for irfft, (..., L, 1)."""
+def _dft(n, x, shape: list, axis: int, length: int | None, inverse: bool, onesided: bool, np_dt):
+    """The DFT of x (..., 1 or 2) along axis; returns (..., bins, 2) or, for irfft, (..., L, 1)."""
     size = shape[axis]
     if not isinstance(size, int) or not isinstance(shape[-1], int):
         n.fail("the transformed axis must have a static size")
     complex_in = shape[-1] == 2
     if length is None:
         length = 2 * (size - 1) if inverse and onesided else size
-    re = n.tmp(f"{x}[..., 0]", "re")
-    im = n.tmp(f"{x}[..., 1]", "im") if complex_in else None
+    re = n.getitem(x, (Ellipsis, 0))
+    im = n.getitem(x, (Ellipsis, 1)) if complex_in else None
     if inverse and onesided:
         bins = np.arange(min(size, length // 2 + 1))
         weight = np.where((bins == 0) | (2 * bins == length), 1.0, 2.0)[:, None] / length
@@ -38,10 +39,10 @@ def _dft(n, x: str, shape: list, axis: int, length: int | None, inverse: bool, o
         sin = np.zeros((size, length))
         cos[: len(bins)] = weight * np.cos(theta)
         sin[: len(bins)] = weight * np.sin(theta)
-        y = _along(re, axis, n.const_tensor(cos.astype(np_dt), "cos"))
+        y = _along(n, re, axis, n.const_tensor(cos.astype(np_dt), "cos"))
         if im is not None:
-            y = f"{y} - {_along(im, axis, n.const_tensor(sin.astype(np_dt), 'sin'))}"
-        return f"ops.expand_dims({y}, -1)"
+            y = n.binop("-", y, _along(n, im, axis, n.const_tensor(sin.astype(np_dt), "sin")))
+        return n.call("ops.expand_dims", y, -1)
     out_bins = length // 2 + 1 if onesided else length
     used = min(size, length)
     theta = 2 * np.pi * np.outer(np.arange(used), np.arange(out_bins)) / length
@@ -55,11 +56,13 @@ def _dft(n, x: str, shape: list, axis: int, length: int | None, inverse: bool, o
     sign = "+" if inverse else "-"
     other = "-" if inverse else "+"
     if im is None:
-        real, imag = _along(re, axis, c), f"{sign}{_along(re, axis, s)}"
+        real, imag = _along(n, re, axis, c), _along(n, re, axis, s)
+        if not inverse:
+            imag = n.unop("-", imag)
     else:
-        real = f"{_along(re, axis, c)} {other} {_along(im, axis, s)}"
-        imag = f"{_along(im, axis, c)} {sign} {_along(re, axis, s)}"
-    return f"ops.stack(({real}, {imag}), -1)"
+        real = n.binop(other, _along(n, re, axis, c), _along(n, im, axis, s))
+        imag = n.binop(sign, _along(n, im, axis, c), _along(n, re, axis, s))
+    return n.call("ops.stack", (real, imag), -1)
 
 
 def _dft_node(n, axis: int, length_input: int | None):
@@ -107,9 +110,9 @@ def stft(n):
         n.fail("the frame length is unknown")
     frames = 1 + (shape[1] - frame) // step
     index = (np.arange(frames)[:, None] * step + np.arange(frame)[None, :]).astype(np.int64)
-    x = n.tmp(f"ops.gather({n.x(0)}, {n.const_tensor(index, 'frames')}, 1)", "framed")  # (B, F, L, c)
+    x = n.call("ops.gather", n.x(0), n.const_tensor(index, "frames"), 1)  # (B, F, L, c)
     if window is not None:
-        x = n.tmp(f"{x} * ops.reshape({window}, (1, 1, -1, 1))", "windowed")
+        x = n.binop("*", x, n.call("ops.reshape", window, (1, 1, -1, 1)))
     onesided = bool(n.attr("onesided", 1))
     return _dft(n, x, [shape[0], frames, frame, shape[2]], 2, frame, False, onesided, n.dtype(0).numpy())
 
@@ -117,12 +120,16 @@ def stft(n):
 def _window(n, terms):
     """sum_k a_k cos(k * 2 pi n / N) for n in [0, size), N = size (periodic) or size - 1 (symmetric)."""
     dt = n.attr("output_datatype", 1)
-    size = f"ops.cast({n.x(0)}, ms.int64)"
-    pos = n.tmp(f"ops.cast(ops.range(Tensor(0, ms.int64), {size}, Tensor(1, ms.int64)), ms.float64)", "n")
-    denom = f"ops.cast({size}, ms.float64)" if n.attr("periodic", 1) else f"ops.cast({size} - 1, ms.float64)"
-    phase = n.tmp(f"{pos} * {2 * np.pi!r} / {denom}", "phase")
-    expr = " + ".join(f"{a!r}" if k == 0 else f"{a!r} * ops.cos({float(k)!r} * {phase})" for k, a in terms)
-    return f"ops.cast({expr}, {n.ms_dtype(dt)})"
+    i64, f64 = n.ms_dtype(ir.DataType.INT64), n.ms_dtype(ir.DataType.DOUBLE)
+    size = n.call("ops.cast", n.x(0), i64)
+    pos = n.call("ops.cast", n.call("ops.range", n.call("Tensor", 0, i64), size, n.call("Tensor", 1, i64)), f64)
+    denom = n.call("ops.cast", size, f64) if n.attr("periodic", 1) else n.call("ops.cast", n.binop("-", size, 1), f64)
+    phase = n.binop("/", n.binop("*", pos, 2 * np.pi), denom)
+    total = None
+    for k, a in terms:
+        term = a if k == 0 else n.binop("*", a, n.call("ops.cos", n.binop("*", float(k), phase)))
+        total = term if total is None else n.binop("+", total, term)
+    return n.call("ops.cast", total, n.ms_dtype(dt))
 
 
 @register("HannWindow", since=17)
