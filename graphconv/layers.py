@@ -98,37 +98,81 @@ def _assign(nodes: list[Node], scopes: Scopes) -> tuple[str | None, dict[int, in
     if not counts:
         return None, {}
     prefix = max(counts, key=lambda p: len(counts[p]))
-    scoped = {node.origin for node in nodes if node.origin in scopes}
     layer: dict[int, int | None] = {}
-    produced: dict[int, int | None] = {}
+    unknown = []
     for node in nodes:
         where = found[id(node)]
         if where is not None and where[0] == prefix:
-            k = where[1]
-        elif node.origin in scoped:
-            k = None  # the exporter placed it outside the layer list
-        else:  # a node a pass made, or without a scope: its producers' layer
+            layer[id(node)] = where[1]
+        elif where is not None or node.origin in scopes:
+            layer[id(node)] = None  # the exporter placed it outside the layer list
+        else:
+            unknown.append(node)
+    # A node a pass made (or one without a scope) belongs with what reads it: the layer of its first
+    # reader (the next layer's input norm reads the previous layer's output but is the next layer's), outside
+    # if something outside reads it; a node nothing assigned reads takes its producers' last layer.
+    users: dict[int, list[Node]] = {}
+    for node in nodes:
+        for v in node.inputs():
+            users.setdefault(id(v), []).append(node)
+    for node in reversed(unknown):
+        readers = [u for o in node.outputs for u in users.get(id(o), []) if id(u) in layer]
+        if readers:
+            ks = [layer[id(u)] for u in readers]
+            layer[id(node)] = None if None in ks else min(ks)
+    produced: dict[int, int | None] = {}
+    for node in nodes:
+        if id(node) not in layer:
             ks = [produced.get(id(v)) for v in node.inputs() if v.producer is not None]
             ks = [x for x in ks if x is not None]
-            k = max(ks) if ks else None
-        layer[id(node)] = k
+            layer[id(node)] = max(ks) if ks else None
         for o in node.outputs:
-            produced[id(o)] = k
+            produced[id(o)] = layer[id(node)]
     return prefix, layer
 
 
 def _hoist(nodes: list[Node], layer: dict[int, int | None]) -> None:
-    """Nodes of a layer that read nothing of any layer and no weight are computed outside (once)."""
-    produced: dict[int, int | None] = {}
+    """Work that several layers share moves out of them. A layer node is *invariant* when it reads no value
+    a non-invariant layer node computes and no weight of its own layer (only inputs, outside values,
+    constants, shared weights). After merge_identical made the layers' identical copies of such work one,
+    an invariant node that another layer or an outside node reads, and the invariant nodes feeding it, are
+    computed before the layers."""
+    attr_layers: dict[int, set] = {}
     for node in nodes:
-        if layer[id(node)] is not None:
-            inside = any(produced.get(id(v)) is not None for v in node.inputs())
-            weights = any(isinstance(v, AttrValue) and (v.attr.param is not None or v.attr.as_parameter)
-                          for v in node.inputs())
-            if not inside and not weights and node.kind != "if":
-                layer[id(node)] = None
+        for v in node.inputs():
+            if isinstance(v, AttrValue):
+                attr_layers.setdefault(id(v.attr), set()).add(layer[id(node)])
+    invariant: set[int] = set()
+    variant_values: set[int] = set()
+    producer: dict[int, Node] = {}
+    for node in nodes:
+        k = layer[id(node)]
         for o in node.outputs:
-            produced[id(o)] = layer[id(node)]
+            producer[id(o)] = node
+        if k is None:
+            continue
+        own_weight = any(isinstance(v, AttrValue) and (v.attr.param is not None or v.attr.as_parameter)
+                         and len(attr_layers.get(id(v.attr), ())) == 1 for v in node.inputs())
+        if node.kind != "if" and not own_weight and not any(id(v) in variant_values for v in node.inputs()):
+            invariant.add(id(node))
+        else:
+            variant_values.update(id(o) for o in node.outputs)
+    hoisted: set[int] = set()
+    for node in nodes:  # invariant values read from elsewhere
+        for v in node.inputs():
+            p = producer.get(id(v))
+            if p is not None and id(p) in invariant and layer[id(p)] != layer[id(node)]:
+                hoisted.add(id(p))
+    stack = [n for n in nodes if id(n) in hoisted]
+    while stack:  # and what feeds them
+        for v in stack.pop().inputs():
+            p = producer.get(id(v))
+            if p is not None and id(p) in invariant and id(p) not in hoisted:
+                hoisted.add(id(p))
+                stack.append(p)
+    for node in nodes:
+        if id(node) in hoisted:
+            layer[id(node)] = None
 
 
 def _key(v) -> tuple:
@@ -276,6 +320,8 @@ def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
     prefix, layer = _assign(nodes, scopes)
     if prefix is None:
         return {"grouped": 0, "reason": "no node has a layer index (no module scopes or layer weights)"}
+    merged = merge_identical(program.body)  # each layer's copy of the same mask conversion becomes one
+    nodes = program.body.nodes
     _hoist(nodes, layer)
     # order: what needs no layer, the layers in index order, then the rest; refuse if that breaks a dependency
     produced_by: dict[int, int | None] = {}
@@ -302,12 +348,6 @@ def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
         if any(position.get(id(v), -1) >= p for v in n.inputs()):
             return {"prefix": prefix, "layers": len(indices), "grouped": 0,
                     "reason": "a node outside the layers sits between two of them"}
-    block = Block(program.body.inputs, pro, program.body.outputs)
-    merged = merge_identical(block)
-    pro = block.nodes
-    for n in [n for k in indices for n in per[k]] + epi:
-        _substitute_node(n, merged)
-    program.body.outputs = [merged.get(id(v), v) for v in program.body.outputs]
     uses_outside: dict[int, set] = {}  # value id -> the layers (or None) reading it
     attr_users: dict[int, set] = {}
     everything = pro + [n for k in indices for n in per[k]] + epi

@@ -79,6 +79,7 @@ class Lowering:
         self.builder = Builder(self.body)
         self._folded_params: dict[str, np.ndarray] = {}
         self._unnamed = 0
+        self._constants: dict[tuple, Attr] = {}
 
     # --- node_context.Scope ---------------------------------------------------------------------------
     def use_helper(self, name: str) -> None:
@@ -93,6 +94,9 @@ class Lowering:
         return value in self.dense_weights
 
     def constant(self, value: np.ndarray, hint: str) -> AttrValue:
+        key = (value.dtype.str, value.shape, value.tobytes()) if value.size <= PARAM_MIN_ELEMENTS else None
+        if key is not None and key in self._constants:  # one attribute per small constant value
+            return AttrValue(self._constants[key])
         name = py_name(f"c_{hint}", self.used_attrs)
         while name in self.param_names.values() or name in self.graph.initializers:  # a Parameter name too
             name = py_name(f"c_{hint}", self.used_attrs)
@@ -103,6 +107,8 @@ class Lowering:
             self.params.append(ParamSpec(name, name, tuple(value.shape), _np_name(value.dtype)))
             self._folded_params[name] = value
         self.attrs.append(attr)
+        if key is not None:
+            self._constants[key] = attr
         return AttrValue(attr)
 
     def const_value(self, value: ir.Value) -> np.ndarray | None:
