@@ -49,11 +49,15 @@ class Operand:
 
 @dataclasses.dataclass
 class ParamSpec:
-    attr: str  # attribute on the Cell
-    onnx_name: str  # initializer name, kept as the Parameter name
+    attr: str  # attribute on the Cell (a Python identifier)
+    onnx_name: str  # initializer name in the lowered graph
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name
     transposed: bool = False  # stored as the initializer's transpose (Linear layout, see dense_weights)
+    name: str = ""  # the Parameter's name (the .ckpt key): graphconv.param_names, else onnx_name
+
+    def __post_init__(self):
+        self.name = self.name or self.onnx_name
 
 
 @dataclasses.dataclass
@@ -231,8 +235,11 @@ class NodeContext:
 
 
 class Lowering:
-    def __init__(self, model: ir.Model, class_name: str = "Network"):
+    def __init__(self, model: ir.Model, class_name: str = "Network", param_names: dict[str, str] | None = None):
         self.model = model
+        # initializer name -> Parameter name (graphconv.param_names; unique); absent: the ONNX name.
+        self.param_names = dict(param_names or {})
+        self._taken_names = set(self.param_names.values())
         self.graph = model.graph
         self.class_name = class_name
         self.opsets = {("" if d == "ai.onnx" else d): v for d, v in model.opset_imports.items()}
@@ -261,6 +268,8 @@ class Lowering:
 
     def constant_attr(self, value: np.ndarray, hint: str) -> str:
         attr = py_name(f"c_{hint}", self.used_names)
+        while attr in self._taken_names or attr in self.graph.initializers:  # it is a Parameter name too
+            attr = py_name(f"c_{hint}", self.used_names)
         dt = value.dtype
         if value.size > PARAM_MIN_ELEMENTS:
             # Folded constants too big for a literal are Parameters as well, bound by attribute name.
@@ -275,8 +284,8 @@ class Lowering:
         op = self.operands.get(value)
         if op is None:
             return None
-        if op.const is None and op.initializer is not None and value.const_value is not None:
-            op.const = value.const_value.numpy()
+        if op.const is None and op.initializer is not None and op.initializer.const_value is not None:
+            op.const = op.initializer.const_value.numpy()
         return op.const
 
     def tensor_expr(self, value: ir.Value) -> str:
@@ -285,19 +294,21 @@ class Lowering:
             raise UnsupportedError(f"value {value.name!r} is used before it is defined")
         if op.expr is None:
             if op.initializer is not None:
+                value = op.initializer  # also when `value` aliases it (an identity Cast, see _try_fold)
                 t = value.const_value
                 shape = tuple(int(d) for d in t.shape)
                 size = int(np.prod(shape, dtype=np.int64))
-                # Weights stay Parameters under their ONNX names (the .ckpt and fine-tuning need them);
+                # Weights stay Parameters under the model's names (the .ckpt and fine-tuning need them);
                 # scalars and tiny integer tables (shapes, axes) are written as literals.
                 if size > PARAM_MIN_ELEMENTS or (len(shape) > 0 and t.dtype.is_floating_point()):
-                    attr = py_name(value.name, self.used_names, "p")
+                    name = self.param_names.get(value.name, value.name)
+                    attr = py_name(name, self.used_names, "p")
                     dtype = t.dtype.numpy()
                     transposed = value in self.dense_weights
                     if transposed:
                         shape = shape[::-1]
-                    self.params.append(ParamSpec(attr, value.name, shape, _np_name(dtype), transposed))
-                    self.init_lines.append(f"self.{attr} = _param(weights, {value.name!r}, {shape!r}, "
+                    self.params.append(ParamSpec(attr, value.name, shape, _np_name(dtype), transposed, name))
+                    self.init_lines.append(f"self.{attr} = _param(weights, {name!r}, {shape!r}, "
                                            f"{_ms_dt(dtype)}{', transposed=True' if transposed else ''})")
                     op.expr = f"self.{attr}"
                     return op.expr
@@ -366,6 +377,13 @@ class Lowering:
         """Evaluate a node whose inputs are all compile-time constants (shape arithmetic, mostly)."""
         if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD or _has_subgraph(node):
             return False
+        if _is_identity(node) and node.inputs[0] is not None:
+            src = self.operands.get(node.inputs[0])
+            if src is not None and src.initializer is not None:
+                # Identity / same-dtype Cast of a weight (the RmsNorm body's gamma): the same Parameter,
+                # under its own name, rather than an anonymous folded copy.
+                self.operands[node.outputs[0]] = src
+                return True
         for v in node.inputs:
             op = self.operands.get(v) if v is not None and v.name else None
             if op is None or op.initializer is None or v.const_value is None:
@@ -440,6 +458,15 @@ def _evaluate(node: ir.Node, inputs: list, opset: int) -> list[np.ndarray] | Non
     except Exception:  # noqa: BLE001 - not foldable: the handler lowers it at run time instead
         return None
     return [np.asarray(o) for o in outs]
+
+
+def _is_identity(node: ir.Node) -> bool:
+    if node.op_type == "Identity" and len(node.inputs) == 1:
+        return True
+    if node.op_type == "Cast" and len(node.inputs) == 1 and node.inputs[0] is not None:
+        to = node.attributes.get("to")
+        return to is not None and node.inputs[0].dtype is not None and ir.DataType(to.value) == node.inputs[0].dtype
+    return False
 
 
 def _constant_node_value(node: ir.Node) -> np.ndarray:
@@ -520,9 +547,11 @@ def dense_weights(graph: ir.Graph) -> set[ir.Value]:
     return picked
 
 
-def lower(model: ir.Model, class_name: str = "Network") -> tuple[LoweredNetwork, dict[str, np.ndarray]]:
-    """Returns the network and the folded constants that became Parameters (name -> value)."""
-    low = Lowering(model, class_name)
+def lower(model: ir.Model, class_name: str = "Network",
+          param_names: dict[str, str] | None = None) -> tuple[LoweredNetwork, dict[str, np.ndarray]]:
+    """Returns the network and the folded constants that became Parameters (name -> value).
+    `param_names`: initializer name -> Parameter name (graphconv.param_names); others keep their ONNX name."""
+    low = Lowering(model, class_name, param_names)
     net = low.run()
     return net, low._folded_params
 

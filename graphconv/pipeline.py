@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv import census, compare, emit, lower, precision, reference, weights
+from graphconv import census, compare, emit, lower, param_names, precision, reference, weights
 from graphconv.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.load import LoadedModel, load
@@ -115,6 +115,9 @@ class Compiler:
             if loaded.external_bytes:
                 st.detail = {"external_weight_bytes": loaded.external_bytes, "weights": "read in place"}
         self.report.model = _model_info(loaded.proto)
+        # Weight names are recovered from the model as loaded: onnxsim folds transposed weights into new
+        # initializers and drops what tells whose they were (graphconv.param_names).
+        self.names = param_names.WeightNames.record(loaded.proto)
         self.report.op_histogram = _histogram(loaded.proto)
         missing = lower.unsupported_ops(loaded.proto)
         if missing:
@@ -222,8 +225,9 @@ class Compiler:
         self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
-            net, task = emit.prepare(model, ws.dir, name)
-            st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n")}
+            net, task = emit.prepare(model, ws.dir, name, names=self.names)
+            st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"),
+                         "parameter_names": param_names.name_summary(ws.path(f"{name}.names.json"))}
         return net, task
 
     def emit(self, task: dict, ws: Workspace, checkpoint: bool = False) -> list[Path]:
@@ -502,9 +506,11 @@ class Compiler:
             src_dir.mkdir()
             shutil.copy(ws.path("network.py"), src_dir / "network.py")
             shutil.copy(ws.path("network.ckpt"), src_dir / "network.ckpt")
+            shutil.copy(ws.path("network.names.json"), src_dir / "network.names.json")
             moves[src_dir] = Path(self.opt.emit_source)
             self.report.artifacts["source"] = str(Path(self.opt.emit_source) / "network.py")
             self.report.artifacts["checkpoint"] = str(Path(self.opt.emit_source) / "network.ckpt")
+            self.report.artifacts["parameter_names"] = str(Path(self.opt.emit_source) / "network.names.json")
         return moves
 
     def _commit(self, ws: Workspace, moves: dict[Path, Path], report_only: bool = False) -> None:
