@@ -269,7 +269,8 @@ def debug_cmd(model, inputs, target, pass_spec, precision, keep_fp32, atol, rtol
               help="JSON on stdout: `ops` (ONNX, custom domains keyed domain::Op) or `primitives` (MindIR, "
                    "call-weighted census); with --fusions also `fusions` and `coverage`.")
 def inspect_cmd(file, fusions, pass_spec, disabled, no_simplify, as_json):
-    """Show inputs, outputs, op or primitive histogram, fused ops and parameters of an .onnx or .mindir."""
+    """Show inputs, outputs, op or primitive histogram, fused ops and parameters of an .onnx or .mindir; the
+    parameters of a .ckpt (name, shape, dtype, source ONNX initializer from the names file beside it)."""
     import json
 
     from graphconv.inspect import inspect, summary

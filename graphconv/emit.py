@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphconv import lower, reference, weights
+from graphconv import lower, param_names, reference, weights
 
 # Weights above this size go to an external data file (the child maps them lazily).
 _EXTERNAL_THRESHOLD = 1024
@@ -26,24 +26,41 @@ def placeholders(model: onnx.ModelProto) -> list[dict]:
 
 
 def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
-            scopes=None, lazy_inline: bool = True) -> tuple[lower.LoweredNetwork, dict]:
+            names: param_names.WeightNames | None = None, scopes=None,
+            lazy_inline: bool = True) -> tuple[lower.LoweredNetwork, dict]:
     """Lower `model`, write <name>.py, its weights and folded constants; return the network and the
-    export task (the caller adds file_base and checkpoint)."""
+    export task (the caller adds file_base and checkpoint). With `names` (recorded on the loaded model,
+    graphconv.param_names), Parameters carry the model's own names and <name>.names.json maps each to its
+    source initializer and transform; without, they keep the ONNX initializer names."""
     ir_model = ir.from_proto(model)
-    net, folded = lower.lower(ir_model, scopes=scopes, lazy_inline=lazy_inline)
+    origins = {}
+    if names is not None:
+        origins = names.assign(list(ir_model.graph.initializers),
+                               param_names.made_records(dict(ir_model.graph.metadata_props)))
+    net, folded = lower.lower(ir_model, param_names={n: o.name for n, o in origins.items() if o.name != n},
+                              scopes=scopes, lazy_inline=lazy_inline)
     source = directory / f"{name}.py"
     source.write_text(net.source)
+    if names is not None:
+        param_names.write_mapping(directory / f"{name}.names.json", net.params, origins)
     # Weights already in files (the model's external data, weights a pass made) are read from there by the
-    # export child; only the rest is written here.
-    param_names = {p.onnx_name for p in net.params}
-    external = {n: ref.as_list() for n, ref in weights.external_refs(model).items() if n in param_names}
-    for n in external:
-        ir_model.graph.initializers.pop(n)
+    # export child; only the rest is written here. Both are keyed by Parameter name.
+    by_onnx = {p.onnx_name: p.name for p in net.params}
+    external = {by_onnx[n]: ref.as_list() for n, ref in weights.external_refs(model).items() if n in by_onnx}
+    for n, p in by_onnx.items():
+        if p in external:
+            ir_model.graph.initializers.pop(n)
     weights_file = directory / f"{name}.weights.onnx"
     # Saved from the IR copy: onnx.save(..., save_as_external_data=True) would rewrite `model` in place
-    # to point at this temporary file.
-    ir.save(ir_model, weights_file, external_data=f"{name}.weights.onnx.data",
-            size_threshold_bytes=_EXTERNAL_THRESHOLD)
+    # to point at this temporary file. The IR's tensors are `model`'s TensorProtos, and a rename writes
+    # through to them: the names are set back once the file is written.
+    renames = {n: p for n, p in by_onnx.items() if n != p and n in ir_model.graph.initializers}
+    _rename_initializers(ir_model.graph, renames)
+    try:
+        ir.save(ir_model, weights_file, external_data=f"{name}.weights.onnx.data",
+                size_threshold_bytes=_EXTERNAL_THRESHOLD)
+    finally:
+        _rename_initializers(ir_model.graph, {p: n for n, p in renames.items()})
     folded_npz = None
     if folded:
         folded_npz = directory / f"{name}.folded.npz"
@@ -52,6 +69,18 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
         "source": str(source), "class_name": net.class_name, "weights_onnx": str(weights_file),
         "external_weights": external,
         "folded_npz": str(folded_npz) if folded_npz else None,
-        "param_names": [p.onnx_name for p in net.params], "inputs": placeholders(model),
+        "param_names": [p.name for p in net.params], "inputs": placeholders(model),
     }
     return net, task
+
+
+def _rename_initializers(graph: ir.Graph, renames: dict[str, str]) -> None:
+    """Rename initializers (the weights file is keyed by Parameter name); through temporary names, so that
+    a swap of two names cannot collide half-way. The tensors' names follow (serialization sets them too)."""
+    values = {n: graph.initializers[n] for n in renames}
+    for k, v in enumerate(values.values()):
+        v.name = f"__graphconv_renaming_{k}"
+    for n, v in values.items():
+        v.name = renames[n]
+        if v.const_value is not None:
+            v.const_value.name = v.name

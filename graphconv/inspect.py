@@ -3,7 +3,9 @@
 ONNX: inputs/outputs with symbolic dims, op histogram (custom-domain ops keyed `domain::Op`), fused-op
 census (the `mindspore` domain), parameter count and bytes, opset imports. MindIR: inputs/outputs, the
 call-weighted primitive census (graphconv.census, the same definition the compile report uses), fused
-primitives, parameter count and bytes.
+primitives, parameter count and bytes. Checkpoint (.ckpt, as `--emit-source` writes it): every parameter's
+name, shape and dtype, with the source ONNX initializer and transform from the mapping file beside it
+(`<stem>.names.json`, graphconv.param_names) when there is one.
 """
 
 from __future__ import annotations
@@ -87,6 +89,113 @@ def inspect_mindir(path: Path) -> dict:
     }
 
 
+_CKPT_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+                  "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "bool": 1}
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    result, shift = 0, 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf, start: int, end: int):
+    """(field number, wire type, value or (offset, length) of a length-delimited field) of one message."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+            yield field, wire, value
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            yield field, wire, (pos, length)
+            pos += length
+        elif wire == 5:
+            yield field, wire, None
+            pos += 4
+        elif wire == 1:
+            yield field, wire, None
+            pos += 8
+        else:
+            raise ValueError(f"wire type {wire}")
+
+
+def read_checkpoint_index(path: Path) -> list[dict]:
+    """name, shape, dtype of every parameter of a MindSpore .ckpt (a `Checkpoint` protobuf: repeated
+    Value{tag, TensorProto{dims, tensor_type, tensor_content}}, large tensors split into several Values of one
+    tag), read without loading the tensors or importing MindSpore."""
+    import mmap
+
+    out: dict[str, dict] = {}
+    with open(path, "rb") as f:
+        if Path(path).stat().st_size == 0:
+            return []
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            pos, end = 0, len(buf)
+            while pos < end:
+                key, body = _varint(buf, pos)
+                if key != (1 << 3 | 2):  # not a Checkpoint.value (e.g. the crc_num trailer): done
+                    break
+                length, body = _varint(buf, body)
+                tag, dims, dtype, nbytes = None, [], None, 0
+                for field, _, val in _fields(buf, body, body + length):
+                    if field == 1:
+                        tag = bytes(buf[val[0]:val[0] + val[1]]).decode()
+                    elif field == 2:
+                        for f2, w2, v2 in _fields(buf, val[0], val[0] + val[1]):
+                            if f2 == 1 and w2 == 0:
+                                dims.append(v2)
+                            elif f2 == 1 and w2 == 2:  # packed dims
+                                p2, stop = v2[0], v2[0] + v2[1]
+                                while p2 < stop:
+                                    d, p2 = _varint(buf, p2)
+                                    dims.append(d)
+                            elif f2 == 2:
+                                dtype = bytes(buf[v2[0]:v2[0] + v2[1]]).decode()
+                            elif f2 == 3:
+                                nbytes += v2[1]
+                pos = body + length
+                if tag in out:
+                    out[tag]["bytes"] += nbytes
+                else:
+                    out[tag] = {"name": tag, "shape": dims, "dtype": (dtype or "").lower(), "bytes": nbytes}
+        except (IndexError, ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"{path}: not a MindSpore checkpoint ({e})") from None
+        finally:
+            buf.close()
+    return list(out.values())
+
+
+def inspect_ckpt(path: Path) -> dict:
+    import json
+
+    params = read_checkpoint_index(path)
+    names_file = path.with_name(f"{path.stem}.names.json")
+    mapping = json.loads(names_file.read_text()) if names_file.is_file() else {}
+    for p in params:
+        m = mapping.get(p["name"])
+        if m is not None:
+            p.update({k: m.get(k) for k in ("source", "transform", "layout", "recovered", "made_by", "derived_from")
+                      if m.get(k) is not None})
+    n_params = sum(int(np.prod(p["shape"], dtype=np.int64)) for p in params)
+    return {
+        "format": "ckpt",
+        "path": str(path),
+        "names_file": str(names_file) if mapping else None,
+        "params": params,
+        "parameters": n_params,
+        "parameter_bytes": sum(p.pop("bytes") for p in params),
+    }
+
+
 def inspect(path: str | Path, fusions: bool = False, **pass_options) -> dict:
     """The Python API behind `graphconv inspect`. With `fusions` (ONNX only), also the fusion analysis a
     compile would make (graphconv.pipeline.analyze_fusions; `pass_options` are its keyword options):
@@ -108,10 +217,29 @@ def inspect(path: str | Path, fusions: bool = False, **pass_options) -> dict:
                          "see its census)")
     if path.suffix == ".mindir":
         return inspect_mindir(path)
-    raise InputError(f"{path}: expected a .onnx or .mindir file")
+    if path.suffix == ".ckpt":
+        return inspect_ckpt(path)
+    raise InputError(f"{path}: expected a .onnx or .mindir file (or a MindSpore .ckpt)")
+
+
+def _ckpt_summary(info: dict) -> str:
+    lines = [f"{info['path']} (ckpt)"]
+    for p in info["params"]:
+        line = f"  {p['name']} {p['shape']} {p['dtype']}"
+        if "source" in p:
+            src = ", ".join(p["source"]) or "?"
+            line += f"  <- {src}" + (f" ({p['transform']})" if p.get("transform") else "")
+        lines.append(line)
+    lines.append(f"  parameters: {info['parameters']:,} ({info['parameter_bytes'] / 2**20:.1f} MiB) in "
+                 f"{len(info['params'])} tensors")
+    lines.append(f"  names: {info['names_file']}" if info["names_file"] else
+                 "  names: no mapping file beside it (sources unknown)")
+    return "\n".join(lines)
 
 
 def summary(info: dict) -> str:
+    if info["format"] == "ckpt":
+        return _ckpt_summary(info)
     lines = [f"{info['path']} ({info['format']})"]
     for i in info["inputs"]:
         lines.append(f"  input  {i['name']} {i.get('shape')} {i.get('dtype', '')}".rstrip())

@@ -65,6 +65,7 @@ class Lowering:
         self.lazy_inline = lazy_inline
         # initializer name -> Parameter name (graphconv.param_names; unique); absent: the ONNX name.
         self.param_names = dict(param_names or {})
+        self._taken_names = set(self.param_names.values())
         self.scopes = scopes  # where each ONNX node came from (graphconv/layers.py)
         self.graph = model.graph
         self.class_name = class_name
@@ -98,7 +99,7 @@ class Lowering:
         if key is not None and key in self._constants:  # one attribute per small constant value
             return AttrValue(self._constants[key])
         name = py_name(f"c_{hint}", self.used_attrs)
-        while name in self.param_names.values() or name in self.graph.initializers:  # a Parameter name too
+        while name in self._taken_names or name in self.graph.initializers:  # it is a Parameter name too
             name = py_name(f"c_{hint}", self.used_attrs)
         attr = Attr(name, tuple(value.shape), np.dtype(value.dtype).name, value=value)
         if value.size > PARAM_MIN_ELEMENTS:

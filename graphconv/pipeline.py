@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv import census, compare, emit, layers, lower, precision, reference, weights
+from graphconv import census, compare, emit, layers, lower, param_names, precision, reference, weights
 from graphconv.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.load import LoadedModel, load
@@ -118,6 +118,9 @@ class Compiler:
         self.report.model = _model_info(loaded.proto)
         # Which layer each node is in, from the exporter's module scopes (onnxsim drops dynamo's metadata).
         self.scopes = layers.record_scopes(loaded.proto)
+        # Weight names are recovered from the model as loaded: onnxsim folds transposed weights into new
+        # initializers and drops what tells whose they were (graphconv.param_names).
+        self.names = param_names.WeightNames.record(loaded.proto)
         self.report.op_histogram = _histogram(loaded.proto)
         missing = lower.unsupported_ops(loaded.proto)
         if missing:
@@ -226,9 +229,11 @@ class Compiler:
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
             # The cpu twin runs directly, not from a MindIR: no lazy_inline (graphconv/codegen.render).
-            net, task = emit.prepare(model, ws.dir, name, scopes=self.scopes, lazy_inline=name == "network")
+            net, task = emit.prepare(model, ws.dir, name, names=self.names, scopes=self.scopes,
+                                     lazy_inline=name == "network")
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"),
-                         "layers": net.layers}
+                         "layers": net.layers,
+                         "parameter_names": param_names.name_summary(ws.path(f"{name}.names.json"))}
         return net, task
 
     def emit(self, task: dict, ws: Workspace, checkpoint: bool = False) -> list[Path]:
@@ -507,9 +512,11 @@ class Compiler:
             src_dir.mkdir()
             shutil.copy(ws.path("network.py"), src_dir / "network.py")
             shutil.copy(ws.path("network.ckpt"), src_dir / "network.ckpt")
+            shutil.copy(ws.path("network.names.json"), src_dir / "network.names.json")
             moves[src_dir] = Path(self.opt.emit_source)
             self.report.artifacts["source"] = str(Path(self.opt.emit_source) / "network.py")
             self.report.artifacts["checkpoint"] = str(Path(self.opt.emit_source) / "network.ckpt")
+            self.report.artifacts["parameter_names"] = str(Path(self.opt.emit_source) / "network.names.json")
         return moves
 
     def _commit(self, ws: Workspace, moves: dict[Path, Path], report_only: bool = False) -> None:

@@ -48,6 +48,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.param_names import record_made
 from passes import coverage, match
 from passes.manager import rewrite_pass
 
@@ -100,11 +101,13 @@ class SwigluFusion(pattern.RewriteRuleClassBase):
         w = np.concatenate([match.const_value(wg), match.const_value(wu)], axis=1)  # [gate ; up] along the output dim
         w_name = match.unique_initializer_name(graph, f"{wg.name}_gate_up")
         h = op.MatMul(x, op.initializer(ir.tensor(w, name=w_name), name=w_name))
+        record_made(graph, w_name, [wg.name, wu.name], "concat axis 1", made_by="fuse-swiglu")
         self._sources += [wg, wu]
         if bg is not None:
             b = np.concatenate([match.const_value(bg), match.const_value(bu)])
             b_name = match.unique_initializer_name(graph, f"{bg.name}_gate_up")
             h = op.Add(h, op.initializer(ir.tensor(b, name=b_name), name=b_name))
+            record_made(graph, b_name, [bg.name, bu.name], "concat axis 0", made_by="fuse-swiglu")
             self._sources += [bg, bu]
         y = op.Swiglu(h, dim=-1, _domain="mindspore")
         if shape is not None:
@@ -290,11 +293,15 @@ class SwigluHalvesFusion(pattern.RewriteRuleClassBase):
         w_name = match.unique_initializer_name(self._graph, f"{w.name}_halves_swapped")
         hs = op.MatMul(x, op.initializer(ir.tensor(np.concatenate([wv[:, n:], wv[:, :n]], axis=1), name=w_name),
                                          name=w_name))
+        record_made(self._graph, w_name, [w.name], "swap the halves of axis 1", "suffix:_halves_swapped",
+                    made_by="fuse-swiglu")
         self._sources.append(w)
         if b is not None:
             bv = match.const_value(b)
             b_name = match.unique_initializer_name(self._graph, f"{b.name}_halves_swapped")
             hs = op.Add(hs, op.initializer(ir.tensor(np.concatenate([bv[n:], bv[:n]]), name=b_name), name=b_name))
+            record_made(self._graph, b_name, [b.name], "swap the halves", "suffix:_halves_swapped",
+                        made_by="fuse-swiglu")
             self._sources.append(b)
         return op.Swiglu(hs, dim=-1, _domain="mindspore")
 

@@ -215,11 +215,13 @@ def test_zoo_llama_gets_n_swiglu(model, exporter, opset, export_cache, tmp_path_
     assert len(merged) == n_layers and all(list(i.dims) == [64, 2 * 128] for i in merged)
     matmul_weights = [n.input[1] for n in fused.graph.node if n.op_type == "MatMul"]
     assert all(i.name in matmul_weights for i in merged)
-    # ... and the ascend MindIR multiplies by it (the parameter keeps the merged initializer's name; stored
-    # [out, in] for ops.dense, graphconv.lower.dense_weights).
+    # ... and the ascend MindIR multiplies by it (stored [out, in] for ops.dense, graphconv.lower.dense_weights),
+    # a parameter named after its sources' state_dict names (graphconv.param_names): mlp.gate_up_proj.weight.
     mindir_weights = {a for prim in ("MatMulExt", "Dense") for c in primitive_args(mindir, prim) for a in c
                       if isinstance(a, str)}
-    assert {i.name for i in merged} <= mindir_weights
+    gate_up = sorted(a for a in mindir_weights if "gate_up" in a)
+    assert len(gate_up) == n_layers
+    assert all(a.endswith(f"layers.{k}.mlp.gate_up_proj.weight") for k, a in enumerate(gate_up)), gate_up
     assert_verified(report)
 
 
