@@ -508,14 +508,22 @@ def test_ascend_lowering_casts_around_the_primitive(dtype, attr, compute, casts)
     if attr:
         fa[0].attribute.append(helper.make_attribute("dtype", attr))
     net, _ = lower.lower(ir.from_proto(fused))
-    call = [line for line in net.source.splitlines() if "ops.flash_attention_score(" in line]
-    assert len(call) == 1
-    assert "input_layout='BNSD'" in call[0] and "sparse_mode=0" in call[0] and "scalar_value=0.3" in call[0]
-    assert ", 4, real_shift=None, attn_mask=" in call[0] and "keep_prob=1.0" in call[0]
-    assert ("ops.cast(ops.flash_attention_score(" in call[0]) == casts
-    if casts:
-        assert f"ops.cast(q, {compute})" in net.source and f"ops.cast(k, {compute})" in net.source
-    assert "ops.less(" in net.source and "ms.uint8" in net.source
+    (call,) = net.program.calls("ops.flash_attention_score")
+    kw = call.kwargs
+    assert kw["input_layout"] == "BNSD" and kw["sparse_mode"] == 0 and kw["scalar_value"] == pytest.approx(0.3, rel=1e-3)  # (fp16: 0.30005)
+    assert call.args[3] == 4 and kw["real_shift"] is None and kw["keep_prob"] == 1.0
+    casts_in = [c for c in net.program.calls("ops.cast") if c.outputs[0] in call.args[:3]]
+    casts_out = [c for c in net.program.calls("ops.cast") if c.args[0] is call.outputs[0]]
+    if casts:  # q/k/v cast to the compute dtype, the result back
+        assert [c.args[1].code for c in casts_in] == [compute] * 3 and len(casts_out) == 1
+        assert [c.args[0].hint for c in casts_in] == ["q", "k", "v"]
+    else:
+        assert not casts_in and not casts_out
+    # the mask: a uint8 discard mask from (mask < 0)
+    (mask_cast,) = [c for c in net.program.calls("ops.cast") if c.outputs[0] is kw["attn_mask"]]
+    assert mask_cast.args[1].code == "ms.uint8"
+    (less,) = net.program.calls("ops.less")
+    assert less.args[1] == 0.0
 
 
 def test_opset23_attention_it_refuses_still_compiles(tmp_path):
