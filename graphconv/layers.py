@@ -74,6 +74,17 @@ def layer_of(path: str | None) -> tuple[str, int] | None:
     return (m.group("prefix"), int(m.group("index"))) if m else None
 
 
+def _is_constant(a: Attr) -> bool:
+    """A small constant tensor (written into the source): each layer class gets its own copy."""
+    return a.param is None and not a.as_parameter and a.value is not None
+
+
+def _callees(nodes) -> set[int]:
+    """Values called as functions (primitive instances: `ops.auto_generate.Swiglu()`): they stay where
+    they are used, neither merged nor moved out of a layer, nor passed to a layer."""
+    return {id(n.target) for n in nodes if isinstance(n.target, Value) and not isinstance(n.target, Ref)}
+
+
 def _param_path(v: Value) -> str | None:
     if isinstance(v, AttrValue) and v.attr.param is not None:
         return v.attr.param.name
@@ -144,6 +155,7 @@ def _hoist(nodes: list[Node], layer: dict[int, int | None]) -> None:
                 attr_layers.setdefault(id(v.attr), set()).add(layer[id(node)])
     invariant: set[int] = set()
     variant_values: set[int] = set()
+    callees = _callees(nodes)
     producer: dict[int, Node] = {}
     for node in nodes:
         k = layer[id(node)]
@@ -153,7 +165,9 @@ def _hoist(nodes: list[Node], layer: dict[int, int | None]) -> None:
             continue
         own_weight = any(isinstance(v, AttrValue) and (v.attr.param is not None or v.attr.as_parameter)
                          and len(attr_layers.get(id(v.attr), ())) == 1 for v in node.inputs())
-        if node.kind != "if" and not own_weight and not any(id(v) in variant_values for v in node.inputs()):
+        callee = any(id(o) in callees for o in node.outputs)
+        if node.kind != "if" and not own_weight and not callee and \
+                not any(id(v) in variant_values for v in node.inputs()):
             invariant.add(id(node))
         else:
             variant_values.update(id(o) for o in node.outputs)
@@ -198,10 +212,11 @@ def merge_identical(block: Block) -> dict[int, Value]:
     seen: dict[tuple, Node] = {}
     mapping: dict[int, Value] = {}
     keep = []
+    callees = _callees(block.nodes)
     for node in block.nodes:
         if mapping:
             _substitute_node(node, mapping)
-        if node.kind in ("if", "cell"):
+        if node.kind in ("if", "cell") or any(id(o) in callees for o in node.outputs):
             keep.append(node)
             continue
         k = (node.kind, _key(node.target) if isinstance(node.target, Value) else node.target, node.n_outputs,
@@ -270,7 +285,7 @@ class _Layer:
     def _arg(self, v):
         if isinstance(v, Ref):
             return ("ref", v.code)
-        if isinstance(v, AttrValue) and self._attr_users.get(id(v.attr)) == {self.index}:
+        if isinstance(v, AttrValue) and (self._attr_users.get(id(v.attr)) == {self.index} or _is_constant(v.attr)):
             a = v.attr
             if not any(x is a for x in self.attrs):
                 self.attrs.append(a)
@@ -431,7 +446,8 @@ def _make_class(program: Program, first: _Layer, prefix: str, number: int,
         copy = Attr(candidate, a.shape, a.dtype, param=a.param, value=a.value, as_parameter=a.as_parameter)
         attrs.append(copy)
         swap[id(a)] = copy
-    inputs = [Value(hint=_strip(v.hint, prefix, first.index)) for v in first.inputs]
+    inputs = [Value(hint=_strip(v.hint or (f"{v.producer.origin}_t" if v.producer is not None else None),
+                                prefix, first.index)) for v in first.inputs]
     mapping = {id(v): new for v, new in zip(first.inputs, inputs)}
     body_nodes = [_copy_node(n, mapping, swap, prefix, first.index) for n in first.nodes]
     outputs = [mapping[id(o)] for o in first.outputs]

@@ -217,6 +217,12 @@ class NodeContext:
         """`value[index]`: index an int, a slice, None, Ellipsis, a Value, or a tuple of those."""
         return self._b.getitem(value, index)
 
+    def named(self, value: Value, hint: str) -> Value:
+        """Name an intermediate value after this node's output: `<output>_<hint>` (readability only)."""
+        base = self.node.outputs[0].name if self.node.outputs and self.node.outputs[0].name else self.node.op_type
+        value.hint = f"{base}_{hint}"
+        return value
+
     def tuple(self, *items) -> Value:
         """A Python tuple of values (an argument some ops take: ops.concat((a, b)))."""
         return self._b.tuple(*items)

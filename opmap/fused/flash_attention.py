@@ -158,7 +158,7 @@ def lower_flash_attention_score(n):
         n.fail(f"unknown mask_kind {kind!r}")
     mask = None
     if kind != "none":
-        discard = n.call("ops.less", n.x(3), 0.0)  # values proven 0 or <= -1e4 / -inf by the pass
+        discard = n.named(n.call("ops.less", n.x(3), 0.0), "discard")  # values proven 0 or <= -1e4 / -inf
         shape = n.shape(3) or []
         heads = head_num if len(shape) >= 3 and shape[-3] == head_num and head_num != 1 else 1
         # FlashAttentionScore takes (B, 1, S1, S2) or (B, N1, S1, S2): broadcast the graph's mask to it.
