@@ -92,16 +92,29 @@ def _param_path(v: Value) -> str | None:
 
 
 def _assign(nodes: list[Node], scopes: Scopes) -> tuple[str | None, dict[int, int | None]]:
-    """The layer list's prefix and each top-level node's layer index (None: outside the layers)."""
-    found: dict[int, tuple[str, int] | None] = {}
-    for node in nodes:
-        where = layer_of(scopes.get(node.origin))
-        if where is None:
-            for v in node.inputs():
-                where = layer_of(_param_path(v))
-                if where is not None:
-                    break
-        found[id(node)] = where
+    """The layer list's prefix and each top-level node's layer index (None: outside the layers).
+
+    The IR nodes one ONNX node was lowered to (one origin) stay together. An origin's layer is its ONNX
+    node's module scope, else the layer of a weight it reads (a weight with a model name but no layer index,
+    `bert.embeddings.LayerNorm.weight`, places it outside); an origin with neither (a node a pass made)
+    belongs with what reads it — its first reader's layer (the next layer's input norm reads the previous
+    layer's output but is the next layer's), outside if something outside reads it — and one nothing
+    placed reads takes its producers' last layer."""
+    groups: dict[str, list[Node]] = {}
+    for node in nodes:  # (an inlined fused-op body, `<fused node>::<op>_<k>`, is its fused node's)
+        groups.setdefault(_group(node.origin), []).append(node)
+    found: dict[str, tuple[str, int] | None] = {}
+    named_weights: set[str] = set()
+    for origin, members in groups.items():
+        where = layer_of(scopes.get(origin))
+        for v in (v for n in members for v in n.inputs()) if where is None else ():
+            path = _param_path(v)
+            where = layer_of(path)
+            if where is not None:
+                break
+            if path and "." in path:
+                named_weights.add(origin)
+        found[origin] = where
     counts: dict[str, set[int]] = {}
     for where in found.values():
         if where is not None:
@@ -109,37 +122,35 @@ def _assign(nodes: list[Node], scopes: Scopes) -> tuple[str | None, dict[int, in
     if not counts:
         return None, {}
     prefix = max(counts, key=lambda p: len(counts[p]))
-    layer: dict[int, int | None] = {}
-    unknown = []
-    for node in nodes:
-        where = found[id(node)]
+    placed: dict[str, int | None] = {}
+    for origin, where in found.items():
         if where is not None and where[0] == prefix:
-            layer[id(node)] = where[1]
-        elif where is not None or node.origin in scopes:
-            layer[id(node)] = None  # the exporter placed it outside the layer list
-        else:
-            unknown.append(node)
-    # A node a pass made (or one without a scope) belongs with what reads it: the layer of its first
-    # reader (the next layer's input norm reads the previous layer's output but is the next layer's), outside
-    # if something outside reads it; a node nothing assigned reads takes its producers' last layer.
-    users: dict[int, list[Node]] = {}
+            placed[origin] = where[1]
+        elif where is not None or origin in scopes or origin in named_weights:
+            placed[origin] = None  # the exporter placed it (or its weights) outside the layer list
+    origin_of = {id(o): _group(n.origin) for n in nodes for o in n.outputs}
+    readers: dict[str, set[str]] = {}
     for node in nodes:
         for v in node.inputs():
-            users.setdefault(id(v), []).append(node)
-    for node in reversed(unknown):
-        readers = [u for o in node.outputs for u in users.get(id(o), []) if id(u) in layer]
-        if readers:
-            ks = [layer[id(u)] for u in readers]
-            layer[id(node)] = None if None in ks else min(ks)
-    produced: dict[int, int | None] = {}
-    for node in nodes:
-        if id(node) not in layer:
-            ks = [produced.get(id(v)) for v in node.inputs() if v.producer is not None]
-            ks = [x for x in ks if x is not None]
-            layer[id(node)] = max(ks) if ks else None
-        for o in node.outputs:
-            produced[id(o)] = layer[id(node)]
-    return prefix, layer
+            src = origin_of.get(id(v))
+            if src is not None and src != _group(node.origin):
+                readers.setdefault(src, set()).add(_group(node.origin))
+    for origin in reversed(list(groups)):
+        if origin in placed:
+            continue
+        ks = [placed[r] for r in readers.get(origin, ()) if r in placed]
+        if ks:
+            placed[origin] = None if None in ks else min(ks)
+    for origin, members in groups.items():
+        if origin not in placed:
+            ks = [placed.get(origin_of.get(id(v))) for n in members for v in n.inputs() if id(v) in origin_of]
+            ks = [k for k in ks if k is not None]
+            placed[origin] = max(ks) if ks else None
+    return prefix, {id(n): placed[_group(n.origin)] for n in nodes}
+
+
+def _group(origin: str) -> str:
+    return origin.partition("::")[0]
 
 
 def _hoist(nodes: list[Node], layer: dict[int, int | None]) -> None:

@@ -55,10 +55,32 @@ def inline_fused(model: onnx.ModelProto) -> onnx.ModelProto:
     kept = [i for i in inlined.opset_import if i.domain != DOMAIN]
     del inlined.opset_import[:]
     inlined.opset_import.extend(kept)
+    _name_bodies(model, inlined)
     for k, node in enumerate(inlined.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{k}"
     return onnx.shape_inference.infer_shapes(inlined, data_prop=True)
+
+
+def _name_bodies(fused: onnx.ModelProto, inlined: onnx.ModelProto) -> None:
+    """Name each inlined body node `<fused node>::<op>_<k>`: which fused op it computes stays readable (and
+    graphconv/layers.py keeps a body in its fused node's layer). The inliner keeps the node order and copies
+    each body whole; if the counts do not line up, the nodes keep the generic names."""
+    sizes = {f.name: len(f.node) for f in fused.functions if f.domain == DOMAIN}
+    expected = sum(sizes.get(n.op_type, 1) if n.domain == DOMAIN else 1 for n in fused.graph.node)
+    if expected != len(inlined.graph.node):
+        return
+    k = 0
+    for original in fused.graph.node:
+        if original.domain != DOMAIN:
+            k += 1
+            continue
+        base = original.name or f"{original.op_type}_{k}"
+        for j in range(sizes[original.op_type]):
+            node = inlined.graph.node[k + j]
+            if not node.name:
+                node.name = f"{base}::{node.op_type}_{j}"
+        k += sizes[original.op_type]
 
 
 from opmap.fused import rms_norm  # noqa: E402,F401  (registers the table entries)
