@@ -427,8 +427,9 @@ def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
     body += epi
     program.body.nodes = body
     program.body.outputs = [mapping.get(id(v), v) for v in program.body.outputs]
-    grouped_attrs = {id(a) for _, _, inst in classes.values() for attrs in inst for a in attrs}
-    program.attrs = [a for a in program.attrs if id(a) not in grouped_attrs]
+    used = {id(v.attr) for n in program.body.walk() for v in n.inputs() if isinstance(v, AttrValue)}
+    used |= {id(v.attr) for v in program.body.outputs if isinstance(v, AttrValue)}
+    program.attrs = [a for a in program.attrs if id(a) in used]  # (the rest moved into the layer classes)
     for cell, list_attr, instances in classes.values():
         program.cells.append(cell)
         program.instances.append((cell, list_attr, instances))
