@@ -58,24 +58,30 @@ def _graph_counts(graph, graph_names: set[str]) -> tuple[Counter, Counter]:
     return prims, calls
 
 
-def primitive_census(path: Path) -> dict[str, int]:
-    model = read_mindir(path)
+def executed_graphs(model) -> list[tuple[object, int]]:
+    """Every graph a run of the MindIR executes, with how many times: the main graph once, a function graph
+    (a lazy_inline layer) as often as its callers call it (call-weighted; a recursive call counts once)."""
     graphs = {g.name: g for g in model.functions}
     names = set(graphs)
-    memo: dict[str, Counter] = {}
+    times: Counter = Counter()
 
-    def total(graph, stack=()) -> Counter:
-        if graph.name in memo:
-            return memo[graph.name]
-        prims, calls = _graph_counts(graph, names)
-        out = Counter(prims)
-        for callee, k in calls.items():
+    def visit(graph, k: int, stack=()) -> None:
+        times[graph.name] += k
+        _, calls = _graph_counts(graph, names)
+        for callee, n in calls.items():
             if callee in stack or callee == graph.name:
-                continue  # recursion (loops): count the body once
-            sub = total(graphs[callee], stack + (graph.name,))
-            for prim, c in sub.items():
-                out[prim] += c * k
-        memo[graph.name] = out
-        return out
+                continue  # recursion (loops): the body once
+            visit(graphs[callee], k * n, stack + (graph.name,))
 
-    return dict(sorted(total(model.graph).items()))
+    visit(model.graph, 1)
+    order = [model.graph] + [g for g in model.functions if g.name in times]
+    return [(g, times[g.name]) for g in order]
+
+
+def primitive_census(path: Path) -> dict[str, int]:
+    total: Counter = Counter()
+    for graph, k in executed_graphs(read_mindir(path)):
+        prims, _ = _graph_counts(graph, set())
+        for prim, c in prims.items():
+            total[prim] += c * k
+    return dict(sorted(total.items()))

@@ -33,8 +33,8 @@ def repeat_heads(n, x, grow, heads):
     broadcast add of zeros `grow` (1, 1, rep, 1, 1), then the shape with `heads` (a [Nq] constant)."""
     grown = n.binop("+", n.call("ops.expand_dims", x, 2), grow)
     dims = n.call("ops.dyn_shape", x)
-    return n.call("ops.reshape", grown, n.call("ops.concat", (n.getitem(dims, slice(0, 1)), heads,
-                                                              n.getitem(dims, slice(2, 4)))))
+    target = n.call("ops.concat", (n.getitem(dims, slice(0, 1)), heads, n.getitem(dims, slice(2, 4))))
+    return n.call("ops.reshape", grown, n.call(n.helper("onnx_dims"), target))
 
 
 def attention(n):

@@ -334,13 +334,14 @@ def group_norm(n):
         x = n.call("ops.cast", x, n.ms_dtype(_F32))
     head = n.const_tensor(np.array([groups, -1], np.int64), "groups")
     batch = n.getitem(n.call("ops.dyn_shape", x), slice(None, 1))
-    grouped = n.call("ops.reshape", x, n.call("ops.concat", (batch, head)))
+    dims = n.helper("onnx_dims")
+    grouped = n.call("ops.reshape", x, n.call(dims, n.call("ops.concat", (batch, head))))
     mean = n.call("ops.mean", grouped, 2, keep_dims=True)
     centered = n.binop("-", grouped, mean)
     var = _mean_square(n, centered, 2)
     eps = float(n.attr("epsilon", 1e-5))
     normed = n.binop("/", centered, n.call("ops.sqrt", n.binop("+", var, eps)))
-    y = n.call("ops.reshape", normed, n.call("ops.dyn_shape", n.x(0)))
+    y = n.call("ops.reshape", normed, n.call(dims, n.call("ops.dyn_shape", n.x(0))))
     if low:
         y = n.call("ops.cast", y, n.ms_dtype(dt))
     return n.binop("+", n.binop("*", _channel_param(n, 1, rank - 2, "gn_scale"), y),

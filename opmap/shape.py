@@ -37,7 +37,9 @@ def reshape(n):
     target = n.ints(1)
     allowzero = n.attr("allowzero", 0)
     if target is None:
-        return n.call("ops.reshape", x, n.x(1)) if allowzero else n.call(n.helper("onnx_reshape"), x, n.x(1))
+        if allowzero:
+            return n.call("ops.reshape", x, n.call(n.helper("onnx_dims"), n.x(1)))
+        return n.call(n.helper("onnx_reshape"), x, n.x(1))
     if not allowzero and 0 in target:
         src = n.shape(0) or []
         if all(i < len(src) and isinstance(src[i], int) for i, v in enumerate(target) if v == 0):
@@ -93,7 +95,15 @@ def split(n):
                          for k in range(parts))
         step = -(-dim // parts)  # ceil, the last part smaller (opset 18 num_outputs rule)
         sizes = [min(step, dim - k * step) for k in range(parts)]
-    return n.call_n("ops.split", len(sizes), x, list(sizes), axis)
+    # One slice per part, not ops.split: ops.split checks `sum(sizes) == x.shape[axis]` in Python, and where
+    # MindSpore does not know that dim at compile time (a dim behind a Reshape by a shape tensor, as onnxsim's
+    # Gemm spelling of a Linear leaves) graph mode compiles the check into Switch/raise nodes: a GraphCell
+    # loaded without set_inputs then fails ("primitive name: raise"), a lazy_inline layer cannot hold it on
+    # CPU, and at fp16 the Reshape after the split fails on CPU (mindspore 2.10; tests/test_graphcell_load.py).
+    bounds = np.cumsum([0, *sizes]).tolist()
+    lead = (slice(None),) * axis
+    return tuple(n.getitem(x, lead + (slice(lo, hi),) if axis else slice(lo, hi))
+                 for lo, hi in zip(bounds[:-1], bounds[1:]))
 
 
 @register("Split", since=18)
@@ -183,7 +193,8 @@ def unsqueeze(n):
 @register("Expand", since=8)
 def expand(n):
     # Bidirectional broadcasting, exactly ONNX's: combine with a tensor of the target shape.
-    shape_ = n.x(1)
+    target = n.ints(1)
+    shape_ = tuple(target) if target is not None else n.call(n.helper("onnx_dims"), n.x(1))
     x = n.x(0)
     if n.dtype(0) == ir.DataType.BOOL:
         return n.call("ops.logical_or", x, n.call("ops.zeros", shape_, n.ms_dtype(ir.DataType.BOOL)))
@@ -291,11 +302,13 @@ def constant_of_shape(n):
     value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
     dt = n.ms_dtype(ir.DataType.from_numpy(value.dtype))
     v = value[0].item()
+    target = n.ints(0)
+    shape_ = tuple(target) if target is not None else n.call(n.helper("onnx_dims"), n.x(0))
     if v == 0:
-        return n.call("ops.zeros", n.x(0), dt)
+        return n.call("ops.zeros", shape_, dt)
     if v == 1:
-        return n.call("ops.ones", n.x(0), dt)
-    return n.binop("+", n.call("ops.zeros", n.x(0), dt), v)
+        return n.call("ops.ones", shape_, dt)
+    return n.binop("+", n.call("ops.zeros", shape_, dt), v)
 
 
 @register("Range", since=11)

@@ -56,19 +56,21 @@ def fused_nodes(model: onnx.ModelProto, op_type: str | None = None) -> list[onnx
 def mindir_primitive_inputs(path, primitive: str) -> list[list]:
     """For each call of `primitive` in a MindIR: its inputs, constants resolved to their values (float, int,
     string or tensor dims) and other inputs as their node names. Read from the protobuf, never executed."""
-    model = census.read_mindir(path)
-    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
     calls = []
-    for n in model.graph.node:
-        if n.op_type.startswith(f"REF::{primitive}:"):
-            args = []
-            for i in n.input:
-                c = consts.get(i)
-                if c is None or not c.attribute:
-                    args.append(i)
-                    continue
-                args.append(_attribute_value(c.attribute[0]))
-            calls.append(args)
+    model = census.read_mindir(path)
+    # (a function graph, a lazy_inline layer, reads constants the main graph defines)
+    consts = {n.output[0]: n for g in [model.graph, *model.functions] for n in g.node if n.op_type == "Constant"}
+    for graph, times in census.executed_graphs(model):  # call-weighted, like the census
+        for n in graph.node:
+            if n.op_type.startswith(f"REF::{primitive}:"):
+                args = []
+                for i in n.input:
+                    c = consts.get(i)
+                    if c is None or not c.attribute:
+                        args.append(i)
+                        continue
+                    args.append(_attribute_value(c.attribute[0]))
+                calls += [args] * times
     return calls
 
 

@@ -166,7 +166,8 @@ def lower_flash_attention_score(n):
         target = n.call("ops.concat", n.tuple(n.getitem(q_dims, slice(0, 1)),
                                               n.const_tensor(np.array([heads], np.int64), "heads"),
                                               n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
-        full = n.call("ops.logical_or", discard, n.call("ops.zeros", target, n.ms_dtype(ir.DataType.BOOL)))
+        zeros = n.call("ops.zeros", n.call(n.helper("onnx_dims"), target), n.ms_dtype(ir.DataType.BOOL))
+        full = n.call("ops.logical_or", discard, zeros)
         mask = n.call("ops.cast", full, n.ms_dtype(ir.DataType.UINT8))
     pse = None
     shift = n.const(4) if n.has(4) else np.zeros(())
