@@ -54,23 +54,42 @@ def fused_nodes(model: onnx.ModelProto, op_type: str | None = None) -> list[onnx
 
 
 def mindir_primitive_inputs(path, primitive: str) -> list[list]:
-    """For each call of `primitive` in a MindIR: its inputs, constants resolved to their values (float, int,
-    string or tensor dims) and other inputs as their node names. Read from the protobuf, never executed."""
-    calls = []
+    """For each call of `primitive` in a MindIR, call-weighted like the census (a lazy_inline layer graph
+    called N times gives N calls): its inputs, constants resolved to their values (float, int, string,
+    bool or the AttributeProto), Parameters (read through their Load, in the main graph or passed into a
+    layer graph) as their names, other inputs as node names. Read from the protobuf, never executed."""
     model = census.read_mindir(path)
-    # (a function graph, a lazy_inline layer, reads constants the main graph defines)
+    graphs = {g.name: g for g in model.functions}
+    # (a function graph reads constants the main graph defines)
     consts = {n.output[0]: n for g in [model.graph, *model.functions] for n in g.node if n.op_type == "Constant"}
-    for graph, times in census.executed_graphs(model):  # call-weighted, like the census
+    params = {p.name: p.name.partition(":")[2] for p in model.graph.parameter}
+    calls: list[list] = []
+
+    def value(name: str, env: dict):
+        if name in env:
+            return env[name]
+        c = consts.get(name)
+        if c is not None and c.attribute:
+            return _attribute_value(c.attribute[0])
+        return params.get(name, name)
+
+    def walk(graph, env: dict, stack: tuple) -> None:
+        loads = {}
+        for n in graph.node:
+            if n.op_type.startswith("REF::Load:"):
+                loads[n.output[0]] = value(n.input[0], env)
+        local = {**env, **loads}
         for n in graph.node:
             if n.op_type.startswith(f"REF::{primitive}:"):
-                args = []
-                for i in n.input:
-                    c = consts.get(i)
-                    if c is None or not c.attribute:
-                        args.append(i)
-                        continue
-                    args.append(_attribute_value(c.attribute[0]))
-                calls += [args] * times
+                calls.append([value(i, local) for i in n.input])
+                continue
+            callee = n.op_type.partition("REF::")[2] if n.op_type.startswith("REF::") else ""
+            if callee in graphs and callee not in stack:
+                g = graphs[callee]
+                inner = {inp.name: value(arg, local) for inp, arg in zip(g.input, n.input)}
+                walk(g, inner, stack + (graph.name,))
+
+    walk(model.graph, {}, ())
     return calls
 
 

@@ -1,18 +1,12 @@
 """Shared by the fusion tests: zoo compiles cached for the session (one compile serves every pass's checks on
-that export), and a MindIR read-back of primitive arguments that resolves integer constants too.
-
-`primitive_args` is fusion_utils.mindir_primitive_inputs plus integer/bool constants: that helper compares
-against `AttributeProto.INT`, which mind_ir's AttributeProto does not define (its integer kinds are INT8 ...
-UINT64), so it raises on primitives with int arguments (LayerNorm's axes, Swiglu's dim, GeluExt's approximate
-enum). Fold into fusion_utils once it handles integers.
-"""
+that export); `primitive_args` is fusion_utils.mindir_primitive_inputs."""
 
 from __future__ import annotations
 
 import onnx
 
 import graphconv
-from graphconv import census
+from fusion_utils import mindir_primitive_inputs
 
 _COMPILED: dict[tuple, tuple] = {}
 
@@ -30,39 +24,8 @@ def zoo_compile(export_cache, tmp_path_factory, model: str, opset: int, exporter
 
 
 def primitive_args(path, primitive: str) -> list[list]:
-    """For each call of `primitive`: its inputs, constants as Python values, parameters (read through their
-    Load) as their names (the ONNX initializer names), other inputs as node names."""
-    model = census.read_mindir(path)
-    a_type = census.mind_ir_pb2().AttributeProto
-    ints = {a_type.INT8, a_type.INT16, a_type.INT32, a_type.INT64, a_type.UINT8, a_type.UINT16,
-            a_type.UINT32, a_type.UINT64}
-    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
-    loads = {n.output[0]: n.input[0].partition(":")[2] for n in model.graph.node if n.op_type.startswith("REF::Load:")}
-    calls = []
-    for n in model.graph.node:
-        if not n.op_type.startswith(f"REF::{primitive}:"):
-            continue
-        args = []
-        for i in n.input:
-            c = consts.get(i)
-            if c is None or not c.attribute:
-                args.append(loads.get(i, i))
-                continue
-            a = c.attribute[0]
-            if a.type == a_type.FLOAT:
-                args.append(a.f)
-            elif a.type == a_type.DOUBLE:
-                args.append(a.d)
-            elif a.type in ints:
-                args.append(a.i)
-            elif a.type == a_type.BOOL:
-                args.append(bool(a.i))
-            elif a.type == a_type.STRING:
-                args.append(a.s.decode())
-            else:
-                args.append(a)
-        calls.append(args)
-    return calls
+    """fusion_utils.mindir_primitive_inputs (one reader of MindIR primitive arguments)."""
+    return mindir_primitive_inputs(path, primitive)
 
 
 def assert_verified(report, max_abs: float = 1e-4) -> None:

@@ -31,7 +31,7 @@ def _small(path):
 def test_a_wrong_op_mapping_is_named(tmp_path, monkeypatch):
     """Softmax lowered over the wrong axis on purpose: debug must blame `probs`, not its consumers."""
     handler = opmap.registry.lookup("", "Softmax", 18)
-    wrong = opmap.registry.Handler("", "Softmax", 13, lambda n: f"ops.softmax({n.x(0)}, 0)")
+    wrong = opmap.registry.Handler("", "Softmax", 13, lambda n: n.call("ops.softmax", n.x(0), 0))
     monkeypatch.setitem(opmap.registry._HANDLERS, ("", "Softmax"), [wrong])
     report = debug(_small(tmp_path / "m.onnx"))
     assert report.first_divergent == "probs"

@@ -162,8 +162,8 @@ def test_verification_failure_exits_2_and_writes_only_the_report(tmp_path, monke
     onnx.save(_model(), p)
     plugin = tmp_path / "wrong_relu.py"
     plugin.write_text("import opmap\nfrom opmap.registry import register\n"
-                      "register('Relu', since=1)(lambda n: f'ops.sigmoid({n.x(0)})')\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+                      "register('Relu', since=1)(lambda n: n.call('ops.sigmoid', n.x(0)))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
     code = "import wrong_relu, sys; from graphconv.cli import main; main(sys.argv[1:])"
     proc = subprocess.run([sys.executable, "-c", code, "compile", str(p), "-q", "--report", str(tmp_path / "r.json")],
                           capture_output=True, text=True, env=env)
