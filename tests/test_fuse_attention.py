@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 import graphconv
 import opmap.fused
 import passes
-from fusion_utils import assert_same_numerics, fuse, fused_nodes
-from graphconv import census, compare, reference
+from fusion_utils import assert_same_numerics, fuse, fused_nodes, mindir_primitive_inputs
+from graphconv import compare, reference
 
 FMIN = float(np.finfo(np.float32).min)
 # FlashAttentionScore's call arguments after q, k, v, real_shift, drop_mask, padding_mask, attn_mask, prefix,
@@ -406,24 +406,8 @@ def test_exports_fuse_every_layer_with_the_same_numerics(name, opset, exporter, 
 
 
 def _fa_calls(path) -> list[list]:
-    """Every FlashAttentionScore call of a MindIR (main graph and function graphs), constants resolved.
-    (fusion_utils.mindir_primitive_inputs raises on these calls: mind_ir's AttributeProto has INT64 and
-    NONE kinds but no INT, and FlashAttentionScore's None and int arguments reach that comparison.)"""
-    model = census.read_mindir(path)
-    a_type = census.mind_ir_pb2().AttributeProto
-    calls = []
-    for graph in (model.graph, *model.functions):
-        consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
-        for n in graph.node:
-            if not n.op_type.startswith("REF::FlashAttentionScore:"):
-                continue
-            args = []
-            for i in n.input:
-                a = consts[i].attribute[0] if i in consts and consts[i].attribute else None
-                args.append(i if a is None else a.f if a.type == a_type.FLOAT else a.i if a.type == a_type.INT64
-                            else a.s.decode() if a.type == a_type.STRING else None if a.type == a_type.NONE else a)
-            calls.append(args)
-    return calls
+    """Every FlashAttentionScore call of a MindIR, call-weighted, constants resolved (the shared reader)."""
+    return mindir_primitive_inputs(path, "FlashAttentionScore")
 
 
 def _check_readback(mindir, fused_path, bias=False):

@@ -14,8 +14,8 @@ import graphconv
 import onnx_ir as ir
 import opmap.fused
 import passes
-from fusion_utils import assert_same_numerics, fuse, fused_nodes
-from graphconv import census, reference
+from fusion_utils import assert_same_numerics, fuse, fused_nodes, mindir_primitive_inputs
+from graphconv import reference
 
 D = 16
 N = 4
@@ -560,18 +560,11 @@ def test_reference_body_is_the_documented_formula(mode, opset):
 
 # --- real exports -----------------------------------------------------------------------------------------------
 def _mindir_modes(path) -> list[int]:
-    """The `mode` argument of every RotaryPositionEmbedding call in a MindIR (read from the protobuf).
-    (fusion_utils.mindir_primitive_inputs does not resolve integer constants: mind_ir's AttributeProto has
-    INT64 and no INT.)"""
-    model = census.read_mindir(path)
-    graphs = [model.graph, *model.functions]
+    """The `mode` argument of every RotaryPositionEmbedding call in a MindIR (read from the protobuf)."""
     modes = []
-    for graph in graphs:
-        consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
-        for n in graph.node:
-            if n.op_type.startswith("REF::RotaryPositionEmbedding:"):
-                assert len(n.input) == 4
-                modes.append(int(consts[n.input[3]].attribute[0].i))
+    for args in mindir_primitive_inputs(path, "RotaryPositionEmbedding"):  # call-weighted, per layer call
+        assert len(args) == 4
+        modes.append(int(args[3]))
     return modes
 
 
