@@ -21,17 +21,29 @@ What it does, in one run:
    (c) graphconv end to end: `python -m graphconv compile model.onnx -o ... --report ... -q` with its
        defaults (target ascend, onnxsim and verification on).
 3. Prints a summary table and the ratios; deletes the workdir unless --keep.
+4. With --from-transformers (needs torch, transformers and onnxscript), also exports a real model of the same
+   shape and runs (a), (b), (c) on it, printing a second table: a transformers LlamaForCausalLM built from a
+   LlamaConfig with the size's numbers and otherwise default settings (attention implementation left at its
+   default, sdpa; use_cache off; tie_word_embeddings False; fp32, random init seeded with --seed, norm weights
+   1 + N(0, 0.02) unless --gamma ones), exported by `torch.onnx.export(..., dynamo=True, opset_version=18,
+   external_data=True)` with input `input_ids` (batch and seq dynamic) and output `logits`, in its own
+   subprocess whose wall time and peak RSS are reported as "export" (killed past EXPORT_RSS_LIMIT or 90% of the
+   memory available when it starts, whichever is lower). Its floor (a) is built from the export's own
+   floating-point initializers (names, shapes, bytes read from the ONNX: external data in place, the few
+   small inline ones copied to a side file); the weight bytes of its ratios are those initializers' bytes.
 
 Targets (printed as PASS/MISS): wall(c) / wall(a) <= 2.0 and peak RSS(c) <= 1.5 x weight bytes.
 
 Run (from the repository root):
 
     .venv/bin/python benchmarks/compile_scale.py [--size small|default] [--workdir DIR] [--keep] [--json]
+                                                 [--from-transformers]
     .venv/bin/python benchmarks/compile_scale.py --selfcheck   # tiny models: onnxruntime vs numpy
 
 `--size small` (~100M parameters, ~0.4 GB of weights) takes about a minute; `--size default` (~1.1B
 parameters, TinyLlama-1.1B's shape, ~4.4 GB of weights) needs at least 4x the weight bytes of free disk.
-Progress goes to stderr, the results to stdout. No torch anywhere.
+`--size small --from-transformers` takes about 4 minutes on 2 cores (the export alone ~50 s).
+Progress goes to stderr, the results to stdout. No torch anywhere, except in --from-transformers' export child.
 """
 
 from __future__ import annotations
@@ -56,6 +68,8 @@ ALIGN = 4096  # offsets of the weights in the data file (page aligned, as onnx's
 CHUNK = 64 * 2**20
 WALL_TARGET = 2.0  # wall(c) / wall(a)
 RSS_TARGET = 1.5  # peak RSS(c) / weight bytes
+EXPORT_RSS_LIMIT = 20 * 2**30  # --from-transformers: the export child is killed past this (or 90% of available)
+EXPORT_BATCH, EXPORT_SEQ = 2, 8  # the example input_ids of the export (both dims dynamic)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -478,9 +492,10 @@ def tree_rss(proc) -> int:
     return total
 
 
-def measure(cmd: list[str], logs: Path, name: str, env: dict | None = None) -> dict:
+def measure(cmd: list[str], logs: Path, name: str, env: dict | None = None, rss_limit: int | None = None) -> dict:
     """Runs cmd with stdout/stderr to logs/<name>.out/.err; polls the summed RSS of its process tree every
-    0.1 s; reaps it with wait4 for ru_maxrss (the largest single process of the tree)."""
+    0.1 s; reaps it with wait4 for ru_maxrss (the largest single process of the tree). With `rss_limit`, a tree
+    whose RSS goes past it is killed (result "rss_limit_exceeded": the limit)."""
     import psutil
 
     logs.mkdir(parents=True, exist_ok=True)
@@ -490,13 +505,24 @@ def measure(cmd: list[str], logs: Path, name: str, env: dict | None = None) -> d
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=REPO,
                                 env={**os.environ, **(env or {})})
         ps = psutil.Process(proc.pid)
-        peak = 0
+        peak, over = 0, None
         try:
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
                     break
                 peak = max(peak, tree_rss(ps))
+                if rss_limit is not None and peak > rss_limit and over is None:
+                    over = rss_limit
+                    try:
+                        members = ps.children(recursive=True) + [ps]
+                    except psutil.Error:
+                        members = [ps]
+                    for member in members:
+                        try:
+                            member.kill()
+                        except psutil.Error:
+                            pass
                 time.sleep(0.1)
         except BaseException:
             proc.kill()
@@ -505,9 +531,12 @@ def measure(cmd: list[str], logs: Path, name: str, env: dict | None = None) -> d
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     stderr = err_path.read_text(errors="replace").strip().splitlines()
-    return {"wall_s": wall, "peak_rss_tree_bytes": peak, "ru_maxrss_bytes": usage.ru_maxrss * 1024,
-            "exit_code": proc.returncode, "stdout": out_path.read_text(errors="replace"),
-            "stderr_tail": stderr[-1] if stderr else ""}
+    out = {"wall_s": wall, "peak_rss_tree_bytes": peak, "ru_maxrss_bytes": usage.ru_maxrss * 1024,
+           "exit_code": proc.returncode, "stdout": out_path.read_text(errors="replace"),
+           "stderr_tail": stderr[-1] if stderr else ""}
+    if over is not None:
+        out["rss_limit_exceeded"] = over
+    return out
 
 
 def child_result(m: dict) -> dict:
@@ -528,13 +557,17 @@ def dir_bytes(path: Path) -> int:
 
 
 def child_floor(manifest_path: str, out_base: str) -> None:
-    """Runs in the floor subprocess: read every byte, then Parameters from the file and mindspore.export."""
+    """Runs in the floor subprocess: read every byte, then Parameters from the file and mindspore.export.
+    The manifest: {"data": file, "weights": [{name, shape, offset, length}, ...]}; a weight may name its own
+    "file" and "dtype" (numpy name, default float32)."""
     spec = json.loads(Path(manifest_path).read_text())
+    files = list(dict.fromkeys(w.get("file", spec.get("data")) for w in spec["weights"]))
     t0 = time.perf_counter()
     buf, total = bytearray(CHUNK), 0
-    with open(spec["data"], "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            total += n
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                total += n
     read_s = time.perf_counter() - t0
 
     import mindspore as ms
@@ -544,11 +577,16 @@ def child_floor(manifest_path: str, out_base: str) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     t1 = time.perf_counter()
     params = []
-    with open(spec["data"], "rb") as f:
+    handles = {path: open(path, "rb") for path in files}
+    try:
         for w in spec["weights"]:
+            f, dtype = handles[w.get("file", spec.get("data"))], np.dtype(w.get("dtype", "float32"))
             f.seek(w["offset"])
-            arr = np.fromfile(f, np.float32, w["length"] // 4).reshape(w["shape"])
+            arr = np.fromfile(f, dtype, w["length"] // dtype.itemsize).reshape(w["shape"])
             params.append(ms.Parameter(ms.Tensor(arr), name=w["name"]))
+    finally:
+        for f in handles.values():
+            f.close()
 
     class Floor(nn.Cell):
         def __init__(self, ws):
@@ -568,9 +606,9 @@ def child_floor(manifest_path: str, out_base: str) -> None:
     print(json.dumps({"bytes_read": total, "read_s": read_s, "params_s": params_s, "export_s": export_s}))
 
 
-def measure_floor(work: Path, data_path: Path, manifest: list[dict]) -> dict:
+def measure_floor(work: Path, data_path: Path | None, manifest: list[dict]) -> dict:
     spec = work / "floor_manifest.json"
-    spec.write_text(json.dumps({"data": str(data_path), "weights": manifest}))
+    spec.write_text(json.dumps({"data": str(data_path) if data_path else None, "weights": manifest}))
     out = work / "floor"
     out.mkdir(exist_ok=True)
     m = measure([sys.executable, __file__, "--child", "floor", str(spec), str(out / "floor")],
@@ -622,6 +660,153 @@ def measure_graphconv(work: Path, model_path: Path) -> dict:
     return m
 
 
+# --from-transformers: the same shape as a transformers LlamaForCausalLM, exported by torch's dynamo exporter
+
+
+def transformers_missing() -> list[str]:
+    """The packages --from-transformers needs that are not installed (found without importing them)."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a broken install, or sys.modules[name] = None
+            return True
+
+    return [name for name in ("torch", "transformers", "onnxscript") if absent(name)]
+
+
+def child_export(cfg_json: str, model_path: str, seed: str, gamma: str) -> None:
+    """Runs in the export subprocess: LlamaForCausalLM from a LlamaConfig of the Config's numbers (defaults
+    otherwise), random init, then torch.onnx.export(dynamo=True, opset 18, external data) to model_path."""
+    import warnings
+
+    t0 = time.perf_counter()
+    import torch
+    import transformers
+
+    cfg = Config(**json.loads(cfg_json))
+    config = transformers.LlamaConfig(
+        vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+        rms_norm_eps=cfg.eps, rope_parameters={"rope_type": "default", "rope_theta": cfg.theta},
+        tie_word_embeddings=False, use_cache=False)
+    import_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    torch.manual_seed(int(seed))
+    with torch.no_grad():  # no autograd state; the parameters are the only copy of the weights
+        model = transformers.LlamaForCausalLM(config).eval()
+        if gamma == "random":
+            for module in model.modules():
+                if type(module).__name__.endswith("RMSNorm"):
+                    module.weight.normal_(1.0, 0.02)
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    build_s = time.perf_counter() - t1
+    n_params = sum(p.numel() for p in model.parameters())
+    input_ids = torch.randint(0, cfg.vocab, (EXPORT_BATCH, EXPORT_SEQ), generator=torch.Generator().manual_seed(1))
+    t2 = time.perf_counter()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (input_ids,), model_path, dynamo=True, opset_version=18,
+                          dynamic_shapes={"input_ids": {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}},
+                          input_names=["input_ids"], output_names=["logits"], external_data=True)
+    export_s = time.perf_counter() - t2
+    print(json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
+                      "attn_implementation": model.config._attn_implementation, "dtypes": dtypes,
+                      "torch_params": n_params, "import_s": import_s, "build_s": build_s, "export_s": export_s}))
+
+
+def measure_export(work: Path, cfg: Config, seed: int, gamma: str) -> tuple[Path, dict]:
+    import psutil
+
+    model_dir = work / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    path = model_dir / "model.onnx"
+    limit = min(EXPORT_RSS_LIMIT, int(0.9 * psutil.virtual_memory().available))
+    m = measure([sys.executable, __file__, "--child", "export", json.dumps(dataclasses.asdict(cfg)), str(path),
+                 str(seed), gamma], work / "logs", "export", rss_limit=limit)
+    m.update(child_result(m), rss_limit=limit, output_bytes=dir_bytes(model_dir))
+    if m.get("rss_limit_exceeded"):
+        m["error"] = (f"export killed: its process tree went past {mib(limit)} of RSS (the limit: "
+                      f"min({mib(EXPORT_RSS_LIMIT)}, 90% of the memory available when it started))")
+    elif m["exit_code"] < 0:
+        m["error"] = f"export killed by signal {-m['exit_code']} (out of memory?); peak RSS {mib(m['peak_rss_tree_bytes'])}"
+    elif m["exit_code"] or not path.exists():
+        m["error"] = m["stderr_tail"] or f"exit code {m['exit_code']}"
+    return path, m
+
+
+def export_manifest(model_path: Path, side_file: Path) -> tuple[list[dict], dict]:
+    """The floor's weights from the export's own initializers: every floating-point one, external data read in
+    place (file, offset, length from its external_data entries), inline ones copied to `side_file`. Returns the
+    manifest and counts (params, bytes, the external / inline split, the non-float initializers left out)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    manifest: list[dict] = []
+    counts = {"params": 0, "bytes": 0, "external": 0, "external_bytes": 0, "inline": 0, "inline_bytes": 0,
+              "non_float": 0, "non_float_bytes": 0}
+    with open(side_file, "wb") as side:
+        offset = 0
+        for t in model.graph.initializer:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+            shape = list(t.dims)
+            n = math.prod(shape)
+            if not np.issubdtype(dtype, np.floating):
+                counts["non_float"] += 1
+                counts["non_float_bytes"] += n * dtype.itemsize
+                continue
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                ext = {e.key: e.value for e in t.external_data}
+                entry = {"file": str((model_path.parent / ext["location"]).resolve()),
+                         "offset": int(ext.get("offset", 0)), "length": int(ext.get("length", n * dtype.itemsize))}
+                counts["external"] += 1
+                counts["external_bytes"] += entry["length"]
+            else:
+                arr = np.ascontiguousarray(numpy_helper.to_array(t), dtype)
+                entry = {"file": str(side_file.resolve()), "offset": offset, "length": arr.nbytes}
+                side.write(memoryview(arr).cast("B"))
+                offset += arr.nbytes
+                counts["inline"] += 1
+                counts["inline_bytes"] += arr.nbytes
+            manifest.append({"name": t.name, "shape": shape, "dtype": dtype.name, **entry})
+            counts["params"] += n
+            counts["bytes"] += entry["length"]
+    return manifest, counts
+
+
+def run_transformers(work: Path, cfg: Config, size: str, seed: int, gamma: str, keep: bool) -> dict | None:
+    """Exports the transformers model into work/ and measures (a), (b), (c) on it; the summary, or None when
+    the export failed (its error is printed)."""
+    work.mkdir(parents=True, exist_ok=True)
+    log(f"export: transformers LlamaForCausalLM of the same shape, torch.onnx.export(dynamo=True) to {work / 'model'}")
+    model_path, e = measure_export(work, cfg, seed, gamma)
+    log(f"export: {e['wall_s']:.1f}s, peak RSS {mib(e['peak_rss_tree_bytes'])}, exit {e['exit_code']}")
+    if e.get("error"):
+        print(f"compile_scale --size {size} --from-transformers: the export FAILED after {e['wall_s']:.1f}s "
+              f"(peak RSS {mib(e['peak_rss_tree_bytes'])}): {e['error']}")
+        return None
+    manifest, counts = export_manifest(model_path, work / "floor_inline.bin")
+    weight_bytes = counts["bytes"]
+
+    log("(a) floor on the export's initializers")
+    a = measure_floor(work, None, manifest)
+    log(f"(a) {a['wall_s']:.1f}s, peak RSS {mib(a['peak_rss_tree_bytes'])}, exit {a['exit_code']}")
+    if not keep:
+        shutil.rmtree(work / "floor", ignore_errors=True)
+    log("(b) onnxsim alone on the export")
+    b = measure_onnxsim(work, model_path)
+    log(f"(b) {b['wall_s']:.1f}s, peak RSS {mib(b['peak_rss_tree_bytes'])}, exit {b['exit_code']}")
+    log("(c) graphconv compile of the export")
+    c = measure_graphconv(work, model_path)
+    log(f"(c) {c['wall_s']:.1f}s, peak RSS {mib(c['peak_rss_tree_bytes'])}, exit {c['exit_code']}")
+    s = summarize(cfg, size, gamma, weight_bytes, e.get("build_s", 0.0), a, b, c)
+    s.update(source="transformers", params=counts["params"], initializers=counts,
+             export={k: v for k, v in e.items() if k != "stdout"})
+    return s
+
+
 # ----------------------------------------------------------------------------------------------------------
 # summary
 
@@ -645,7 +830,7 @@ def summarize(cfg: Config, size: str, gamma: str, weight_bytes: int, build_s: fl
                "c_peak_rss_over_weights": ratios["c_peak_rss_over_weights"] <= RSS_TARGET and c["exit_code"] == 0}
     strip = ("stdout", "report")
     return {
-        "size": size, "gamma": gamma, "config": dataclasses.asdict(cfg), "params": cfg.n_params(), "weight_bytes": weight_bytes,
+        "source": "synthetic", "size": size, "gamma": gamma, "config": dataclasses.asdict(cfg), "params": cfg.n_params(), "weight_bytes": weight_bytes,
         "build_s": build_s,
         "floor": {k: v for k, v in a.items() if k not in strip},
         "onnxsim": {k: v for k, v in b.items() if k not in strip},
@@ -662,13 +847,28 @@ def summarize(cfg: Config, size: str, gamma: str, weight_bytes: int, build_s: fl
 
 def print_summary(s: dict) -> None:
     cfg = s["config"]
-    print(f"compile_scale --size {s['size']}: {s['params'] / 1e6:,.1f}M parameters, weights {s['weight_bytes'] / 1e9:.2f} GB "
-          f"({mib(s['weight_bytes'])}); hidden {cfg['hidden']}, layers {cfg['layers']}, intermediate "
-          f"{cfg['intermediate']}, heads {cfg['heads']}/{cfg['kv_heads']}, vocab {cfg['vocab']}, gammas {s['gamma']}; "
-          f"built in {s['build_s']:.1f}s")
+    shape = (f"hidden {cfg['hidden']}, layers {cfg['layers']}, intermediate {cfg['intermediate']}, heads "
+             f"{cfg['heads']}/{cfg['kv_heads']}, vocab {cfg['vocab']}, gammas {s['gamma']}")
+    if s["source"] == "transformers":
+        e, n = s["export"], s["initializers"]
+        print(f"compile_scale --size {s['size']} --from-transformers: transformers {e['transformers']} LlamaForCausalLM "
+              f"(attention {e['attn_implementation']}, {'/'.join(e['dtypes'])}), torch {e['torch']} dynamo export, opset 18; "
+              f"{shape}")
+        print(f"  {s['params'] / 1e6:,.1f}M parameters in {n['external'] + n['inline']} float initializers, weights "
+              f"{s['weight_bytes'] / 1e9:.2f} GB ({mib(s['weight_bytes'])}; {n['external']} external, {n['inline']} inline "
+              f"= {n['inline_bytes']:,} bytes); {n['non_float']} non-float initializers ({n['non_float_bytes']:,} bytes) "
+              f"not in the floor; torch parameters {e['torch_params'] / 1e6:,.1f}M")
+        print(f"  export child: import {e['import_s']:.1f}s, model built in {e['build_s']:.1f}s, torch.onnx.export "
+              f"{e['export_s']:.1f}s; ONNX + data {mib(e['output_bytes'])}")
+    else:
+        print(f"compile_scale --size {s['size']}: {s['params'] / 1e6:,.1f}M parameters, weights {s['weight_bytes'] / 1e9:.2f} GB "
+              f"({mib(s['weight_bytes'])}); {shape}; built in {s['build_s']:.1f}s")
     print()
     print(f"{'measurement':<16}{'wall s':>9}{'peak RSS (tree)':>18}{'ru_maxrss':>13}{'x weights':>11}{'exit':>6}")
-    for key, label in (("floor", "(a) floor"), ("onnxsim", "(b) onnxsim"), ("graphconv", "(c) graphconv")):
+    rows = (("floor", "(a) floor"), ("onnxsim", "(b) onnxsim"), ("graphconv", "(c) graphconv"))
+    if s["source"] == "transformers":
+        rows = (("export", "export"),) + rows
+    for key, label in rows:
         m = s[key]
         print(f"{label:<16}{m['wall_s']:>9.1f}{mib(m['peak_rss_tree_bytes']):>18}{mib(m['ru_maxrss_bytes']):>13}"
               f"{m['peak_rss_tree_bytes'] / s['weight_bytes']:>11.2f}{m['exit_code']:>6}")
@@ -721,6 +921,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, help="empty or new directory (default: a new one under /tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir (model, MindIRs, logs, report)")
     ap.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+    ap.add_argument("--from-transformers", action="store_true",
+                    help="also export a transformers LlamaForCausalLM of the same shape with torch's dynamo "
+                         "exporter (in a subprocess, measured as 'export') and measure (a), (b), (c) on it: a "
+                         "second table (needs torch, transformers, onnxscript)")
     ap.add_argument("--selfcheck", action="store_true", help="check the graph on tiny models (ORT vs numpy) and exit")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -735,16 +939,18 @@ def config_from(args: argparse.Namespace) -> Config:
 
 
 def prepare_workdir(args: argparse.Namespace, weight_bytes: int) -> tuple[Path, bool]:
-    """The workdir and whether this script created it; exits if it is not empty or the disk is too full."""
+    """The workdir and whether this script created it; exits if it is not empty or the disk is too full
+    (4x the weights; 8x for --from-transformers --keep, which keeps both models)."""
     if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
         raise SystemExit(f"compile_scale: --workdir {args.workdir} is not empty")
     probe = args.workdir if args.workdir is not None else Path(tempfile.gettempdir())
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    if free < 4 * weight_bytes:
-        raise SystemExit(f"compile_scale: {free / 1e9:.1f} GB free on {probe}, need 4x the weights = "
-                         f"{4 * weight_bytes / 1e9:.1f} GB; free space or pass --workdir elsewhere")
+    factor = 8 if args.from_transformers and args.keep else 4
+    if free < factor * weight_bytes:
+        raise SystemExit(f"compile_scale: {free / 1e9:.1f} GB free on {probe}, need {factor}x the weights = "
+                         f"{factor * weight_bytes / 1e9:.1f} GB; free space or pass --workdir elsewhere")
     if args.workdir is None:
         return Path(tempfile.mkdtemp(prefix="compile_scale-")), True
     created = not args.workdir.exists()
@@ -756,7 +962,7 @@ def cleanup(work: Path, created: bool) -> None:
     if created:
         shutil.rmtree(work, ignore_errors=True)
     else:
-        for sub in ("model", "floor", "out", "logs", "floor_manifest.json"):
+        for sub in ("model", "floor", "out", "logs", "floor_manifest.json", "transformers"):
             p = work / sub
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
@@ -764,10 +970,14 @@ def cleanup(work: Path, created: bool) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.child:
-        {"floor": child_floor, "onnxsim": child_onnxsim}[args.child[0]](*args.child[1:])
+        {"floor": child_floor, "onnxsim": child_onnxsim, "export": child_export}[args.child[0]](*args.child[1:])
         return 0
     if args.selfcheck:
         return 0 if selfcheck(args.seed) else 1
+    if args.from_transformers and (missing := transformers_missing()):
+        print(f"compile_scale: --from-transformers needs torch, transformers and onnxscript; not installed: "
+              f"{', '.join(missing)}", file=sys.stderr)
+        return 1
 
     cfg = config_from(args)
     weight_bytes = 4 * cfg.n_params()
@@ -795,11 +1005,23 @@ def main(argv: list[str]) -> int:
 
         summary = summarize(cfg, args.size, args.gamma, weight_bytes, build_s, a, b, c)
         print_summary(summary)
-        if args.json:
+        ok = a["exit_code"] == 0 and c["exit_code"] == 0
+        if args.from_transformers:
+            sys.stdout.flush()
+            if not args.keep:  # disk: one model at a time
+                cleanup(work, False)
+            hf = run_transformers(work / "transformers", cfg, args.size, args.seed, args.gamma, args.keep)
+            if hf is not None:
+                print()
+                print_summary(hf)
+            ok = ok and hf is not None and hf["floor"]["exit_code"] == 0 and hf["graphconv"]["exit_code"] == 0
+            if args.json:
+                print(json.dumps({"synthetic": summary, "transformers": hf}, indent=2, default=str))
+        elif args.json:
             print(json.dumps(summary, indent=2, default=str))
         if args.keep:
             log(f"kept {work}")
-        return 0 if a["exit_code"] == 0 and c["exit_code"] == 0 else 1
+        return 0 if ok else 1
     finally:
         if not args.keep:
             cleanup(work, created)

@@ -5,7 +5,9 @@ inference leaves unknown; fuse-attention needs it static. Runs before the fusion
 onnxruntime's inference gives up (BERT's position-id slice: "unsupported broadcast between Min(128, seq) and
 seq"), the Reshape's -1 is solved from the shape arithmetic itself (refine_reshape_minus_one), following dims
 through the ops that pass them on unchanged (BERT's first query after onnxsim: Reshape(MatMul(LayerNorm(x), Wq),
-Concat(Shape(LayerNorm(x))[0], [1], -1, 16)) with no bias Add in between).
+Concat(Shape(LayerNorm(x))[0], [1], -1, 16)) with no bias Add in between). A -1 that is provably one of the
+input's symbolic dims gets that dim: Bloom's TorchScript flattening Reshape(q (B, N, S, D), Concat(Shape(x)[0]·N,
+-1, D)) keeps q's S, which fuse-attention's flattened layout needs (onnx's inference names it anew).
 """
 
 from __future__ import annotations

@@ -122,7 +122,10 @@ def refine_static_dims(model: ir.Model) -> int:
 # --- Reshape's -1 from shape arithmetic ------------------------------------------------------------------------
 # TorchScript writes Reshape(x, Concat(Shape(y)[0], Shape(y)[1], -1, 16)); where x's own dims are traced to the
 # same Shape(y) pieces (x = Reshape(..., Concat(Shape(y)[0:2], 64))), the -1 is 64 / 16 = 4 whatever y's dims are.
-# A dim is an "atom": a static int, or ("axis", value, i) for axis i of a value no producer explains further.
+# A dim is an "atom": a static int, ("axis", value, i) for axis i of a value no producer explains further, or
+# ("prod", c, atoms) for a product such as Bloom's B·N = Mul(Shape(x)[0], N). Where all but one of the input's
+# symbolic factors cancel and the static ones are equal, the -1 is that input axis: Bloom's Reshape(q (B, N, S,
+# D), Concat(Shape(x)[0]·N, -1, D)) gets q's own S, so fuse-attention sees the flattening it reads.
 
 # A dim passed on unchanged (an op whose output axis is exactly one input's axis) is the same atom as that
 # input's: Shape(LayerNorm(x))[0] and MatMul(LayerNorm(x), W)'s axis 0 are both x's axis 0 (BERT's first query
@@ -143,7 +146,8 @@ _BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Where", "
 
 def _passed_on(value: ir.Value, axis: int) -> tuple[ir.Value, int] | None:
     """(input, its axis) when `value`'s `axis` is provably that input's dim, else None: output 0 of a
-    same-shape op; a Transpose's permuted axis; a MatMul by a 2-D matrix (no batch broadcast) on every axis but
+    same-shape op; a Transpose's permuted axis; a Gather's axes (the data's outside the gathered axis, the
+    indices' in its place); a MatMul by a 2-D matrix (no batch broadcast) on every axis but
     the last; a broadcasting op on an axis where every other input is absent or static 1 (broadcasting a 1
     gives the other input's size, whatever it is)."""
     p = value.producer()
@@ -155,6 +159,16 @@ def _passed_on(value: ir.Value, axis: int) -> tuple[ir.Value, int] | None:
     if op == "Transpose":
         r = match.rank(p.inputs[0])
         return (p.inputs[0], match.perm(p, r)[axis]) if r is not None and r == match.rank(value) else None
+    if op == "Gather":  # output = data.shape[:a] + indices.shape + data.shape[a+1:]
+        data, idx = p.inputs[0], match.input_at(p, 1)
+        r, ri = match.rank(data), match.rank(idx)
+        if r is None or ri is None:
+            return None
+        a = p.attributes.get_int("axis", 0)
+        a = a + r if a < 0 else a
+        if axis < a:
+            return data, axis
+        return (idx, axis - a) if axis < a + ri else (data, axis - ri + 1)
     if op == "MatMul":
         a, b = p.inputs[0], p.inputs[1]
         ra = match.rank(a)
@@ -216,6 +230,12 @@ def _shape_atoms(shape: ir.Value | None, depth: int = 0) -> list | None:
     if p.op_type == "Concat":
         parts = [_shape_atoms(x, depth + 1) for x in p.inputs]
         return None if any(x is None for x in parts) else [a for x in parts for a in x]
+    if p.op_type == "Mul":  # elementwise, a 1-element side broadcast: B·N as Mul(Shape(x)[0], N)
+        a, b = _shape_atoms(p.inputs[0], depth + 1), _shape_atoms(match.input_at(p, 1), depth + 1)
+        if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
+            return None
+        n = max(len(a), len(b))
+        return [_product(a[i if len(a) > 1 else 0], b[i if len(b) > 1 else 0]) for i in range(n)]
     if p.op_type in ("Unsqueeze", "Squeeze", "Reshape"):  # a scalar made 1-D, or the other way
         inner = _shape_atoms(p.inputs[0], depth + 1)
         return inner if inner is not None and len(inner) == 1 else None
@@ -233,6 +253,26 @@ def _shape_atoms(shape: ir.Value | None, depth: int = 0) -> list | None:
             return None
         return src[slice(starts[0], ends[0])]
     return None
+
+
+def _factors(atom) -> list:
+    """A product atom's factors (its static part first), any other atom alone."""
+    return [atom[1], *atom[2]] if isinstance(atom, tuple) and atom[0] == "prod" else [atom]
+
+
+def _product(a, b):
+    """The atom of a · b: an int, one symbolic atom, ("prod", static part, sorted symbolic atoms), or None
+    (a factor not traced, or a -1 or negative factor: not a dim)."""
+    if a is None or b is None:
+        return None
+    fs = _factors(a) + _factors(b)
+    c = int(np.prod([f for f in fs if isinstance(f, int)]))
+    syms = sorted(f for f in fs if not isinstance(f, int))
+    if c < 0:
+        return None
+    if c == 0 or not syms:
+        return c
+    return syms[0] if c == 1 and len(syms) == 1 else ("prod", c, tuple(syms))
 
 
 _FOLLOWS = {"Transpose", "Mul", "Div", "Add", "Sub", "Cast", "Identity"}
@@ -261,9 +301,12 @@ def _symbols(atoms: list) -> list:
 
 
 def refine_reshape_minus_one(model: ir.Model) -> int:
-    """Give a Reshape output the static size of its -1 where the shape arithmetic proves it: every symbolic
-    factor of the target is one of the input's (same value, same axis), none of the input's is left over,
-    and the static factors divide. Returns how many dims became static."""
+    """Give a Reshape output its -1 where the shape arithmetic proves it: every symbolic factor of the target
+    is one of the input's (same value, same axis) and the static factors divide. With none of the input's
+    left over the -1 is static (num / den); with exactly one left over, a whole input axis, and the static
+    factors equal, the -1 is that axis and gets its symbolic dim (Bloom's flattening through TorchScript:
+    Reshape(q (B, N, S, D), Concat(Shape(x)[0]·N, -1, D)) is (B·N, S, D) with q's own S). Returns how many
+    dims were refined."""
     changed = 0
     for node in model.graph:  # topological order: a refined dim reaches the Transposes and scalings after it
         if node.domain not in match.STANDARD_DOMAINS:
@@ -281,20 +324,29 @@ def refine_reshape_minus_one(model: ir.Model) -> int:
         if 0 in target and node.attributes.get_int("allowzero", 0) == 0:
             continue  # (0 copies an input dim: not handled)
         k = target.index(-1)
-        if isinstance(dims[k], int):
+        if isinstance(dims[k], int) or any(a is None for a in target):
             continue
         have = [_dim_atom(src, i) for i in range(rank)]
-        left = _symbols(have)
-        for a in _symbols(target):
+        have_f = [f for a in have for f in _factors(a)]
+        target_f = [f for i, a in enumerate(target) if i != k for f in _factors(a)]
+        left = _symbols(have_f)
+        for a in _symbols(target_f):
             if a not in left:
                 break
             left.remove(a)
         else:
-            num = int(np.prod([a for a in have if isinstance(a, int)]))
-            den = int(np.prod([a for a in target if isinstance(a, int) and a != -1]))
+            num = int(np.prod([a for a in have_f if isinstance(a, int)]))
+            den = int(np.prod([a for a in target_f if isinstance(a, int)]))
+            new = list(out.shape)
             if not left and den > 0 and num % den == 0:
-                new = list(out.shape)
                 new[k] = num // den
-                out.shape = ir.Shape(new)
-                changed += 1
+            elif len(left) == 1 and num == den and left[0] in have:
+                dim = src.shape[have.index(left[0])]
+                if not isinstance(dim, ir.SymbolicDim) or dim.value is None or dims[k] == dim.value:
+                    continue
+                new[k] = dim
+            else:
+                continue
+            out.shape = ir.Shape(new)
+            changed += 1
     return changed

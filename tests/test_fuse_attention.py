@@ -639,3 +639,120 @@ def test_bloom_export_fuses_alibi_into_real_shift(export_cache, tmp_path):
     assert report.coverage["attention"]["fused"] == 2
     calls = _fa_calls(tmp_path / "m.mindir")
     assert len(calls) == 2 and all(isinstance(c[REAL_SHIFT], str) and ":CNode" in c[REAL_SHIFT] for c in calls)
+
+
+@pytest.mark.slow  # (~35 s: export and compile)
+def test_bloom_torchscript_export_fuses_through_the_proved_flattening(export_cache, tmp_path):
+    """hf/bloom through TorchScript (opset 17): after onnxsim q3 = Reshape(q, Concat(Shape(x)[0]·4, -1, 16))
+    has fresh symbols; refine-shapes proves its S is q's and every attention of the census fuses, ALiBi in
+    real_shift, verified."""
+    pytest.importorskip("transformers")
+    from models import architectures
+
+    want = architectures.ARCHITECTURES["bloom"].census["FlashAttentionScore"]
+    report = _compile_and_check(export_cache("hf/bloom", 17, "torchscript"), tmp_path, n_layers=want, bias=True)
+    assert report.coverage["attention"] == {"candidates": want, "fused": want, "refused": {}, "items": []}
+    calls = _fa_calls(tmp_path / "m.mindir")
+    assert len(calls) == want and all(isinstance(c[REAL_SHIFT], str) and ":CNode" in c[REAL_SHIFT] for c in calls)
+
+
+# --- Bloom through TorchScript: the flattening proved from the shape arithmetic ---------------------------------
+# After onnxsim, q3 = Reshape(q (B, 4, S, 16), Concat(Unsqueeze(Mul(Shape(x)[0], 4)), [-1], [16])): onnx's
+# inference gives q3 fresh symbols, refine-shapes proves the -1 is q's own S (passes/shapes.py).
+def _torchscript_flat_graph(first: str = "b*n", d_last: int = 16):
+    """transformers' Bloom attention as the TorchScript exporter writes it after onnxsim: qkv = x @ W + b viewed
+    (B, S, 4, 3, 16) by Concat(Shape(qkv)[0], Shape(qkv)[1], 4, 3, 16); q/k/v = Transpose(Gather(., i, axis=3));
+    each flattened by Concat(Unsqueeze(first), [-1], [d_last]) where `first` is Shape(x)[0]·4 ("b*n"),
+    Shape(x)[0] ("b"), Shape(x)[1]·4 ("s*n") or Shape(z)[0]·4 of another input ("other"); scores = 0.25 ·
+    q3 @ k3ᵀ + ALiBi (slopes · (cumsum(mask) - 1) · mask reshaped (B·4, 1, S)), viewed (B, 4, S, -1), plus the
+    causal mask, Softmax, viewed (B·4, S, -1), @ v3, back to (B, S, 64)."""
+    g = _G()
+    n, d, hidden = 4, 16, 64
+    rng = np.random.default_rng(0)
+    i64 = lambda *v: g.const(np.array(v, np.int64))  # noqa: E731
+    unsq = lambda x: g.op("Unsqueeze", x, i64(0))  # noqa: E731
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])]
+    qkv = g.op("Add", g.op("MatMul", "x", g.const(rng.normal(0, 0.3, (hidden, 3 * hidden)).astype(np.float32))),
+               g.const(rng.normal(0, 0.1, 3 * hidden).astype(np.float32)))
+    qs = g.op("Shape", qkv)
+    five = g.op("Concat", unsq(g.op("Gather", qs, g.const(np.array(0, np.int64)), axis=0)),
+                unsq(g.op("Gather", qs, g.const(np.array(1, np.int64)), axis=0)), i64(n), i64(3), i64(d), axis=0)
+    fused = g.op("Reshape", qkv, five)
+    q, k, v = (g.op("Transpose", g.op("Gather", fused, g.const(np.array(i, np.int64)), axis=3), perm=[0, 2, 1, 3])
+               for i in range(3))
+    xs = g.op("Shape", "x")
+    b = g.op("Gather", xs, g.const(np.array(0, np.int64)), axis=0)
+    s = g.op("Gather", xs, g.const(np.array(1, np.int64)), axis=0)
+    bn = g.op("Mul", b, g.const(np.array(n, np.int64)))
+    if first == "other":
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["other", hidden]))
+    lead = {"b*n": lambda: bn, "b": lambda: b, "s*n": lambda: g.op("Mul", s, g.const(np.array(n, np.int64))),
+            "other": lambda: g.op("Mul", g.op("Gather", g.op("Shape", "z"), g.const(np.array(0, np.int64)), axis=0),
+                                  g.const(np.array(n, np.int64)))}[first]()
+    flat = g.op("Concat", unsq(lead), i64(-1), i64(d_last), axis=0)
+    q3, k3, v3 = (g.op("Reshape", x, flat) for x in (q, k, v))
+    ms = g.op("Shape", "attention_mask")
+    pos = g.op("Mul", g.op("Sub", g.op("CumSum", "attention_mask", g.const(np.array(-1, np.int64))),
+                           g.const(np.array(1, np.int64))), "attention_mask")
+    slopes = g.const(np.array([[0.25], [0.0625], [0.015625], [0.00390625]], np.float32))
+    alibi = g.op("Reshape", g.op("Mul", slopes, g.op("Cast", g.op("Unsqueeze", pos, i64(1)), to=TensorProto.FLOAT)),
+                 g.op("Concat", unsq(g.op("Mul", g.op("Gather", ms, g.const(np.array(0, np.int64)), axis=0),
+                                          g.const(np.array(n, np.int64)))),
+                      i64(1), unsq(g.op("Gather", ms, g.const(np.array(1, np.int64)), axis=0)), axis=0))
+    scores = g.op("Mul", g.op("MatMul", q3, g.op("Transpose", k3, perm=[0, 2, 1])), g.const(np.array(0.25, np.float32)))
+    scores = g.op("Add", scores, g.op("Mul", alibi, g.const(np.array(1.0, np.float32))))
+    s4 = g.op("Reshape", scores, g.op("Concat", unsq(b), i64(n), unsq(s), i64(-1), axis=0))
+    pos_q = g.op("Range", g.const(np.array(0, np.int64)), s, g.const(np.array(1, np.int64)))
+    allowed = _unsq(g, g.op("LessOrEqual", _unsq(g, pos_q, [0], 18), _unsq(g, pos_q, [1], 18)), [0, 1], 18)
+    masked = g.op("Add", s4, g.op("Where", allowed, g.const(np.array(0, np.float32)),
+                                  g.const(np.array(FMIN, np.float32))))
+    probs = g.op("Reshape", g.op("Softmax", masked, axis=-1), g.op("Concat", unsq(bn), unsq(s), i64(-1), axis=0))
+    ctx = g.op("Reshape", g.op("MatMul", probs, v3), g.op("Concat", unsq(b), i64(n), unsq(s), i64(d), axis=0))
+    g.nodes.append(helper.make_node("Reshape", [g.op("Transpose", ctx, perm=[0, 2, 1, 3]),
+                                                g.op("Concat", unsq(b), unsq(s), i64(hidden), axis=0)], ["out"]))
+    graph = helper.make_graph(g.nodes, "bloom_torchscript_attention", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for k_, node in enumerate(model.graph.node):
+        node.name = f"n{k_}"
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)
+
+
+def _refine_and_fuse(model):
+    m = ir.from_proto(model)
+    pm = passes.PassManager("refine-shapes,fuse-attention")
+    counts = pm.run(m)
+    fused = onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(m)), data_prop=True)
+    return counts, pm, fused
+
+
+def test_torchscript_bloom_flattening_is_proved_and_fuses():
+    """onnx's inference leaves q3's S a fresh symbol; refine-shapes gives it q's own S and the attention fuses
+    once, ALiBi as real_shift, fused == unfused in onnxruntime at the two reference shapes (a left-padded row)."""
+    original = _torchscript_flat_graph()
+    dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+            for vi in original.graph.value_info}
+    q3 = next(nd.output[0] for nd in original.graph.node if nd.op_type == "Reshape" and "transpose" in nd.input[0])
+    assert dims[q3][1] != "seq"  # what the TorchScript cell failed on
+    counts, pm, fused = _refine_and_fuse(original)
+    assert counts["fuse-attention"] == 1
+    fa = fused_nodes(fused, "FlashAttentionScore")
+    assert len(fa) == 1 and _attrs(fa[0])["head_num"] == 4 and _attrs(fa[0])["scale"] == pytest.approx(0.25)
+    assert not any(nd.op_type == "Softmax" for nd in fused.graph.node)
+    assert_same_numerics(original, fused, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("first, d_last, why", [
+    ("b", 16, "first piece B, not B·N: the -1 is N·S"),
+    ("other", 16, "first piece another input's batch · N"),
+    ("s*n", 16, "first piece S·N: the -1 is B"),
+    ("b*n", 8, "last piece 8 of a 16 head dim: the -1 is 2·S"),
+])
+def test_torchscript_bloom_flattening_not_proved_does_not_fuse(first, d_last, why):
+    """Where the Reshape target does not prove (B·N, S, D), the candidates stay refused with the flattened
+    layout's reason."""
+    original = _torchscript_flat_graph(first, d_last)
+    counts, pm, fused = _refine_and_fuse(original)
+    assert counts["fuse-attention"] == 0, why
+    assert any("flattened batch·heads axis" in r for r in pm.skipped["fuse-attention"]), pm.skipped

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
 import passes
+from passes import match
 
 
 def _heads_behind_minus_one() -> onnx.ModelProto:
@@ -261,3 +262,68 @@ def test_torchscript_hf_bert_fuses_both_attentions(export_cache, tmp_path):
     assert report.status == "verified"
     assert report.coverage["attention"] == {"candidates": 2, "fused": 2, "refused": {}, "items": []}
     assert report.census.get("FlashAttentionScore") == 2
+
+
+# --- Bloom through TorchScript: a -1 that is one of the input's symbolic dims ----------------------------------
+# q3 = Reshape(q (B, 4, S, 16), Concat(Unsqueeze(Mul(Shape(x)[0], 4)), [-1], [16])): B·4 and 16 cancel all of q's
+# factors but S, so the -1 is q's S (q's B traced through Transpose, Gather(axis=3) and the (B, S, 4, 3, 16) view
+# to the same Shape(x)[0]). tests/test_fuse_attention.py builds the graph and proves the fused numerics.
+def _flat_reshapes(first: str = "b*n", d_last: int = 16) -> tuple[ir.Model, list[ir.Value]]:
+    from test_fuse_attention import _torchscript_flat_graph
+
+    model = ir.from_proto(_torchscript_flat_graph(first, d_last))
+    return model, [n.outputs[0] for n in model.graph if _flattens_a_head(n)]
+
+
+def _flattens_a_head(node: ir.Node) -> bool:
+    """Reshape(Transpose(Gather(the qkv view))): q3, k3 or v3."""
+    t = match.producer(node.inputs[0], "Transpose") if node.op_type == "Reshape" else None
+    return t is not None and match.producer(t.inputs[0], "Gather") is not None
+
+
+def _dim1(values):
+    return [v.shape[1].value if isinstance(v.shape[1], ir.SymbolicDim) else v.shape[1] for v in values]
+
+
+def test_bloom_flattening_gets_the_inputs_seq_dim(monkeypatch):
+    """onnxruntime's inference simulated away: the shape arithmetic alone gives q3, k3, v3 q's own S."""
+    import passes.shapes
+
+    monkeypatch.setattr(passes.shapes, "_symbolic_shapes", lambda proto: {})
+    model, flats = _flat_reshapes()
+    assert len(flats) == 3 and all(d != "seq" for d in _dim1(flats))  # onnx's inference: fresh symbols
+    passes.PassManager("refine-shapes").run(model)
+    assert _dim1(flats) == ["seq"] * 3
+    assert all(not isinstance(v.shape[0], int) and v.shape[0].value != "batch" for v in flats)  # B·N: no symbol
+    assert all(v.shape[2] == 16 for v in flats)
+
+
+@pytest.mark.parametrize("first, d_last, want", [
+    ("s*n", 16, "batch"),  # Shape(x)[1]·4: the -1 is B, and says so
+    ("b", 16, None),  # the -1 is 4·S: no symbol for that
+    ("other", 16, None),  # another input's batch cancels nothing
+    ("b*n", 8, None),  # the -1 is 2·S
+])
+def test_bloom_like_flattening_copies_only_what_is_proved(monkeypatch, first, d_last, want):
+    import passes.shapes
+
+    monkeypatch.setattr(passes.shapes, "_symbolic_shapes", lambda proto: {})
+    model, flats = _flat_reshapes(first, d_last)
+    before = _dim1(flats)
+    passes.PassManager("refine-shapes").run(model)
+    assert _dim1(flats) == ([want] * 3 if want else before)
+    assert "seq" not in _dim1(flats)
+
+
+def test_bloom_flattening_needs_the_gather_trace(monkeypatch):
+    """Without following q's batch through Gather(axis=3) of the fused qkv view (simulated), nothing is copied."""
+    import passes.shapes
+
+    passed_on = passes.shapes._passed_on
+    monkeypatch.setattr(passes.shapes, "_symbolic_shapes", lambda proto: {})
+    monkeypatch.setattr(passes.shapes, "_passed_on", lambda value, axis: None if value.producer() is not None
+                        and value.producer().op_type == "Gather" else passed_on(value, axis))
+    model, flats = _flat_reshapes()
+    before = _dim1(flats)
+    passes.PassManager("refine-shapes").run(model)
+    assert _dim1(flats) == before

@@ -69,7 +69,8 @@ def _scores(value: ir.Value):
 
 def _unflatten(x3: ir.Value) -> ir.Value | None:
     """x (B, N, S, D) when x3 = Reshape(x) to (B·N, S, D): N and D static, S the same dim on both sides (so
-    the first axis can only be B·N); else None."""
+    the first axis can only be B·N); else None. (TorchScript's Reshape(x, Concat(Shape(.)[0]·N, -1, D)) has
+    x's S only once refine-shapes proved it from the shape arithmetic.)"""
     r = match.producer(x3, "Reshape")
     src = r.inputs[0] if r is not None else None
     sd, od = match.dims(src), match.dims(x3)
