@@ -443,7 +443,20 @@ class Compiler:
                 # of it is written), and the ascend MindIR only structurally (census).
                 _, run = self.lower(twin, ws, "cpu_twin")
                 checked = None
-            self.verify(checked, twin, cases, expected, net.output_names, ws, network_task=run)
+            try:
+                self.verify(checked, twin, cases, expected, net.output_names, ws, network_task=run)
+            except InternalError as e:
+                if checked is None or "lazy_inline" not in str(e):
+                    raise
+                # MindSpore 2.10's CPU refuses some lazy_inline layer graphs (one holding control flow):
+                # the MindIR is exported again with its layers inlined, and verified.
+                self.report.warnings.append("the layer classes are exported without lazy_inline (MindSpore's "
+                                            f"CPU refused them: {str(e).split(': ', 1)[-1][:160]})")
+                shutil.rmtree(ws.path("out"))
+                files = self.emit({**task, "direct": True}, ws, checkpoint=bool(self.opt.emit_source or self.opt.bundle))
+                checked = mindir = self._mindir(files)
+                self.report.census = census.primitive_census(mindir)
+                self.verify(checked, twin, cases, expected, net.output_names, ws, network_task=run)
             if self.opt.target == "ascend" and self.opt.precision == "fp32":
                 self.check_ascend_precision(fused, cases, expected)
             if self.opt.precision != "fp32":

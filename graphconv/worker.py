@@ -109,7 +109,7 @@ def export(task: dict) -> dict:
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    net, build_seconds = _build_network(task)
+    net, build_seconds = _build_network(task, direct=bool(task.get("direct")))
     t1 = time.perf_counter()
     placeholders = [Tensor(shape=spec["shape"], dtype=getattr(ms, spec["ms_dtype"])) for spec in task["inputs"]]
     ms.export(net, *placeholders, file_name=task["file_base"], file_format="MINDIR")
