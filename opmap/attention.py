@@ -48,8 +48,9 @@ def attention(n):
         rep = nq // nkv
         heads = n.const_tensor(np.array([nq], np.int64), "heads")
         grow = n.const_tensor(np.zeros((1, 1, rep, 1, 1), np_dt), "grow")
-        k, v = (n.tmp(f"ops.reshape(ops.expand_dims({x}, 2) + {grow}, ops.concat((ops.dyn_shape({x})[0:1], {heads}, "
-                      f"ops.dyn_shape({x})[2:4])))", hint) for x, hint in ((k, "k_rep"), (v, "v_rep")))
+        dims = n.helper("onnx_dims")
+        k, v = (n.tmp(f"ops.reshape(ops.expand_dims({x}, 2) + {grow}, {dims}(ops.concat((ops.dyn_shape({x})[0:1], "
+                      f"{heads}, ops.dyn_shape({x})[2:4]))))", hint) for x, hint in ((k, "k_rep"), (v, "v_rep")))
     scores = n.tmp(f"ops.matmul({q}, ops.transpose({k}, (0, 1, 3, 2))) * {float(scale)!r}", "scores")
     # Masked scores get the dtype's lowest finite value, not -inf: MindSpore's CPU softmax (graph mode) turns
     # other rows to NaN when some row is all -inf. Same probabilities wherever a row keeps a key.

@@ -77,8 +77,9 @@ def attention(n):
             n.fail(f"query heads {qh} are not a multiple of kv heads {kvh}")
         grow = n.const_tensor(np.zeros((1, 1, qh // kvh, 1, 1), np_dt), "grow")
         n_heads = n.const_tensor(np.array([qh], np.int64), "heads")
-        k, v = (n.tmp(f"ops.reshape(ops.expand_dims({x}, 2) + {grow}, ops.concat((ops.dyn_shape({x})[0:1], "
-                      f"{n_heads}, ops.dyn_shape({x})[2:4])))", hint) for x, hint in ((k, "k_rep"), (v, "v_rep")))
+        dims = n.helper("onnx_dims")
+        k, v = (n.tmp(f"ops.reshape(ops.expand_dims({x}, 2) + {grow}, {dims}(ops.concat((ops.dyn_shape({x})[0:1], "
+                      f"{n_heads}, ops.dyn_shape({x})[2:4]))))", hint) for x, hint in ((k, "k_rep"), (v, "v_rep")))
     scores = n.tmp(f"ops.matmul({q} * {root}, ops.transpose({k}, (0, 1, 3, 2)) * {root})", "qk")
     softcap = float(n.attr("softcap", 0.0) or 0.0)
     if softcap > 0:  # tanh as 2 * sigmoid(2x) - 1: ops.tanh is off by up to 1e-4 on CPU

@@ -24,13 +24,22 @@ def _param(weights, name, shape, dtype, transposed=False):
     return Parameter(value, name=name, requires_grad=value.dtype in (ms.float16, ms.bfloat16, ms.float32))
 
 
+def onnx_dims(shape):
+    """A 1-D int64 shape tensor as the tuple of its run-time values, for every op that takes a shape (reshape,
+    zeros, broadcast_to...). Given the tensor itself, graph mode converts it to a tuple of unknown length, which
+    the shape inference of a loaded MindIR cannot follow: a GraphCell called without set_inputs then keeps
+    the first call's shapes downstream and fails (or is wrong) at a second shape (mindspore 2.10). This tuple
+    has the tensor's static length."""
+    return ops.TensorToTuple()(shape)
+
+
 def onnx_reshape(x, shape):
     """ONNX Reshape with allowzero=0: a 0 in `shape` copies the input's dim at that position."""
     n = shape.shape[0]
     dims = ops.dyn_shape(x)
     if x.ndim < n:
         dims = ops.concat((dims, ops.ones((n - x.ndim,), ms.int64)))
-    return ops.reshape(x, ops.where(shape == 0, dims[:n], shape))
+    return ops.reshape(x, onnx_dims(ops.where(shape == 0, dims[:n], shape)))
 
 
 def onnx_flatten(x, axis):
@@ -40,7 +49,7 @@ def onnx_flatten(x, axis):
     # A full reduction (axis=None) cannot keep dims in MindSpore: reduce, then make it 1-D.
     head = ops.prod(dims[:axis]).reshape((1,)) if axis > 0 else one
     tail = ops.prod(dims[axis:]).reshape((1,)) if axis < x.ndim else one
-    return ops.reshape(x, ops.concat((head, tail)))
+    return ops.reshape(x, onnx_dims(ops.concat((head, tail))))
 
 
 def onnx_slice_axis(x, start, end, axis, step):

@@ -321,12 +321,13 @@ def group_norm(n):
     if low:
         x = n.tmp(f"ops.cast({x}, ms.float32)", "x32")
     head = n.const_tensor(np.array([groups, -1], np.int64), "groups")
-    grouped = n.tmp(f"ops.reshape({x}, ops.concat((ops.dyn_shape({x})[:1], {head})))", "grouped")
+    dims = n.helper("onnx_dims")
+    grouped = n.tmp(f"ops.reshape({x}, {dims}(ops.concat((ops.dyn_shape({x})[:1], {head}))))", "grouped")
     mean = n.tmp(f"ops.mean({grouped}, 2, keep_dims=True)", "mean")
     centered = n.tmp(f"{grouped} - {mean}", "centered")
     var = f"ops.mean({centered} * {centered}, 2, keep_dims=True)"
     eps = float(n.attr("epsilon", 1e-5))
-    y = f"ops.reshape({centered} / ops.sqrt({var} + {eps!r}), ops.dyn_shape({n.x(0)}))"
+    y = f"ops.reshape({centered} / ops.sqrt({var} + {eps!r}), {dims}(ops.dyn_shape({n.x(0)})))"
     if low:
         y = f"ops.cast({y}, {n.ms_dtype(dt)})"
     return f"{_channel_param(n, 1, rank - 2, 'gn_scale')} * {y} + {_channel_param(n, 2, rank - 2, 'gn_bias')}"

@@ -37,7 +37,9 @@ def reshape(n):
     target = n.ints(1)
     allowzero = n.attr("allowzero", 0)
     if target is None:
-        return f"ops.reshape({x}, {n.x(1)})" if allowzero else f"{n.helper('onnx_reshape')}({x}, {n.x(1)})"
+        if allowzero:
+            return f"ops.reshape({x}, {n.helper('onnx_dims')}({n.x(1)}))"
+        return f"{n.helper('onnx_reshape')}({x}, {n.x(1)})"
     if not allowzero and 0 in target:
         src = n.shape(0) or []
         if all(i < len(src) and isinstance(src[i], int) for i, v in enumerate(target) if v == 0):
@@ -92,8 +94,14 @@ def split(n):
             return tuple(f"{fn}({x}, {step} * {k}, {step} * {k + 1}, {axis}, 1)" for k in range(parts))
         step = -(-dim // parts)  # ceil, the last part smaller (opset 18 num_outputs rule)
         sizes = [min(step, dim - k * step) for k in range(parts)]
-    t = n.tmp(f"ops.split({x}, {sizes!r}, {axis})", "parts")
-    return tuple(f"{t}[{k}]" for k in range(len(sizes)))
+    # One slice per part, not ops.split: ops.split checks `sum(sizes) == x.shape[axis]` in Python, and where
+    # MindSpore does not know that dim at compile time (a dim behind a Reshape by a shape tensor, as onnxsim's
+    # Gemm spelling of a Linear leaves) graph mode compiles the check into Switch/raise nodes: a GraphCell
+    # loaded without set_inputs then fails ("primitive name: raise"), and at fp16 the Reshape after the split
+    # fails on CPU (mindspore 2.10; tests/test_graphcell_load.py).
+    lead = ":, " * axis
+    bounds = np.cumsum([0, *sizes]).tolist()
+    return tuple(f"{x}[{lead}{lo}:{hi}]" for lo, hi in zip(bounds[:-1], bounds[1:]))
 
 
 @register("Split", since=18)
@@ -178,7 +186,8 @@ def unsqueeze(n):
 @register("Expand", since=8)
 def expand(n):
     # Bidirectional broadcasting, exactly ONNX's: combine with a tensor of the target shape.
-    shape_ = n.x(1)
+    target = n.ints(1)
+    shape_ = repr(tuple(target)) if target is not None else f"{n.helper('onnx_dims')}({n.x(1)})"
     x = n.x(0)
     if n.dtype(0) == ir.DataType.BOOL:
         return f"ops.logical_or({x}, ops.zeros({shape_}, ms.bool_))"
@@ -285,11 +294,13 @@ def constant_of_shape(n):
     value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
     dt = n.ms_dtype(ir.DataType.from_numpy(value.dtype))
     v = value[0].item()
+    target = n.ints(0)
+    shape_ = repr(tuple(target)) if target is not None else f"{n.helper('onnx_dims')}({n.x(0)})"
     if v == 0:
-        return f"ops.zeros({n.x(0)}, {dt})"
+        return f"ops.zeros({shape_}, {dt})"
     if v == 1:
-        return f"ops.ones({n.x(0)}, {dt})"
-    return f"ops.zeros({n.x(0)}, {dt}) + {v!r}"
+        return f"ops.ones({shape_}, {dt})"
+    return f"ops.zeros({shape_}, {dt}) + {v!r}"
 
 
 @register("Range", since=11)

@@ -165,7 +165,8 @@ def lower_flash_attention_score(n):
         # FlashAttentionScore takes (B, 1, S1, S2) or (B, N1, S1, S2): broadcast the graph's mask to it.
         target = (f"ops.concat((ops.dyn_shape({n.x(0)})[0:1], {n.const_tensor(np.array([heads], np.int64), 'heads')}, "
                   f"ops.dyn_shape({n.x(0)})[2:3], ops.dyn_shape({n.x(1)})[2:3]))")
-        mask = n.tmp(f"ops.cast(ops.logical_or({discard}, ops.zeros({target}, ms.bool_)), ms.uint8)", "discard")
+        mask = n.tmp(f"ops.cast(ops.logical_or({discard}, ops.zeros({n.helper('onnx_dims')}({target}), ms.bool_)), "
+                     "ms.uint8)", "discard")
     pse = "None"
     shift = n.const(4) if n.has(4) else np.zeros(())
     if shift is None or shift.size != 1 or float(shift.reshape(-1)[0]) != 0.0:  # not a scalar 0: a real bias
