@@ -70,6 +70,7 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
         "external_weights": external,
         "folded_npz": str(folded_npz) if folded_npz else None,
         "param_names": [p.name for p in net.params], "inputs": placeholders(model),
+        "param_layouts": {p.name: p.transposed for p in net.params},
     }
     return net, task
 

@@ -236,8 +236,12 @@ class Compiler:
                          "parameter_names": param_names.name_summary(ws.path(f"{name}.names.json"))}
         return net, task
 
-    def emit(self, task: dict, ws: Workspace, checkpoint: bool = False) -> list[Path]:
-        self.progress.info("emit (mindspore.export)")
+    def emit(self, task: dict, ws: Workspace, checkpoint: bool = False, run: dict | None = None,
+             twin: dict | None = None) -> tuple[list[Path], dict | None]:
+        """mindspore.export in a child; with `run` (the verification cases) the same child then runs them, on
+        the MindIR (cpu target) or on the cpu twin task `twin` built from the exported network's Parameters
+        (graphconv/worker.export_and_verify). Returns the files and that run's result (None without run)."""
+        self.progress.info("emit (mindspore.export" + (", then the verification run)" if run else ")"))
         with self.report.stage("emit") as st:
             out_dir = ws.path("out")
             out_dir.mkdir()
@@ -246,37 +250,57 @@ class Compiler:
             tracker = self._weights_tracker(task)
             st.detail = {"weights_read_from_files_bytes": tracker.total if tracker else 0}
             try:
-                result = run_task("export", task, ws.dir, "mindspore.export", tracker)
+                if run is None:
+                    result = run_task("export", task, ws.dir, "mindspore.export", tracker)
+                else:
+                    result = run_task("export_and_verify", {"export": task, "run": run, "twin": twin}, ws.dir,
+                                      "mindspore.export", tracker)
                 st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds") if k in result})
             except ChildError as e:
                 raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
-        return [Path(p) for p in result["files"]]
+        done = None
+        if run is not None:
+            done = result.get("verify") or {"error": result.get("verify_error", "no result")}
+        return [Path(p) for p in result["files"]], done
+
+    def _case_run(self, model: onnx.ModelProto, cases, ws: Workspace) -> dict:
+        """The verification cases as files, and what a MindSpore child needs to run them."""
+        input_placeholders = emit.placeholders(model)
+        case_files, out_files = [], []
+        for k, case in enumerate(cases):
+            p = ws.path(f"case{k}.npz")
+            np.savez(p, **case.inputs)
+            case_files.append(str(p))
+            out_files.append(str(ws.path(f"case{k}.out.npz")))
+        return {"cases": case_files, "outputs": out_files, "input_names": [s["name"] for s in input_placeholders],
+                "inputs": input_placeholders}
 
     def verify(self, mindir: Path | None, model: onnx.ModelProto, cases, expected, output_names: list[str],
-               ws: Workspace, network_task: dict | None = None) -> None:
-        """Run the MindIR (or, with network_task, the network built from its source) on CPU at every case
-        and compare with the oracle."""
-        self.progress.info("verify (MindSpore CPU vs oracle" + (", cpu twin)" if network_task else ")"))
-        input_placeholders = emit.placeholders(model)
+               ws: Workspace, network_task: dict | None = None, run: dict | None = None,
+               done: dict | None = None) -> None:
+        """Compare the MindSpore outputs of every case with the oracle: `done` when the export child already
+        ran them (emit's `run`), else run here the MindIR (or, with network_task, the network built from its
+        source) on CPU."""
+        what = "the emitted MindIR" if mindir is not None else "the cpu twin"
+        self.progress.info("verify (MindSpore CPU vs oracle" + (", cpu twin)" if mindir is None else ")"))
         with self.report.stage("verify") as st:
-            case_files, out_files = [], []
-            for k, case in enumerate(cases):
-                p = ws.path(f"case{k}.npz")
-                np.savez(p, **case.inputs)
-                case_files.append(str(p))
-                out_files.append(str(ws.path(f"case{k}.out.npz")))
-            run = {"cases": case_files, "outputs": out_files, "input_names": [s["name"] for s in input_placeholders],
-                   "inputs": input_placeholders}
-            try:
-                if network_task is None:
-                    done = run_task("run_mindir", {**run, "mindir": str(mindir)}, ws.dir, "MindSpore CPU run")
-                else:
-                    done = run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run",
-                                    self._weights_tracker(network_task))
-                st.detail = {k: done[k] for k in ("build_seconds", "case_seconds") if k in done}
-            except ChildError as e:
-                what = "the cpu twin" if network_task else "the emitted MindIR"
-                raise InternalError(f"{what} does not run on CPU: {e.error}") from e
+            run = run or self._case_run(model, cases, ws)
+            if done is None:
+                try:
+                    if network_task is None:
+                        done = run_task("run_mindir", {**run, "mindir": str(mindir)}, ws.dir, "MindSpore CPU run")
+                    else:
+                        done = run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run",
+                                        self._weights_tracker(network_task))
+                except ChildError as e:
+                    raise InternalError(f"{what} does not run on CPU: {e.error}") from e
+            elif "error" in done:
+                raise InternalError(f"{what} does not run on CPU: {done['error']}")
+            else:
+                st.detail = {"in_export_process": True}
+            st.detail = {**(st.detail or {}),
+                         **{k: done[k] for k in ("build_seconds", "case_seconds", "shared_parameters") if k in done}}
+            out_files = run["outputs"]
             atol, rtol = self._tolerance(compiled=True)
             results, failures = [], []
             for case, exp, out_file in zip(cases, expected, out_files):
@@ -429,22 +453,29 @@ class Compiler:
         cpu_form = opmap.fused.inline_fused(fused)
         # ascend: the fused primitives; cpu: every fused op replaced by its reference body.
         net, task = self.lower(fused if self.opt.target == "ascend" else cpu_form, ws)
-        files = self.emit(task, ws, checkpoint=bool(self.opt.emit_source or self.opt.bundle))
-        mindir = self._mindir(files)
-        self.report.census = census.primitive_census(mindir)
-        if self.opt.verify:
-            checked, twin = mindir, cpu_form
+        checkpoint = bool(self.opt.emit_source or self.opt.bundle)
+        if not self.opt.verify:
+            files, _ = self.emit(task, ws, checkpoint)
+            mindir = self._mindir(files)
+            self.report.census = census.primitive_census(mindir)
+        else:
+            twin = cpu_form
             if precision.CPU_EMULATED.get(self.opt.precision):
                 twin = precision.emulate_in_fp32(cpu_form, self.opt.precision, spill=self.spill(ws))
-            run = None
+            twin_task = None
             if twin is not fused and self.opt.target == "ascend":
                 # Fused primitives have no CPU kernels (nor has MindSpore CPU bf16 ones): numbers are checked
                 # on the cpu twin of the same fused graph, built from its generated source and run (no MindIR
                 # of it is written), and the ascend MindIR only structurally (census).
-                _, run = self.lower(twin, ws, "cpu_twin")
-                checked = None
+                _, twin_task = self.lower(twin, ws, "cpu_twin")
+            # One MindSpore child exports and runs the cases (graphconv/worker.export_and_verify).
+            run = self._case_run(twin, cases, ws)
+            files, done = self.emit(task, ws, checkpoint, run=run, twin=twin_task)
+            mindir = self._mindir(files)
+            self.report.census = census.primitive_census(mindir)
+            checked = None if twin_task is not None else mindir
             try:
-                self.verify(checked, twin, cases, expected, net.output_names, ws, network_task=run)
+                self.verify(checked, twin, cases, expected, net.output_names, ws, run=run, done=done)
             except InternalError as e:
                 if checked is None or "lazy_inline" not in str(e):
                     raise
@@ -453,17 +484,17 @@ class Compiler:
                 self.report.warnings.append("the layer classes are exported without lazy_inline (MindSpore's "
                                             f"CPU refused them: {str(e).split(': ', 1)[-1][:160]})")
                 shutil.rmtree(ws.path("out"))
-                files = self.emit({**task, "direct": True}, ws, checkpoint=bool(self.opt.emit_source or self.opt.bundle))
+                files, done = self.emit({**task, "direct": True}, ws, checkpoint, run=run)
                 checked = mindir = self._mindir(files)
                 self.report.census = census.primitive_census(mindir)
-                self.verify(checked, twin, cases, expected, net.output_names, ws, network_task=run)
+                self.verify(checked, twin, cases, expected, net.output_names, ws, run=run, done=done)
             if self.opt.target == "ascend" and self.opt.precision == "fp32":
                 self.check_ascend_precision(fused, cases, expected)
             if self.opt.precision != "fp32":
                 self.profile_precision(model, fused, twin, cases[0], ws)
             self.report.validation["checked"] = ("cpu twin of " if checked is None else "") + self.output.name
             self.report.status = "verified"
-        else:
+        if not self.opt.verify:
             self.report.validation["status"] = "unverified"
             self.report.status = "unverified"
         bundle_moves = self.write_bundle(model, mindir, files, cases, expected, ws) if self.opt.bundle else {}

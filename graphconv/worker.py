@@ -51,39 +51,54 @@ class _Weights(dict):
     """name -> numpy array for every Parameter. Weights that live in the model's own files (graphconv.weights)
     are read one at a time when the network asks for them, so only the Parameters hold the values."""
 
-    def __init__(self, small: dict, external: dict, progress=None):
+    def __init__(self, small: dict, external: dict, progress=None, shared: dict | None = None, deferred=None):
         super().__init__(small)
         self.external = external
         self.progress = progress
+        self.shared = shared or {}
+        self.deferred = deferred or {}  # name -> initializer not read up front (a shared name's own copy)
+
+    def shared_parameter(self, name, shape, dtype, transposed):
+        """An already built Parameter of that name, layout, shape and dtype (the exported network's, for the
+        cpu twin built in the same process: opmap/helpers._param asks), or None."""
+        found = self.shared.get((name, bool(transposed)))
+        if found is None or tuple(found.shape) != tuple(shape) or found.dtype != dtype:
+            return None
+        return found
 
     def __missing__(self, name):
         from graphconv.weights import read
 
+        if name in self.deferred:
+            return self.deferred[name].const_value.numpy()
         ref = self.external[name]
         if self.progress is not None:
             self.progress(ref[2])
         return read(ref, mmap=False)
 
 
-def _weights(task: dict, progress=None) -> dict:
+def _weights(task: dict, progress=None, shared: dict | None = None) -> dict:
     import numpy as np
     import onnx_ir as ir
 
     wanted = set(task["param_names"])
-    small = {}
+    reused = {name for name, _ in (shared or {})}
+    small, deferred = {}, {}
     if task.get("weights_onnx"):
         model = ir.load(task["weights_onnx"])
         for name, value in model.graph.initializers.items():
-            if name in wanted:
+            if name in reused:
+                deferred[name] = value  # read only if the shared Parameter does not fit
+            elif name in wanted:
                 small[name] = value.const_value.numpy()
     if task.get("folded_npz"):
         with np.load(task["folded_npz"]) as folded:
             small.update({k: folded[k] for k in folded.files})
     external = task.get("external_weights") or {}
-    missing = wanted - set(small) - set(external)
+    missing = wanted - set(small) - set(external) - set(deferred)
     if missing:
         raise RuntimeError(f"weights missing for parameters {sorted(missing)[:5]}")
-    return _Weights(small, external, progress)
+    return _Weights(small, external, progress, shared, deferred)
 
 
 def _progress_writer(task: dict):
@@ -105,11 +120,17 @@ def _progress_writer(task: dict):
 
 def export(task: dict) -> dict:
     import mindspore as ms
-    from mindspore import Tensor
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     net, build_seconds = _build_network(task, direct=bool(task.get("direct")))
+    return {**_export_built(net, task), "build_seconds": build_seconds}
+
+
+def _export_built(net, task: dict) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor
+
     t1 = time.perf_counter()
     placeholders = [Tensor(shape=spec["shape"], dtype=getattr(ms, spec["ms_dtype"])) for spec in task["inputs"]]
     ms.export(net, *placeholders, file_name=task["file_base"], file_format="MINDIR")
@@ -118,7 +139,40 @@ def export(task: dict) -> dict:
         ms.save_checkpoint(net, task["checkpoint"])
     base = Path(task["file_base"])
     produced = sorted(str(p) for p in base.parent.iterdir() if p.name.startswith(base.name))
-    return {"files": produced, "build_seconds": build_seconds, "export_seconds": round(t2 - t1, 2)}
+    return {"files": produced, "export_seconds": round(t2 - t1, 2)}
+
+
+def export_and_verify(task: dict) -> dict:
+    """One process for the export and the verification run (ARCHITECTURE.md: Parameters built once):
+    build the network and export it, then run the cases — on the cpu twin built in this process from the
+    exported network's own Parameters where name, layout, shape and dtype agree (ascend: no second copy of
+    the weights), or (cpu target) on the MindIR itself through GraphCell, after the network is released. A
+    failing run is reported in "verify_error" beside the exported files."""
+    import gc
+
+    import mindspore as ms
+    from mindspore import nn
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    exp, run, twin = task["export"], task["run"], task.get("twin")
+    net, build_seconds = _build_network(exp, direct=bool(exp.get("direct")))
+    out = {**_export_built(net, exp), "build_seconds": build_seconds}
+    try:
+        if twin is None:
+            del net
+            gc.collect()
+            mindir = next(f for f in out["files"] if f.endswith(".mindir"))
+            out["verify"] = _run_cases(nn.GraphCell(ms.load(mindir)), run)
+        else:
+            layouts = exp.get("param_layouts") or {}
+            shared = {(p.name, bool(layouts.get(p.name))): p for p in net.get_parameters() if p.name in layouts}
+            twin_net, twin_seconds = _build_network(twin, direct=True, shared=shared)
+            out["verify"] = {**_run_cases(twin_net, run), "build_seconds": twin_seconds,
+                             "shared_parameters": sum(1 for _ in shared)}
+    except Exception as e:  # noqa: BLE001 - the parent decides (a lazy_inline refusal is retried)
+        out["verify_error"] = f"{type(e).__name__}: {_first_line(str(e))}"
+    return out
 
 
 def run_mindir(task: dict) -> dict:
@@ -141,12 +195,12 @@ def run_network(task: dict) -> dict:
     return {**_run_cases(net, task), "build_seconds": build_seconds}
 
 
-def _build_network(task: dict, direct: bool = False):
-    """The generated network with its Parameters bound (weights read as it asks for them), in eval mode;
-    and the seconds that took. direct: see _import_network."""
+def _build_network(task: dict, direct: bool = False, shared: dict | None = None):
+    """The generated network with its Parameters bound (weights read as it asks for them; `shared` ones
+    reused), in eval mode; and the seconds that took. direct: see _import_network."""
     t0 = time.perf_counter()
     network_cls = _import_network(task["source"], task["class_name"], direct)
-    net = network_cls(_weights(task, _progress_writer(task)))
+    net = network_cls(_weights(task, _progress_writer(task), shared))
     net.set_train(False)
     return net, round(time.perf_counter() - t0, 2)
 
@@ -200,7 +254,7 @@ def _first_line(message: str) -> str:
 
 
 TASKS = {"simplify": simplify, "export": export, "run_mindir": run_mindir, "run_network": run_network,
-         "export_and_run": export_and_run}
+         "export_and_run": export_and_run, "export_and_verify": export_and_verify}
 
 
 def main(argv: list[str]) -> int:

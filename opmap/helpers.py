@@ -16,6 +16,11 @@ def _param(weights, name, shape, dtype, transposed=False):
     if weights is None:
         value = ops.zeros(shape, dtype)
     else:
+        # (graphconv's verification builds the cpu twin from the exported network's Parameters)
+        shared = getattr(weights, "shared_parameter", None)
+        found = shared(name, shape, dtype, transposed) if shared is not None else None
+        if found is not None:
+            return found
         array = np.ascontiguousarray(weights[name].T) if transposed else weights[name]
         # Tensor(array) copies and Parameter copies again; from_numpy shares the array's memory, so building
         # a large weight holds two copies at a time instead of three (bfloat16 and read-only arrays excepted).
