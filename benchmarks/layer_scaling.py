@@ -3,7 +3,8 @@
 
 The same small-width transformers Llama (hidden 64, 4 heads, 2 kv heads, default settings: sdpa attention)
 at 4, 16 and 32 layers (or --layers), exported by torch.onnx (dynamo, opset 18, batch and seq dynamic) and
-compiled with `graphconv compile --target cpu --emit-source`, each in a fresh process. Printed per depth:
+compiled with `graphconv compile --emit-source` (default target ascend: lazy_inline layer classes; the
+cpu twin verified), each in a fresh process. Printed per depth:
 export seconds, compile wall seconds, the lines of the emitted network.py, the layer classes and instances
 the report found; then the ratios of the deepest to the shallowest model.
 
@@ -70,7 +71,7 @@ def measure(depth: int, work: Path) -> dict:
     export_s = run([sys.executable, "-c", EXPORT, str(depth), str(onnx_path)], work / f"export{depth}.log")
     src, report = work / f"src{depth}", work / f"report{depth}.json"
     print(f"[layer_scaling] compile {depth} layers", file=sys.stderr)
-    wall = run([sys.executable, "-m", "graphconv", "compile", str(onnx_path), "--target", "cpu", "-o",
+    wall = run([sys.executable, "-m", "graphconv", "compile", str(onnx_path), "-o",
                 str(work / f"llama{depth}.mindir"), "--emit-source", str(src), "--report", str(report), "-q"],
                work / f"compile{depth}.log")
     rep = json.loads(report.read_text())

@@ -228,9 +228,11 @@ class Compiler:
         self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
-            # The cpu twin runs directly, not from a MindIR: no lazy_inline (graphconv/codegen.render).
-            net, task = emit.prepare(model, ws.dir, name, names=self.names, scopes=self.scopes,
-                                     lazy_inline=name == "network")
+            # lazy_inline (graphconv/codegen.render) for the ascend MindIR only: the cpu twin runs directly, and
+            # a cpu MindIR must load into a plain GraphCell and run at shape after shape, which a lazy_inline
+            # one does not at the second shape ("The actor already exists", mindspore 2.10).
+            lazy = name == "network" and self.opt.target == "ascend"
+            net, task = emit.prepare(model, ws.dir, name, names=self.names, scopes=self.scopes, lazy_inline=lazy)
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"),
                          "layers": net.layers,
                          "parameter_names": param_names.name_summary(ws.path(f"{name}.names.json"))}
@@ -241,7 +243,7 @@ class Compiler:
         """mindspore.export in a child; with `run` (the verification cases) the same child then runs them, on
         the MindIR (cpu target) or on the cpu twin task `twin` built from the exported network's Parameters
         (graphconv/worker.export_and_verify). Returns the files and that run's result (None without run)."""
-        self.progress.info("emit (mindspore.export" + (", then the verification run)" if run else ")"))
+        self.progress.info("emit (mindspore.export)" + (" and the verification run, in one process" if run else ""))
         with self.report.stage("emit") as st:
             out_dir = ws.path("out")
             out_dir.mkdir()
