@@ -606,6 +606,23 @@ def child_floor(manifest_path: str, out_base: str) -> None:
     print(json.dumps({"bytes_read": total, "read_s": read_s, "params_s": params_s, "export_s": export_s}))
 
 
+def measure_all(work: Path, data_path: Path | None, manifest: list[dict], model_path: Path, keep: bool,
+                what: str) -> tuple[dict, dict, dict]:
+    """(a) the floor, (b) onnxsim alone and (c) graphconv compile, each in a fresh subprocess, logged."""
+    log(f"(a) floor{what}: read the weights, mindspore.export a Cell with the same Parameters")
+    a = measure_floor(work, data_path, manifest)
+    log(f"(a) {a['wall_s']:.1f}s, peak RSS {mib(a['peak_rss_tree_bytes'])}, exit {a['exit_code']}")
+    if not keep:
+        shutil.rmtree(work / "floor", ignore_errors=True)  # disk: one MindIR at a time
+    log(f"(b) onnxsim alone{what}")
+    b = measure_onnxsim(work, model_path)
+    log(f"(b) {b['wall_s']:.1f}s, peak RSS {mib(b['peak_rss_tree_bytes'])}, exit {b['exit_code']}")
+    log(f"(c) graphconv compile{what}")
+    c = measure_graphconv(work, model_path)
+    log(f"(c) {c['wall_s']:.1f}s, peak RSS {mib(c['peak_rss_tree_bytes'])}, exit {c['exit_code']}")
+    return a, b, c
+
+
 def measure_floor(work: Path, data_path: Path | None, manifest: list[dict]) -> dict:
     spec = work / "floor_manifest.json"
     spec.write_text(json.dumps({"data": str(data_path) if data_path else None, "weights": manifest}))
@@ -790,17 +807,7 @@ def run_transformers(work: Path, cfg: Config, size: str, seed: int, gamma: str, 
     manifest, counts = export_manifest(model_path, work / "floor_inline.bin")
     weight_bytes = counts["bytes"]
 
-    log("(a) floor on the export's initializers")
-    a = measure_floor(work, None, manifest)
-    log(f"(a) {a['wall_s']:.1f}s, peak RSS {mib(a['peak_rss_tree_bytes'])}, exit {a['exit_code']}")
-    if not keep:
-        shutil.rmtree(work / "floor", ignore_errors=True)
-    log("(b) onnxsim alone on the export")
-    b = measure_onnxsim(work, model_path)
-    log(f"(b) {b['wall_s']:.1f}s, peak RSS {mib(b['peak_rss_tree_bytes'])}, exit {b['exit_code']}")
-    log("(c) graphconv compile of the export")
-    c = measure_graphconv(work, model_path)
-    log(f"(c) {c['wall_s']:.1f}s, peak RSS {mib(c['peak_rss_tree_bytes'])}, exit {c['exit_code']}")
+    a, b, c = measure_all(work, None, manifest, model_path, keep, " on the export")
     s = summarize(cfg, size, gamma, weight_bytes, e.get("build_s", 0.0), a, b, c)
     s.update(source="transformers", params=counts["params"], initializers=counts,
              export={k: v for k, v in e.items() if k != "stdout"})
@@ -989,19 +996,7 @@ def main(argv: list[str]) -> int:
         build_s = time.perf_counter() - t0
         log(f"built {model_path} in {build_s:.1f}s")
 
-        log("(a) floor: read the weights, mindspore.export a Cell with the same Parameters")
-        a = measure_floor(work, model_path.parent / DATA_FILE, manifest)
-        log(f"(a) {a['wall_s']:.1f}s, peak RSS {mib(a['peak_rss_tree_bytes'])}, exit {a['exit_code']}")
-        if not args.keep:
-            shutil.rmtree(work / "floor", ignore_errors=True)  # disk: one MindIR at a time
-
-        log("(b) onnxsim alone")
-        b = measure_onnxsim(work, model_path)
-        log(f"(b) {b['wall_s']:.1f}s, peak RSS {mib(b['peak_rss_tree_bytes'])}, exit {b['exit_code']}")
-
-        log("(c) graphconv compile")
-        c = measure_graphconv(work, model_path)
-        log(f"(c) {c['wall_s']:.1f}s, peak RSS {mib(c['peak_rss_tree_bytes'])}, exit {c['exit_code']}")
+        a, b, c = measure_all(work, model_path.parent / DATA_FILE, manifest, model_path, args.keep, "")
 
         summary = summarize(cfg, args.size, args.gamma, weight_bytes, build_s, a, b, c)
         print_summary(summary)

@@ -18,7 +18,7 @@ from onnxscript.rewriter import pattern
 
 from passes import match
 from passes.attention.scores import Refused
-from passes.attention.sdpa import DOMAIN, Sdpa
+from passes.attention.sdpa import Sdpa, SdpaRule
 
 
 def check(s: Sdpa, opset: int) -> tuple[int, int]:
@@ -49,12 +49,9 @@ def check(s: Sdpa, opset: int) -> tuple[int, int]:
     return n1, n2
 
 
-class ToFlashAttention(pattern.RewriteRuleClassBase):
+class ToFlashAttention(SdpaRule):
     def __init__(self):
-        super().__init__("FlashAttentionScore", remove_nodes=False)
-
-    def pattern(self, op, q, k, v):
-        return op.SDPA(q, k, v, _allow_other_inputs=True, _domain=DOMAIN, _outputs=["out"])
+        super().__init__("FlashAttentionScore")
 
     def check(self, context, out, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()

@@ -13,7 +13,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from passes import match
-from passes.attention.sdpa import DOMAIN, Sdpa
+from passes.attention.sdpa import Sdpa, SdpaRule
 
 
 def unrepeat(x: ir.Value) -> tuple[ir.Value, int] | None:
@@ -53,12 +53,9 @@ def unrepeat(x: ir.Value) -> tuple[ir.Value, int] | None:
     return src, n1
 
 
-class UnrepeatHeads(pattern.RewriteRuleClassBase):
+class UnrepeatHeads(SdpaRule):
     def __init__(self):
-        super().__init__("SDPA-unrepeat-kv-heads", remove_nodes=False)
-
-    def pattern(self, op, q, k, v):
-        return op.SDPA(q, k, v, _allow_other_inputs=True, _domain=DOMAIN, _outputs=["out"])
+        super().__init__("SDPA-unrepeat-kv-heads")
 
     def check(self, context, q, k, v, out, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()

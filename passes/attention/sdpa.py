@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 import onnx_ir as ir
+from onnxscript.rewriter import pattern
 
 from passes import match
 
@@ -68,6 +69,16 @@ class Sdpa:
         out.producer().name = self.source
         out.dtype, out.shape = like.dtype, like.shape
         return out
+
+
+class SdpaRule(pattern.RewriteRuleClassBase):
+    """A stage's rule on an SDPA node (its output bound as `out`; the matched producers stay for DCE)."""
+
+    def __init__(self, name: str):
+        super().__init__(name, remove_nodes=False)
+
+    def pattern(self, op, q, k, v):
+        return op.SDPA(q, k, v, _allow_other_inputs=True, _domain=DOMAIN, _outputs=["out"])
 
 
 def is_sdpa(node: ir.Node) -> bool:
