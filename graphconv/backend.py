@@ -48,7 +48,7 @@ import onnx
 import onnx_ir as ir
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from graphconv import emit, load, lower
+from graphconv import emit, load, lower, node_context
 from graphconv.child import child_env
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
 
@@ -105,7 +105,7 @@ def check_interface(model: onnx.ModelProto) -> None:
             if elem == onnx.TensorProto.BFLOAT16:
                 raise UnsupportedError(f"graph {role} {vi.name!r} is bfloat16: MindSpore cannot take or return "
                                        "bfloat16 numpy arrays (bfloat16 inside the network is supported)")
-            if elem and ir.DataType(elem) not in lower.MS_DTYPES:
+            if elem and ir.DataType(elem) not in node_context.MS_DTYPES:
                 raise UnsupportedError(f"graph {role} {vi.name!r} has dtype {name}, which MindSpore has no tensors for")
 
 

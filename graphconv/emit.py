@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphconv import lower, param_names, reference, weights
+from graphconv import lower, node_context, param_names, reference, weights
 
 # Weights above this size go to an external data file (the child maps them lazily).
 _EXTERNAL_THRESHOLD = 1024
@@ -21,7 +21,7 @@ _EXTERNAL_THRESHOLD = 1024
 def placeholders(model: onnx.ModelProto) -> list[dict]:
     """The graph inputs as MindSpore placeholders: None for every symbolic dim."""
     return [{"name": s.name, "shape": [d if isinstance(d, int) else None for d in s.shape],
-             "ms_dtype": lower.MS_DTYPES[ir.DataType(s.elem_type)].split(".")[1]}
+             "ms_dtype": node_context.MS_DTYPES[ir.DataType(s.elem_type)].split(".")[1]}
             for s in reference.input_specs(model)]
 
 

@@ -19,10 +19,10 @@ import onnx_ir as ir
 import opmap
 from opmap import helpers as helper_lib
 from graphconv import codegen, layers
-from graphconv.codegen import py_name  # noqa: F401  (re-exported: the naming rule)
+from graphconv.codegen import py_name
 from graphconv.emission import Attr, AttrValue, Block, Builder, Program, Value
 from graphconv.errors import UnsupportedError
-from graphconv.node_context import MS_DTYPES, NodeContext, Operand  # noqa: F401  (MS_DTYPES re-exported)
+from graphconv.node_context import NodeContext, Operand
 
 # Initializers with more elements than this become Parameters (bound from the weights file at emit time);
 # smaller ones are written into the source as literals.
