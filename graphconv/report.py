@@ -83,6 +83,13 @@ class Report:
         for name, reasons in self.skipped_fusions.items():
             for r in reasons[:5] if name not in covered else []:
                 lines.append(f"  {name} skipped {r}")
+        grouping = next((s.detail.get("layers") for s in self.stages if s.name == "lower" and s.detail), None)
+        if grouping:
+            line = f"  layers: {grouping.get('grouped', 0)} of {grouping.get('layers', 0)} in {grouping.get('classes', 0)} " \
+                   f"Cell class(es)"
+            if grouping.get("reason") or grouping.get("inline"):
+                line += f" ({grouping.get('reason') or 'inline: layers ' + ', '.join(map(str, grouping['inline']))})"
+            lines.append(line)
         if self.census:
             top = sorted(self.census.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
             lines.append("  MindIR primitives: " + ", ".join(f"{k} {v}" for k, v in top))

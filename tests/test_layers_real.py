@@ -37,6 +37,7 @@ def test_transformers_llama_layers_are_one_class(exporter, target, export_cache,
     (lower,) = [s for s in rep["stages"] if s["name"] == "lower"]
     grouping = lower["detail"]["layers"]
     assert grouping["layers"] == n_layers and grouping["grouped"] == n_layers and grouping["classes"] == 1
+    assert f"layers: {n_layers} of {n_layers} in 1 Cell class(es)" in report.summary()  # what compile prints
     source = (src / "network.py").read_text()
     classes = re.findall(r"^class (\w+)\(nn\.Cell\):", source, re.M)
     assert classes == ["LlamaDecoderLayer", "Network"] if exporter == "dynamo" else len(classes) == 2
