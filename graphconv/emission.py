@@ -160,9 +160,12 @@ class Program:
     body: Block
     attrs: list[Attr] = dataclasses.field(default_factory=list)
     helpers: list[str] = dataclasses.field(default_factory=list)
-    cells: list[CellClass] = dataclasses.field(default_factory=list)
     # the instances of each cell class: (class, attribute name of the CellList, per-instance attributes)
     instances: list[tuple[CellClass, str, list[list[Attr]]]] = dataclasses.field(default_factory=list)
+
+    @property
+    def cells(self) -> list[CellClass]:
+        return [cell for cell, _, _ in self.instances]
 
     def calls(self, target: str) -> list[Node]:
         """Every call node with this target (tests read the IR through this, not the source)."""

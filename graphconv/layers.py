@@ -431,7 +431,6 @@ def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
     used |= {id(v.attr) for v in program.body.outputs if isinstance(v, AttrValue)}
     program.attrs = [a for a in program.attrs if id(a) in used]  # (the rest moved into the layer classes)
     for cell, list_attr, instances in classes.values():
-        program.cells.append(cell)
         program.instances.append((cell, list_attr, instances))
     grouped = sum(len(inst) for _, _, inst in classes.values())
     summary = {"prefix": prefix, "layers": len(indices), "classes": len(classes), "grouped": grouped,

@@ -313,8 +313,8 @@ def _reshape_tail(op, x: ir.Value, head: list[int], start: int, end: int) -> ir.
     return op.Reshape(x, target)
 
 
-def _build(op, found: Found, source: str, like: ir.Value) -> ir.Value:
-    s = dataclasses.replace(found.sdpa, source=source)
+def _build(op, found: Found, like: ir.Value) -> ir.Value:
+    s = dataclasses.replace(found.sdpa)
     if found.k_perm is not None:
         k = op.Transpose(s.k, perm=found.k_perm)
         k.dtype, k.shape = s.k.dtype, ir.Shape([s.k.shape[p] for p in found.k_perm])  # (the stages read them)
@@ -356,13 +356,13 @@ class SoftmaxToSdpa(pattern.RewriteRuleClassBase):
             _, _, safe = probabilities(softmax)
             self._found = analyze(logits, value, softmax, match.opset(context))
             self._found.sdpa.safe_softmax, self._found.sdpa.fp32_softmax = safe, self._island
-            self._source = softmax.name or ""
+            self._found.sdpa.source = softmax.name or ""
         except Refused as e:
             return result.fail(str(e), softmax)
         return result
 
     def rewrite(self, op, attn, **_):
-        return _build(op, self._found, self._source, attn)
+        return _build(op, self._found, attn)
 
 
 class NativeToSdpa(pattern.RewriteRuleClassBase):
@@ -381,13 +381,13 @@ class NativeToSdpa(pattern.RewriteRuleClassBase):
             self._found = analyze_native(node, match.opset(context))
             precision = node.attributes.get("softmax_precision")  # (absent: the inputs' precision)
             self._found.sdpa.fp32_softmax = precision is not None and precision.value == ir.DataType.FLOAT
-            self._source = node.name or ""
+            self._found.sdpa.source = node.name or ""
         except Refused as e:
             return result.fail(str(e), node)
         return result
 
     def rewrite(self, op, attn, **_):
-        return _build(op, self._found, self._source, attn)
+        return _build(op, self._found, attn)
 
 
 RULES = pattern.RewriteRuleSet([SoftmaxToSdpa.rule(island=False), SoftmaxToSdpa.rule(island=True),
