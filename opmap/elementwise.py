@@ -117,11 +117,16 @@ def isinf(n):
 
 @register("Cast", since=1)
 def cast(n):
-    return n.call("ops.cast", n.x(0), n.ms_dtype(n.attr("to")))
+    to = n.attr("to")
+    if n.dtype(0) is not None and n.dtype(0) == ir.DataType(to):
+        return n.x(0)  # a Cast to the dtype it already has is an identity (fp32 bodies' islands in fp32 models)
+    return n.call("ops.cast", n.x(0), n.ms_dtype(to))
 
 
 @register("CastLike", since=15)
 def cast_like(n):
+    if n.dtype(0) is not None and n.dtype(0) == n.dtype(1):
+        return n.x(0)
     return n.call("ops.cast", n.x(0), n.ms_dtype(n.dtype(1)))
 
 

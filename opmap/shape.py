@@ -18,8 +18,8 @@ _OPEN = 2**31  # |index| at or beyond this means "to the end of the axis" in ONN
 def shape(n):
     start, end = n.attr("start", 0), n.attr("end", None)
     static = n.shape(0)
-    if static is not None and all(isinstance(d, int) for d in static):
-        return np.array(static[start:end], dtype=np.int64)
+    if static is not None and all(isinstance(d, int) for d in static[start:end]):
+        return np.array(static[start:end], dtype=np.int64)  # (also when only the dims read are static)
     dims = n.call("ops.dyn_shape", n.x(0))
     if start != 0 or end is not None:
         dims = n.getitem(dims, slice(start or None, end))

@@ -327,4 +327,4 @@ RULES = ([GeluNative.rule("Gelu-native")] +
           for s in (False, True) for k in (False, True)])
 PASS = rewrite_pass("fuse-gelu", "exact (erf), tanh (also Bloom's factored form) and quick GELU, decomposed or "
                     "opset-20 Gelu -> mindspore::Gelu / mindspore::GeluTanh / mindspore::FastGelu",
-                    pattern.RewriteRuleSet(RULES))
+                    pattern.RewriteRuleSet(RULES), candidates=coverage.gelu_candidates)

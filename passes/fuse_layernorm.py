@@ -39,7 +39,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from passes import match
+from passes import coverage, match
 from passes.manager import rewrite_pass
 
 
@@ -274,4 +274,4 @@ RULES = ([LayerNormNative.rule("LayerNorm-native", True), LayerNormNative.rule("
             for bias in (True, False) for v in ("div", "reciprocal", "div-one")])
 PASS = rewrite_pass("fuse-layernorm", "LayerNormalization and its decomposition (ReduceMean, Sub, Pow/Mul, Sqrt, "
                     "Div/Reciprocal, Cast islands, gamma, beta) -> mindspore::LayerNorm",
-                    pattern.RewriteRuleSet(RULES))
+                    pattern.RewriteRuleSet(RULES), candidates=coverage.norm_candidates)

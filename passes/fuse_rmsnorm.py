@@ -260,7 +260,8 @@ RULES += [UnitGammaRmsNormFusion.rule(f"RmsNorm-unit-gamma-{v}{'-cast' if c else
 RULES += [NativeRmsNormalization.rule("RmsNorm-native"),
           NativeRmsNormalization.rule("RmsNorm-ort-simplified-layernorm", "SimplifiedLayerNormalization")]
 PASS = rewrite_pass("fuse-rmsnorm", "decomposed RMSNorm (Pow/Mul, Sqrt, Reciprocal/Div, Cast islands) -> "
-                    "mindspore::RmsNorm", pattern.RewriteRuleSet(RULES, commute=True))
+                    "mindspore::RmsNorm", pattern.RewriteRuleSet(RULES, commute=True),
+                    candidates=coverage.norm_candidates)
 
 
 # --- fusion coverage: why a norm candidate was left ------------------------------------------------------------

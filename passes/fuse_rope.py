@@ -387,6 +387,8 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
         FACTS.bind(context.model)
         if _rank(x) != 4:
             return result.fail(f"x {x.name} is of rank {_rank(x)}; RotaryPositionEmbedding takes a 4-D x", x)
+        if match.opset(context) < 11:
+            return result.fail("below opset 11 the reference body cannot be written (it needs Range)", x)
         d = FACTS.static(x, 3)
         if d is None:
             return result.fail(f"the rotated size (x's last dim) of {x.name} is not static", x)
@@ -674,7 +676,8 @@ RULES = [RotateHalfSlices.rule("RoPE-rotate-half-slices"), RotateHalfSplit.rule(
          NativeRotaryEmbedding.rule("RoPE-native-opset23", False),
          NativeRotaryEmbedding.rule("RoPE-native-opset23-position-ids", True)]
 PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*sin (rotate_half, interleaved, "
-                    "partial) -> mindspore::RotaryPositionEmbedding", pattern.RewriteRuleSet(RULES, commute=True))
+                    "partial) -> mindspore::RotaryPositionEmbedding", pattern.RewriteRuleSet(RULES, commute=True),
+                    candidates=coverage.rotary_candidates)
 
 
 # --- fusion coverage: why a rotary candidate was left ----------------------------------------------------------

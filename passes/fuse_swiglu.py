@@ -428,4 +428,4 @@ RULES += [SwigluHalvesFusion.rule(f"Swiglu-halves-{split}{'-second' if gate_inde
           for up_first in (False, True)]
 PASS = rewrite_pass("fuse-swiglu", "SiLU(x @ Wg [+ bg]) * (x @ Wu [+ bu]) -> mindspore::Swiglu over one MatMul "
                     "with the merged [gate ; up] weight; silu(first half) * second half of one tensor -> "
-                    "mindspore::Swiglu", pattern.RewriteRuleSet(RULES))
+                    "mindspore::Swiglu", pattern.RewriteRuleSet(RULES), candidates=coverage.gated_mlp_candidates)

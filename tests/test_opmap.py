@@ -980,12 +980,12 @@ case("Swiglu_fused", "Swiglu", [x("batch", "seq", 8)], {"dim": -1}, domain=fused
 
 refusal("Squeeze_no_axes_dynamic", "without axes needs a fully static", "Squeeze", [x("batch", 1, 4)])
 refusal("Slice_runtime_step", "run-time step", None, None, nodes=[
-    node("Shape", ["x"], ["s"], start=2), node("Div", ["s", "eight"], ["step"]),
+    node("Shape", ["x"], ["s"], start=1, end=2), node("Div", ["s", "eight"], ["step"]),
     node("Slice", ["x", "zero", "big", "two", "step"], ["y"])], inputs=[x(name="x")],
     inits={"eight": np.array([8], I64), "zero": np.array([0], I64), "big": np.array([INT64_MAX], I64),
            "two": np.array([2], I64)}, opset=15)
 refusal("Slice_runtime_step_runtime_start", "run-time step", None, None, nodes=[
-    node("Shape", ["x"], ["s"], start=2), node("Div", ["s", "eight"], ["step"]),
+    node("Shape", ["x"], ["s"], start=1, end=2), node("Div", ["s", "eight"], ["step"]),
     node("Slice", ["x", "step", "big", "two", "step"], ["y"])], inputs=[x(name="x")],
     inits={"eight": np.array([8], I64), "big": np.array([INT64_MAX], I64), "two": np.array([2], I64)}, opset=15)
 refusal("Slice_runtime_axes", "axes must be a constant", "Slice",

@@ -23,7 +23,8 @@ types "mul first, then add". Shapes (B, N1, S1, S2), (B, N1, 1, S2) or (1, N1, S
 0 means none (the ascend lowering passes None). ALiBi (Bloom: scores = inv_norm * Q . K^T + alibi) arrives as
 real_shift = alibi / inv_norm.
 
-Reference body, fp32: repeat the kv heads (n -> n // (N1/N2)); S = (Q . K^T + real_shift) * scale +
+Reference body, fp32: repeat the kv heads (n -> n // (N1/N2), a Gather whose indices come from the
+head-count attributes alone, so the cpu lowering folds them into a constant; Range, so opset 11 and up); S = (Q . K^T + real_shift) * scale +
 max(attn_mask, -1e30); P = Softmax(S, -1); O = P . V; cast back to query's dtype. (-inf in the mask is clamped to -1e30:
 the probabilities are the same in every row that keeps a key, and MindSpore's CPU
 softmax in graph mode turns other rows to NaN when some row is all -inf, which the cpu twin would otherwise
@@ -39,7 +40,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused.record import FusedOp, define
+from opmap.fused.record import FusedOp, define, int64_constant
 from opmap.registry import register
 
 ATTRIBUTES = ("scale", "head_num", "kv_head_num", "mask_kind", "input_layout", "sparse_mode", "dtype")
@@ -48,8 +49,6 @@ MASK_FLOOR = -1e30  # where the body clamps -inf mask values
 _COMPUTE = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 
 
-def _ints(name: str, values) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64), name))
 
 
 def _attr_const(name: str, kind: str, attr: str) -> onnx.NodeProto:
@@ -82,19 +81,12 @@ def _make_body(round_to: int | None):
             _attr_const("n1", "value_int", "head_num"),
             _attr_const("n2", "value_int", "kv_head_num"),
             helper.make_node("Div", ["n1", "n2"], ["rep"]),                   # N1 / N2
-            _ints("ax0", [0]), _ints("ax2", [2]), _ints("one", [1]),
-            helper.make_node("Unsqueeze", ["rep", "ax0"], ["rep1"]),
-            helper.make_node("Concat", ["one", "one", "rep1", "one", "one"], ["expand_shape"], axis=0),
-            helper.make_node("Concat", ["one", "rep1", "one", "one"], ["heads_mul"], axis=0),
+            int64_constant("zero", 0), int64_constant("one", 1),
+            helper.make_node("Range", ["zero", "n1", "one"], ["heads"]),      # 0 .. N1-1
+            helper.make_node("Div", ["heads", "rep"], ["kv_heads"]),          # n // (N1 / N2)
         ]
-        for t in ("k", "v"):  # (B, N2, S2, D) -> (B, N2, rep, S2, D) -> (B, N1, S2, D): kv head n // rep
-            nodes += [
-                helper.make_node("Unsqueeze", [f"{t}32", "ax2"], [f"{t}5"]),
-                helper.make_node("Expand", [f"{t}5", "expand_shape"], [f"{t}5r"]),
-                helper.make_node("Shape", [f"{t}32"], [f"{t}_shape"]),
-                helper.make_node("Mul", [f"{t}_shape", "heads_mul"], [f"{t}_rep_shape"]),
-                helper.make_node("Reshape", [f"{t}5r", f"{t}_rep_shape"], [f"{t}_rep"]),
-            ]
+        for t in ("k", "v"):  # (B, N2, S2, D) -> (B, N1, S2, D): a gather of the kv heads (constant indices)
+            nodes.append(helper.make_node("Gather", [f"{t}32", "kv_heads"], [f"{t}_rep"], axis=1))
         nodes += [
             helper.make_node("Transpose", ["k_rep"], ["k_t"], perm=[0, 1, 3, 2]),
             helper.make_node("MatMul", ["q32", "k_t"], ["qk"]),

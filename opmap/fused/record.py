@@ -70,6 +70,14 @@ def fp32_island(opset: int, core: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
              onnx.helper.make_node("Identity", ["y32"], ["y"])])
 
 
+def int64_constant(name: str, value) -> onnx.NodeProto:
+    """A body's Constant node holding an int64 scalar or vector."""
+    import numpy as np
+
+    return onnx.helper.make_node("Constant", [], [name],
+                                 value=onnx.numpy_helper.from_array(np.array(value, np.int64), name))
+
+
 def define(op: FusedOp) -> FusedOp:
     FUSED_OPS[op.name] = op
     return op

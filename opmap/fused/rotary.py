@@ -9,9 +9,13 @@ the primitive accepts). In fp32, cast back to x's dtype:
 cos and sin are used elementwise over the full length D (MindSpore's and CANN's equivalent small-op code:
 `x * cos + rotate_half(x) * sin`), so nothing is assumed about how their halves or pairs repeat.
 
-The body writes both modes as one computation: x is viewed as (..., P, 2, Q) with P = 1, Q = D/2 in mode 0
-(the halves) and P = D/2, Q = 1 in mode 1 (the pairs); rot swaps the two slices of the middle axis and negates
-the one moved first, then takes x's shape back. Reshapes and a negation only, so it is exact.
+The body writes both modes as one computation, a signed permutation of the last axis:
+rot = Gather(x, idx, axis=-1) * sign, with idx = i + D/2 (mod D) and sign = -1 on the first half in mode 0,
+idx = i xor 1 and sign = -1 at even i in mode 1 (i = 0 .. D-1). idx and sign are computed from D and the
+`mode` attribute only, so once inlined with D static (from opset 15, Shape's start attribute reads D alone)
+they fold into two constant vectors and the cpu lowering is one gather and one multiply, with no run-time
+shape arithmetic. A gather and a multiplication by +-1, so it is exact. Below opset 11 (no Range) the pass
+does not fuse.
 `ApplyRotaryPosEmb` (q and k together) is not defined here: its semantics are unconfirmed.
 """
 
@@ -19,54 +23,64 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from opmap.fused.record import FusedOp, define
+from opmap.fused.record import FusedOp, define, int64_constant
 from opmap.registry import register
 
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def _ints(name: str, values) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64), name))
-
 
 def _body(opset: int) -> list[onnx.NodeProto]:
     """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype, and
-    the fusion only takes fp32 there (passes/fuse_rope.py checks it)."""
+    the fusion only takes fp32 there (passes/fuse_rope.py checks it); nor does Shape take `start`, so D is
+    sliced from x's whole shape (exact, but then only known at run time)."""
     cast = opset >= 15
 
     def to32(src: str, dst: str) -> onnx.NodeProto:
         return helper.make_node("Cast", [src], [dst], to=TensorProto.FLOAT) if cast else \
             helper.make_node("Identity", [src], [dst])
 
-    mode = helper.make_node("Constant", [], ["mode_v"])  # value_int taken from the caller's `mode`
+    def node(op: str, inputs: list[str], output: str, **attrs) -> onnx.NodeProto:
+        return helper.make_node(op, inputs, [output], **attrs)
+
+    mode = helper.make_node("Constant", [], ["m"])  # value_int taken from the caller's `mode`
     mode.attribute.append(helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="mode"))
+    if opset >= 15:
+        d_vec = [node("Shape", ["x"], "d_vec", start=-1)]                          # [D]
+    else:
+        d_vec = [node("Shape", ["x"], "shape"), int64_constant("cm1", [-1]), int64_constant("cmax", [_INT64_MAX]),
+                 node("Slice", ["shape", "cm1", "cmax"], "d_vec")]
+    squeeze = [int64_constant("ax0", [0]), node("Squeeze", ["d_vec", "ax0"], "d")] if opset >= 13 else \
+        [node("Squeeze", ["d_vec"], "d", axes=[0])]
     return [
         to32("x", "x32"), to32("cos", "cos32"), to32("sin", "sin32"),
-        mode,
-        _ints("c0", [0]), _ints("c1", [1]), _ints("c2", [2]), _ints("cm1", [-1]), _ints("cm2", [-2]),
-        _ints("cmax", [_INT64_MAX]),
-        helper.make_node("Shape", ["x"], ["shape"]),
-        helper.make_node("Slice", ["shape", "c0", "cm1"], ["lead"]),       # x.shape[:-1]
-        helper.make_node("Slice", ["shape", "cm1", "cmax"], ["d"]),        # [D]
-        helper.make_node("Div", ["d", "c2"], ["half"]),                    # [D/2]
-        helper.make_node("Sub", ["half", "c1"], ["half_m1"]),
-        helper.make_node("Mul", ["mode_v", "half_m1"], ["p_m1"]),
-        helper.make_node("Add", ["c1", "p_m1"], ["p"]),                    # mode 0: 1, mode 1: D/2
-        helper.make_node("Div", ["half", "p"], ["q"]),                     # mode 0: D/2, mode 1: 1
-        helper.make_node("Concat", ["lead", "p", "c2", "q"], ["view_shape"], axis=0),
-        helper.make_node("Reshape", ["x32", "view_shape"], ["xv"]),        # (..., P, 2, Q)
-        helper.make_node("Slice", ["xv", "c0", "c1", "cm2"], ["first"]),   # x1 (mode 0) / x[2i] (mode 1)
-        helper.make_node("Slice", ["xv", "c1", "c2", "cm2"], ["second"]),  # x2 (mode 0) / x[2i+1] (mode 1)
-        helper.make_node("Neg", ["second"], ["neg_second"]),
-        helper.make_node("Concat", ["neg_second", "first"], ["rot_v"], axis=-2),
-        helper.make_node("Reshape", ["rot_v", "shape"], ["rot"]),
-        helper.make_node("Mul", ["x32", "cos32"], ["x_cos"]),
-        helper.make_node("Mul", ["rot", "sin32"], ["rot_sin"]),
-        helper.make_node("Add", ["x_cos", "rot_sin"], ["y32"]),
-        helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else helper.make_node("Identity", ["y32"], ["y"]),
+        mode, int64_constant("zero", 0), int64_constant("one", 1), int64_constant("two", 2),
+        *d_vec, *squeeze,
+        node("Div", ["d", "two"], "h"),                                     # D/2
+        node("Range", ["zero", "d", "one"], "i"),                          # 0 .. D-1
+        node("Sub", ["one", "m"], "not_m"),
+        # mode 0, rotate_half: rot[i] = -x[i + D/2] on the first half, x[i - D/2] on the second
+        node("Add", ["i", "h"], "i_h"), node("Mod", ["i_h", "d"], "idx_half"),
+        node("Less", ["i", "h"], "first_half"), node("Cast", ["first_half"], "first_half_i", to=TensorProto.INT64),
+        node("Mul", ["first_half_i", "two"], "first_half_2"), node("Sub", ["one", "first_half_2"], "sign_half"),
+        # mode 1, interleaved: rot[2j] = -x[2j + 1], rot[2j + 1] = x[2j]
+        node("Mod", ["i", "two"], "odd"), node("Mul", ["odd", "two"], "odd_2"),
+        node("Add", ["i", "one"], "i_1"), node("Sub", ["i_1", "odd_2"], "idx_pair"),
+        node("Sub", ["odd_2", "one"], "sign_pair"),
+        node("Mul", ["not_m", "idx_half"], "idx_0"), node("Mul", ["m", "idx_pair"], "idx_1"),
+        node("Add", ["idx_0", "idx_1"], "idx"),
+        node("Mul", ["not_m", "sign_half"], "sign_0"), node("Mul", ["m", "sign_pair"], "sign_1"),
+        node("Add", ["sign_0", "sign_1"], "sign_i"), node("Cast", ["sign_i"], "sign", to=TensorProto.FLOAT),
+        node("Gather", ["x32", "idx"], "x_perm", axis=-1),
+        node("Mul", ["x_perm", "sign"], "rot"),
+        node("Mul", ["x32", "cos32"], "x_cos"),
+        node("Mul", ["rot", "sin32"], "rot_sin"),
+        node("Add", ["x_cos", "rot_sin"], "y32"),
+        node("CastLike", ["y32", "x"], "y") if cast else node("Identity", ["y32"], "y"),
     ]
+
 
 
 ROTARY_POSITION_EMBEDDING = define(FusedOp(

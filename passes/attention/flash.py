@@ -27,6 +27,8 @@ def check(s: Sdpa, opset: int) -> tuple[int, int]:
     if len(dtypes) != 1 or not dtypes <= match.FLOATS:
         raise Refused(f"q/k/v dtypes {sorted(str(d) for d in dtypes)}: FlashAttentionScore takes one float dtype "
                       "(fp32 inputs are cast to fp16)")
+    if opset < 11:
+        raise Refused("below opset 11 the reference body cannot be written (it needs Range)")
     if opset < 15 and s.q.dtype != ir.DataType.FLOAT:
         raise Refused("below opset 15 the reference body can only express fp32")
     qd, kd, vd = match.dims(s.q), match.dims(s.k), match.dims(s.v)
