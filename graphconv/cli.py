@@ -14,6 +14,7 @@ import click
 
 from graphconv.errors import GraphconvError, InputError
 from graphconv.progress import Progress
+from graphconv.targets import TARGETS
 from graphconv.version import __version__
 
 _DEBUG = {"on": False}
@@ -72,8 +73,8 @@ def _precision_options(command):
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="MindIR to write (default: MODEL with .mindir).")
-@click.option("--target", type=click.Choice(["ascend", "cpu"]), default="ascend", show_default=True,
-              help="ascend: MindSpore fused primitives; cpu: a network that runs on CPU.")
+@click.option("--target", type=click.Choice(list(TARGETS)), default="ascend", show_default=True,
+              help="; ".join(f"{t.name}: {t.help}" for t in TARGETS.values()) + ".")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--no-verify", is_flag=True, help="Skip running the MindIR against the oracle (report: unverified).")
 @click.option("--inputs", "inputs", multiple=True, type=click.Path(dir_okay=False, path_type=Path),

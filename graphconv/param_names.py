@@ -327,14 +327,15 @@ class WeightNames:
         memo: dict[str, Origin] = {}
         known = set(self.origins) | set(made)
 
-        def resolve(n: str, depth: int = 0) -> Origin:
-            if n in memo:
+        def resolve(n: str, depth: int = 0, as_made: bool = True) -> Origin:
+            # as_made False: n's origin before the record that rewrote it in place (a dtype cast, "same")
+            if as_made and n in memo:
                 return memo[n]
             if depth > 20:
                 return Origin(n, [], [], "onnx name (origin unknown)")
-            if n in made:
+            if as_made and n in made:
                 rec = made[n]
-                srcs = [resolve(s, depth + 1) for s in rec.get("sources", [])]
+                srcs = [resolve(s, depth + 1, as_made=s != n) for s in rec.get("sources", [])]
                 naming = rec.get("naming") or "merge"
                 derived = None
                 if srcs and naming == "merge":
@@ -371,7 +372,8 @@ class WeightNames:
                                     [b.name])
                 else:
                     origin = Origin(n, [], [], "onnx name (made after loading; origin unknown)")
-            memo[n] = origin
+            if as_made or n not in made:
+                memo[n] = origin
             return origin
 
         out = {n: resolve(n) for n in names}

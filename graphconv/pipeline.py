@@ -19,16 +19,13 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv import census, compare, emit, layers, lower, param_names, precision, reference, weights
+from graphconv import census, compare, emit, layers, lower, param_names, precision, reference, targets, weights
 from graphconv.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.load import LoadedModel, load
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report
 from graphconv.workspace import Workspace
-
-TARGETS = ("ascend", "cpu")
-
 
 @dataclasses.dataclass
 class CompileOptions:
@@ -228,10 +225,9 @@ class Compiler:
         self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
-            # lazy_inline (graphconv/codegen.render) for the ascend MindIR only: the cpu twin runs directly, and
-            # a cpu MindIR must load into a plain GraphCell and run at shape after shape, which a lazy_inline
-            # one does not at the second shape ("The actor already exists", mindspore 2.10).
-            lazy = name == "network" and self.opt.target == "ascend"
+            # lazy_inline (graphconv/codegen.render) for the target's MindIR where the target says so
+            # (graphconv/targets.py); never for the cpu twin, which runs directly.
+            lazy = name == "network" and self.target.lazy_inline
             net, task = emit.prepare(model, ws.dir, name, names=self.names, scopes=self.scopes, lazy_inline=lazy)
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"),
                          "layers": net.layers,
@@ -398,15 +394,15 @@ class Compiler:
         return (self.opt.atol if self.opt.atol is not None else atol,
                 self.opt.rtol if self.opt.rtol is not None else rtol)
 
+    @property
+    def target(self) -> targets.Target:
+        return targets.get(self.opt.target)
+
     # --- the run ------------------------------------------------------------------------------------
     def run(self) -> Report:
-        if self.opt.target not in TARGETS:
-            raise InputError(f"unknown target {self.opt.target!r} (choose from {', '.join(TARGETS)})")
         if self.opt.precision not in precision.PRECISIONS:
             raise InputError(f"unknown precision {self.opt.precision!r} (choose from {', '.join(precision.PRECISIONS)})")
-        if self.opt.precision != "fp32" and self.opt.target == "cpu" and precision.CPU_EMULATED[self.opt.precision]:
-            raise InputError(f"--precision {self.opt.precision} needs --target ascend: MindSpore CPU has no "
-                             f"{self.opt.precision} kernels for MatMul, Softmax, Exp, ...")
+        self.target.check(self.opt.precision)
         if self.opt.keep_fp32 is not None and self.opt.precision == "fp32":
             raise InputError("--keep-fp32 needs --precision fp16 or bf16")
         try:
@@ -453,8 +449,7 @@ class Compiler:
         if self.opt.precision != "fp32":
             fused = self.lower_precision(fused, ws)
         cpu_form = opmap.fused.inline_fused(fused)
-        # ascend: the fused primitives; cpu: every fused op replaced by its reference body.
-        net, task = self.lower(fused if self.opt.target == "ascend" else cpu_form, ws)
+        net, task = self.lower(self.target.network_graph(fused, cpu_form), ws)
         checkpoint = bool(self.opt.emit_source or self.opt.bundle)
         if not self.opt.verify:
             files, _ = self.emit(task, ws, checkpoint)
@@ -465,7 +460,7 @@ class Compiler:
             if precision.CPU_EMULATED.get(self.opt.precision):
                 twin = precision.emulate_in_fp32(cpu_form, self.opt.precision, spill=self.spill(ws))
             twin_task = None
-            if twin is not fused and self.opt.target == "ascend":
+            if self.target.needs_twin(twin, fused):
                 # Fused primitives have no CPU kernels (nor has MindSpore CPU bf16 ones): numbers are checked
                 # on the cpu twin of the same fused graph, built from its generated source and run (no MindIR
                 # of it is written), and the ascend MindIR only structurally (census).
@@ -490,7 +485,7 @@ class Compiler:
                 checked = mindir = self._mindir(files)
                 self.report.census = census.primitive_census(mindir)
                 self.verify(checked, twin, cases, expected, net.output_names, ws, run=run, done=done)
-            if self.opt.target == "ascend" and self.opt.precision == "fp32":
+            if self.target.measures_primitive_precision(self.opt.precision):
                 self.check_ascend_precision(fused, cases, expected)
             if self.opt.precision != "fp32":
                 self.profile_precision(model, fused, twin, cases[0], ws)

@@ -32,6 +32,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from graphconv import weights
+from graphconv.param_names import record_made
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 LOW_DTYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
@@ -249,6 +250,12 @@ def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     del rg.node[:], rg.initializer[:], rg.value_info[:]  # types changed: shape inference recomputes them
     rg.node.extend(new_nodes)
     rg.initializer.extend(inits)
+    for name in weights_low:  # the weight mapping beside the .ckpt lists the casts (graphconv/param_names.py)
+        if name in still_fp32:
+            record_made(rg, _low_name(name, precision), [name], f"cast to {precision}",
+                        f"suffix:__{precision}", made_by="precision")
+        else:
+            record_made(rg, name, [name], f"cast to {precision}", "same", made_by="precision")
     result = onnx.shape_inference.infer_shapes(result, data_prop=True)
     summary = PrecisionSummary(precision, sorted(keep), dict(sorted(fp32_nodes.items())), low_count,
                                len(casts) + output_casts, len(weights_low))

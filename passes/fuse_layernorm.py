@@ -39,6 +39,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.param_names import record_made
 from passes import coverage, match
 from passes.manager import rewrite_pass
 
@@ -186,7 +187,10 @@ class LayerNormDecomposed(pattern.RewriteRuleClassBase):
     def _in_dtype(self, op, v: ir.Value, dtype: ir.DataType) -> ir.Value:
         if v.dtype == dtype:
             return v
-        name = match.unique_initializer_name(self._graph, f"{v.name}_{dtype.name.lower()}")
+        suffix = f"_{dtype.name.lower()}"
+        name = match.unique_initializer_name(self._graph, v.name + suffix)
+        record_made(self._graph, name, [v.name], f"cast to {dtype.name.lower()}", "suffix:" + suffix,
+                    made_by="fuse-layernorm")
         return op.initializer(ir.tensor(match.const_value(v).astype(dtype.numpy()), name=name), name=name)
 
 

@@ -756,3 +756,34 @@ def test_torchscript_bloom_flattening_not_proved_does_not_fuse(first, d_last, wh
     counts, pm, fused = _refine_and_fuse(original)
     assert counts["fuse-attention"] == 0, why
     assert any("flattened batch·heads axis" in r for r in pm.skipped["fuse-attention"]), pm.skipped
+
+
+def test_cpu_lowering_repeats_kv_heads_with_a_constant_gather():
+    """GQA in the reference body is a Gather of the kv heads whose indices come from the head-count
+    attributes: inlined, they fold, so the cpu lowering has one gather per k and v and no run-time shape
+    arithmetic; onnxruntime on the body equals numpy's repeat_interleave of the kv heads."""
+    from graphconv import lower
+
+    b, n1, n2, s, d = 2, 4, 2, 5, 16
+    f = TensorProto.FLOAT
+    node = helper.make_node("FlashAttentionScore", ["q", "k", "v", "mask", "shift"], ["o"], domain="mindspore",
+                            scale=0.25, head_num=n1, kv_head_num=n2, mask_kind="additive", input_layout="BNSD",
+                            sparse_mode=0)
+    g = helper.make_graph([node], "fa", [helper.make_tensor_value_info("q", f, ["b", n1, "s", d]),
+                                         helper.make_tensor_value_info("k", f, ["b", n2, "s", d]),
+                                         helper.make_tensor_value_info("v", f, ["b", n2, "s", d]),
+                                         helper.make_tensor_value_info("mask", f, [1, 1, "s", "s"])],
+                          [helper.make_tensor_value_info("o", f, ["b", n1, "s", d])],
+                          [numpy_helper.from_array(np.array(0.0, np.float32), "shift")])
+    model = opmap.fused.attach_functions(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    net, _ = lower.lower(ir.from_proto(opmap.fused.inline_fused(model)))
+    assert len(net.program.calls("ops.gather")) == 2 and not net.program.calls("ops.dyn_shape")
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((b, n1, s, d)).astype(np.float32)
+    k, v = rng.standard_normal((2, b, n2, s, d)).astype(np.float32)
+    mask = np.triu(np.full((s, s), -np.inf, np.float32), 1)[None, None]
+    got = reference.Oracle(model).run([reference.ReferenceCase("c", {"q": q, "k": k, "v": v, "mask": mask})])[0]["o"]
+    kr, vr = np.repeat(k, n1 // n2, axis=1), np.repeat(v, n1 // n2, axis=1)
+    scores = q @ kr.transpose(0, 1, 3, 2) * 0.25 + mask
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, (p / p.sum(-1, keepdims=True)) @ vr, rtol=1e-5, atol=1e-5)

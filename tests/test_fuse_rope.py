@@ -558,6 +558,26 @@ def test_reference_body_is_the_documented_formula(mode, opset):
     np.testing.assert_allclose(got, _numpy_rope(x, cos, sin, mode), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", [0, 1])
+def test_cpu_lowering_of_the_body_is_one_gather_with_static_head_dim(mode):
+    """Inlined with D static (opset 15+), the body's index and sign vectors fold at compile time: the cpu
+    lowering rotates with one gather and one multiply, and computes no shape at run time."""
+    import onnx_ir as ir
+
+    from graphconv import lower
+
+    node = helper.make_node("RotaryPositionEmbedding", ["x", "cos", "sin"], ["y"], domain="mindspore", mode=mode)
+    g = helper.make_graph([node], "rpe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, "s", D]),
+                                          helper.make_tensor_value_info("cos", TensorProto.FLOAT, [1, 1, "s", D]),
+                                          helper.make_tensor_value_info("sin", TensorProto.FLOAT, [1, 1, "s", D])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3, "s", D])])
+    model = opmap.fused.attach_functions(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    net, _ = lower.lower(ir.from_proto(opmap.fused.inline_fused(model)))
+    (gather,) = net.program.calls("ops.gather")
+    assert not net.program.calls("ops.dyn_shape") and not net.program.calls("ops.reshape")
+    assert not net.program.calls("ops.cast")  # fp32 in, fp32 out: the body's casts are identities
+
+
 # --- real exports -----------------------------------------------------------------------------------------------
 def _mindir_modes(path) -> list[int]:
     """The `mode` argument of every RotaryPositionEmbedding call in a MindIR (read from the protobuf)."""

@@ -288,3 +288,24 @@ def test_transformers_llama_ckpt_keys_are_the_state_dict_keys(exporter, target, 
         elif k in sd:
             assert entry["layout"] == "same", k
             np.testing.assert_array_equal(values[k], sd[k])
+
+
+def test_precision_casts_are_listed_in_the_mapping(tmp_path):
+    """--precision fp16: each weight cast to fp16 keeps its name (converted in place), and the mapping beside
+    the .ckpt says the precision pass cast it; the .ckpt holds the fp16 values of the source weights."""
+    nodes = [helper.make_node("Transpose", ["enc.fc.weight"], ["val_9"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "val_9"], ["h"], name="node_linear"),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "head.proj.weight"], ["y"], name="node_linear_1")]
+    fc, proj = _w("enc.fc.weight", 16, 8), _w("head.proj.weight", 16, 6)
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(nodes, [fc, proj], n_in=8, n_out=6), path)
+    src = tmp_path / "src"
+    report = graphconv.compile(path, tmp_path / "m.mindir", precision="fp16", emit_source=src)
+    assert report.status == "verified"
+    mapping = json.loads((src / "network.names.json").read_text())
+    assert set(mapping) == {"enc.fc.weight", "head.proj.weight"}
+    for name in mapping:
+        assert mapping[name]["made_by"] == "precision" and "cast to fp16" in mapping[name]["transform"], mapping[name]
+    info = {p["name"]: p for p in inspect(src / "network.ckpt")["params"]}
+    assert {k: p["dtype"] for k, p in info.items()} == {"enc.fc.weight": "float16", "head.proj.weight": "float16"}
