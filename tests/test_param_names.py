@@ -205,15 +205,22 @@ def _load_into_net(src, tmp_path) -> tuple[dict, dict]:
         return result, {k: values[k] for k in values.files}
 
 
-def test_compile_names_parameters_writes_the_mapping_and_loads_into_the_net(tmp_path):
-    # One dynamo-style folded transpose and one TorchScript-style weight, through the whole compile.
+def _two_linears(tmp_path, second: str, second_node: str):
+    """A dynamo-style folded transpose (enc.fc.weight read as val_9) and a second Linear weight `second`
+    read by the MatMul node `second_node`; saved, with the two initializers."""
     nodes = [helper.make_node("Transpose", ["enc.fc.weight"], ["val_9"], perm=[1, 0]),
              helper.make_node("MatMul", ["x", "val_9"], ["h"], name="node_linear"),
              helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "onnx::MatMul_12"], ["y"], name="/head/proj/MatMul")]
-    fc, proj = _w("enc.fc.weight", 16, 8), _w("onnx::MatMul_12", 16, 6)
+             helper.make_node("MatMul", ["r", second], ["y"], name=second_node)]
+    fc, proj = _w("enc.fc.weight", 16, 8), _w(second, 16, 6)
     path = tmp_path / "m.onnx"
     onnx.save(_model(nodes, [fc, proj], n_in=8, n_out=6), path)
+    return path, fc, proj
+
+
+def test_compile_names_parameters_writes_the_mapping_and_loads_into_the_net(tmp_path):
+    # One dynamo-style folded transpose and one TorchScript-style weight, through the whole compile.
+    path, fc, proj = _two_linears(tmp_path, "onnx::MatMul_12", "/head/proj/MatMul")
     src = tmp_path / "src"
     report = graphconv.compile(path, tmp_path / "m.mindir", target="cpu", emit_source=src)
     assert report.status == "verified"
@@ -293,13 +300,7 @@ def test_transformers_llama_ckpt_keys_are_the_state_dict_keys(exporter, target, 
 def test_precision_casts_are_listed_in_the_mapping(tmp_path):
     """--precision fp16: each weight cast to fp16 keeps its name (converted in place), and the mapping beside
     the .ckpt says the precision pass cast it; the .ckpt holds the fp16 values of the source weights."""
-    nodes = [helper.make_node("Transpose", ["enc.fc.weight"], ["val_9"], perm=[1, 0]),
-             helper.make_node("MatMul", ["x", "val_9"], ["h"], name="node_linear"),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "head.proj.weight"], ["y"], name="node_linear_1")]
-    fc, proj = _w("enc.fc.weight", 16, 8), _w("head.proj.weight", 16, 6)
-    path = tmp_path / "m.onnx"
-    onnx.save(_model(nodes, [fc, proj], n_in=8, n_out=6), path)
+    path, _, _ = _two_linears(tmp_path, "head.proj.weight", "node_linear_1")
     src = tmp_path / "src"
     report = graphconv.compile(path, tmp_path / "m.mindir", precision="fp16", emit_source=src)
     assert report.status == "verified"
