@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from graphconv import compare, reference
+from graphconv.verify import compare, reference
 from graphconv.errors import InputError, InternalError
 from graphconv.version import __version__
 
@@ -49,7 +49,7 @@ class BundleContext:
     checkpoint: Path  # network.ckpt
     inputs: list[dict]  # {"name", "dtype", "shape": [int | str | None]}
     outputs: list[dict]
-    cases: list  # graphconv.reference.ReferenceCase
+    cases: list  # graphconv.verify.reference.ReferenceCase
     expected: list[dict] | None  # per case: output name -> np.ndarray
     precision: str = "fp32"
     target: str = "ascend"
@@ -561,7 +561,7 @@ class Dims:
 def _dim_key(input_name: str, axis: int, d) -> str | None:
     if isinstance(d, int):
         return None
-    return d if d else f"{input_name}:{axis}"  # unnamed dynamic dims: the name graphconv.reference uses
+    return d if d else f"{input_name}:{axis}"  # unnamed dynamic dims: the name graphconv.verify.reference uses
 
 
 def collect_dims(inputs: list[dict], cases: list, ranges: dict) -> Dims:
@@ -829,7 +829,7 @@ class _Writer:
         return how
 
     def onnx(self, rel: str, model: onnx.ModelProto) -> None:
-        from graphconv.weights import save_self_contained
+        from graphconv.frontend.weights import save_self_contained
 
         for written in save_self_contained(model, self.path(rel)):  # weights beside it past 2 GB
             self._record(str(Path(rel).with_name(written.name)))
@@ -844,7 +844,7 @@ def _np_ready(arr: np.ndarray) -> tuple[np.ndarray, str]:
 
 def _mindir_info(path: Path) -> dict:
     try:
-        from graphconv import census
+        from graphconv.verify import census
 
         m = census.read_mindir(path)
         return {"producer_name": m.producer_name, "model_version": m.model_version,

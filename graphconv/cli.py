@@ -14,7 +14,7 @@ import click
 
 from graphconv.errors import GraphconvError, InputError
 from graphconv.progress import Progress
-from graphconv.targets import TARGETS
+from graphconv.target.targets import TARGETS
 from graphconv.version import __version__
 
 _DEBUG = {"on": False}
@@ -58,11 +58,11 @@ def cli() -> None:
 
 
 def _precision_options(command):
-    """--precision and --keep-fp32, shared by compile and debug (graphconv.precision)."""
+    """--precision and --keep-fp32, shared by compile and debug (passes.precision)."""
     command = click.option("--keep-fp32", "keep_fp32", metavar="OP,...",
                            help="Op types computed in fp32 at fp16/bf16: replaces the default set (`graphconv "
                                 "passes` lists it); +OP,... adds to it; none keeps nothing.")(command)
-    from graphconv.precision import PRECISIONS
+    from passes.precision import PRECISIONS
 
     return click.option("--precision", type=click.Choice(PRECISIONS), default="fp32",
                         show_default=True,
@@ -158,8 +158,7 @@ def export_cmd(factory, output, opset, exporter, as_json, quiet, debug):
     import dataclasses
     import json
 
-    from graphconv.export import export_pytorch
-    from models import load_factory
+    from graphconv.frontend.export import export_pytorch, load_factory
 
     _DEBUG["on"] = debug
     try:
@@ -205,7 +204,7 @@ def matrix_cmd(full, models, exporters, opsets, no_docs, as_json, quiet):
     import dataclasses
     import json
 
-    from graphconv import matrix
+    from graphconv.tools import matrix
     from graphconv.errors import VerificationError
 
     known = matrix.model_names(full=True)
@@ -252,7 +251,7 @@ def debug_cmd(model, inputs, target, pass_spec, precision, keep_fp32, atol, rtol
     node that exceeds the tolerance."""
     import json
 
-    from graphconv.debug import debug
+    from graphconv.verify.debug import debug
 
     report = debug(model, inputs, target, pass_spec, atol, rtol, save, tuple(mask_inputs), precision, keep_fp32)
     click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.table())
@@ -274,7 +273,7 @@ def inspect_cmd(file, fusions, pass_spec, disabled, no_simplify, as_json):
     parameters of a .ckpt (name, shape, dtype, source ONNX initializer from the names file beside it)."""
     import json
 
-    from graphconv.inspect import inspect, summary
+    from graphconv.tools.inspect import inspect, summary
 
     options = dict(passes=pass_spec, disable_passes=tuple(disabled), simplify=not no_simplify) if fusions else {}
     if not fusions and (pass_spec or disabled or no_simplify):
@@ -289,13 +288,13 @@ def inspect_cmd(file, fusions, pass_spec, disabled, no_simplify, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and every case as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def conformance_cmd(pattern, no_docs, as_json, quiet):
-    """Run onnx's node test suite through graphconv.backend; print passed / failed / unsupported per op and in
+    """Run onnx's node test suite through graphconv.tools.backend; print passed / failed / unsupported per op and in
     total, and regenerate docs/conformance.md (full runs only)."""
     import dataclasses
     import json
     import re
 
-    from graphconv import conformance
+    from graphconv.tools import conformance
 
     if pattern:
         try:
@@ -334,7 +333,7 @@ def passes_cmd(plugins):
         flag = "" if p.default else " (not in the default pipeline)"
         origin = "" if p.origin == "builtin" else f" [{p.origin}]"
         click.echo(f"{p.name:<20} {p.description}{flag}{origin}")
-    from graphconv.precision import KEEP_FP32
+    from passes.precision import KEEP_FP32
 
     click.echo(f"\nkept in fp32 at --precision fp16/bf16 (--keep-fp32): {','.join(KEEP_FP32)}")
 

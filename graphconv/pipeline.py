@@ -1,4 +1,7 @@
-"""The compile pipeline: load -> check ops -> simplify -> validate -> lower -> emit -> verify -> commit.
+"""The compile pipeline, one Compiler method per stage (docs/architecture.md says where each stage's code lives):
+load -> check ops -> simplify (onnxsim) -> validate (onnxruntime) -> passes (fuse) -> precision (fp16/bf16)
+-> lower (opmap, the cpu twin too) -> emit (mindspore.export, and the verification run in the same child)
+-> verify -> bundle -> commit (artifacts moved into place only when everything succeeded).
 
 `compile()` is the Python API behind `graphconv compile`; it returns the Report and raises a GraphconvError
 (with the report attached as `.report`) when the run cannot succeed.
@@ -19,10 +22,13 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv import census, compare, emit, layers, lower, param_names, precision, reference, targets, weights
-from graphconv.child import ChildError, run_task
+from graphconv.frontend import param_names, weights
+from graphconv.target import emit, layers, lowering, targets
+from graphconv.verify import census, compare, reference
+from passes import precision
+from graphconv.target.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
-from graphconv.load import LoadedModel, load
+from graphconv.frontend.load import LoadedModel, load
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report
 from graphconv.workspace import Workspace
@@ -49,8 +55,8 @@ class CompileOptions:
     soc: str = "Ascend910B"
     cann: str | None = None  # None: the newest version graphconv.bundle knows
     shape_ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # dim -> (min, max)
-    precision: str = "fp32"  # fp32 | fp16 | bf16 (graphconv.precision)
-    keep_fp32: str | None = None  # op types computed in fp32; None = graphconv.precision.KEEP_FP32
+    precision: str = "fp32"  # fp32 | fp16 | bf16 (passes.precision)
+    keep_fp32: str | None = None  # op types computed in fp32; None = passes.precision.KEEP_FP32
 
 
 def tool_versions() -> dict[str, str]:
@@ -107,7 +113,7 @@ class Compiler:
         self.progress.info(f"load {self.model_path}")
         with self.report.stage("load") as st:
             loaded = load(self.model_path)
-            # External weights stay on disk for the whole compile (graphconv.weights).
+            # External weights stay on disk for the whole compile (graphconv.frontend.weights).
             self.streaming, self._spill = loaded.external_bytes > 0, None
             st.nodes_after = len(loaded.proto.graph.node)
             if loaded.external_bytes:
@@ -116,10 +122,10 @@ class Compiler:
         # Which layer each node is in, from the exporter's module scopes (onnxsim drops dynamo's metadata).
         self.scopes = layers.record_scopes(loaded.proto)
         # Weight names are recovered from the model as loaded: onnxsim folds transposed weights into new
-        # initializers and drops what tells whose they were (graphconv.param_names).
+        # initializers and drops what tells whose they were (graphconv.frontend.param_names).
         self.names = param_names.WeightNames.record(loaded.proto)
         self.report.op_histogram = _histogram(loaded.proto)
-        missing = lower.unsupported_ops(loaded.proto)
+        missing = lowering.unsupported_ops(loaded.proto)
         if missing:
             self.report.unsupported_ops = missing
             raise UnsupportedError(f"{len(missing)} unsupported op(s): {', '.join(missing)}")
@@ -134,7 +140,7 @@ class Compiler:
             st.nodes_before = len(model.graph.node)
             src, dst = ws.path("input.onnx"), ws.path("simplified.onnx")
             # External weights are stripped (graph inputs instead): onnxsim sees only the graph, never reads
-            # or re-embeds them, and they come back as the same external references (graphconv.weights).
+            # or re-embeds them, and they come back as the same external references (graphconv.frontend.weights).
             bare, refs = weights.stripped(model)
             onnx.save(bare, src)
             try:
@@ -221,12 +227,12 @@ class Compiler:
                     raise VerificationError(f"pass {p.name!r} broke equivalence: output {name!r} at "
                                             f"{case.shape_text()}: {c.reason}")
 
-    def lower(self, model: onnx.ModelProto, ws: Workspace, name: str = "network") -> tuple[lower.LoweredNetwork, dict]:
+    def lower(self, model: onnx.ModelProto, ws: Workspace, name: str = "network") -> tuple[lowering.LoweredNetwork, dict]:
         self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
             # lazy_inline (graphconv/codegen.render) for the target's MindIR where the target says so
-            # (graphconv/targets.py); never for the cpu twin, which runs directly.
+            # (graphconv/target/targets.py); never for the cpu twin, which runs directly.
             lazy = name == "network" and self.target.lazy_inline
             net, task = emit.prepare(model, ws.dir, name, names=self.names, scopes=self.scopes, lazy_inline=lazy)
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"),
@@ -321,17 +327,17 @@ class Compiler:
                 raise VerificationError("verification failed: " + "; ".join(failures))
 
     def _weights_tracker(self, task: dict):
-        """Progress of a MindSpore child reading the weights that stay in files (graphconv.weights), or None."""
+        """Progress of a MindSpore child reading the weights that stay in files (graphconv.frontend.weights), or None."""
         external = sum(ref[2] for ref in task.get("external_weights", {}).values())
         return self.progress.track("weights into MindSpore", external) if external else None
 
-    def lower_precision(self, fused: onnx.ModelProto, ws: Workspace) -> onnx.ModelProto:
+    def apply_precision(self, fused: onnx.ModelProto, ws: Workspace) -> onnx.ModelProto:
         """--precision fp16|bf16: weights and compute in the low dtype, the keep set in fp32."""
         self.progress.info(f"precision {self.opt.precision}")
         with self.report.stage("precision") as st:
             st.nodes_before = len(fused.graph.node)
             try:
-                low, summary = precision.lower_precision(fused, self.opt.precision,
+                low, summary = precision.apply_precision(fused, self.opt.precision,
                                                          precision.parse_keep(self.opt.keep_fp32),
                                                          spill=self.spill(ws))
             except precision.PrecisionError as e:
@@ -347,7 +353,7 @@ class Compiler:
                           case: reference.ReferenceCase, ws: Workspace) -> None:
         """Per-layer error growth: the error of the low-precision network against the fp32 oracle at every
         normalization output (two per transformer layer; matmul outputs for models without norms)."""
-        from graphconv import debug
+        from graphconv.verify import debug
 
         names = _checkpoints(fused, model)
         if not names:
@@ -447,7 +453,7 @@ class Compiler:
             expected, model = None, simplified
         fused = self.fuse(model, cases, expected, ws)
         if self.opt.precision != "fp32":
-            fused = self.lower_precision(fused, ws)
+            fused = self.apply_precision(fused, ws)
         cpu_form = opmap.fused.inline_fused(fused)
         net, task = self.lower(self.target.network_graph(fused, cpu_form), ws)
         checkpoint = bool(self.opt.emit_source or self.opt.bundle)

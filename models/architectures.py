@@ -727,7 +727,7 @@ _ARCHS = [
         unsupported={"TopK": 2}, moe_census={"Swiglu": 2}),
 ]
 
-# Measured with torch 2.13 / transformers 5.24 / onnx 1.23 through graphconv.export.zoo_export (dynamo, the
+# Measured with torch 2.13 / transformers 5.24 / onnx 1.23 through graphconv.frontend.export.zoo_export (dynamo, the
 # default sdpa attention, checked against PyTorch at two shapes). Opsets 18 and 23 export for every architecture.
 _SPLIT_17 = ("PyTorch's dynamo exporter produced an invalid ONNX model at opset 17: Unrecognized attribute: "
              "num_outputs for operator Split")

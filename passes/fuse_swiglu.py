@@ -48,7 +48,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from graphconv.param_names import record_made
+from graphconv.frontend.param_names import record_made
 from passes import coverage, match
 from passes.manager import rewrite_pass
 

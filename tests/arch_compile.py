@@ -17,7 +17,7 @@ from onnx import helper
 
 import graphconv
 from fusion_utils import assert_same_numerics, fused_nodes
-from graphconv import reference
+from graphconv.verify import reference
 
 
 @dataclasses.dataclass
@@ -52,7 +52,7 @@ def compile_arch(tmp_path_factory, name: str, opset: int = 18, simplify: bool = 
                  disable: tuple[str, ...] = ()) -> Compiled:
     """`disable`: passes left out (e.g. fuse-attention where its fp16 q/k/v casts fail the model's own
     verification, which is not what a norm or rotary test is about)."""
-    from graphconv.export import zoo_export
+    from graphconv.frontend.export import zoo_export
 
     key = (name, opset, simplify, disable)
     if key not in _DONE:

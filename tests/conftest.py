@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def export_cache(tmp_path_factory):
     """Exported zoo models, one file per (model, opset, exporter), shared by every test of the session."""
-    from graphconv.export import zoo_export
+    from graphconv.frontend.export import zoo_export
     from models import load_factory
 
     root = tmp_path_factory.mktemp("exports")

@@ -12,7 +12,7 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv import census, compare, reference
+from graphconv.verify import census, compare, reference
 
 
 def fuse(model: onnx.ModelProto, pass_name: str) -> tuple[int, onnx.ModelProto]:

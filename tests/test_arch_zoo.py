@@ -195,7 +195,7 @@ def test_layer_kinds_are_in_the_configs():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CI_SLICE)
 def test_ci_slice_exports_at_opset_18(name, tmp_path):
-    from graphconv.export import zoo_export
+    from graphconv.frontend.export import zoo_export
 
     result = zoo_export(load_factory(ARCHITECTURES[name].factory), tmp_path / f"{name}.onnx", opset=18,
                         exporter="dynamo")

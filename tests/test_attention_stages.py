@@ -14,7 +14,7 @@ from onnx import TensorProto
 
 import passes
 from fusion_utils import assert_same_numerics
-from graphconv import compare
+from graphconv.verify import compare
 from passes.attention import flash, head_repeat, mask, scores, sdpa
 from passes.manager import apply_rules
 from test_fuse_attention import _attention_graph, _flat_alibi_graph, _native, _ort_run

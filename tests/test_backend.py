@@ -1,4 +1,4 @@
-"""graphconv.backend as an ONNX backend: onnx's own BackendTest runner on a handful of node tests (MindSpore on CPU,
+"""graphconv.tools.backend as an ONNX backend: onnx's own BackendTest runner on a handful of node tests (MindSpore on CPU,
 through the long-lived child), and the Backend API itself (prepare / run / run_model / run_node, caching, opset
 upgrade, compile-time inputs, refusals)."""
 
@@ -13,7 +13,7 @@ import pytest
 from onnx import helper as oh
 from onnx.backend.test import BackendTest
 
-import graphconv.backend as backend
+import graphconv.tools.backend as backend
 from graphconv.errors import UnsupportedError
 
 # onnx's runner, exactly as for onnxruntime.backend; only these node tests are kept (the full suite is

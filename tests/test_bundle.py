@@ -21,7 +21,8 @@ import onnx
 import pytest
 
 import graphconv
-from graphconv import bundle, compare, reference
+from graphconv import bundle
+from graphconv.verify import compare, reference
 from graphconv.errors import InputError, InternalError
 
 ROOT = Path(__file__).resolve().parents[1]

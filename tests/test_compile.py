@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import graphconv
-from graphconv import census
+from graphconv.verify import census
 
 EXPORT_SHAPE = {"batch": 2, "seq": 7}
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphconv import compare, reference
+from graphconv.verify import compare, reference
 from graphconv.workspace import PREFIX, Workspace, remove_stale
 
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opmap
-from graphconv.debug import debug
+from graphconv.verify.debug import debug
 from models import EXAMPLES_DIR
 
 

@@ -1,14 +1,14 @@
-"""The emission IR and its code generator (graphconv/emission.py, codegen.py) and the repeated-layer grouping
-(graphconv/layers.py), on programs built by hand: assertions on IR nodes and on the generated source's
+"""The emission IR and its code generator (graphconv/target/emission.py, codegen.py) and the repeated-layer grouping
+(graphconv/target/layers.py), on programs built by hand: assertions on IR nodes and on the generated source's
 structure; the real exports' numbers are in tests/test_layers_real.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphconv import codegen, layers
-from graphconv.emission import Attr, AttrValue, Block, Builder, Program, Ref, Value
-from graphconv.lower import ParamSpec
+from graphconv.target import codegen, layers
+from graphconv.target.emission import Attr, AttrValue, Block, Builder, Program, Ref, Value
+from graphconv.target.lowering import ParamSpec
 from opmap import helpers
 
 

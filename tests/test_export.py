@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import graphconv
-from graphconv.export import export_pytorch
+from graphconv.frontend.export import export_pytorch
 
 
 class Doubler(torch.nn.Module):

@@ -17,7 +17,7 @@ import graphconv
 import opmap.fused
 import passes
 from fusion_utils import assert_same_numerics, fuse, fused_nodes, mindir_primitive_inputs
-from graphconv import compare, reference
+from graphconv.verify import compare, reference
 
 FMIN = float(np.finfo(np.float32).min)
 # FlashAttentionScore's call arguments after q, k, v, real_shift, drop_mask, padding_mask, attn_mask, prefix,
@@ -485,13 +485,13 @@ def test_zoo_more_exports(name, opset, exporter, alone, export_cache, tmp_path):
 def test_ascend_lowering_casts_around_the_primitive(dtype, attr, compute, casts):
     """The ascend handler's source: q/k/v cast to fp16 (bf16 with dtype="bf16") around flash_attention_score
     and back; the graph's additive mask as a uint8 discard mask (mask < 0) broadcast to (B, 1, S1, S2)."""
-    from graphconv import lower
+    from graphconv.target import lowering
 
     _, fused, fa = _fused_attention(_attention_graph(gqa="expand", dtype=dtype,
                                                      fill=float(np.finfo(helper.tensor_dtype_to_np_dtype(dtype)).min)))
     if attr:
         fa[0].attribute.append(helper.make_attribute("dtype", attr))
-    net, _ = lower.lower(ir.from_proto(fused))
+    net, _ = lowering.lower(ir.from_proto(fused))
     (call,) = net.program.calls("ops.flash_attention_score")
     kw = call.kwargs
     assert kw["input_layout"] == "BNSD" and kw["sparse_mode"] == 0 and kw["scalar_value"] == pytest.approx(0.3, rel=1e-3)  # (fp16: 0.30005)
@@ -762,7 +762,7 @@ def test_cpu_lowering_repeats_kv_heads_with_a_constant_gather():
     """GQA in the reference body is a Gather of the kv heads whose indices come from the head-count
     attributes: inlined, they fold, so the cpu lowering has one gather per k and v and no run-time shape
     arithmetic; onnxruntime on the body equals numpy's repeat_interleave of the kv heads."""
-    from graphconv import lower
+    from graphconv.target import lowering
 
     b, n1, n2, s, d = 2, 4, 2, 5, 16
     f = TensorProto.FLOAT
@@ -776,7 +776,7 @@ def test_cpu_lowering_repeats_kv_heads_with_a_constant_gather():
                           [helper.make_tensor_value_info("o", f, ["b", n1, "s", d])],
                           [numpy_helper.from_array(np.array(0.0, np.float32), "shift")])
     model = opmap.fused.attach_functions(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
-    net, _ = lower.lower(ir.from_proto(opmap.fused.inline_fused(model)))
+    net, _ = lowering.lower(ir.from_proto(opmap.fused.inline_fused(model)))
     assert len(net.program.calls("ops.gather")) == 2 and not net.program.calls("ops.dyn_shape")
     rng = np.random.default_rng(0)
     q = rng.standard_normal((b, n1, s, d)).astype(np.float32)

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-from graphconv.param_names import made_records
+from graphconv.frontend.param_names import made_records
 from fusion_utils import assert_same_numerics, fuse, fused_nodes
 from fusion_zoo import assert_verified, primitive_args, zoo_compile
 
@@ -308,7 +308,7 @@ def test_weight_inside_the_fp32_island_fuses(spelling, pipeline):
     np.testing.assert_array_equal(numpy_helper.to_array(gamma).astype(np.float32), src["gamma32"])
     beta = numpy_helper.to_array(inits.get(ln.input[2]) or consts[ln.input[2]]).astype(np.float32)
     np.testing.assert_array_equal(beta, src["beta32"] if spelling.get("bias") else np.zeros(H, np.float32))
-    # A converted copy is a pass-made weight: its record names the source (graphconv/param_names.py).
+    # A converted copy is a pass-made weight: its record names the source (graphconv/frontend/param_names.py).
     made = made_records({p.key: p.value for p in fused.graph.metadata_props})
     if dtype != TensorProto.FLOAT:
         assert made[gamma.name] == {"sources": ["gamma32"], "transform": f"cast to {gamma.name.rsplit('_', 1)[1]}",

@@ -12,7 +12,7 @@ import graphconv
 import onnx_ir as ir
 import passes
 from fusion_utils import assert_same_numerics, fuse, mindir_primitive_inputs
-from graphconv import compare, reference
+from graphconv.verify import compare, reference
 
 H = 16
 EPS = 1e-5
@@ -325,7 +325,7 @@ def test_unit_gamma_real_export_fuses_after_onnxsim(tmp_path):
     """models/llama with its norms left at ones (as a freshly initialised model has them): onnxsim removes the
     `* 1`, and every RMSNorm still fuses."""
     torch = pytest.importorskip("torch")
-    from graphconv.export import export_pytorch
+    from graphconv.frontend.export import export_pytorch
     from models import llama
 
     module, inputs, axes = llama.build()

@@ -15,7 +15,7 @@ import onnx_ir as ir
 import opmap.fused
 import passes
 from fusion_utils import assert_same_numerics, fuse, fused_nodes, mindir_primitive_inputs
-from graphconv import reference
+from graphconv.verify import reference
 
 D = 16
 N = 4
@@ -564,7 +564,7 @@ def test_cpu_lowering_of_the_body_is_one_gather_with_static_head_dim(mode):
     lowering rotates with one gather and one multiply, and computes no shape at run time."""
     import onnx_ir as ir
 
-    from graphconv import lower
+    from graphconv.target import lowering
 
     node = helper.make_node("RotaryPositionEmbedding", ["x", "cos", "sin"], ["y"], domain="mindspore", mode=mode)
     g = helper.make_graph([node], "rpe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, "s", D]),
@@ -572,7 +572,7 @@ def test_cpu_lowering_of_the_body_is_one_gather_with_static_head_dim(mode):
                                           helper.make_tensor_value_info("sin", TensorProto.FLOAT, [1, 1, "s", D])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3, "s", D])])
     model = opmap.fused.attach_functions(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
-    net, _ = lower.lower(ir.from_proto(opmap.fused.inline_fused(model)))
+    net, _ = lowering.lower(ir.from_proto(opmap.fused.inline_fused(model)))
     (gather,) = net.program.calls("ops.gather")
     assert not net.program.calls("ops.dyn_shape") and not net.program.calls("ops.reshape")
     assert not net.program.calls("ops.cast")  # fp32 in, fp32 out: the body's casts are identities
@@ -694,7 +694,7 @@ class RotaryBlock:
 
 @pytest.fixture(scope="module")
 def block_export(tmp_path_factory):
-    from graphconv.export import export_pytorch
+    from graphconv.frontend.export import export_pytorch
 
     done = {}
 
@@ -773,7 +773,7 @@ def _hf_causal_lm(kind: str):
 @pytest.mark.parametrize("kind,mode", [("gptj", 1), ("neox", 0)])
 def test_transformers_partial_rotary_models(kind, mode, tmp_path):
     pytest.importorskip("transformers")
-    from graphconv.export import export_pytorch
+    from graphconv.frontend.export import export_pytorch
 
     module, inputs, axes = _hf_causal_lm(kind)
     onnx_path = tmp_path / f"{kind}.onnx"

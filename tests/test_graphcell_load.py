@@ -13,7 +13,7 @@ or other residue of Python checks. What broke it (mindspore 2.10):
   length, which that re-inference cannot follow: the nodes after it keep the first call's shapes and the
   second shape fails in a Reshape (or silently returns the first shape's size).
 
-The MindIR runs in a fresh MindSpore child (graphconv.worker's run_mindir with "plain": true).
+The MindIR runs in a fresh MindSpore child (graphconv.target.worker's run_mindir with "plain": true).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-from graphconv import compare, emit, reference
-from graphconv.census import primitive_census
-from graphconv.child import run_task
+from graphconv.target import emit
+from graphconv.verify import compare, reference
+from graphconv.verify.census import primitive_census
+from graphconv.target.child import run_task
 from graphconv.errors import UnsupportedError
 
 # Primitives that Python checks and fallbacks compile into: an `if ...: raise` (raise, and JoinedStr for its
@@ -192,10 +193,10 @@ def test_split_emits_no_ops_split():
     by a shape tensor get a fixed-length tuple (onnx_dims). Asserted on the emission IR."""
     import onnx_ir as ir
 
-    from graphconv import lower
+    from graphconv.target import lowering
 
     model = onnx.shape_inference.infer_shapes(gemm_split_model(), data_prop=True)
-    net, _ = lower.lower(ir.from_proto(model))
+    net, _ = lowering.lower(ir.from_proto(model))
     assert net.program.calls("ops.split") == []
     slices = [n for n in net.program.body.walk() if n.kind == "getitem" and isinstance(n.args[1], tuple)
               and isinstance(n.args[1][-1], slice)]

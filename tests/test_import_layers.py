@@ -89,6 +89,52 @@ def test_no_import_cycles():
 def test_the_walk_sees_imports():
     """The check can fail: the walk finds the edges it must (lowering imports opmap, opmap the node context)."""
     edges = _edges(_modules())
-    assert "opmap" in edges["graphconv.lower"]
-    assert "graphconv.node_context" in edges["graphconv.lower"]
+    assert "opmap" in edges["graphconv.target.lowering"]
+    assert "graphconv.target.node_context" in edges["graphconv.target.lowering"]
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+# The layers of the data path, lowest first: a module imports only from its own layer or below (a lazy import
+# inside a function counts). Package prefixes; the longest match wins.
+LAYERS = [
+    ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace"),  # shared contracts
+    ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
+    ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census"),  # the oracle's side
+    ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the MindSpore target
+    ("graphconv.verify.debug", "graphconv.deploy", "graphconv.bundle", "graphconv.report",
+     "graphconv.frontend.export"),                    # what runs a stage of the above end to end
+    ("graphconv.pipeline",),
+    ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
+]
+
+
+def _layer(module: str) -> int:
+    best, rank = -1, None
+    for k, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, rank = len(p), k
+    assert rank is not None, f"{module} is in no layer: add it to LAYERS"
+    return rank
+
+
+def test_no_import_reaches_a_higher_layer():
+    edges = _edges(_modules())
+    upward = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets if _layer(b) > _layer(a))
+    assert not upward, "imports from a lower layer to a higher one: " + "; ".join(upward)
+
+
+def test_the_compile_path_imports_no_test_zoo_and_no_torch():
+    """models/ is the test zoo (PyTorch factories): only `graphconv export` and `graphconv matrix` resolve zoo
+    names, lazily; nothing else in the product imports it, nor torch (an install without the torch extra
+    compiles and inspects)."""
+    allowed = {"graphconv.frontend.export", "graphconv.tools.matrix"}
+    found = []
+    for name, path in _modules().items():
+        if name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{name} imports {n}" for n in names if n.split(".")[0] in ("models", "torch", "transformers")]
+    assert not found, "; ".join(found)

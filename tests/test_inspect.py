@@ -10,7 +10,7 @@ import sys
 import onnx
 
 import graphconv
-from graphconv.inspect import inspect
+from graphconv.tools.inspect import inspect
 from models import EXAMPLES_DIR
 
 

@@ -11,7 +11,7 @@ import re
 import pytest
 
 import graphconv
-from graphconv import census
+from graphconv.verify import census
 
 
 def _layer_count() -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphconv import matrix
+from graphconv.tools import matrix
 from models import PLAIN_TORCH, ZOO, architectures
 
 

@@ -1,7 +1,7 @@
 """Every opmap handler, proven numerically: tiny hand-built ONNX graphs with symbolic dims, lowered to MindSpore,
 exported to MindIR with the symbolic dims kept dynamic, run at TWO concrete shapes and compared with onnxruntime.
 
-All models run in one MindSpore child process (graphconv.runner.run_models), built once per module; each case
+All models run in one MindSpore child process (graphconv.target.runner.run_models), built once per module; each case
 is then one parametrized test that looks up its result. CASES is the coverage table: every case names the op
 it covers and the opset it imports, and `test_every_handler_has_a_case` fails when a registered
 (op_type, since_version) has no case here. REFUSALS are graphs the lowering must reject with a clear
@@ -23,10 +23,10 @@ from onnx import helper as oh, numpy_helper
 
 import opmap
 from opmap import fused
-from graphconv import lower
-from graphconv.compare import compare
+from graphconv.target import lowering
+from graphconv.verify.compare import compare
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
-from graphconv.runner import RunResult, run_models
+from graphconv.target.runner import RunResult, run_models
 
 F32, F16, I64, I32, U8, BOOL = np.float32, np.float16, np.int64, np.int32, np.uint8, np.bool_
 OPSET = 17
@@ -1029,7 +1029,7 @@ refusal("TfIdfVectorizer_strings", "string pools", "TfIdfVectorizer", [x(2, 8, d
 
 
 def _lower_only(model: onnx.ModelProto):
-    return lower.lower(ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True)))
+    return lowering.lower(ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True)))
 
 
 def _expected(c: Case) -> list[list[np.ndarray]]:
@@ -1118,13 +1118,13 @@ def test_every_handler_has_a_case():
 
 
 def test_dense_weights_are_those_only_matmuls_read():
-    """graphconv.lower.dense_weights: a 2-D weight read only as a MatMul's B is stored transposed for
+    """graphconv.target.lowering.dense_weights: a 2-D weight read only as a MatMul's B is stored transposed for
     ops.dense; one that a Gather also reads (a tied embedding) stays as it is, and the source says which."""
     import onnx_ir as ir
     from onnx import TensorProto, helper, numpy_helper
 
-    from graphconv import lower
-    from graphconv.emission import AttrValue
+    from graphconv.target import lowering
+    from graphconv.target.emission import AttrValue
 
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "e"], ["y"]),
              helper.make_node("Gather", ["e", "ids"], ["z"])]
@@ -1135,8 +1135,8 @@ def test_dense_weights_are_those_only_matmuls_read():
                           [numpy_helper.from_array(weights(16, 16), "w"), numpy_helper.from_array(weights(16, 16), "e")])
     model = ir.from_proto(onnx.shape_inference.infer_shapes(
         helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])))
-    assert {v.name for v in lower.dense_weights(model.graph)} == {"w"}
-    net, _ = lower.lower(model)
+    assert {v.name for v in lowering.dense_weights(model.graph)} == {"w"}
+    net, _ = lowering.lower(model)
     x_in = net.program.body.inputs[0]
     (dense,) = net.program.calls("ops.dense")
     data, w = dense.args

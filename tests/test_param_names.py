@@ -1,4 +1,4 @@
-"""Weight names (graphconv.param_names): Parameters and .ckpt keys carry the PyTorch state_dict names where the
+"""Weight names (graphconv.frontend.param_names): Parameters and .ckpt keys carry the PyTorch state_dict names where the
 ONNX lets them be recovered, pass-made weights get derived names, and the mapping file and `graphconv inspect`
 say where each comes from. The expected names come from hand-built graphs and from PyTorch, never from
 graphconv's own output."""
@@ -17,9 +17,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-from graphconv import param_names
-from graphconv.inspect import inspect, read_checkpoint_index, summary
-from graphconv.lower import ParamSpec
+from graphconv.frontend import param_names
+from graphconv.tools.inspect import inspect, read_checkpoint_index, summary
+from graphconv.target.lowering import ParamSpec
 
 RNG = np.random.default_rng(0)
 
@@ -265,7 +265,7 @@ def _expected_keys(module) -> tuple[list[set[str]], set[str]]:
                                               pytest.param("torchscript", "ascend", marks=pytest.mark.slow)])
 def test_transformers_llama_ckpt_keys_are_the_state_dict_keys(exporter, target, tmp_path):
     pytest.importorskip("transformers")
-    from graphconv.export import export_pytorch
+    from graphconv.frontend.export import export_pytorch
     from models import load_factory
 
     module, example_inputs, dynamic_axes = load_factory("hf/llama")()

@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-from graphconv import compare, precision, reference
+from graphconv.verify import compare, reference
+from passes import precision
 from models import EXAMPLES_DIR
 
 RNG = np.random.default_rng(0)
@@ -61,7 +62,7 @@ def _run(model, x):
 @pytest.mark.parametrize("name", ["fp16", "bf16"])
 def test_fp32_islands_and_io_types(name):
     model = _attention_block()
-    low, summary = precision.lower_precision(model, name)
+    low, summary = precision.apply_precision(model, name)
     onnx.checker.check_model(low, full_check=True)
     types, lt = _types(low), precision.LOW_DTYPES[name]
     by_name = {n.name: n for n in low.graph.node}
@@ -86,7 +87,7 @@ def test_fp32_islands_and_io_types(name):
 
 def test_keep_set_is_configurable():
     model = _attention_block()
-    low, summary = precision.lower_precision(model, "fp16", keep=())
+    low, summary = precision.apply_precision(model, "fp16", keep=())
     types = _types(low)
     assert types["p"] == TensorProto.FLOAT16  # softmax no longer kept
     assert "Softmax" not in summary.fp32_nodes
@@ -101,7 +102,7 @@ def test_bf16_emulation_rounds_every_low_result_through_bf16():
     """The emulated graph holds only fp32 values, and each low-precision node's result equals its fp32
     computation rounded to bf16 (checked on the first matmul against numpy)."""
     model = _attention_block()
-    low, _ = precision.lower_precision(model, "bf16")
+    low, _ = precision.apply_precision(model, "bf16")
     emu = precision.emulate_in_fp32(low, "bf16")
     onnx.checker.check_model(emu, full_check=True)
     types = _types(emu)
@@ -127,7 +128,7 @@ def test_control_flow_is_refused():
                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     with pytest.raises(precision.PrecisionError, match="control flow"):
-        precision.lower_precision(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), "fp16")
+        precision.apply_precision(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), "fp16")
 
 
 @pytest.mark.parametrize("name,max_abs", [("fp16", 1e-2), ("bf16", 3e-2)])

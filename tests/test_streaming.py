@@ -1,4 +1,4 @@
-"""Models with external data compile with their weights left in their files (graphconv.weights)."""
+"""Models with external data compile with their weights left in their files (graphconv.frontend.weights)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import onnx
 import pytest
 
 import graphconv
-from graphconv import weights
-from graphconv.load import load
+from graphconv.frontend import weights
+from graphconv.frontend.load import load
 from models import EXAMPLES_DIR
 
 

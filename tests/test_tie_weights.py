@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-from graphconv import census
+from graphconv.verify import census
 from tests.fusion_utils import assert_same_numerics, fuse
 
 VOCAB, HIDDEN = 128, 64
@@ -81,7 +81,7 @@ def _assert_no_weight_twice(arrays):
 
 
 def test_export_notes_the_tie(tmp_path):
-    from graphconv.export import zoo_export
+    from graphconv.frontend.export import zoo_export
     from models import load_factory
 
     result = zoo_export(load_factory("gpt2"), tmp_path / "g.onnx", opset=18, exporter="dynamo")

@@ -1,12 +1,12 @@
 """Regenerate the shipped example models: `python -m models.examples.make_examples`.
 
 tiny_llama.onnx: models.llama (2 layers, GQA, RoPE, SwiGLU, RMSNorm) exported by dynamo at opset 18 with
-dynamic batch and seq, checked against PyTorch at two shapes by graphconv.export.
+dynamic batch and seq, checked against PyTorch at two shapes by graphconv.frontend.export.
 """
 
 from pathlib import Path
 
-from graphconv.export import zoo_export
+from graphconv.frontend.export import zoo_export
 from models import load_factory
 
 HERE = Path(__file__).resolve().parent

@@ -35,7 +35,7 @@ class Target:
 
     @property
     def lazy_inline(self) -> bool:
-        """Whether the MindIR's layer classes are compiled once for all instances (graphconv/codegen.py)."""
+        """Whether the MindIR's layer classes are compiled once for all instances (graphconv/target/codegen.py)."""
         return self.fused_primitives
 
     def needs_twin(self, twin: onnx.ModelProto, fused: onnx.ModelProto) -> bool:
@@ -51,7 +51,7 @@ class Target:
 
     def check(self, compile_precision: str) -> None:
         """Refuse a precision this target cannot run."""
-        from graphconv import precision
+        from passes import precision
 
         if not self.fused_primitives and compile_precision != "fp32" and precision.CPU_EMULATED[compile_precision]:
             raise InputError(f"--precision {compile_precision} needs --target ascend: MindSpore CPU has no "

@@ -24,7 +24,7 @@ import re
 
 import onnx
 
-from graphconv.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
+from graphconv.target.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
 
 _INDEXED = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?[A-Za-z_][\w]*)\.(?P<index>\d+)(?:\.|$)")
 

@@ -1,11 +1,11 @@
-"""Lower stage: an ONNX graph (onnx_ir) -> an emission Program (graphconv/emission.py) -> MindSpore source.
+"""Lower stage: an ONNX graph (onnx_ir) -> an emission Program (graphconv/target/emission.py) -> MindSpore source.
 
 Each ONNX node is lowered by the opmap handler registered for its (domain, op_type, opset), which builds
-emission nodes through its NodeContext (graphconv/node_context.py). Values known at compile time
+emission nodes through its NodeContext (graphconv/target/node_context.py). Values known at compile time
 (initializers, Constant nodes, and nodes whose inputs are all known) are folded here; small ones become
 constants in `__init__`, large ones Parameters named after the model's weights. Symbolic dims are never
-resolved: shapes flow as int64 tensors at run time. Repeated layers (graphconv/layers.py) become one Cell
-class instantiated per layer; graphconv/codegen.py writes the source.
+resolved: shapes flow as int64 tensors at run time. Repeated layers (graphconv/target/layers.py) become one Cell
+class instantiated per layer; graphconv/target/codegen.py writes the source.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import onnx_ir as ir
 
 import opmap
 from opmap import helpers as helper_lib
-from graphconv import codegen, layers
-from graphconv.codegen import py_name
-from graphconv.emission import Attr, AttrValue, Block, Builder, Program, Value
+from graphconv.target import codegen, layers
+from graphconv.target.codegen import py_name
+from graphconv.target.emission import Attr, AttrValue, Block, Builder, Program, Value
 from graphconv.errors import UnsupportedError
-from graphconv.node_context import NodeContext, Operand
+from graphconv.target.node_context import NodeContext, Operand
 
 # Initializers with more elements than this become Parameters (bound from the weights file at emit time);
 # smaller ones are written into the source as literals.
@@ -38,7 +38,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name
     transposed: bool = False  # stored as the initializer's transpose (Linear layout, see dense_weights)
-    name: str = ""  # the Parameter's name (the .ckpt key): graphconv.param_names, else onnx_name
+    name: str = ""  # the Parameter's name (the .ckpt key): graphconv.frontend.param_names, else onnx_name
 
     def __post_init__(self):
         self.name = self.name or self.onnx_name
@@ -53,7 +53,7 @@ class LoweredNetwork:
     params: list[ParamSpec]
     op_histogram: dict[str, int]
     program: Program | None = None  # the emission IR the source was written from
-    layers: dict | None = None  # the repeated-layer grouping (graphconv/layers.py), for the report
+    layers: dict | None = None  # the repeated-layer grouping (graphconv/target/layers.py), for the report
 
 
 class Lowering:
@@ -63,10 +63,10 @@ class Lowering:
                  scopes: "layers.Scopes | None" = None, lazy_inline: bool = True):
         self.model = model
         self.lazy_inline = lazy_inline
-        # initializer name -> Parameter name (graphconv.param_names; unique); absent: the ONNX name.
+        # initializer name -> Parameter name (graphconv.frontend.param_names; unique); absent: the ONNX name.
         self.param_names = dict(param_names or {})
         self._taken_names = set(self.param_names.values())
-        self.scopes = scopes  # where each ONNX node came from (graphconv/layers.py)
+        self.scopes = scopes  # where each ONNX node came from (graphconv/target/layers.py)
         self.graph = model.graph
         self.class_name = class_name
         self.opsets = {("" if d == "ai.onnx" else d): v for d, v in model.opset_imports.items()}
@@ -372,8 +372,8 @@ def lower(model: ir.Model, class_name: str = "Network", param_names: dict[str, s
           scopes: "layers.Scopes | None" = None,
           lazy_inline: bool = True) -> tuple[LoweredNetwork, dict[str, np.ndarray]]:
     """Returns the network and the folded constants that became Parameters (name -> value).
-    `param_names`: initializer name -> Parameter name (graphconv.param_names); others keep their ONNX name.
-    `scopes`: where each node came from (graphconv/layers.py), for grouping repeated layers; `lazy_inline`:
+    `param_names`: initializer name -> Parameter name (graphconv.frontend.param_names); others keep their ONNX name.
+    `scopes`: where each node came from (graphconv/target/layers.py), for grouping repeated layers; `lazy_inline`:
     see codegen.render."""
     low = Lowering(model, class_name, param_names, scopes, lazy_inline)
     net = low.run()

@@ -1,8 +1,8 @@
 """Compile and run many small ONNX models in one MindSpore child process.
 
 The full pipeline pays a MindSpore start-up per compile; op tests and the ONNX backend run hundreds of
-one-op models, so they go through here: same lowering (graphconv.emit.prepare), same export and GraphCell
-execution (graphconv.worker), one child for the whole batch.
+one-op models, so they go through here: same lowering (graphconv.target.emit.prepare), same export and GraphCell
+execution (graphconv.target.worker), one child for the whole batch.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from graphconv import emit
-from graphconv.child import run_task
+from graphconv.target import emit
+from graphconv.target.child import run_task
 from graphconv.errors import GraphconvError
 
 

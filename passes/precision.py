@@ -1,6 +1,6 @@
 """Lower-precision emission: run a fused fp32 graph in fp16 or bf16, with fp32 islands.
 
-`lower_precision(model, "fp16", keep)` rewrites a (fused, shape-inferred) fp32 ONNX graph so that its weights
+`apply_precision(model, "fp16", keep)` rewrites a (fused, shape-inferred) fp32 ONNX graph so that its weights
 and compute are in the low dtype, except
 
 - nodes whose op type is in `keep` (default KEEP_FP32: norm statistics, softmax, large reductions, the RoPE
@@ -31,12 +31,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from graphconv import weights
-from graphconv.param_names import record_made
+from graphconv.frontend import weights
+from graphconv.frontend.param_names import record_made
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 LOW_DTYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
-# The comparison rule's tolerance key (graphconv.compare.DEFAULT_TOLERANCE) for each precision.
+# The comparison rule's tolerance key (graphconv.verify.compare.DEFAULT_TOLERANCE) for each precision.
 TOLERANCE_KEY = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # How MindSpore CPU runs each precision (measured with mindspore 2.10: fp16 kernels exist for every op the
 # zoo uses; bf16 has Cast, Add, Mul, Transpose, Reshape, Concat but no MatMul, Softmax, Exp, Gather, ...).
@@ -145,10 +145,10 @@ def _angle_cone(nodes: list[onnx.NodeProto], floats: set[str], keep: set[str]) -
     return cone
 
 
-def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spill=None,
+def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spill=None,
                     ) -> tuple[onnx.ModelProto, PrecisionSummary]:
     """A copy of `model` computing in `precision` with fp32 islands (module docstring). With `spill` (a
-    graphconv.weights.SpillFile) converted external weights are written there instead of into the proto."""
+    graphconv.frontend.weights.SpillFile) converted external weights are written there instead of into the proto."""
     if precision not in LOW_DTYPES:
         raise PrecisionError(f"precision must be one of {', '.join(LOW_DTYPES)}, not {precision!r}")
     low = LOW_DTYPES[precision]
@@ -250,7 +250,7 @@ def lower_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     del rg.node[:], rg.initializer[:], rg.value_info[:]  # types changed: shape inference recomputes them
     rg.node.extend(new_nodes)
     rg.initializer.extend(inits)
-    for name in weights_low:  # the weight mapping beside the .ckpt lists the casts (graphconv/param_names.py)
+    for name in weights_low:  # the weight mapping beside the .ckpt lists the casts (graphconv/frontend/param_names.py)
         if name in still_fp32:
             record_made(rg, _low_name(name, precision), [name], f"cast to {precision}",
                         f"suffix:__{precision}", made_by="precision")

@@ -1,6 +1,6 @@
 """Emit stage helpers: lower a model and write what the export child needs into a directory.
 
-`prepare()` is shared by the compile pipeline and by graphconv.runner (batches of small models, used by
+`prepare()` is shared by the compile pipeline and by graphconv.target.runner (batches of small models, used by
 the op tests and the ONNX backend), so both export exactly the same way.
 """
 
@@ -12,7 +12,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphconv import lower, node_context, param_names, reference, weights
+from graphconv.frontend import param_names, weights
+from graphconv.target import lowering, node_context
+from graphconv.verify import reference
 
 # Weights above this size go to an external data file (the child maps them lazily).
 _EXTERNAL_THRESHOLD = 1024
@@ -27,17 +29,17 @@ def placeholders(model: onnx.ModelProto) -> list[dict]:
 
 def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
             names: param_names.WeightNames | None = None, scopes=None,
-            lazy_inline: bool = True) -> tuple[lower.LoweredNetwork, dict]:
+            lazy_inline: bool = True) -> tuple[lowering.LoweredNetwork, dict]:
     """Lower `model`, write <name>.py, its weights and folded constants; return the network and the
     export task (the caller adds file_base and checkpoint). With `names` (recorded on the loaded model,
-    graphconv.param_names), Parameters carry the model's own names and <name>.names.json maps each to its
+    graphconv.frontend.param_names), Parameters carry the model's own names and <name>.names.json maps each to its
     source initializer and transform; without, they keep the ONNX initializer names."""
     ir_model = ir.from_proto(model)
     origins = {}
     if names is not None:
         origins = names.assign(list(ir_model.graph.initializers),
                                param_names.made_records(dict(ir_model.graph.metadata_props)))
-    net, folded = lower.lower(ir_model, param_names={n: o.name for n, o in origins.items() if o.name != n},
+    net, folded = lowering.lower(ir_model, param_names={n: o.name for n, o in origins.items() if o.name != n},
                               scopes=scopes, lazy_inline=lazy_inline)
     source = directory / f"{name}.py"
     source.write_text(net.source)

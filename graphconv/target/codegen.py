@@ -1,4 +1,4 @@
-"""The code generator: an emission Program (graphconv/emission.py) -> the Python source of a MindSpore nn.Cell.
+"""The code generator: an emission Program (graphconv/target/emission.py) -> the Python source of a MindSpore nn.Cell.
 
 It names the values (from their hints: the ONNX value names), drops the nodes whose results nothing uses,
 writes one statement per ONNX node (a value used once, by a later node of the same ONNX node and block, is
@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from graphconv.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
+from graphconv.target.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
 
 RESERVED = {"self", "ms", "ops", "nn", "np", "Tensor", "Parameter", "mint", "weights", "names"}
 

@@ -1,4 +1,4 @@
-"""Run a graphconv.worker task in a child process and turn every way it can end into a result or an error."""
+"""Run a graphconv.target.worker task in a child process and turn every way it can end into a result or an error."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> 
     extra = {"progress_file": str(progress_path)} if tracker is not None else {}
     task_path.write_text(json.dumps({**task, **extra, "kind": kind, "result": str(result_path)}))
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "graphconv.worker", str(task_path)], cwd=workdir,
+        proc = subprocess.Popen([sys.executable, "-m", "graphconv.target.worker", str(task_path)], cwd=workdir,
                                 env=child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         try:

@@ -2,7 +2,7 @@
 
 Two zoos: the plain-torch models of models.ZOO, and the real transformers architectures of
 models.architectures, addressed as `hf/<name>` (built with default settings: sdpa attention). Each cell
-exports the model (graphconv.export), compiles it for `ascend` (graphconv.compile verifies the numbers on
+exports the model (graphconv.frontend.export), compiles it for `ascend` (graphconv.compile verifies the numbers on
 CPU at two shapes through the cpu twin, which is exactly the `--target cpu` network), and checks that the
 ascend MindIR's census of fused primitives EQUALS the model's expected census (written from the
 architecture, not from graphconv's output). A cell is `pass`, `fail` (graphconv's fault: the reason says what,
@@ -97,7 +97,7 @@ def expected_census(model: str) -> dict[str, int]:
 
 
 def _factory(model: str):
-    from models import load_factory
+    from graphconv.frontend.export import load_factory
 
     try:
         return load_factory(model)
@@ -124,7 +124,7 @@ def torch_vs_onnxruntime(module, onnx_path: Path) -> float:
     import onnx
     import torch
 
-    from graphconv import compare, reference
+    from graphconv.verify import compare, reference
     from graphconv.errors import VerificationError
 
     model = onnx.load(str(onnx_path))
@@ -146,7 +146,7 @@ def torch_vs_onnxruntime(module, onnx_path: Path) -> float:
 
 
 def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
-    from graphconv.export import export_pytorch
+    from graphconv.frontend.export import export_pytorch
     from graphconv.pipeline import compile as compile_model
 
     t0 = time.perf_counter()
@@ -199,6 +199,9 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
 
 def run_matrix(models, exporters, opsets, progress: Progress = SILENT, hf_opsets=None) -> list[Cell]:
     """Run the cells; `hf_opsets` (default: `opsets`) are the opsets of the `hf/` architectures."""
+    from graphconv.frontend.export import require_torch
+
+    require_torch("graphconv matrix", transformers=any(m.startswith(HF_PREFIX) for m in models))
     cells = []
     with tempfile.TemporaryDirectory(prefix="graphconv-matrix-") as tmp:
         for model in models:

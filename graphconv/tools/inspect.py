@@ -2,10 +2,10 @@
 
 ONNX: inputs/outputs with symbolic dims, op histogram (custom-domain ops keyed `domain::Op`), fused-op
 census (the `mindspore` domain), parameter count and bytes, opset imports. MindIR: inputs/outputs, the
-call-weighted primitive census (graphconv.census, the same definition the compile report uses), fused
+call-weighted primitive census (graphconv.verify.census, the same definition the compile report uses), fused
 primitives, parameter count and bytes. Checkpoint (.ckpt, as `--emit-source` writes it): every parameter's
 name, shape and dtype, with the source ONNX initializer and transform from the mapping file beside it
-(`<stem>.names.json`, graphconv.param_names) when there is one.
+(`<stem>.names.json`, graphconv.frontend.param_names) when there is one.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphconv import census
+from graphconv.verify import census
 from opmap.fused import fused_primitives
 from graphconv.errors import InputError
 
@@ -24,8 +24,8 @@ from graphconv.errors import InputError
 def inspect_onnx(path: Path) -> dict:
     import onnx
 
-    from graphconv.load import check_external_data, read_proto
-    from graphconv.reference import input_specs, output_specs
+    from graphconv.frontend.load import check_external_data, read_proto
+    from graphconv.verify.reference import input_specs, output_specs
 
     model = read_proto(path)
     check_external_data(model, path.parent)

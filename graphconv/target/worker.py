@@ -1,8 +1,8 @@
 """The child process: everything that can abort the interpreter from C++ (onnxsim, MindSpore) runs here.
 
-`python -m graphconv.worker TASK.json` reads a task, does it, and writes `TASK.json`'s "result" file as
+`python -m graphconv.target.worker TASK.json` reads a task, does it, and writes `TASK.json`'s "result" file as
 JSON ({"ok": true, ...} or {"ok": false, "error": "..."}). A crash leaves no result file; the parent
-(graphconv.child.run_task) turns that into a clean error. The working directory is the run's private
+(graphconv.target.child.run_task) turns that into a clean error. The working directory is the run's private
 temporary directory, so files that MindSpore drops in the cwd (rank_0/, kernel_meta/) stay in it.
 """
 
@@ -26,7 +26,7 @@ def simplify(task: dict) -> dict:
     model = onnx.load(task["input"])
     # No input shapes are given, so symbolic dims stay symbolic; onnxsim's own random-input check is off
     # because graphconv validates the result against the original with its own reference inputs. Models
-    # with external weights arrive stripped of them (graphconv.weights), so this file is always small.
+    # with external weights arrive stripped of them (graphconv.frontend.weights), so this file is always small.
     simplified, _ = onnxsim.simplify(model, check_n=0, skip_shape_inference=False)
     onnx.save(simplified, task["output"])
     return {"nodes": len(simplified.graph.node)}
@@ -35,7 +35,7 @@ def simplify(task: dict) -> dict:
 def _import_network(source: str, class_name: str, direct: bool = False):
     """The generated network class. direct: the network will be run as a Cell, not exported: its layer
     classes without lazy_inline (MindSpore 2.10's CPU runs a lazy_inline network only from its MindIR; the
-    generated module's LAZY_INLINE switch, graphconv/codegen.py)."""
+    generated module's LAZY_INLINE switch, graphconv/target/codegen.py)."""
     spec = importlib.util.spec_from_file_location(Path(source).stem, source)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -48,7 +48,7 @@ def _import_network(source: str, class_name: str, direct: bool = False):
 
 
 class _Weights(dict):
-    """name -> numpy array for every Parameter. Weights that live in the model's own files (graphconv.weights)
+    """name -> numpy array for every Parameter. Weights that live in the model's own files (graphconv.frontend.weights)
     are read one at a time when the network asks for them, so only the Parameters hold the values."""
 
     def __init__(self, small: dict, external: dict, progress=None, shared: dict | None = None, deferred=None):
@@ -67,7 +67,7 @@ class _Weights(dict):
         return found
 
     def __missing__(self, name):
-        from graphconv.weights import read
+        from graphconv.frontend.weights import read
 
         if name in self.deferred:
             return self.deferred[name].const_value.numpy()
@@ -102,7 +102,7 @@ def _weights(task: dict, progress=None, shared: dict | None = None) -> dict:
 
 
 def _progress_writer(task: dict):
-    """A callback adding bytes read to the count the parent polls (graphconv.child.run_task), or None."""
+    """A callback adding bytes read to the count the parent polls (graphconv.target.child.run_task), or None."""
     path = task.get("progress_file")
     if not path:
         return None

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from graphconv import weights
+from graphconv.frontend import weights
 from graphconv.errors import InputError, UnsupportedError
 
 # Sizes per symbolic dim, two cases. Chosen to differ from typical export sizes (1, 2, 8, 16, 32...).
@@ -210,7 +210,7 @@ class Oracle:
 
     def _stripped(self):
         """The model to hand over and the memory-mapped weights to feed with every case: weights held as
-        absolute external references (graphconv.weights) run as graph inputs."""
+        absolute external references (graphconv.frontend.weights) run as graph inputs."""
         if isinstance(self.model, Path):
             return self.model, {}
         model, refs = weights.stripped(self.model)

@@ -3,7 +3,7 @@
 Refuses, with one line each: a missing or empty file, bytes that are not an ONNX model, external data whose
 location is absolute or escapes the model's folder (or is missing or shorter than declared), and opsets
 outside the supported range. Models with external data are checked by path and never loaded whole: their
-weights stay in their files (graphconv.weights), so a 30 GB model costs load what a 10 MB one does.
+weights stay in their files (graphconv.frontend.weights), so a 30 GB model costs load what a 10 MB one does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
-from graphconv import weights
+from graphconv.frontend import weights
 from graphconv.errors import InputError, UnsupportedError
 
 MIN_OPSET = 13
@@ -27,7 +27,7 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 @dataclasses.dataclass
 class LoadedModel:
     path: Path
-    # shapes inferred; inline weights loaded, external ones referenced by absolute path (graphconv.weights)
+    # shapes inferred; inline weights loaded, external ones referenced by absolute path (graphconv.frontend.weights)
     proto: onnx.ModelProto
     external_bytes: int  # bytes of weights stored as external data
 
@@ -198,7 +198,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{path}: invalid ONNX model: a name or string is not valid UTF-8") from None
     if external:
         # The weights stay in their files, referenced by absolute path; small tensors (shape constants) are
-        # read in so that shape inference sees their values (graphconv.weights).
+        # read in so that shape inference sees their values (graphconv.frontend.weights).
         weights.take_over_external(model, path.parent)
         external = sum(r.length for r in weights.external_refs(model).values())
     try:

@@ -1,13 +1,13 @@
 """graphconv as an ONNX backend (`onnx.backend.base.Backend`), the way onnxruntime.backend is one.
 
-    import graphconv.backend
-    rep = graphconv.backend.prepare(model)          # load stage: check, opset, shape inference, op coverage
+    import graphconv.tools.backend
+    rep = graphconv.tools.backend.prepare(model)          # load stage: check, opset, shape inference, op coverage
     outputs = rep.run([x, y])                       # lower, emit MindIR, run it with MindSpore on CPU
 
-    onnx.backend.test.BackendTest(graphconv.backend, __name__)   # onnx's own conformance suite
+    onnx.backend.test.BackendTest(graphconv.tools.backend, __name__)   # onnx's own conformance suite
 
-Everything goes through the compile pipeline's stages: `graphconv.load.load` (the model is written to a
-private folder first), `graphconv.lower` via `graphconv.emit.prepare`, `mindspore.export` to MindIR, and the
+Everything goes through the compile pipeline's stages: `graphconv.frontend.load.load` (the model is written to a
+private folder first), `graphconv.target.lowering` via `graphconv.target.emit.prepare`, `mindspore.export` to MindIR, and the
 MindIR is loaded into an `nn.GraphCell` and run on CPU. MindSpore lives in one long-lived child process (it
 can abort from C++); a crash fails that run and the next run starts a new child.
 
@@ -24,7 +24,7 @@ Two things a backend has to decide that `graphconv compile` does not:
   with constant inputs, If with a constant condition) so that ONNX shape inference sees its results.
 
 Compiled networks are cached per (model, bound values): a suite never pays the same compile twice.
-`run_batch` is the batch form the conformance command uses (graphconv.runner.run_models: one MindSpore child
+`run_batch` is the batch form the conformance command uses (graphconv.target.runner.run_models: one MindSpore child
 for many models).
 """
 
@@ -48,8 +48,9 @@ import onnx
 import onnx_ir as ir
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from graphconv import emit, load, lower, node_context
-from graphconv.child import child_env
+from graphconv.frontend import load
+from graphconv.target import emit, lowering, node_context
+from graphconv.target.child import child_env
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
 
 MIN_OPSET, MAX_OPSET = load.MIN_OPSET, load.MAX_OPSET
@@ -140,7 +141,7 @@ def _bind(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelPr
 
 
 def _lower_check(model: onnx.ModelProto) -> None:
-    lower.lower(ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True)))
+    lowering.lower(ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True)))
 
 
 def _live(model: onnx.ModelProto, bound: set[str]) -> set[str]:
@@ -336,7 +337,7 @@ class _Server:
         self.loads = 0
         self._log_file = open(self.log, "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "graphconv.backend", "--serve"], cwd=self.workdir, env=child_env(),
+            [sys.executable, "-m", "graphconv.tools.backend", "--serve"], cwd=self.workdir, env=child_env(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, text=True, bufsize=1)
 
     def note_loaded(self, key: str) -> None:
@@ -383,7 +384,7 @@ def _serve() -> int:
     import mindspore as ms
     from mindspore import Tensor, nn
 
-    from graphconv import worker
+    from graphconv.target import worker
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -551,7 +552,7 @@ class GraphconvBackend(Backend):
         if isinstance(model, GraphconvRep):
             return model
         if not cls.supports_device(device):
-            raise UnsupportedError(f"device {device!r}: graphconv.backend runs on CPU only")
+            raise UnsupportedError(f"device {device!r}: graphconv.tools.backend runs on CPU only")
         if isinstance(model, onnx.ModelProto):
             raw = model.SerializeToString(deterministic=True)
         elif isinstance(model, bytes):
@@ -562,7 +563,7 @@ class GraphconvBackend(Backend):
         loaded = _STATE.loaded.get(key)
         if loaded is None:
             loaded = load_model(raw, _STATE.dir() / f"model-{key}")
-            missing = lower.unsupported_ops(loaded)
+            missing = lowering.unsupported_ops(loaded)
             if missing:
                 raise UnsupportedError(f"graphconv cannot lower: {', '.join(missing)}")
             _STATE.loaded[key] = loaded
@@ -607,7 +608,7 @@ class BatchResult:
 
 
 def _run_isolating_crashes(items) -> list:
-    from graphconv.runner import RunResult, run_models
+    from graphconv.target.runner import RunResult, run_models
 
     try:
         return run_models(items)
@@ -622,7 +623,7 @@ def prepare_case(model: onnx.ModelProto, data_sets: list[list[np.ndarray]], work
     """What `prepare` + `run` do before MindSpore, for a model and all its input sets at once. Returns
     (model to run, feeds per data set, bound names) or raises a GraphconvError."""
     loaded = load_model(model, workdir)
-    missing = lower.unsupported_ops(loaded)
+    missing = lowering.unsupported_ops(loaded)
     if missing:
         raise UnsupportedError(f"no lowering for {', '.join(missing)}")
     rep = GraphconvRep(loaded)
@@ -637,7 +638,7 @@ def prepare_case(model: onnx.ModelProto, data_sets: list[list[np.ndarray]], work
 
 
 def run_batch(items: list[tuple[onnx.ModelProto, list[list[np.ndarray]]]], workdir: Path) -> list[BatchResult]:
-    """For each (model, data sets): the backend's preparation, then one graphconv.runner.run_models child for
+    """For each (model, data sets): the backend's preparation, then one graphconv.target.runner.run_models child for
     the whole batch (bisected when MindSpore aborts, so a crash is pinned on its model)."""
     results: list[BatchResult | None] = [None] * len(items)
     runnable, index, bound_of = [], [], {}
@@ -673,4 +674,4 @@ supports_device = GraphconvBackend.supports_device
 if __name__ == "__main__":
     if sys.argv[1:] == ["--serve"]:
         sys.exit(_serve())
-    sys.exit("usage: python -m graphconv.backend --serve  (the MindSpore child of graphconv.backend)")
+    sys.exit("usage: python -m graphconv.tools.backend --serve  (the MindSpore child of graphconv.tools.backend)")

@@ -5,7 +5,7 @@ made a graph output), the generated MindSpore network (lowered from the fused gr
 also exists in the original graph returned). Tensors are aligned by ONNX value name (a fused node is compared
 at its outputs, which keep the original names), compared with the shared rule in the original graph's
 topological order; `first_divergent` is the first node whose output fails the rule or turns non-finite where
-the reference is finite (graphconv.compare).
+the reference is finite (graphconv.verify.compare).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import onnx
 import onnx_ir as ir
 
 import opmap.fused
-import graphconv.precision
+import passes.precision
 import passes
-from graphconv import compare, reference, runner
+from graphconv.target import runner
+from graphconv.verify import compare, reference
 from graphconv.errors import InputError, InternalError
-from graphconv.load import load
+from graphconv.frontend.load import load
 
 def likely_causes(op: str) -> str:
     """What usually makes a node of this kind disagree: a fused op's record says it (opmap.fused), else the
@@ -110,17 +111,17 @@ def network_for(original: onnx.ModelProto, pass_spec: str | None, target: str, p
     fused = onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(ir_model)), data_prop=True)
     info: dict = {"precision": precision}
     if precision != "fp32":
-        keep = graphconv.precision.parse_keep(keep_fp32)
+        keep = passes.precision.parse_keep(keep_fp32)
         try:
-            graphconv.precision.check_keep(keep)
-            fused, summary = graphconv.precision.lower_precision(fused, precision, keep)
-        except graphconv.precision.PrecisionError as e:
+            passes.precision.check_keep(keep)
+            fused, summary = passes.precision.apply_precision(fused, precision, keep)
+        except passes.precision.PrecisionError as e:
             raise InputError(str(e)) from e
         info.update(summary.as_dict())
     network = opmap.fused.inline_fused(fused) if target == "cpu" else fused
-    if precision != "fp32" and target == "cpu" and graphconv.precision.CPU_EMULATED[precision]:
-        network = graphconv.precision.emulate_in_fp32(network, precision)
-        info["emulated"] = graphconv.precision.emulation_note(precision)
+    if precision != "fp32" and target == "cpu" and passes.precision.CPU_EMULATED[precision]:
+        network = passes.precision.emulate_in_fp32(network, precision)
+        info["emulated"] = passes.precision.emulation_note(precision)
     return onnx.shape_inference.infer_shapes(network, data_prop=True), info
 
 
@@ -158,7 +159,7 @@ def debug(model_path: str | Path, inputs: Path | None = None, target: str = "cpu
     network, info = network_for(original, pass_spec, target, precision, keep_fp32)
     expected, got, oracle_name = trace(original, network, case, all_values)
 
-    default_atol, default_rtol = compare.default_tolerance(graphconv.precision.TOLERANCE_KEY[precision])
+    default_atol, default_rtol = compare.default_tolerance(passes.precision.TOLERANCE_KEY[precision])
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     rows, first = [], None

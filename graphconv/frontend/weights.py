@@ -62,7 +62,7 @@ INLINE_MAX_BYTES = 4096
 
 def take_over_external(model: onnx.ModelProto, base_dir: Path) -> None:
     """Read small external tensors into the proto; point every other one (graph and functions' constants)
-    at the absolute path of its file. The locations must have been validated (graphconv.load)."""
+    at the absolute path of its file. The locations must have been validated (graphconv.frontend.load)."""
     from onnx.external_data_helper import _get_all_tensors
 
     base = Path(os.path.realpath(base_dir))

@@ -1,8 +1,8 @@
 """What an opmap handler sees of the lowering: one ONNX node, its operands, and an emission builder.
 
 A handler (opmap/registry.py) gets a NodeContext `n` and returns, per output, an emission Value
-(graphconv/emission.py) built through `n.call(...)`, `n.binop(...)`, ... or a numpy array (the output is a
-compile-time constant). This module sits below both graphconv/lower.py (which implements `Scope`) and opmap/:
+(graphconv/target/emission.py) built through `n.call(...)`, `n.binop(...)`, ... or a numpy array (the output is a
+compile-time constant). This module sits below both graphconv/target/lowering.py (which implements `Scope`) and opmap/:
 neither imports the other's internals, and control flow lowers its sub-graphs through `lower_subgraph`.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx_ir as ir
 
-from graphconv.emission import AttrValue, Block, Builder, Ref, Value
+from graphconv.target.emission import AttrValue, Block, Builder, Ref, Value
 from graphconv.errors import UnsupportedError
 
 MS_DTYPES = {
@@ -37,7 +37,7 @@ class Operand:
 
 
 class Scope(Protocol):
-    """The lowering, as the handlers' context needs it (graphconv/lower.py's Lowering)."""
+    """The lowering, as the handlers' context needs it (graphconv/target/lowering.py's Lowering)."""
 
     builder: Builder
 

@@ -1,7 +1,7 @@
 """The emission IR: the MindSpore program the lowering builds, before it is source text.
 
 Modelled on torch.fx: a program is a graph of calls on values. opmap handlers build nodes through their
-NodeContext (`n.call("ops.rms_norm", x, gamma, eps)` returns a Value); graphconv/codegen.py names the
+NodeContext (`n.call("ops.rms_norm", x, gamma, eps)` returns a Value); graphconv/target/codegen.py names the
 values, drops dead ones, renders nested blocks (If) and groups repeated layers into one Cell class.
 
   Value   an input of `construct` (or of a block), an output of a Node, a Cell attribute (a Parameter or a
@@ -12,7 +12,7 @@ values, drops dead ones, renders nested blocks (If) and groups repeated layers i
           Python literals (int, float, bool, None, str, and tuples/lists/slices of them).
   Block   nodes in order, with the block's inputs and outputs (the program body; a branch of an If; one
           layer of a repeated structure).
-Nothing here imports the lowering or opmap (graphconv/node_context.py is the handlers' view of it).
+Nothing here imports the lowering or opmap (graphconv/target/node_context.py is the handlers' view of it).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Attr:
     name: str  # the attribute on the Cell
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name
-    param: Any = None  # graphconv.lower.ParamSpec for a weight
+    param: Any = None  # graphconv.target.lowering.ParamSpec for a weight
     value: np.ndarray | None = None  # the constant, for a constant tensor
     as_parameter: bool = False  # a constant too big for a literal: a Parameter named after the attribute
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from graphconv import compare, reference
+from graphconv.verify import compare, reference
 from graphconv.errors import InputError, UnsupportedError
 
 EXPORTERS = ("auto", "dynamo", "torchscript")  # auto: dynamo, then TorchScript if dynamo refuses
@@ -220,6 +220,31 @@ def _check(module, example_inputs, dynamic_axes, path: Path, exporter: str, opse
         if oracle.fallback_reason:
             notes.append(oracle.fallback_reason + "; checked with onnx.reference instead")
     return ExportResult(path, exporter, produced, checks, notes)
+
+
+def require_torch(command: str, transformers: bool = False) -> None:
+    """One line naming what to install when `command` needs PyTorch (and transformers) and they are missing."""
+    import importlib.util
+
+    def absent(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except ImportError:
+            return True
+
+    missing = [m for m in ("torch",) + (("transformers",) if transformers else ()) if absent(m)]
+    if missing:
+        raise InputError(f"{command} needs {' and '.join(missing)}: pip install -e '.[torch]' "
+                         "(torch==2.13.0, the CPU build, and transformers==5.24.0)")
+
+
+def load_factory(spec: str):
+    """The factory a spec names: "package.module:function", a zoo name (`llama`) or `hf/<name>` (models/, the
+    test zoo: imported here, when asked, and never on the compile path)."""
+    require_torch("graphconv export", transformers=spec.startswith("hf/"))
+    from models import load_factory as resolve
+
+    return resolve(spec)
 
 
 def zoo_export(factory, path: str | Path, **kwargs) -> ExportResult:
