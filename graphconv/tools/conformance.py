@@ -35,7 +35,7 @@ import onnx
 from graphconv.verify.compare import compare
 from graphconv.progress import SILENT, Progress
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 MAX_OPSET = 23
 APPLICABLE_DTYPES = ("float32", "float16", "int8", "int32", "int64", "uint8", "bool")
 _APPLICABLE_ELEM = {onnx.helper.np_dtype_to_tensor_dtype(np.dtype(d)) for d in APPLICABLE_DTYPES}

@@ -33,7 +33,7 @@ SLICE = {"exporters": ("dynamo",), "opsets": (17, 18)}  # what CI runs; --full r
 HF_PREFIX = "hf/"
 HF_OPSETS = (17, 18, 23)
 HF_SLICE_OPSETS = (18,)
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 # Fused primitives each plain zoo model has in its ascend MindIR (N = 2 layers everywhere), from the models'
 # code (models/*.py). A cell whose census differs fails.
