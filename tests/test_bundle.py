@@ -8,6 +8,7 @@ change with GRAPHCONV_UPDATE_GOLDEN=1 and review the diff.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -87,6 +88,7 @@ def _normalised_file(path: Path, tools: dict) -> str:
 def _load_compare_module(path: Path):
     spec = importlib.util.spec_from_file_location("bundle_compare_outputs", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look up the module of a class (the script has Comparison)
     spec.loader.exec_module(module)
     return module
 
@@ -516,13 +518,16 @@ def _arrays():
 def test_the_bundles_compare_rule_agrees_with_graphconv_compare(built):
     directory, _, _ = built
     script = _load_compare_module(directory / "compare_outputs.py")
+    text = (directory / "compare_outputs.py").read_text()
+    for helper in (compare.compare, compare._cosine, compare.Comparison, compare.default_tolerance):
+        assert inspect.getsource(helper) in text, helper  # graphconv's own source, not a hand copy
     for precision, key in (("fp32", "float32"), ("fp16", "float16"), ("bf16", "bfloat16")):
         assert script.TOLERANCE[precision] == compare.default_tolerance(key)
     assert script.SUSPICIOUS_FACTOR == compare.SUSPICIOUS_FACTOR
     for atol, rtol in ((1e-4, 1e-4), (1e-2, 1e-2)):
         for actual, expected, valid in _arrays():
             ours = compare.compare(actual, expected, atol, rtol, valid).as_dict()
-            theirs = script.compare(actual, expected, atol, rtol, valid)
+            theirs = script.compare(actual, expected, atol, rtol, valid).as_dict()
             assert set(theirs) == set(ours)
             for k, v in ours.items():
                 if isinstance(v, float):

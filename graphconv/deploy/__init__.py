@@ -17,7 +17,7 @@ Nothing in the bundle imports graphconv. Where each job lives:
                   table, and the linter every written command and config passes (check_command, ...)
     profiles.py   symbolic dims, --shape-range ranges and the dynamic-shape profiles
     opset.py      the ONNX down-converted to the opset ATC accepts, re-checked with onnxruntime
-    scripts.py    the templates/ files (package data) filled in
+    scripts.py    the templates/ files filled in, and compare_outputs.py assembled from graphconv.compare
     writer.py     BundleContext and write_bundle: the files, the route plan, README, manifest, the self-check
 """
 
