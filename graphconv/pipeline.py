@@ -51,9 +51,9 @@ class CompileOptions:
     plugins: tuple[str, ...] = ()
     verify_each: bool = False
     save_fused: Path | None = None
-    bundle: Path | None = None  # deploy bundle directory (graphconv.bundle)
+    bundle: Path | None = None  # deploy bundle directory (graphconv.deploy)
     soc: str = "Ascend910B"
-    cann: str | None = None  # None: the newest version graphconv.bundle knows
+    cann: str | None = None  # None: the newest version graphconv.deploy knows
     shape_ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # dim -> (min, max)
     precision: str = "fp32"  # fp32 | fp16 | bf16 (passes.precision)
     keep_fp32: str | None = None  # op types computed in fp32; None = passes.precision.KEEP_FP32
@@ -421,9 +421,9 @@ class Compiler:
             raise InputError(f"output directory {self.output.parent} does not exist")
         loaded = self.load()
         if self.opt.bundle:  # refuse bad bundle options now, not after a long compile
-            from graphconv import bundle
+            from graphconv import deploy
 
-            bundle.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
+            deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
         with Workspace(self.output) as ws:
             try:
                 self._run_in(loaded, ws)
@@ -515,21 +515,21 @@ class Compiler:
     def write_bundle(self, model: onnx.ModelProto, mindir: Path, files: list[Path], cases, expected,
                      ws: Workspace) -> dict[Path, Path]:
         """The Ascend deploy bundle, built in the workspace and moved into place with the other artifacts."""
-        from graphconv import bundle
+        from graphconv import deploy
 
         self.progress.info("bundle")
         with self.report.stage("bundle"):
             directory = ws.path("bundle")
             directory.mkdir()
             variables = next((f for f in files if f.is_dir() and f.name.endswith("_variables")), None)
-            ctx = bundle.BundleContext(
+            ctx = deploy.BundleContext(
                 name=self.output.stem, mindir=mindir, variables=variables, onnx_model=model,
                 source=ws.path("network.py"), checkpoint=ws.path("network.ckpt"),
                 inputs=self.report.model["inputs"], outputs=self.report.model["outputs"],
                 cases=cases, expected=expected, precision=self.report.provenance["precision"],
                 target=self.opt.target, soc=self.opt.soc, cann=self.opt.cann, shape_ranges=self.opt.shape_ranges,
                 census=self.report.census, tools=self.report.provenance["tools"])
-            written = bundle.write_bundle(directory, ctx)
+            written = deploy.write_bundle(directory, ctx)
         self.report.artifacts["bundle"] = str(self.opt.bundle)
         self.report.warnings.extend(ctx.warnings)
         self.report.validation.setdefault("bundle_files", written)

@@ -1,4 +1,4 @@
-"""The Ascend deploy bundle (graphconv.bundle): files, golden content, every generated command against the
+"""The Ascend deploy bundle (graphconv.deploy): files, golden content, every generated command against the
 option tables, the CANN/opset table, the standalone compare script, and the MindSpore script on CPU.
 
 Golden files live in tests/golden/bundle/ with tool versions normalised; regenerate them after an intended
@@ -8,6 +8,7 @@ change with GRAPHCONV_UPDATE_GOLDEN=1 and review the diff.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import onnx
 import pytest
 
 import graphconv
-from graphconv import bundle
+from graphconv import deploy
 from graphconv.verify import compare, reference
 from graphconv.errors import InputError, InternalError
 
@@ -81,13 +82,14 @@ def _normalised_file(path: Path, tools: dict) -> str:
         data["graphconv"] = "<version>"
         data["census"] = "<the compile's census, tested with the compile>"  # moves with every fusion pass
         data["mindir"] = {k: ("<version>" if k == "model_version" else v) for k, v in data["mindir"].items()}
-        return bundle._json(data) + "\n"
+        return deploy._json(data) + "\n"
     return _normalise(path.read_text(), tools)
 
 
 def _load_compare_module(path: Path):
     spec = importlib.util.spec_from_file_location("bundle_compare_outputs", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look up the module of a class (the script has Comparison)
     spec.loader.exec_module(module)
     return module
 
@@ -181,7 +183,7 @@ def test_all_three_routes_for_the_tiny_llama(built):
     assert [c[3] for c in cmds["atc_air"]] == ["--output=om/tiny_llama_air_case0", "--output=om/tiny_llama_air_case1"]
     assert all("--framework=1" in c and not any(t.startswith(("--input_shape", "--dynamic_dims")) for t in c)
                for c in cmds["atc_air"])
-    cfg = bundle.parse_lite_config((directory / "lite/converter.cfg").read_text())
+    cfg = deploy.parse_lite_config((directory / "lite/converter.cfg").read_text())
     assert cfg["ascend_context"]["precision_mode"] == "enforce_origin"
     assert cfg["acl_build_options"]["input_shape"] == "input_ids:-1,-1;attention_mask:-1,-1"
     assert cfg["acl_build_options"]["ge.dynamicDims"].split(";") == dyn
@@ -193,46 +195,46 @@ def test_all_three_routes_for_the_tiny_llama(built):
 
 def test_every_generated_command_agrees_with_the_option_tables(built):
     directory, _, _ = built
-    assert bundle.check_bundle(directory) == []
+    assert deploy.check_bundle(directory) == []
     manifest = json.loads((directory / "manifest.json").read_text())
     from_scripts = []
     for rel in ("lite/convert_lite.sh", "atc/atc_onnx.sh", "atc/atc_air.sh"):
-        found = bundle.extract_commands((directory / rel).read_text())
+        found = deploy.extract_commands((directory / rel).read_text())
         assert found, rel
         for argv in found:
-            assert bundle.check_command(argv) == [], argv
+            assert deploy.check_command(argv) == [], argv
         from_scripts += found
     from_manifest = [c for group in manifest["commands"].values() for c in group]
     assert sorted(map(tuple, from_scripts)) == sorted(map(tuple, from_manifest))
     # The README shows the same commands, and they parse back too.
-    readme_cmds = bundle.extract_commands((directory / "README.md").read_text())
+    readme_cmds = deploy.extract_commands((directory / "README.md").read_text())
     assert sorted(map(tuple, readme_cmds)) == sorted(map(tuple, from_manifest))
-    assert bundle.check_lite_config((directory / "lite/converter.cfg").read_text()) == []
+    assert deploy.check_lite_config((directory / "lite/converter.cfg").read_text()) == []
 
 
 def test_a_misspelt_flag_is_rejected_by_the_same_checker(built, tmp_path):
     directory, _, _ = built
     script = (directory / "atc/atc_onnx.sh").read_text()
-    argv = bundle.extract_commands(script)[0]
+    argv = deploy.extract_commands(script)[0]
     bad = [t.replace("--soc_version=", "--soc_verison=") for t in argv]
-    problems = bundle.check_command(bad)
+    problems = deploy.check_command(bad)
     assert any("unknown option --soc_verison" in p and "did you mean --soc_version" in p for p in problems)
     assert any("--soc_version is required" in p for p in problems)
     # The same checker, run over a bundle holding the misspelt script, fails it.
     copy = tmp_path / "b"
     shutil.copytree(directory, copy)
     (copy / "atc/atc_onnx.sh").write_text(script.replace("--soc_version=", "--soc_verison=", 1))
-    assert any("soc_verison" in p for p in bundle.check_bundle(copy))
-    lite = bundle.extract_commands((directory / "lite/convert_lite.sh").read_text())[0]
+    assert any("soc_verison" in p for p in deploy.check_bundle(copy))
+    lite = deploy.extract_commands((directory / "lite/convert_lite.sh").read_text())[0]
     assert any("unknown option --optimise" in p for p in
-               bundle.check_command([t.replace("--optimize=", "--optimise=") for t in lite]))
+               deploy.check_command([t.replace("--optimize=", "--optimise=") for t in lite]))
     cfg = (directory / "lite/converter.cfg").read_text()
     assert any("unknown key ge.dynamicDim " in p + " " for p in
-               bundle.check_lite_config(cfg.replace("ge.dynamicDims=", "ge.dynamicDim=")))
+               deploy.check_lite_config(cfg.replace("ge.dynamicDims=", "ge.dynamicDim=")))
     assert any("unknown section [ascend_contxt]" in p for p in
-               bundle.check_lite_config(cfg.replace("[ascend_context]", "[ascend_contxt]")))
-    with pytest.raises(bundle.CommandError, match="unknown option --soc_verison"):
-        bundle.command("atc", {"model": "m.onnx", "framework": "5", "output": "om/m", "soc_verison": "Ascend910B"})
+               deploy.check_lite_config(cfg.replace("[ascend_context]", "[ascend_contxt]")))
+    with pytest.raises(deploy.CommandError, match="unknown option --soc_verison"):
+        deploy.command("atc", {"model": "m.onnx", "framework": "5", "output": "om/m", "soc_verison": "Ascend910B"})
 
 
 ATC_OK = ["atc", "--model=onnx/m.onnx", "--framework=5", "--output=om/m", "--soc_version=Ascend910B1"]
@@ -254,41 +256,41 @@ ATC_OK = ["atc", "--model=onnx/m.onnx", "--framework=5", "--output=om/m", "--soc
     (["stray"], "stray argument"),
 ])
 def test_contradictory_or_malformed_atc_flags_are_refused(extra, expect):
-    assert bundle.check_command(ATC_OK) == []
-    problems = bundle.check_command(ATC_OK + extra)
+    assert deploy.check_command(ATC_OK) == []
+    problems = deploy.check_command(ATC_OK + extra)
     assert any(expect in p for p in problems), problems
 
 
 def test_atc_framework_specific_rules():
     air = ["atc", "--model=air/m.air", "--framework=1", "--output=om/m", "--soc_version=Ascend910B1"]
-    assert bundle.check_command(air) == []
-    assert any("not honoured with --framework=1" in p for p in bundle.check_command(air + ["--input_shape=x:1,2"]))
+    assert deploy.check_command(air) == []
+    assert any("not honoured with --framework=1" in p for p in deploy.check_command(air + ["--input_shape=x:1,2"]))
     assert any("not honoured with --framework=1" in p
-               for p in bundle.check_command(air + ["--input_shape=x:-1", "--input_format=ND", "--dynamic_dims=1;2"]))
+               for p in deploy.check_command(air + ["--input_shape=x:-1", "--input_format=ND", "--dynamic_dims=1;2"]))
     mindir = ["atc", "--model=model/m.mindir", "--framework=5", "--output=om/m", "--soc_version=Ascend910B1"]
-    assert any("does not read MindIR" in p for p in bundle.check_command(mindir))
-    assert any("reads .air files" in p for p in bundle.check_command(
+    assert any("does not read MindIR" in p for p in deploy.check_command(mindir))
+    assert any("reads .air files" in p for p in deploy.check_command(
         ["atc", "--model=m.onnx", "--framework=1", "--output=om/m", "--soc_version=Ascend910B1"]))
-    assert any("without the .om suffix" in p for p in bundle.check_command(
+    assert any("without the .om suffix" in p for p in deploy.check_command(
         ["atc", "--model=m.onnx", "--framework=5", "--output=om/m.om", "--soc_version=Ascend910B1"]))
     # Atlas 200I/500 A2 (Ascend310B): no shape ranges, profiles only.
     small = ["atc", "--model=m.onnx", "--framework=5", "--output=om/m", "--soc_version=Ascend310B1"]
-    assert any("does not support shape ranges" in p for p in bundle.check_command(small + ["--input_shape=x:1~8"]))
-    assert bundle.check_command(small + ["--input_shape=x:-1", "--input_format=ND", "--dynamic_dims=1;2"]) == []
+    assert any("does not support shape ranges" in p for p in deploy.check_command(small + ["--input_shape=x:1~8"]))
+    assert deploy.check_command(small + ["--input_shape=x:-1", "--input_format=ND", "--dynamic_dims=1;2"]) == []
     # ATC takes soc-version for soc_version.
-    assert bundle.check_command(["atc", "--model=m.onnx", "--framework=5", "--output=om/m", "--soc-version=Ascend910B1"]) == []
+    assert deploy.check_command(["atc", "--model=m.onnx", "--framework=5", "--output=om/m", "--soc-version=Ascend910B1"]) == []
 
 
 def test_converter_lite_rules():
     ok = ["converter_lite", "--fmk=MINDIR", "--modelFile=m.mindir", "--outputFile=out", "--optimize=ascend_oriented"]
-    assert bundle.check_command(ok) == []
-    assert any("is not one of" in p for p in bundle.check_command(ok[:-1] + ["--optimize=ascend"]))
-    assert any("without the suffix" in p for p in bundle.check_command(
+    assert deploy.check_command(ok) == []
+    assert any("is not one of" in p for p in deploy.check_command(ok[:-1] + ["--optimize=ascend"]))
+    assert any("without the suffix" in p for p in deploy.check_command(
         ["converter_lite", "--fmk=MINDIR", "--modelFile=m.mindir", "--outputFile=out.mindir"]))
-    assert any("deprecated" in p for p in bundle.check_command(ok + ["--device=Ascend310"]))
-    assert any("reads .mindir files" in p for p in bundle.check_command(
+    assert any("deprecated" in p for p in deploy.check_command(ok + ["--device=Ascend310"]))
+    assert any("reads .mindir files" in p for p in deploy.check_command(
         ["converter_lite", "--fmk=MINDIR", "--modelFile=m.onnx", "--outputFile=out"]))
-    assert any("--fmk is required" in p for p in bundle.check_command(
+    assert any("--fmk is required" in p for p in deploy.check_command(
         ["converter_lite", "--modelFile=m.mindir", "--outputFile=out"]))
 
 
@@ -297,21 +299,21 @@ def test_ascend_context_dynamic_dims_only_for_4d_batch_or_image_inputs():
     # refused: converter_lite turns those into dynamic batch/image sizes of 4-D inputs only.
     llama = ("[ascend_context]\ninput_shape=input_ids:[-1,-1];attention_mask:[-1,-1]\n"
              "dynamic_dims=[1,1],[8,2048];[1,1],[8,2048]\n")
-    assert any("4-D inputs" in p for p in bundle.check_lite_config(llama))
+    assert any("4-D inputs" in p for p in deploy.check_lite_config(llama))
     batch = "[ascend_context]\ninput_shape=x:[-1,3,224,224]\ndynamic_dims=[1],[2],[4]\n"
-    assert bundle.check_lite_config(batch) == []
-    assert any("needs input_shape" in p for p in bundle.check_lite_config("[ascend_context]\ndynamic_dims=[1],[2]\n"))
+    assert deploy.check_lite_config(batch) == []
+    assert any("needs input_shape" in p for p in deploy.check_lite_config("[ascend_context]\ndynamic_dims=[1],[2]\n"))
     both = ("[ascend_context]\ninput_shape=x:[-1,3,224,224]\ndynamic_dims=[1],[2]\n"
             "[acl_build_options]\ninput_format=ND\ninput_shape=x:-1,3,224,224\nge.dynamicDims=1;2\n")
-    problems = bundle.check_lite_config(both)
+    problems = deploy.check_lite_config(both)
     assert any("input_shape in both" in p for p in problems) and any("contradict" in p for p in problems)
-    assert any("one key=value" in p for p in bundle.check_lite_config("[ascend_context]\nprecision_mode=a=b\n"))
+    assert any("one key=value" in p for p in deploy.check_lite_config("[ascend_context]\nprecision_mode=a=b\n"))
     nd_bad = "[acl_build_options]\ninput_format=NCHW\ninput_shape=x:-1,-1\nge.dynamicDims=1,2;3,4\n"
-    assert any("input_format=ND" in p for p in bundle.check_lite_config(nd_bad))
+    assert any("input_format=ND" in p for p in deploy.check_lite_config(nd_bad))
 
 
-def _fake_ctx(tmp_path, inputs, cases, **kw) -> bundle.BundleContext:
-    return bundle.BundleContext(
+def _fake_ctx(tmp_path, inputs, cases, **kw) -> deploy.BundleContext:
+    return deploy.BundleContext(
         name="m", mindir=tmp_path / "m.mindir", variables=None, onnx_model=onnx.ModelProto(), source=tmp_path / "n.py",
         checkpoint=tmp_path / "n.ckpt", inputs=inputs, outputs=[{"name": "y", "dtype": "float32", "shape": []}],
         cases=cases, expected=None, **kw)
@@ -321,9 +323,9 @@ def test_4d_dynamic_batch_model_uses_ascend_context(tmp_path):
     inputs = [{"name": "x", "dtype": "float32", "shape": ["N", 3, 224, 224]}]
     cases = [reference.ReferenceCase(f"case{i}", {"x": np.zeros((n, 3, 224, 224), np.float32)}) for i, n in enumerate((3, 5))]
     ctx = _fake_ctx(tmp_path, inputs, cases, shape_ranges={"N": (1, 16)})
-    plan = bundle._Plan(ctx, bundle.collect_dims(inputs, cases, ctx.shape_ranges))
+    plan = deploy._Plan(ctx, deploy.collect_dims(inputs, cases, ctx.shape_ranges))
     cfg = plan.lite_config()
-    parsed = bundle.parse_lite_config(cfg)
+    parsed = deploy.parse_lite_config(cfg)
     assert parsed["ascend_context"]["input_shape"] == "x:[-1,3,224,224]"
     assert parsed["ascend_context"]["dynamic_dims"] == "[1],[2],[3],[4],[5],[8],[16]"
     assert "acl_build_options" not in parsed
@@ -333,8 +335,8 @@ def test_ascend310b_soc_gets_profiles_only(tmp_path):
     inputs = [{"name": "ids", "dtype": "int64", "shape": ["batch", "seq"]}]
     cases = [reference.ReferenceCase(f"case{i}", {"ids": np.zeros(s, np.int64)}) for i, s in enumerate([(3, 5), (5, 11)])]
     ctx = _fake_ctx(tmp_path, inputs, cases, soc="Ascend310B1", shape_ranges={"batch": (1, 4), "seq": (1, 64)})
-    plan = bundle._Plan(ctx, bundle.collect_dims(inputs, cases, ctx.shape_ranges))
-    plan.atc_onnx = bundle.AtcOnnx("onnx/m.onnx", 18, 18, "9.0.0-beta1", (11, 18))
+    plan = deploy._Plan(ctx, deploy.collect_dims(inputs, cases, ctx.shape_ranges))
+    plan.atc_onnx = deploy.AtcOnnx("onnx/m.onnx", 18, 18, "9.0.0-beta1", (11, 18))
     cmds = plan.atc_onnx_commands()
     assert list(cmds) == ["profiles"]
     assert "default: profiles" in plan.atc_onnx_shell()
@@ -347,46 +349,46 @@ def _dims(ranges, ref=((3, 5), (5, 11))):
               {"name": "mask", "dtype": "int64", "shape": ["batch", "seq"]}]
     cases = [reference.ReferenceCase(f"case{i}", {"ids": np.zeros(s, np.int64), "mask": np.ones(s, np.int64)})
              for i, s in enumerate(ref)]
-    return inputs, bundle.collect_dims(inputs, cases, ranges)
+    return inputs, deploy.collect_dims(inputs, cases, ranges)
 
 
 def test_profiles_cover_the_ranges_and_the_reference_cases():
     inputs, dims = _dims({"batch": (1, 64), "seq": (1, 65536)})
-    profs, notes = bundle.profiles(dims)
-    assert len(profs) <= bundle.MAX_PROFILES and notes == []
+    profs, notes = deploy.profiles(dims)
+    assert len(profs) <= deploy.MAX_PROFILES and notes == []
     assert (3, 5) in profs and (5, 11) in profs
     assert (1, 1) in profs and (64, 65536) in profs
     assert all(1 <= b <= 64 and 1 <= s <= 65536 for b, s in profs)
-    assert bundle.profile_values(inputs, dims, (3, 5)) == [3, 5, 3, 5]
-    assert bundle.atc_input_shape(inputs, dims, "range") == "ids:1~64,1~65536;mask:1~64,1~65536"
-    assert bundle.atc_input_shape(inputs, dims, "profile") == "ids:-1,-1;mask:-1,-1"
+    assert deploy.profile_values(inputs, dims, (3, 5)) == [3, 5, 3, 5]
+    assert deploy.atc_input_shape(inputs, dims, "range") == "ids:1~64,1~65536;mask:1~64,1~65536"
+    assert deploy.atc_input_shape(inputs, dims, "profile") == "ids:-1,-1;mask:-1,-1"
 
 
 def test_profiles_without_ranges_use_the_reference_sizes_and_say_so():
     inputs, dims = _dims({})
-    profs, notes = bundle.profiles(dims)
+    profs, notes = deploy.profiles(dims)
     assert profs == [(3, 5), (3, 11), (5, 5), (5, 11)]
     assert len(notes) == 2 and "no --shape-range" in notes[0]
-    assert bundle.atc_input_shape(inputs, dims, "range") == "ids:-1,-1;mask:-1,-1"
+    assert deploy.atc_input_shape(inputs, dims, "range") == "ids:-1,-1;mask:-1,-1"
 
 
 def test_pinned_dims_are_static_and_bad_ranges_are_refused():
     inputs, dims = _dims({"batch": (4, 4), "seq": (128, 128)})
-    assert dims.dynamic == [] and bundle.profiles(dims) == ([], [])
-    assert bundle.atc_input_shape(inputs, dims, "range") == "ids:4,128;mask:4,128"
+    assert dims.dynamic == [] and deploy.profiles(dims) == ([], [])
+    assert deploy.atc_input_shape(inputs, dims, "range") == "ids:4,128;mask:4,128"
     inputs, dims = _dims({"batch": (1, 2)})
-    profs, notes = bundle.profiles(dims)
+    profs, notes = deploy.profiles(dims)
     assert any("outside --shape-range" in n for n in notes)
     assert all(b <= 2 for b, _ in profs)
     with pytest.raises(InputError, match="not symbolic dims"):
         _dims({"sequence": (1, 8)})
     with pytest.raises(InputError, match="1 <= MIN <= MAX"):
         _dims({"seq": (0, 8)})
-    bundle.check_options(inputs, {"batch": (1, 8)}, "8.0.0")
+    deploy.check_options(inputs, {"batch": (1, 8)}, "8.0.0")
     with pytest.raises(InputError, match="not symbolic dims"):
-        bundle.check_options(inputs, {"sequence": (1, 8)}, None)
+        deploy.check_options(inputs, {"sequence": (1, 8)}, None)
     with pytest.raises(InputError, match="knows the ONNX opsets"):
-        bundle.check_options(inputs, {}, "8.5.0")
+        deploy.check_options(inputs, {}, "8.5.0")
 
 
 # --- CANN / opset ---------------------------------------------------------------------------------------
@@ -396,13 +398,13 @@ def test_pinned_dims_are_static_and_bad_ranges_are_refused():
     ("8.0.0", "8.0.0", 11, 15), ("9.0.0-beta1", "9.0.0-beta1", 11, 18), (None, "9.0.0-beta1", 11, 18),
 ])
 def test_cann_opset_table(cann, row, lo, hi):
-    assert bundle.cann_opset_range(cann) == (row, lo, hi)
+    assert deploy.cann_opset_range(cann) == (row, lo, hi)
 
 
 @pytest.mark.parametrize("cann", ["7.1.0", "10.0.0", "latest"])
 def test_unknown_cann_versions_are_refused(cann):
     with pytest.raises(InputError, match="knows the ONNX opsets"):
-        bundle.cann_opset_range(cann)
+        deploy.cann_opset_range(cann)
 
 
 @pytest.fixture(scope="module")
@@ -413,23 +415,23 @@ def llama_onnx():
 
 def test_opset_clamped_for_cann_8(llama_onnx):
     model, cases = llama_onnx
-    converted, facts, warnings = bundle.clamp_opset(model, "8.0.0", cases)
+    converted, facts, warnings = deploy.clamp_opset(model, "8.0.0", cases)
     assert warnings == [] and facts.converted and facts.opset == 15 and facts.original_opset == 18
-    assert bundle._default_opset(converted) == 15
+    assert deploy._default_opset(converted) == 15
     onnx.checker.check_model(converted, full_check=True)
-    assert bundle._default_opset(model) == 18  # the original is untouched
+    assert deploy._default_opset(model) == 18  # the original is untouched
 
 
 def test_opset_kept_with_a_warning_when_conversion_fails(llama_onnx):
     model, cases = llama_onnx
-    converted, facts, warnings = bundle.clamp_opset(model, "7.0.0", cases)
+    converted, facts, warnings = deploy.clamp_opset(model, "7.0.0", cases)
     assert converted is None and not facts.converted and facts.opset == 18
     assert len(warnings) == 1 and "opset 18" in warnings[0] and "11..11" in warnings[0] and "failed" in warnings[0]
 
 
 def test_opset_within_range_is_not_touched(llama_onnx):
     model, cases = llama_onnx
-    assert bundle.clamp_opset(model, None, cases)[::2] == (None, [])
+    assert deploy.clamp_opset(model, None, cases)[::2] == (None, [])
 
 
 def _rebundle(built, tmp_path, **overrides):
@@ -451,21 +453,21 @@ def _rebundle(built, tmp_path, **overrides):
                   precision="fp32", target="ascend", soc="Ascend910B", cann=None, shape_ranges=RANGES,
                   census=report.census, tools=report.provenance["tools"])
     fields.update(overrides)
-    ctx = bundle.BundleContext(**fields)
+    ctx = deploy.BundleContext(**fields)
     out = tmp_path / "parent" / "bundle"
     out.mkdir(parents=True)
-    written = bundle.write_bundle(out, ctx)
+    written = deploy.write_bundle(out, ctx)
     return out, ctx, written
 
 
 def test_bundle_for_cann_8_ships_the_converted_onnx(built, tmp_path):
     out, ctx, written = _rebundle(built, tmp_path, cann="8.0.0")
     assert "onnx/tiny_llama.opset15.onnx" in written and ctx.warnings == []
-    assert bundle._default_opset(onnx.load(str(out / "onnx/tiny_llama.opset15.onnx"))) == 15
+    assert deploy._default_opset(onnx.load(str(out / "onnx/tiny_llama.opset15.onnx"))) == 15
     for argv in json.loads((out / "manifest.json").read_text())["commands"]["atc_onnx"]:
         assert "--model=onnx/tiny_llama.opset15.onnx" in argv
     assert "converted from opset 18 to 15" in (out / "README.md").read_text()
-    assert bundle.check_bundle(out) == []
+    assert deploy.check_bundle(out) == []
 
 
 def test_bundle_for_cann_7_warns_and_keeps_opset_18(built, tmp_path):
@@ -481,11 +483,11 @@ def test_bundle_never_writes_outside_its_directory(built, tmp_path):
     out, _, written = _rebundle(built, tmp_path)
     assert [p.name for p in out.parent.iterdir()] == ["bundle"]
     assert all(not Path(f).is_absolute() and ".." not in Path(f).parts for f in written)
-    writer = bundle._Writer(out)
+    writer = deploy._Writer(out)
     with pytest.raises(InternalError, match="outside"):
         writer.path("../escape.txt")
     with pytest.raises(InputError, match="not empty"):
-        bundle.write_bundle(out, bundle.BundleContext(**{**_rebundle_fields(built), "cann": None}))
+        deploy.write_bundle(out, deploy.BundleContext(**{**_rebundle_fields(built), "cann": None}))
 
 
 def _rebundle_fields(built):
@@ -517,13 +519,16 @@ def _arrays():
 def test_the_bundles_compare_rule_agrees_with_graphconv_compare(built):
     directory, _, _ = built
     script = _load_compare_module(directory / "compare_outputs.py")
+    text = (directory / "compare_outputs.py").read_text()
+    for helper in (compare.compare, compare._cosine, compare.Comparison, compare.default_tolerance):
+        assert inspect.getsource(helper) in text, helper  # graphconv's own source, not a hand copy
     for precision, key in (("fp32", "float32"), ("fp16", "float16"), ("bf16", "bfloat16")):
         assert script.TOLERANCE[precision] == compare.default_tolerance(key)
     assert script.SUSPICIOUS_FACTOR == compare.SUSPICIOUS_FACTOR
     for atol, rtol in ((1e-4, 1e-4), (1e-2, 1e-2)):
         for actual, expected, valid in _arrays():
             ours = compare.compare(actual, expected, atol, rtol, valid).as_dict()
-            theirs = script.compare(actual, expected, atol, rtol, valid)
+            theirs = script.compare(actual, expected, atol, rtol, valid).as_dict()
             assert set(theirs) == set(ours)
             for k, v in ours.items():
                 if isinstance(v, float):
@@ -575,7 +580,7 @@ def test_mindspore_script_loads_the_ascend_mindir_on_cpu(built):
 def test_cpu_bundle_runs_route_a_and_passes_its_own_comparison(built_cpu, tmp_path):
     directory, report = built_cpu
     assert report.status == "verified"
-    assert bundle.check_bundle(directory) == []
+    assert deploy.check_bundle(directory) == []
     readme = (directory / "README.md").read_text()
     assert "no --shape-range" in readme  # profiles fall back to the reference sizes, and say so
     proc = subprocess.run([sys.executable, str(directory / "mindspore/infer_mindspore.py"), "--device", "CPU",

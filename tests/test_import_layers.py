@@ -101,7 +101,7 @@ LAYERS = [
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census"),  # the oracle's side
     ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the MindSpore target
-    ("graphconv.verify.debug", "graphconv.deploy", "graphconv.bundle", "graphconv.report",
+    ("graphconv.verify.debug", "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export"),                    # what runs a stage of the above end to end
     ("graphconv.pipeline",),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top

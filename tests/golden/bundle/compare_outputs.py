@@ -11,7 +11,10 @@ must match exactly; inf/NaN must match in kind; positions whose attention-mask e
 row of the reference inputs) are skipped. Exit code 0 when every output of every case passes, 1 when one
 fails, 2 when files are missing or unreadable.
 """
+from __future__ import annotations
+
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,11 +22,41 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (3e-2, 3e-2)}
+
+# ---- graphconv's comparison rule: the source of graphconv/compare.py when this bundle was written ----
+
+
+# (atol, rtol) per floating dtype of the *reference* computation.
+DEFAULT_TOLERANCE = {
+    "float32": (1e-4, 1e-4),
+    "float64": (1e-4, 1e-4),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (3e-2, 3e-2),
+}
 SUSPICIOUS_FACTOR = 100.0
 
 
-def _cosine(a, b):
+def default_tolerance(precision: str) -> tuple[float, float]:
+    return DEFAULT_TOLERANCE.get(precision, DEFAULT_TOLERANCE["float32"])
+
+
+@dataclasses.dataclass
+class Comparison:
+    """How one actual tensor compares with its reference."""
+
+    ok: bool
+    suspicious: bool  # fails the rule but holds at SUSPICIOUS_FACTOR x the tolerance
+    max_abs: float
+    mean_abs: float
+    cosine: float
+    compared: int  # number of elements compared (after masking)
+    reason: str = ""  # why ok is False, in a few words
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     if na == 0.0 and nb == 0.0:
         return 1.0
@@ -32,47 +65,65 @@ def _cosine(a, b):
     return float(np.dot(a, b) / (na * nb))
 
 
-def compare(actual, expected, atol=1e-4, rtol=1e-4, valid=None):
-    """The comparison of one output; a dict with ok, suspicious, max_abs, mean_abs, cosine, compared, reason."""
+def compare(
+    actual: np.ndarray,
+    expected: np.ndarray,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    valid: np.ndarray | None = None,
+) -> Comparison:
+    """Compare actual with the reference `expected`.
+
+    `valid` is a boolean array broadcastable to the leading dims of `expected`: only those positions are
+    compared (left-padded positions of an attention mask are undefined and skipped).
+    """
     actual = np.asarray(actual)
     expected = np.asarray(expected)
-
-    def result(ok, suspicious, mx, mean, cos, n, reason=""):
-        return {"ok": ok, "suspicious": suspicious, "max_abs": mx, "mean_abs": mean, "cosine": cos,
-                "compared": n, "reason": reason}
-
     if actual.shape != expected.shape:
-        return result(False, False, float("inf"), float("inf"), 0.0, 0,
-                      f"shape {list(actual.shape)} != reference {list(expected.shape)}")
+        return Comparison(False, False, float("inf"), float("inf"), 0.0, 0,
+                          f"shape {list(actual.shape)} != reference {list(expected.shape)}")
     if valid is not None:
         keep = np.broadcast_to(valid.reshape(valid.shape + (1,) * (expected.ndim - valid.ndim)), expected.shape)
         actual, expected = actual[keep], expected[keep]
     actual, expected = actual.ravel(), expected.ravel()
     n = int(expected.size)
-    if expected.dtype.kind in "biuU" or actual.dtype.kind in "biuU":
+    exact_kind = expected.dtype.kind in "biuU" or actual.dtype.kind in "biuU"
+    if exact_kind:
         equal = actual == expected
         diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64)) if n else np.zeros(0)
         ok = bool(np.all(equal))
-        return result(ok, False, float(diff.max()) if n else 0.0, float(diff.mean()) if n else 0.0,
-                      _cosine(actual.astype(np.float64), expected.astype(np.float64)), n,
-                      "" if ok else f"{int((~equal).sum())} of {n} elements differ (exact match required)")
+        mx = float(diff.max()) if n else 0.0
+        return Comparison(ok, False, mx, float(diff.mean()) if n else 0.0,
+                          _cosine(actual.astype(np.float64), expected.astype(np.float64)), n,
+                          "" if ok else f"{int((~equal).sum())} of {n} elements differ (exact match required)")
     a = actual.astype(np.float64)
     b = expected.astype(np.float64)
+    finite_b = np.isfinite(b)
+    # Non-finite values must match in kind: NaN where NaN, +inf where +inf, -inf where -inf.
     kind_ok = (np.isnan(a) == np.isnan(b)) & (np.isposinf(a) == np.isposinf(b)) & (np.isneginf(a) == np.isneginf(b))
-    both = np.isfinite(b) & np.isfinite(a)
-    diff = np.abs(a[both] - b[both])
-    bound = atol + rtol * np.abs(b[both])
+    both_finite = finite_b & np.isfinite(a)
+    diff = np.abs(a[both_finite] - b[both_finite])
+    bound = atol + rtol * np.abs(b[both_finite])
     mx = float(diff.max()) if diff.size else 0.0
     mean = float(diff.mean()) if diff.size else 0.0
-    cos = _cosine(np.where(both, a, 0.0), np.where(both, b, 0.0))
+    cos = _cosine(np.where(both_finite, a, 0.0), np.where(both_finite, b, 0.0))
     bad_kind = int((~kind_ok).sum())
     if bad_kind:
-        return result(False, False, mx, mean, cos, n, f"{bad_kind} of {n} elements differ in inf/NaN kind from the reference")
+        return Comparison(False, False, mx, mean, cos, n,
+                          f"{bad_kind} of {n} elements differ in inf/NaN kind from the reference")
     within = diff <= bound
     if bool(np.all(within)):
-        return result(True, False, mx, mean, cos, n)
-    return result(False, bool(np.all(diff <= SUSPICIOUS_FACTOR * bound)), mx, mean, cos, n,
-                  f"{int((~within).sum())} of {n} elements exceed atol={atol:g} + rtol={rtol:g}*|ref|")
+        return Comparison(True, False, mx, mean, cos, n)
+    suspicious = bool(np.all(diff <= SUSPICIOUS_FACTOR * bound))
+    return Comparison(False, suspicious, mx, mean, cos, n,
+                      f"{int((~within).sum())} of {n} elements exceed atol={atol:g} + rtol={rtol:g}*|ref|")
+
+
+# ---- the command line ----
+
+# --precision -> the dtype whose DEFAULT_TOLERANCE applies
+PRECISION_DTYPE = {'fp32': 'float32', 'fp16': 'float16', 'bf16': 'bfloat16'}
+TOLERANCE = {p: default_tolerance(dtype) for p, dtype in PRECISION_DTYPE.items()}
 
 
 def main(argv=None):
@@ -123,7 +174,7 @@ def main(argv=None):
                     expected = ref[o]
                     valid = mask if (mask is not None and expected.ndim >= mask.ndim
                                      and expected.shape[:mask.ndim] == mask.shape) else None
-                    r = compare(got[o], expected, atol, rtol, valid)
+                    r = compare(got[o], expected, atol, rtol, valid).as_dict()
                 r.update(case=name, output=o)
                 results.append(r)
                 failed |= not r["ok"]
