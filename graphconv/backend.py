@@ -48,7 +48,7 @@ import onnx
 import onnx_ir as ir
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from graphconv import emit, load, lower, node_context
+from graphconv import constant_fold, emit, load, lower, node_context
 from graphconv.child import child_env
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
 
@@ -229,17 +229,12 @@ def specialise(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None) -> t
                 raise
 
 
-_NEVER_FOLD = re.compile(r"^(Random\w*|Bernoulli|Multinomial)$")
-
-
 def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape arithmetic evaluated before the lowering, so that shape inference sees its results (the lowering folds
     the same nodes, but too late for ONNX shape inference to know, say, the sizes a computed Split produces):
     Shape/Size of statically shaped values, Constant nodes, and nodes of the main graph whose inputs are all
     constants (evaluated with onnx.reference) become initializers, an If with a constant condition is replaced by
     its taken branch; repeated until nothing changes."""
-    from onnx.reference import ReferenceEvaluator
-
     model = _reinfer(model)
     opset = _default_opset(model) or MIN_OPSET
     for _ in range(16):
@@ -267,7 +262,7 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
                             for b, o in zip(branch.output, node.output) if o)
                 inlined = True
                 continue
-            if node.domain not in ("", "ai.onnx") or subgraph or _NEVER_FOLD.match(node.op_type):
+            if not constant_fold.foldable(node.domain, node.op_type, subgraph):
                 pass
             elif node.op_type in ("Shape", "Size") and node.input[0] in shapes:
                 dims = shapes[node.input[0]]
@@ -277,15 +272,8 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
                     attrs = {a.name: a.i for a in node.attribute}
                     values = [np.array(dims[attrs.get("start", 0):attrs.get("end", None)], np.int64)]
             elif node.input and all(i == "" or i in consts for i in node.input) or node.op_type == "Constant":
-                ins = sorted({i for i in node.input if i})
-                single = onnx.helper.make_model(
-                    onnx.helper.make_graph([node], "fold", [], [onnx.ValueInfoProto(name=o) for o in node.output if o],
-                                           [onnx.numpy_helper.from_array(consts[i], i) for i in ins]),
-                    opset_imports=[onnx.helper.make_opsetid("", opset)])
-                try:
-                    values = ReferenceEvaluator(single).run(None, {})
-                except Exception:  # noqa: BLE001 - not foldable here: the lowering decides
-                    values = None
+                # No FOLD_MAX_ELEMENTS here: a value left unfolded hides its shape from shape inference.
+                values = constant_fold.evaluate(node, {i: consts[i] for i in node.input if i}, opset)
             if values is None:
                 keep.append(node)
                 continue
