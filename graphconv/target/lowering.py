@@ -20,6 +20,7 @@ import opmap
 from opmap import helpers as helper_lib
 from graphconv.target import codegen, layers
 from graphconv.target.codegen import py_name
+from graphconv.target.constant_fold import FOLD_MAX_ELEMENTS, evaluate, foldable
 from graphconv.target.emission import Attr, AttrValue, Block, Builder, Program, Value
 from graphconv.errors import UnsupportedError
 from graphconv.target.node_context import NodeContext, Operand
@@ -27,8 +28,6 @@ from graphconv.target.node_context import NodeContext, Operand
 # Initializers with more elements than this become Parameters (bound from the weights file at emit time);
 # smaller ones are written into the source as literals.
 PARAM_MIN_ELEMENTS = 64
-# Constant folding at lowering time produces at most this many elements per value.
-FOLD_MAX_ELEMENTS = 1 << 16
 
 
 @dataclasses.dataclass
@@ -228,7 +227,7 @@ class Lowering:
 
     def _try_fold(self, node: ir.Node, opset: int) -> bool:
         """Evaluate a node whose inputs are all compile-time constants (shape arithmetic, mostly)."""
-        if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD or _has_subgraph(node):
+        if not foldable(node.domain, node.op_type, _has_subgraph(node)):
             return False
         if _is_identity(node) and node.inputs[0] is not None:
             src = self.operands.get(node.inputs[0])
@@ -260,37 +259,21 @@ class Lowering:
         if not any(c is not None for c in ins) and node.op_type not in ("ConstantOfShape", "Range"):
             return False
         outs = _evaluate(node, ins, opset)
-        if outs is None or any(o.size > FOLD_MAX_ELEMENTS for o in outs):
+        if outs is None:
             return False
         for value, arr in zip(node.outputs, outs):
             self._set_const(value, arr)
         return True
 
 
-# Ops never folded at compile time: random or stateful.
-_NEVER_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
-
-
 def _evaluate(node: ir.Node, inputs: list, opset: int) -> list[np.ndarray] | None:
-    from onnx.reference import ReferenceEvaluator
-
+    """constant_fold.evaluate on a copy of the node whose inputs are named by position (every output requested)."""
     in_names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]
-    out_names = [f"o{k}" for k in range(len(node.outputs))]
-    proto = onnx.helper.make_node(node.op_type, in_names, out_names, domain=node.domain)
+    proto = onnx.helper.make_node(node.op_type, in_names, [f"o{k}" for k in range(len(node.outputs))],
+                                  domain=node.domain)
     for attr in node.attributes.values():
         proto.attribute.append(ir.serde.serialize_attribute(attr))
-    graph = onnx.helper.make_graph(
-        [proto], "fold",
-        [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-         for n, a in zip(in_names, inputs) if a is not None],
-        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in out_names])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
-    try:
-        ev = ReferenceEvaluator(model)
-        outs = ev.run(None, {n: a for n, a in zip(in_names, inputs) if a is not None})
-    except Exception:  # noqa: BLE001 - not foldable: the handler lowers it at run time instead
-        return None
-    return [np.asarray(o) for o in outs]
+    return evaluate(proto, {n: a for n, a in zip(in_names, inputs) if a is not None}, opset, FOLD_MAX_ELEMENTS)
 
 
 def _is_identity(node: ir.Node) -> bool:

@@ -1,9 +1,11 @@
 """The child process: everything that can abort the interpreter from C++ (onnxsim, MindSpore) runs here.
 
-`python -m graphconv.target.worker TASK.json` reads a task, does it, and writes `TASK.json`'s "result" file as
-JSON ({"ok": true, ...} or {"ok": false, "error": "..."}). A crash leaves no result file; the parent
-(graphconv.target.child.run_task) turns that into a clean error. The working directory is the run's private
-temporary directory, so files that MindSpore drops in the cwd (rank_0/, kernel_meta/) stay in it.
+A task is a JSON dict whose "kind" names a function of TASKS; its result is {"ok": true, ...} or
+{"ok": false, "error": "..."}. `python -m graphconv.target.worker TASK.json` does one task and writes the result
+to the task's "result" file; `python -m graphconv.target.worker --serve` does one task per stdin line and writes
+one result line to stdout each. A crash leaves no result; the parent (graphconv.target.child) turns that into a
+clean error. The working directory is the run's private temporary directory, so files that MindSpore drops
+in the cwd (rank_0/, kernel_meta/) stay in it.
 """
 
 from __future__ import annotations
@@ -175,13 +177,33 @@ def export_and_verify(task: dict) -> dict:
     return out
 
 
+# GraphCells that run_mindir keeps for the next tasks that run the same MindIR with "keep": true (a server's
+# repeated runs: the ONNX backend), oldest first; past _KEEP_CELLS the oldest is dropped (its MindIR stays on
+# disk). A server that has loaded _RETIRE_AFTER of them asks to be replaced, which keeps MindSpore's
+# per-graph memory bounded.
+_KEEP_CELLS = 32
+_RETIRE_AFTER = 200
+_kept: dict = {}
+_kept_loads = 0
+
+
 def run_mindir(task: dict) -> dict:
+    global _kept_loads
     import mindspore as ms
     from mindspore import nn
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    return _run_cases(nn.GraphCell(ms.load(task["mindir"])), task)
+    cell = _kept.get(task["mindir"]) if task.get("keep") else None
+    if cell is not None:
+        return _run_cases(cell, task, placeholders=False)  # set at its first run
+    cell = nn.GraphCell(ms.load(task["mindir"]))
+    if task.get("keep"):
+        if len(_kept) >= _KEEP_CELLS:
+            _kept.pop(next(iter(_kept)))
+        _kept[task["mindir"]] = cell
+        _kept_loads += 1
+    return _run_cases(cell, task)
 
 
 def run_network(task: dict) -> dict:
@@ -205,7 +227,7 @@ def _build_network(task: dict, direct: bool = False, shared: dict | None = None)
     return net, round(time.perf_counter() - t0, 2)
 
 
-def _run_cases(cell, task: dict) -> dict:
+def _run_cases(cell, task: dict, placeholders: bool = True) -> dict:
     import mindspore as ms
     import numpy as np
     from mindspore import Tensor
@@ -213,7 +235,7 @@ def _run_cases(cell, task: dict) -> dict:
     # Dynamic placeholders are optional for a user (tests/test_graphcell_load.py runs "plain": true, as a user
     # who skips set_inputs does); with them the graph compiles once for every case, without them a GraphCell
     # re-infers and recompiles it at each new shape (0.12 s vs 0.6 s for the second case of a tiny Llama).
-    if not task.get("plain"):
+    if placeholders and not task.get("plain"):
         cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task["inputs"]])
     results, seconds = [], []
     for case_path, out_path in zip(task["cases"], task["outputs"]):
@@ -257,15 +279,37 @@ TASKS = {"simplify": simplify, "export": export, "run_mindir": run_mindir, "run_
          "export_and_run": export_and_run, "export_and_verify": export_and_verify}
 
 
+def handle(task: dict) -> dict:
+    """The task done, as its result."""
+    try:
+        return {"ok": True, **TASKS[task["kind"]](task)}
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides what it means
+        return {"ok": False, "error": f"{type(e).__name__}: {_first_line(str(e))}",
+                "traceback": traceback.format_exc()}
+
+
+def serve() -> int:
+    """Tasks from stdin, one JSON line each, until it closes; one result line each on stdout. A result with
+    "retire": true is the last (see _RETIRE_AFTER): the parent starts a new server for the next task."""
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what MindSpore (or anything else) prints goes to the log, not between the results
+    for line in sys.stdin:
+        result = handle(json.loads(line))
+        retire = _kept_loads >= _RETIRE_AFTER
+        replies.write(json.dumps({**result, "retire": True} if retire else result) + "\n")
+        replies.flush()
+        if retire:
+            break
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:] == ["--serve"]:
+        return serve()
     task_path = Path(argv[1])
     task = json.loads(task_path.read_text())
     result_path = Path(task["result"])
-    try:
-        result = {"ok": True, **TASKS[task["kind"]](task)}
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides the exit code
-        result = {"ok": False, "error": f"{type(e).__name__}: {_first_line(str(e))}",
-                  "traceback": traceback.format_exc()}
+    result = handle(task)
     tmp = result_path.with_suffix(".partial")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, result_path)

@@ -8,8 +8,9 @@
 
 Everything goes through the compile pipeline's stages: `graphconv.frontend.load.load` (the model is written to a
 private folder first), `graphconv.target.lowering` via `graphconv.target.emit.prepare`, `mindspore.export` to MindIR, and the
-MindIR is loaded into an `nn.GraphCell` and run on CPU. MindSpore lives in one long-lived child process (it
-can abort from C++); a crash fails that run and the next run starts a new child.
+MindIR is loaded into an `nn.GraphCell` and run on CPU, by graphconv.target.worker's tasks in one long-lived child
+process (graphconv.target.child.Server: MindSpore can abort from C++); a crash fails that run and the next run starts
+a new child.
 
 Two things a backend has to decide that `graphconv compile` does not:
 - **Opsets below 13** (the node tests build each model at its op's since_version, so `And` is opset 7) are
@@ -33,15 +34,11 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -49,8 +46,8 @@ import onnx_ir as ir
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from graphconv.frontend import load
-from graphconv.target import emit, lowering, node_context
-from graphconv.target.child import child_env
+from graphconv.target import constant_fold, emit, lowering, node_context
+from graphconv.target.child import ChildError, Server
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
 
 MIN_OPSET, MAX_OPSET = load.MIN_OPSET, load.MAX_OPSET
@@ -230,17 +227,12 @@ def specialise(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None) -> t
                 raise
 
 
-_NEVER_FOLD = re.compile(r"^(Random\w*|Bernoulli|Multinomial)$")
-
-
 def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape arithmetic evaluated before the lowering, so that shape inference sees its results (the lowering folds
     the same nodes, but too late for ONNX shape inference to know, say, the sizes a computed Split produces):
     Shape/Size of statically shaped values, Constant nodes, and nodes of the main graph whose inputs are all
     constants (evaluated with onnx.reference) become initializers, an If with a constant condition is replaced by
     its taken branch; repeated until nothing changes."""
-    from onnx.reference import ReferenceEvaluator
-
     model = _reinfer(model)
     opset = _default_opset(model) or MIN_OPSET
     for _ in range(16):
@@ -268,7 +260,7 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
                             for b, o in zip(branch.output, node.output) if o)
                 inlined = True
                 continue
-            if node.domain not in ("", "ai.onnx") or subgraph or _NEVER_FOLD.match(node.op_type):
+            if not constant_fold.foldable(node.domain, node.op_type, subgraph):
                 pass
             elif node.op_type in ("Shape", "Size") and node.input[0] in shapes:
                 dims = shapes[node.input[0]]
@@ -278,15 +270,8 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
                     attrs = {a.name: a.i for a in node.attribute}
                     values = [np.array(dims[attrs.get("start", 0):attrs.get("end", None)], np.int64)]
             elif node.input and all(i == "" or i in consts for i in node.input) or node.op_type == "Constant":
-                ins = sorted({i for i in node.input if i})
-                single = onnx.helper.make_model(
-                    onnx.helper.make_graph([node], "fold", [], [onnx.ValueInfoProto(name=o) for o in node.output if o],
-                                           [onnx.numpy_helper.from_array(consts[i], i) for i in ins]),
-                    opset_imports=[onnx.helper.make_opsetid("", opset)])
-                try:
-                    values = ReferenceEvaluator(single).run(None, {})
-                except Exception:  # noqa: BLE001 - not foldable here: the lowering decides
-                    values = None
+                # No FOLD_MAX_ELEMENTS here: a value left unfolded hides its shape from shape inference.
+                values = constant_fold.evaluate(node, {i: consts[i] for i in node.input if i}, opset)
             if values is None:
                 keep.append(node)
                 continue
@@ -314,110 +299,6 @@ def _key(model: onnx.ModelProto) -> str:
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()[:20]
 
 
-# --- the MindSpore child --------------------------------------------------------------------------------------
-
-_REPLY = "@@graphconv-backend "
-_RECYCLE_AFTER = 200  # networks loaded by one MindSpore child before it is replaced
-_CELLS = 32  # GraphCells a child keeps (the MindIR files stay on disk: a dropped one reloads without export)
-
-
-class _Server:
-    """One long-lived MindSpore child: exports networks to MindIR and runs them (GraphCell on CPU)."""
-
-    def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.proc: subprocess.Popen | None = None
-        self.loaded: list[str] = []  # networks the child holds, oldest first (it drops the oldest past _CELLS)
-        self.loads = 0
-        self.log = workdir / "mindspore-child.log"
-        self._log_file = None
-
-    def _start(self) -> None:
-        self.loaded = []
-        self.loads = 0
-        self._log_file = open(self.log, "ab")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "graphconv.tools.backend", "--serve"], cwd=self.workdir, env=child_env(),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, text=True, bufsize=1)
-
-    def note_loaded(self, key: str) -> None:
-        if len(self.loaded) >= _CELLS:
-            self.loaded.pop(0)
-        self.loaded.append(key)
-        self.loads += 1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def request(self, message: dict) -> dict:
-        if not self.alive():
-            self._start()
-        try:
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
-            for line in self.proc.stdout:
-                if line.startswith(_REPLY):
-                    return json.loads(line[len(_REPLY):])
-        except (BrokenPipeError, OSError):
-            pass
-        code = self.proc.wait()
-        self.proc = None
-        tail = self.log.read_text(errors="replace").strip().splitlines()[-3:] if self.log.exists() else []
-        how = f"signal {-code}" if code < 0 else f"exit code {code}"
-        raise InternalError(f"the MindSpore child process died ({how}): {' | '.join(tail)[-300:]}")
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-        self.proc = None
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-
-def _serve() -> int:
-    """The child's loop: one JSON request per stdin line, one reply line on stdout."""
-    import mindspore as ms
-    from mindspore import Tensor, nn
-
-    from graphconv.target import worker
-
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    cells: dict[str, Any] = {}
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            if req["op"] == "load":
-                task = req["task"]
-                mindir = task["file_base"] + ".mindir"
-                if not Path(mindir).exists():
-                    worker.export(task)
-                cell = nn.GraphCell(ms.load(mindir))
-                cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task["inputs"]])
-                if len(cells) >= _CELLS:
-                    cells.pop(next(iter(cells)))
-                cells[req["key"]] = cell
-                reply = {"ok": True}
-            elif req["op"] == "run":
-                with np.load(req["inputs"]) as data:
-                    args = [Tensor(data[name]) for name in req["input_names"]]
-                out = cells[req["key"]](*args)
-                out = out if isinstance(out, (tuple, list)) else (out,)
-                np.savez(req["outputs"], **{f"out{i}": o.asnumpy() for i, o in enumerate(out)})
-                reply = {"ok": True}
-            else:
-                reply = {"ok": False, "error": f"unknown request {req['op']!r}"}
-        except Exception as e:  # noqa: BLE001 - reported to the parent
-            reply = {"ok": False, "error": f"{type(e).__name__}: {worker._first_line(str(e))}"}
-        print(_REPLY + json.dumps(reply), flush=True)
-    return 0
-
-
 # --- the backend ----------------------------------------------------------------------------------------------
 
 
@@ -431,11 +312,11 @@ class _Network:
 
 
 class _State:
-    """Per-process caches: loaded models, compiled networks, the MindSpore child."""
+    """Per-process caches: loaded models, compiled networks, the MindSpore child (a graphconv.target.worker server)."""
 
     def __init__(self):
         self.root: Path | None = None
-        self.server: _Server | None = None
+        self.server: Server | None = None
         self.networks: dict[str, _Network] = {}
         self.loaded: dict[str, onnx.ModelProto] = {}
 
@@ -445,9 +326,9 @@ class _State:
             atexit.register(self.close)
         return self.root
 
-    def get_server(self) -> _Server:
+    def get_server(self) -> Server:
         if self.server is None:
-            self.server = _Server(self.dir())
+            self.server = Server(self.dir())
         return self.server
 
     def close(self) -> None:
@@ -465,10 +346,9 @@ _STATE = _State()
 
 
 def _compile(model: onnx.ModelProto) -> _Network:
-    """Lower and emit (cached per model); the child exports the MindIR and keeps the GraphCell."""
+    """Lower and emit (cached per model); the child exports the MindIR (once: the file stays)."""
     key = _key(model)
     net = _STATE.networks.get(key)
-    server = _STATE.get_server()
     if net is None:
         work = _STATE.dir() / key
         work.mkdir(exist_ok=True)
@@ -477,13 +357,11 @@ def _compile(model: onnx.ModelProto) -> _Network:
         task = {**task, "file_base": str(work / "net"), "checkpoint": None}
         net = _Network(key, task, lowered.source, [s["name"] for s in task["inputs"]], lowered.output_names)
         _STATE.networks[key] = net
-    if not server.alive() or key not in server.loaded:
-        if server.loads >= _RECYCLE_AFTER:
-            server.close()  # a fresh child now and then keeps MindSpore's per-graph memory bounded
-        reply = server.request({"op": "load", "key": key, "task": net.task})
-        if not reply["ok"]:
-            raise InternalError(f"MindSpore could not export or load the network: {reply['error']}")
-        server.note_loaded(key)
+    if not Path(net.task["file_base"] + ".mindir").exists():
+        try:
+            _STATE.get_server().request("export", net.task, "MindSpore")
+        except ChildError as e:
+            raise InternalError(f"MindSpore could not export the network: {e.error}") from None
     return net
 
 
@@ -521,11 +399,13 @@ class GraphconvRep(BackendRep):
         k = len(list(work.glob("run*.npz")))
         in_path, out_path = work / f"run{k}.npz", work / f"run{k}.out.npz"
         np.savez(in_path, **{n: feeds[n] for n in net.input_names})
-        server = _STATE.get_server()
-        reply = server.request({"op": "run", "key": net.key, "input_names": net.input_names,
-                                "inputs": str(in_path), "outputs": str(out_path)})
-        if not reply["ok"]:
-            raise InternalError(f"MindSpore failed to run the network: {reply['error']}")
+        # "keep": the child keeps the loaded GraphCell for the next runs of this network.
+        run = {"mindir": net.task["file_base"] + ".mindir", "inputs": net.task["inputs"], "keep": True,
+               "input_names": net.input_names, "cases": [str(in_path)], "outputs": [str(out_path)]}
+        try:
+            _STATE.get_server().request("run_mindir", run, "MindSpore")
+        except ChildError as e:
+            raise InternalError(f"MindSpore failed to run the network: {e.error}") from None
         with np.load(out_path) as z:
             outs = [z[f"out{i}"] for i in range(len(z.files))]
         return namedtupledict("Outputs", self.output_names)(*outs)
@@ -670,8 +550,3 @@ run_model = GraphconvBackend.run_model
 run_node = GraphconvBackend.run_node
 supports_device = GraphconvBackend.supports_device
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        sys.exit(_serve())
-    sys.exit("usage: python -m graphconv.tools.backend --serve  (the MindSpore child of graphconv.tools.backend)")
