@@ -25,8 +25,8 @@ import opmap
 from opmap import fused
 from graphconv.target import lowering
 from graphconv.verify.compare import compare
-from graphconv.errors import GraphconvError, InternalError, UnsupportedError
-from graphconv.target.runner import RunResult, run_models
+from graphconv.errors import GraphconvError, UnsupportedError
+from graphconv.target.runner import RunResult, run_isolating_crashes
 
 F32, F16, I64, I32, U8, BOOL = np.float32, np.float16, np.int64, np.int32, np.uint8, np.bool_
 OPSET = 17
@@ -1037,18 +1037,6 @@ def _expected(c: Case) -> list[list[np.ndarray]]:
     return [sess.run(None, feed) for feed in c.feeds]
 
 
-def _run_isolating_crashes(items) -> list[RunResult]:
-    """run_models in one child; if the child dies (a MindSpore abort), bisect so the crash is pinned on one model
-    and the others still get their results."""
-    try:
-        return run_models(items)
-    except InternalError as e:
-        if len(items) == 1:
-            return [RunResult(None, f"MindSpore child crashed: {e}")]
-        mid = len(items) // 2
-        return _run_isolating_crashes(items[:mid]) + _run_isolating_crashes(items[mid:])
-
-
 @pytest.fixture(scope="module")
 def results() -> dict[str, RunResult]:
     out: dict[str, RunResult] = {}
@@ -1064,7 +1052,7 @@ def results() -> dict[str, RunResult]:
             out[c.id] = RunResult(None, f"lowering crashed: {type(e).__name__}: {e}")
             continue
         batch.append(c)
-    for c, r in zip(batch, _run_isolating_crashes([(c.model, c.feeds) for c in batch])):
+    for c, r in zip(batch, run_isolating_crashes([(c.model, c.feeds) for c in batch])):
         out[c.id] = r
     return out
 

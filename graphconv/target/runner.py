@@ -16,7 +16,7 @@ import onnx
 
 from graphconv.target import emit
 from graphconv.target.child import run_task
-from graphconv.errors import GraphconvError
+from graphconv.errors import GraphconvError, InternalError
 
 
 @dataclasses.dataclass
@@ -66,3 +66,16 @@ def run_models(items: list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]],
                         outs.append([z[f"out{i}"] for i in range(len(z.files))])
                 results[k] = RunResult(outs, None, source)
     return results
+
+
+def run_isolating_crashes(items: list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]],
+                          workdir: Path | None = None) -> list[RunResult]:
+    """run_models in one child; if the child dies (a MindSpore abort), bisect so the crash is pinned on one
+    model and the others still get their results."""
+    try:
+        return run_models(items, workdir)
+    except InternalError as e:
+        if len(items) == 1:
+            return [RunResult(None, f"MindSpore child crashed: {e}")]
+        mid = len(items) // 2
+        return run_isolating_crashes(items[:mid], workdir) + run_isolating_crashes(items[mid:], workdir)

@@ -487,18 +487,6 @@ class BatchResult:
     source: str | None = None
 
 
-def _run_isolating_crashes(items) -> list:
-    from graphconv.target.runner import RunResult, run_models
-
-    try:
-        return run_models(items)
-    except InternalError as e:
-        if len(items) == 1:
-            return [RunResult(None, f"MindSpore child crashed: {e}")]
-        mid = len(items) // 2
-        return _run_isolating_crashes(items[:mid]) + _run_isolating_crashes(items[mid:])
-
-
 def prepare_case(model: onnx.ModelProto, data_sets: list[list[np.ndarray]], workdir: Path):
     """What `prepare` + `run` do before MindSpore, for a model and all its input sets at once. Returns
     (model to run, feeds per data set, bound names) or raises a GraphconvError."""
@@ -537,7 +525,9 @@ def run_batch(items: list[tuple[onnx.ModelProto, list[list[np.ndarray]]]], workd
         runnable.append((specialised, feeds))
         index.append(k)
         bound_of[k] = bound
-    for k, res in zip(index, _run_isolating_crashes(runnable) if runnable else []):
+    from graphconv.target.runner import run_isolating_crashes
+
+    for k, res in zip(index, run_isolating_crashes(runnable) if runnable else []):
         results[k] = BatchResult(res.outputs, res.error, bound=bound_of[k], source=res.source)
     return results
 

@@ -23,7 +23,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
-# ---- graphconv's comparison rule: the source of graphconv/compare.py when this bundle was written ----
+# ---- graphconv's comparison rule: the source of graphconv/verify/compare.py when this bundle was written ----
 
 
 # (atol, rtol) per floating dtype of the *reference* computation.
