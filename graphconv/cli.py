@@ -6,6 +6,7 @@ Every failure ends in one line on stderr and the contract's exit code (1 bad inp
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -18,6 +19,13 @@ from graphconv.target.targets import TARGETS
 from graphconv.version import __version__
 
 _DEBUG = {"on": False}
+
+
+def _set_debug(on: bool) -> None:
+    """--debug: tracebacks of internal errors, and onnxruntime's own log (graphconv/verify/reference.py)."""
+    _DEBUG["on"] = on
+    if on:
+        os.environ["GRAPHCONV_DEBUG"] = "1"
 
 
 def _parse_dims(values: tuple[str, ...]) -> dict[str, tuple[int, int]]:
@@ -115,7 +123,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU."""
     from graphconv.pipeline import compile as compile_model
 
-    _DEBUG["on"] = debug
+    _set_debug(debug)
     for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):
         if path is not None and path.exists():
             raise click.UsageError(f"{flag} {path} already exists")
@@ -160,7 +168,7 @@ def export_cmd(factory, output, opset, exporter, as_json, quiet, debug):
 
     from graphconv.frontend.export import export_pytorch, load_factory
 
-    _DEBUG["on"] = debug
+    _set_debug(debug)
     try:
         build = load_factory(factory)
     except (ValueError, ImportError) as e:

@@ -166,7 +166,15 @@ class Compiler:
         self.progress.info("validate (reference outputs)")
         with self.report.stage("validate"):
             oracle = reference.Oracle(original)
-            expected = oracle.run(cases)
+            try:
+                expected = oracle.run(cases)
+            except UnsupportedError as e:
+                if self.opt.inputs:
+                    raise
+                # Generated inputs: dims the graph relates but neither names nor implies are the likely cause.
+                raise UnsupportedError(f"{e}; the generated inputs had {reference.dims_text(original, cases[0])}: "
+                                       "if some of these dims are related, give --dim NAME=A,B for each free one "
+                                       "or --inputs") from None
             self.report.validation["oracle"] = oracle.name
             if oracle.fallback_reason:
                 self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")

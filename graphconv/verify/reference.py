@@ -8,7 +8,9 @@ and the caller records which one answered.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -16,13 +18,14 @@ import numpy as np
 import onnx
 
 from graphconv.frontend import weights
+from graphconv.verify import dims
 from graphconv.errors import InputError, UnsupportedError
 
 # Sizes per symbolic dim, two cases. Chosen to differ from typical export sizes (1, 2, 8, 16, 32...).
 BATCH_SIZES = (3, 5)
 SPATIAL_SIZES = (20, 28)
 OTHER_SIZES = [(5, 11), (9, 6), (13, 4), (7, 10)]
-_BATCH_RE = re.compile(r"batch|^n$|^b$|^bs$|^N$", re.I)
+_BATCH_RE = dims.BATCH
 _SPATIAL_RE = re.compile(r"height|width|^h$|^w$", re.I)
 _MASK_RE = re.compile(r"mask", re.I)
 DEFAULT_INT_HIGH = 8
@@ -115,37 +118,62 @@ def is_mask_input(spec: InputSpec, mask_inputs: tuple[str, ...] = ()) -> bool:
     return bool(_MASK_RE.search(spec.name)) and spec.dtype.kind in "biu"
 
 
-def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | None = None) -> dict:
-    """Two concrete sizes for every symbolic dim name (unnamed dims get a name of their own)."""
+def _dim_name(spec: InputSpec, axis: int, d) -> str:
+    return d if d is not None else f"{spec.name}:{axis}"  # unnamed dims get a name of their own
+
+
+def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | None = None,
+              model: onnx.ModelProto | None = None) -> dict:
+    """Two concrete sizes for every symbolic dim name. Dims related to others (graphconv/verify/dims.py:
+    written as `past + 1`, or implied by `model`'s graph) are derived from the free ones."""
     overrides = overrides or {}
-    sizes: dict[str, tuple[int, int]] = {}
-    others = iter(OTHER_SIZES * 4)
+    names: list[str] = []
+    unnamed_first: set[str] = set()  # unnamed dims at axis 0: batch
     for spec in specs:
         for axis, d in enumerate(spec.shape):
-            if isinstance(d, int):
-                continue
-            name = d if d is not None else f"{spec.name}:{axis}"
-            if name in sizes:
-                continue
-            if name in overrides:
-                sizes[name] = tuple(overrides[name])
-            elif _BATCH_RE.search(name) or (d is None and axis == 0):
-                sizes[name] = BATCH_SIZES
-            elif _SPATIAL_RE.search(name):
-                sizes[name] = SPATIAL_SIZES
-            else:
-                sizes[name] = next(others)
-    unknown = set(overrides) - set(sizes)
+            if not isinstance(d, int) and _dim_name(spec, axis, d) not in names:
+                names.append(_dim_name(spec, axis, d))
+                if d is None and axis == 0:
+                    unnamed_first.add(names[-1])
+    derived = dims.relations(names, model)
+    free = [n for n in names if n not in derived]
+    free += sorted({s for tree in derived.values() for s in dims.symbols(tree)} - set(free))
+    fixed = sorted(set(overrides) & set(derived))
+    if fixed:
+        raise InputError(f"--dim {fixed[0]}: that dim is {ast.unparse(derived[fixed[0]])}; give sizes for "
+                         f"{', '.join(sorted(dims.symbols(derived[fixed[0]])))} instead")
+    unknown = set(overrides) - set(free)
     if unknown:
         raise InputError(f"--dim names {sorted(unknown)} are not symbolic dims of the model "
-                         f"(it has {sorted(sizes) or 'none'})")
-    return sizes
+                         f"(it has {sorted(free) or 'none'})")
+    sizes: dict[str, tuple[int, int]] = {}
+    others = iter(OTHER_SIZES * 4)
+    for name in free:
+        if name in overrides:
+            sizes[name] = tuple(overrides[name])
+        elif _BATCH_RE.search(name) or name in unnamed_first:
+            sizes[name] = BATCH_SIZES
+        elif _SPATIAL_RE.search(name):
+            sizes[name] = SPATIAL_SIZES
+        else:
+            sizes[name] = next(others)
+    return dims.solve(sizes, derived)
+
+
+def dims_text(model: onnx.ModelProto, case: ReferenceCase) -> str:
+    """`seq = 5, past = 9` for the symbolic dims of `model`'s inputs in `case`."""
+    found: dict[str, int] = {}
+    for spec in input_specs(model):
+        for ax, d in enumerate(spec.shape):
+            if not isinstance(d, int) and spec.name in case.inputs:
+                found.setdefault(_dim_name(spec, ax, d), case.inputs[spec.name].shape[ax])
+    return ", ".join(f"{k} = {v}" for k, v in found.items())
 
 
 def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
                dim_overrides: dict | None = None, seed: int = 0) -> list[ReferenceCase]:
     specs = input_specs(model)
-    sizes = dim_sizes(specs, dim_overrides)
+    sizes = dim_sizes(specs, dim_overrides, model)
     bounds = _index_bounds(model)
     cases = []
     for case_index in range(2):
@@ -153,7 +181,7 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
         inputs: dict[str, np.ndarray] = {}
         mask = None
         for spec in specs:
-            shape = [d if isinstance(d, int) else sizes[d if d is not None else f"{spec.name}:{ax}"][case_index]
+            shape = [d if isinstance(d, int) else sizes[_dim_name(spec, ax, d)][case_index]
                      for ax, d in enumerate(spec.shape)]
             if is_mask_input(spec, mask_inputs):
                 value = np.ones(shape, dtype=spec.dtype)
@@ -174,8 +202,21 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
     return cases
 
 
+def _same_kind(given: np.dtype, declared: np.dtype) -> bool:
+    """Whether an array of dtype `given` may be fed as `declared` (a cast that keeps its meaning)."""
+    kinds = {given.kind, declared.kind}
+    return len(kinds) == 1 or kinds <= {"i", "u"} or (declared.name == "bfloat16" and given.kind == "f")
+
+
 def load_npz_cases(paths: list[Path], model: onnx.ModelProto, mask_inputs: tuple[str, ...] = ()) -> list[ReferenceCase]:
+    """The user's --inputs, checked before anything runs: names, ranks, dtypes, every fixed dim, one size per
+    symbolic dim across the inputs, the dims' relations (graphconv/verify/dims.py), and ids inside the table
+    they index."""
     specs = input_specs(model)
+    names = list(dict.fromkeys(_dim_name(s, ax, d) for s in specs for ax, d in enumerate(s.shape)
+                               if not isinstance(d, int)))
+    derived = dims.relations(names, model)
+    bounds = _index_bounds(model)
     cases = []
     for path in paths:
         try:
@@ -186,16 +227,29 @@ def load_npz_cases(paths: list[Path], model: onnx.ModelProto, mask_inputs: tuple
         if set(data) != expected:
             raise InputError(f"--inputs {path}: keys {sorted(data)} do not match the graph inputs {sorted(expected)}")
         mask = None
+        seen: dict[str, list[tuple[str, int]]] = {}
         for spec in specs:
             arr = data[spec.name]
+            declared = f"{spec.dtype} {[d if d is not None else '?' for d in spec.shape]}"
             if arr.ndim != len(spec.shape):
-                raise InputError(f"--inputs {path}: {spec.name} has rank {arr.ndim}, the model wants {len(spec.shape)}")
+                raise InputError(f"--inputs {path}: {spec.name} has rank {arr.ndim} (shape {list(arr.shape)}), "
+                                 f"the model declares {declared}")
+            if not _same_kind(arr.dtype, spec.dtype):
+                raise InputError(f"--inputs {path}: {spec.name} is {arr.dtype}, the model declares {declared}")
             for ax, d in enumerate(spec.shape):
                 if isinstance(d, int) and arr.shape[ax] != d:
-                    raise InputError(f"--inputs {path}: {spec.name} dim {ax} is {arr.shape[ax]}, the model wants {d}")
+                    raise InputError(f"--inputs {path}: {spec.name} dim {ax} is {arr.shape[ax]}, the model declares "
+                                     f"{declared}")
+                if not isinstance(d, int):
+                    seen.setdefault(_dim_name(spec, ax, d), []).append((f"{spec.name} dim {ax}", arr.shape[ax]))
+            bound = bounds.get(spec.name)
+            if bound is not None and arr.size and arr.dtype.kind in "iu" and (arr.max() >= bound or arr.min() < -bound):
+                raise InputError(f"--inputs {path}: {spec.name} holds ids {arr.min()}..{arr.max()}, but the table it "
+                                 f"indexes has {bound} rows")
             data[spec.name] = arr.astype(spec.dtype, copy=False)
             if is_mask_input(spec, mask_inputs) and arr.ndim == 2:
                 mask = arr.astype(bool)
+        dims.check_sizes(seen, derived, f"--inputs {path}")
         cases.append(ReferenceCase(path.stem, data, mask))
     return cases
 
@@ -221,7 +275,9 @@ class Oracle:
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        opts.log_severity_level = 3
+        # onnxruntime's own log (red [E:onnxruntime] lines for a node that fails) only under --debug: the
+        # failure reaches the user as graphconv's one-line error.
+        opts.log_severity_level = 3 if os.environ.get("GRAPHCONV_DEBUG") else 4
         model, extra = self._stripped()
         src = str(model) if isinstance(model, Path) else model.SerializeToString()
         sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])

@@ -1,0 +1,155 @@
+"""Reference inputs that respect the relations between symbolic dims (graphconv/verify/dims.py): written as
+expressions (`past + seq`), or implied by the graph (a mask added to scores over the cached keys); and the
+user's --inputs checked against the declared dtypes, dims and relations before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+import graphconv
+from graphconv.errors import InputError, UnsupportedError
+from graphconv.verify import dims, reference
+
+VOCAB, H = 16, 8
+
+
+def _step_graph(mask_dim: str) -> onnx.ModelProto:
+    """A decode step as an exporter writes it: ids [batch, seq] embed to q/k, the cached keys [batch, past, H]
+    grow by k (Concat), the scores over past + seq keys get the mask [batch, mask_dim] added."""
+    rng = np.random.default_rng(0)
+    m = helper.make_node
+    nodes = [m("Gather", ["emb", "input_ids"], ["h"]),
+             m("MatMul", ["h", "wq"], ["q"]), m("MatMul", ["h", "wk"], ["k"]),
+             m("Concat", ["past_key", "k"], ["present_key"], axis=1),
+             m("Transpose", ["present_key"], ["kt"], perm=[0, 2, 1]),
+             m("MatMul", ["q", "kt"], ["scores"]),
+             m("Unsqueeze", ["attention_mask", "ax1"], ["m3"]), m("Cast", ["m3"], ["mf"], to=T.FLOAT),
+             m("Sub", ["one", "mf"], ["inv"]), m("Mul", ["inv", "big"], ["bias"]),
+             m("Add", ["scores", "bias"], ["masked"]), m("Softmax", ["masked"], ["p"], axis=-1),
+             m("MatMul", ["p", "present_key"], ["out"])]
+    inits = [numpy_helper.from_array(rng.standard_normal((VOCAB, H)).astype(np.float32), "emb"),
+             numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), "wq"),
+             numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), "wk"),
+             numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(-1e4, np.float32), "big")]
+    g = helper.make_graph(nodes, "step", [helper.make_tensor_value_info("input_ids", T.INT64, ["batch", "seq"]),
+                                          helper.make_tensor_value_info("attention_mask", T.INT64, ["batch", mask_dim]),
+                                          helper.make_tensor_value_info("past_key", T.FLOAT, ["batch", "past", H])],
+                          [helper.make_tensor_value_info("out", T.FLOAT, ["batch", "seq", H]),
+                           helper.make_tensor_value_info("present_key", T.FLOAT, ["batch", None, H])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _shapes(case):
+    return {k: v.shape for k, v in case.inputs.items()}
+
+
+@pytest.mark.parametrize("mask_dim", ["past + seq", "total"])  # written / implied by the graph
+def test_generated_cases_give_the_mask_past_plus_seq(mask_dim):
+    model = _step_graph(mask_dim)
+    names = ["batch", "seq", mask_dim, "past"]
+    assert ast_text(dims.relations(names, model)) == {mask_dim: "past + seq"}
+    if mask_dim == "total":  # implied: only the graph says so
+        assert dims.relations(names) == {}
+    cases = reference.make_cases(model)
+    for case in cases:
+        s = _shapes(case)
+        assert s["attention_mask"][1] == s["past_key"][1] + s["input_ids"][1]
+    assert {_shapes(c)["past_key"][1] for c in cases} == {9, 6}  # two different past lengths
+    out = reference.Oracle(model).run(cases)
+    assert out[1]["present_key"].shape[1] == _shapes(cases[1])["attention_mask"][1]
+
+
+def ast_text(derived):
+    import ast
+
+    return {k: ast.unparse(v) for k, v in derived.items()}
+
+
+def test_compile_verifies_a_step_graph_without_inputs(tmp_path):
+    path = tmp_path / "step.onnx"
+    onnx.save(_step_graph("total"), path)
+    report = graphconv.compile(path, tmp_path / "step.mindir", target="cpu")
+    assert report.status == "verified" and len(report.validation["cases"]) == 2
+
+
+def test_a_dynamo_decode_step_with_an_unrelated_mask_symbol_compiles(tmp_path):
+    """torch.export cannot write past + seq for the mask (only `dim + int`): it names the mask's length with
+    a symbol of its own (`s53`); the graph implies the relation."""
+    torch = pytest.importorskip("torch")
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.q, self.k = torch.nn.Embedding(VOCAB, H), torch.nn.Linear(H, H), torch.nn.Linear(H, H)
+
+        def forward(self, input_ids, attention_mask, past_key):
+            h = self.emb(input_ids)
+            keys = torch.cat([past_key, self.k(h)], dim=1)
+            scores = self.q(h) @ keys.transpose(1, 2) + (1.0 - attention_mask[:, None, :].float()) * -1e4
+            return scores.softmax(-1) @ keys, keys
+
+    b, s, p = (torch.export.Dim(n) for n in ("batch", "seq", "past"))
+    path = tmp_path / "step.onnx"
+    torch.onnx.export(Step().eval(), (torch.randint(0, VOCAB, (2, 3)), torch.ones(2, 7, dtype=torch.int64),
+                                      torch.randn(2, 4, H)), path, dynamo=True, opset_version=18,
+                      input_names=["input_ids", "attention_mask", "past_key"], output_names=["out", "present_key"],
+                      dynamic_shapes={"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: torch.export.Dim.DYNAMIC},
+                                      "past_key": {0: b, 1: p}})
+    mask_dim = onnx.load(path).graph.input[1].type.tensor_type.shape.dim[1].dim_param
+    assert mask_dim not in ("past + seq", "seq + past")  # a symbol of its own
+    report = graphconv.compile(path, tmp_path / "step.mindir", target="cpu")
+    assert report.status == "verified"
+
+
+def test_a_dim_derived_from_others_cannot_be_set():
+    with pytest.raises(InputError, match=r"--dim total: that dim is past \+ seq; give sizes for past, seq"):
+        reference.make_cases(_step_graph("total"), dim_overrides={"total": (4, 5)})
+
+
+def _save(tmp_path, **arrays):
+    path = tmp_path / "in.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(input_ids=np.zeros((2, 3), np.float32)),
+     r"input_ids is float32, the model declares int64 \['batch', 'seq'\]"),
+    (dict(attention_mask=np.ones((2, 8), np.int64)),
+     r"attention_mask dim 1 is 8, but dim 'total' must be past \+ seq = 7 \(past = 4, seq = 3\)"),
+    (dict(past_key=np.zeros((3, 4, H), np.float32)), r"dim 'batch' differs between inputs: input_ids dim 0 is 2"),
+    (dict(input_ids=np.full((2, 3), VOCAB, np.int64)), r"input_ids holds ids 16\.\.16, but the table it indexes has 16"),
+])
+def test_user_inputs_are_checked_before_anything_runs(tmp_path, change, message):
+    good = dict(input_ids=np.zeros((2, 3), np.int64), attention_mask=np.ones((2, 7), np.int64),
+                past_key=np.zeros((2, 4, H), np.float32))
+    model_path = tmp_path / "step.onnx"
+    onnx.save(_step_graph("total"), model_path)
+    assert graphconv.compile(model_path, tmp_path / "ok.mindir", target="cpu",
+                             inputs=(_save(tmp_path, **good),)).status == "verified"
+    with pytest.raises(InputError, match=message):
+        graphconv.compile(model_path, tmp_path / "m.mindir", target="cpu", inputs=(_save(tmp_path, **{**good, **change}),))
+    assert not (tmp_path / "m.mindir").exists()
+
+
+def test_a_relation_nothing_states_gets_a_hint_naming_the_dims(tmp_path, capfd):
+    """b is reshaped to a's shape: the graph runs only when len_a == len_b, which neither the dim names nor the shape
+    inference say; the refusal names the dims it chose and how to choose them."""
+    m = helper.make_node
+    g = helper.make_graph([m("Shape", ["a"], ["sa"]), m("Reshape", ["b", "sa"], ["b2"]), m("Add", ["a", "b2"], ["y"])],
+                          "g", [helper.make_tensor_value_info("a", T.FLOAT, ["len_a"]),
+                                helper.make_tensor_value_info("b", T.FLOAT, ["len_b"])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["len_a"])])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), path)
+    with pytest.raises(UnsupportedError, match=r"the generated inputs had len_a = 5, len_b = 9: .* --dim NAME=A,B"):
+        graphconv.compile(path, tmp_path / "g.mindir", target="cpu")
+    assert "E:onnxruntime" not in capfd.readouterr().err  # its own log stays quiet (unless --debug)
+    report = graphconv.compile(path, tmp_path / "g.mindir", target="cpu", dims={"len_a": (4, 6), "len_b": (4, 6)})
+    assert report.status == "verified"
