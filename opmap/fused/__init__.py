@@ -90,4 +90,5 @@ from opmap.fused import silu  # noqa: E402,F401
 from opmap.fused import swiglu  # noqa: E402,F401
 from opmap.fused import rotary  # noqa: E402,F401
 from opmap.fused import flash_attention  # noqa: E402,F401
+from opmap.fused import fused_infer_attention  # noqa: E402,F401
 from opmap.fused import fast_gelu  # noqa: E402,F401

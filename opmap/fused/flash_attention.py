@@ -132,8 +132,9 @@ def compute_dtype(model_dtype: ir.DataType | None, requested: str | None) -> ir.
     return ir.DataType.FLOAT16
 
 
-@register("FlashAttentionScore", since=1, domain="mindspore")
-def lower_flash_attention_score(n):
+def ascend_qkv(n):
+    """The checked compute dtype, its MindSpore dtype, and q/k/v cast to it: the primitives of this family take
+    fp16/bf16 only (FUSED_OPS.md)."""
     layout, sparse_mode = n.attr("input_layout", "BNSD"), int(n.attr("sparse_mode", 0))
     if layout != "BNSD" or sparse_mode != 0:
         n.fail(f"only input_layout BNSD with sparse_mode 0 is emitted (got {layout}, {sparse_mode})")
@@ -143,24 +144,35 @@ def lower_flash_attention_score(n):
     model_dt = n.dtype(0)
     compute = compute_dtype(model_dt, requested)
     cdt = n.ms_dtype(compute)
-    head_num, scale = int(n.attr("head_num")), float(n.attr("scale"))
-    q, k, v = (n.x(i) if model_dt == compute else n.call("ops.cast", n.x(i), cdt) for i in range(3))
+    qkv = [n.x(i) if model_dt == compute else n.call("ops.cast", n.x(i), cdt) for i in range(3)]
+    return model_dt, compute, cdt, qkv
+
+
+def discard_mask(n, head_num: int):
+    """The attention mask input (3) as the primitives' uint8 discard mask (1 = discard) broadcast to
+    (B, 1, S1, S2), or (B, N1, S1, S2) for a per-head mask; None for mask_kind none."""
     kind = n.attr("mask_kind", "none")
     if kind not in MASK_KINDS:
         n.fail(f"unknown mask_kind {kind!r}")
-    mask = None
-    if kind != "none":
-        discard = n.named(n.call("ops.less", n.x(3), 0.0), "discard")  # values proven 0 or <= -1e4 / -inf
-        shape = n.shape(3) or []
-        heads = head_num if len(shape) >= 3 and shape[-3] == head_num and head_num != 1 else 1
-        # FlashAttentionScore takes (B, 1, S1, S2) or (B, N1, S1, S2): broadcast the graph's mask to it.
-        q_dims, k_dims = n.call("ops.dyn_shape", n.x(0)), n.call("ops.dyn_shape", n.x(1))
-        target = n.call("ops.concat", n.tuple(n.getitem(q_dims, slice(0, 1)),
-                                              n.const_tensor(np.array([heads], np.int64), "heads"),
-                                              n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
-        zeros = n.call("ops.zeros", n.call(n.helper("onnx_dims"), target), n.ms_dtype(ir.DataType.BOOL))
-        full = n.call("ops.logical_or", discard, zeros)
-        mask = n.call("ops.cast", full, n.ms_dtype(ir.DataType.UINT8))
+    if kind == "none":
+        return None
+    discard = n.named(n.call("ops.less", n.x(3), 0.0), "discard")  # values proven 0 or <= -1e4 / -inf
+    shape = n.shape(3) or []
+    heads = head_num if len(shape) >= 3 and shape[-3] == head_num and head_num != 1 else 1
+    q_dims, k_dims = n.call("ops.dyn_shape", n.x(0)), n.call("ops.dyn_shape", n.x(1))
+    target = n.call("ops.concat", n.tuple(n.getitem(q_dims, slice(0, 1)),
+                                          n.const_tensor(np.array([heads], np.int64), "heads"),
+                                          n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
+    zeros = n.call("ops.zeros", n.call(n.helper("onnx_dims"), target), n.ms_dtype(ir.DataType.BOOL))
+    full = n.call("ops.logical_or", discard, zeros)
+    return n.call("ops.cast", full, n.ms_dtype(ir.DataType.UINT8))
+
+
+@register("FlashAttentionScore", since=1, domain="mindspore")
+def lower_flash_attention_score(n):
+    model_dt, compute, cdt, (q, k, v) = ascend_qkv(n)
+    head_num, scale = int(n.attr("head_num")), float(n.attr("scale"))
+    mask = discard_mask(n, head_num)
     pse = None
     shift = n.const(4) if n.has(4) else np.zeros(())
     if shift is None or shift.size != 1 or float(shift.reshape(-1)[0]) != 0.0:  # not a scalar 0: a real bias

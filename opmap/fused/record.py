@@ -45,7 +45,7 @@ FUSED_OPS: dict[str, FusedOp] = {}
 # MindSpore fused primitives graphconv recognises in a MindIR without emitting them (primitive -> "fp16"
 # where it computes in fp16 only, like FlashAttentionScore).
 READ_ONLY_PRIMITIVES = {"AddRmsNorm": None, "LayerNormExt": None, "PromptFlashAttention": "fp16",
-                        "IncreFlashAttention": "fp16", "FusedInferAttentionScore": None}
+                        "IncreFlashAttention": "fp16"}
 
 
 def fused_primitives() -> set[str]:

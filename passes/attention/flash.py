@@ -1,4 +1,7 @@
-"""Stage 4 of fuse-attention: graphconv::SDPA -> mindspore::FlashAttentionScore, where the primitive can take it.
+"""Stage 4 of fuse-attention: graphconv::SDPA -> mindspore::FlashAttentionScore, where the primitive can take it;
+attention over a KV cache (keys and values a Concat of a graph input, the past, and the new ones along the
+sequence axis: a decode-step graph) -> mindspore::FusedInferAttentionScore (opmap/fused/fused_infer_attention.py),
+the primitive whose query-length-1 branch is IncreFlashAttention, when it has no position bias.
 
 FlashAttentionScore (opmap/fused/flash_attention.py) takes BNSD q/k/v of one float dtype with a static head
 dim that is a multiple of 16 and at most 512, N1 a multiple of N2 (it does GQA itself), an additive mask
@@ -51,6 +54,20 @@ def check(s: Sdpa, opset: int) -> tuple[int, int]:
     return n1, n2
 
 
+def is_cache(value: ir.Value) -> bool:
+    """A KV cache as exports write it: Concat along the sequence axis (2 of BNSD) of a graph input (the past)
+    and the new values."""
+    node = value.producer()
+    if node is None or node.op_type != "Concat" or node.domain not in match.STANDARD_DOMAINS:
+        return False
+    axis = node.attributes["axis"].value if "axis" in node.attributes else None
+    rank = value.shape.rank() if value.shape is not None else None
+    if axis is None or rank != 4 or axis % 4 != 2:
+        return False
+    graph_inputs = set(node.graph.inputs) if node.graph is not None else set()
+    return len(node.inputs) == 2 and node.inputs[0] in graph_inputs
+
+
 class ToFlashAttention(SdpaRule):
     def __init__(self):
         super().__init__("FlashAttentionScore")
@@ -72,9 +89,11 @@ class ToFlashAttention(SdpaRule):
         # scale·qk + bias = (qk + bias/scale)·scale: FlashAttentionScore's real_shift
         pse = zero if s.bias is None else \
             op.Mul(s.bias, op.Constant(value=ir.tensor(np.array(1.0 / s.scale, s.bias.dtype.numpy()))))
-        result = op.FlashAttentionScore(s.q, s.k, s.v, mask, pse, _domain="mindspore", scale=float(s.scale),
-                                        head_num=n1, kv_head_num=n2, mask_kind=s.mask_kind, input_layout="BNSD",
-                                        sparse_mode=0)
+        kind = "FusedInferAttentionScore" if s.bias is None and is_cache(s.k) and is_cache(s.v) else \
+            "FlashAttentionScore"
+        result = getattr(op, kind)(s.q, s.k, s.v, mask, pse, _domain="mindspore", scale=float(s.scale),
+                                   head_num=n1, kv_head_num=n2, mask_kind=s.mask_kind, input_layout="BNSD",
+                                   sparse_mode=0)
         result.dtype, result.shape = out.dtype, out.shape
         return result
 

@@ -1,0 +1,51 @@
+"""mindspore::FusedInferAttentionScore(query, key, value, attn_mask, real_shift; scale, head_num, kv_head_num,
+mask_kind, input_layout, sparse_mode[, dtype]) -> attention_out, MindSpore's `ops.fused_infer_attention_score`
+(FUSED_OPS.md, "Generation-time attention"): attention over a KV cache, one primitive for prefill and decode
+(a query of length 1 takes its IncreFlashAttention branch, a longer one PromptFlashAttention's).
+
+The fusion (passes/attention/flash.py) chooses it for an SDPA whose keys and values are a cache: a Concat of
+a graph input (the past keys/values) and the new ones along the sequence axis, as every decode-step export
+writes it. Same semantics as FlashAttentionScore's reference body (opmap/fused/flash_attention.py), whose
+body it shares: BNSD, GQA as query head n -> kv head n // (N1/N2), S = Q.K^T * scale + mask, softmax, P.V.
+Only without a position bias (real_shift a scalar 0: where pse_shift enters FIAS is UNCONFIRMED).
+
+Ascend lowering, checked against mindspore 2.10's signature: `fused_infer_attention_score(query, key, value,
+atten_mask=, num_heads=N1, scale=, input_layout="BNSD", num_key_value_heads=N2, sparse_mode=0)`; its
+pre_tokens/next_tokens keep their defaults (2147483647, no band: unlike PromptFlashAttention's next_tokens
+0). The mask is the same uint8 discard mask (1 = discard) as FlashAttentionScore's, (B, 1, S1, S2): for a
+query of length 1 that is (B, 1, 1, KV_S), a shape the docstring recommends. Left padding sits at the start
+of the cache, so it goes through the mask and actual_seq_lengths(_kv) stay None (the full lengths): a valid
+prefix length would be wrong for a left-padded row. q/k/v in fp16 (bf16 models: bf16), as for
+FlashAttentionScore; the output is the first of the primitive's two (attention_out, softmax_lse).
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from opmap.fused.flash_attention import ATTRIBUTES, _make_body, ascend_qkv, discard_mask
+from opmap.fused.record import FusedOp, define
+from opmap.registry import register
+
+FUSED_INFER_ATTENTION_SCORE = define(FusedOp(
+    name="FusedInferAttentionScore", inputs=("query", "key", "value", "attn_mask", "real_shift"),
+    outputs=("attention_out",), attributes=ATTRIBUTES, body=_make_body(None), primitive="FusedInferAttentionScore",
+    doc=__doc__, ascend_body=_make_body(TensorProto.FLOAT16), producer="fuse-attention", family="attention",
+    as_is_inputs=(3,), ascend_compute="fp16",
+    likely_causes="mask polarity (1 = discard), scale, head counts, the cache's sequence axis, fp16 casts"))
+
+
+@register("FusedInferAttentionScore", since=1, domain="mindspore")
+def lower_fused_infer_attention_score(n):
+    model_dt, compute, _, (q, k, v) = ascend_qkv(n)
+    shift = n.const(4) if n.has(4) else None
+    if shift is None or shift.size != 1 or float(shift.reshape(-1)[0]) != 0.0:
+        n.fail("FusedInferAttentionScore is emitted without a position bias (real_shift must be a scalar 0)")
+    head_num, kv_heads, scale = int(n.attr("head_num")), int(n.attr("kv_head_num")), float(n.attr("scale"))
+    out = n.call("ops.fused_infer_attention_score", q, k, v, atten_mask=discard_mask(n, head_num),
+                 num_heads=head_num, scale=scale, input_layout="BNSD", num_key_value_heads=kv_heads,
+                 sparse_mode=0)
+    out = n.getitem(out, 0)
+    if model_dt != compute:
+        out = n.call("ops.cast", out, n.ms_dtype(model_dt))
+    return out
