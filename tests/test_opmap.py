@@ -968,7 +968,7 @@ case("FlashAttentionScore", "FlashAttentionScore",
       "input_layout": "BNSD", "sparse_mode": 0}, domain=fused.DOMAIN,
      xfail="ops.flash_attention_score has no CPU kernel (Ascend only)")
 case("FusedInferAttentionScore", "FusedInferAttentionScore",
-     [x("batch", 4, 1, 16), x("batch", 2, "past", 16), x("batch", 2, "past", 16), k(0.0, F32), k(0.0, F32)],
+     [x("batch", 4, 1, 16), x("batch", 2, "seq", 16), x("batch", 2, "seq", 16), k(0.0, F32), k(0.0, F32)],
      {"scale": 16 ** -0.5, "head_num": 4, "kv_head_num": 2, "mask_kind": "none",
       "input_layout": "BNSD", "sparse_mode": 0}, domain=fused.DOMAIN,
      xfail="ops.fused_infer_attention_score has no CPU kernel (Ascend only); tests/test_cached_attention.py "
