@@ -155,8 +155,16 @@ def _with_past_supported(config) -> None:
                                f"{config.model_type!r} has {', '.join(other)} layers")
 
 
-def _load_model(folder: Path, cls, notes: list[str]):
+# Weights a base model has and a checkpoint may lack without changing last_hidden_state (BertModel's pooler).
+_OFF_PATH = ("pooler.",)
+
+
+def _load_model(folder: Path, cls, task: str, notes: list[str]):
     import torch
+    from transformers.utils import logging as tf_logging
+
+    tf_logging.set_verbosity_error()  # the load report and progress bars: failures are reported here, one line
+    tf_logging.disable_progress_bar()
 
     kwargs = {}
     if cls._can_set_experts_implementation():
@@ -172,6 +180,10 @@ def _load_model(folder: Path, cls, notes: list[str]):
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise InputError(f"{folder}: transformers cannot load the checkpoint as {cls.__name__}: {first[:300]}") from None
     missing = sorted(info.get("missing_keys") or [])
+    off_path = [k for k in missing if task == "feature-extraction" and any(p in k for p in _OFF_PATH)]
+    if off_path:
+        notes.append(f"{', '.join(off_path)} absent from the checkpoint: not on the last_hidden_state path")
+        missing = [k for k in missing if k not in off_path]
     if missing:
         raise UnsupportedError(f"{folder}: the checkpoint lacks weights {cls.__name__} needs "
                                f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; "
@@ -365,7 +377,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
         notes.append(f"weights stored in {', '.join(upcast)} were upcast to fp32 (--dtype fp32)")
     say = progress.info if progress is not None else (lambda _m: None)
     say(f"load {folder} as {cls.__name__}")
-    model = _load_model(folder, cls, notes)
+    model = _load_model(folder, cls, task, notes)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
     try:
