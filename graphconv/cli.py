@@ -170,9 +170,12 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
 
     _DEBUG["on"] = debug
     progress = Progress.for_cli(quiet)
+    from graphconv.frontend.export import is_factory_name
     from graphconv.frontend.hf_export import DEFAULT_OPSET, export_checkpoint, is_checkpoint_dir
 
-    if is_checkpoint_dir(source) or task is not None:
+    # A folder when --task says so, or when SOURCE is a directory and no factory name (a zoo name such as
+    # `llama` stays the factory even where a folder of that name happens to be in the working directory).
+    if task is not None or (is_checkpoint_dir(source) and not is_factory_name(source)):
         if task is None:
             raise click.UsageError(f"{source} is a checkpoint folder: --task is required")
         if exporter != "auto":

@@ -182,6 +182,23 @@ def test_gpt2_with_past_reproduces_the_full_sequence(tmp_path):
     _check_generation(src, out, num_layers=2)
 
 
+@pytest.mark.slow
+def test_mixtral_with_past_exports_its_experts_as_batched_mm(tmp_path):
+    torch.manual_seed(0)
+    model = tf.MixtralForCausalLM(tf.MixtralConfig(**TINY, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                                   num_attention_heads=4, num_key_value_heads=2,
+                                                   max_position_embeddings=128, num_local_experts=4,
+                                                   num_experts_per_tok=2, bos_token_id=1, eos_token_id=2))
+    src = _save(model, tmp_path / "ckpt")
+    out = tmp_path / "out"
+    proc = _export(src, out, "text-generation-with-past")
+    assert proc.returncode == 0, proc.stderr
+    gen = json.loads((out / "generation.json").read_text())
+    _check_with_past_files(out, gen, num_layers=2, heads=2, head_dim=16)
+    assert any("experts_implementation='batched_mm'" in n for n in gen["notes"])
+    _check_generation(src, out, num_layers=2)
+
+
 def test_bert_feature_extraction(tmp_path):
     torch.manual_seed(0)
     src = _save(_bert(), tmp_path / "ckpt")

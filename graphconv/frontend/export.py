@@ -270,6 +270,13 @@ def load_factory(spec: str):
     return resolve(spec)
 
 
+def is_factory_name(spec: str) -> bool:
+    """A factory spec rather than a path: "package.module:function", a zoo name or `hf/<name>`."""
+    from models import ZOO  # models/__init__ imports neither torch nor a factory
+
+    return ":" in spec or spec in ZOO or spec.startswith("hf/")
+
+
 def zoo_export(factory, path: str | Path, **kwargs) -> ExportResult:
     """Export a models/ factory (build() -> (module, example_inputs, dynamic_axes))."""
     module, example_inputs, dynamic_axes = factory()
