@@ -147,38 +147,79 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
 
 
 @cli.command("export")
-@click.argument("factory", metavar="PACKAGE.MODULE:FACTORY")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="ONNX file to write.")
-@click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset (14-23).")
+@click.argument("source", metavar="SOURCE")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+              help="ONNX file to write (a factory), or the new directory to create (a checkpoint folder).")
+@click.option("--task", type=click.Choice(["text-generation", "feature-extraction", "text-generation-with-past"]),
+              help="Checkpoint folders (required there): which graphs to export.")
+@click.option("--dtype", type=click.Choice(["fp32"]), default="fp32", show_default=True,
+              help="Checkpoint folders: weights and compute dtype (bf16/fp16 checkpoints are upcast).")
+@click.option("--opset", type=int, help="ONNX opset (14-23). Default: 17 for a factory, 18 for a checkpoint folder.")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
-              help="auto: dynamo (dynamic_shapes), then TorchScript (dynamic_axes) if dynamo refuses the model.")
+              help="auto: dynamo (dynamic_shapes), then TorchScript (dynamic_axes) if dynamo refuses the model. "
+                   "Checkpoint folders: dynamo.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
-def export_cmd(factory, output, opset, exporter, as_json, quiet, debug):
+def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, debug):
     """Export a PyTorch model to ONNX with dynamic axes and check it against PyTorch at two shapes.
 
-    FACTORY() returns (module, example_inputs, dynamic_axes): example_inputs maps input names to tensors
-    (passed as keyword arguments), dynamic_axes maps input names to {axis: dim name}. A zoo name such as
-    `llama` (see models/__init__.py) works too.
+    SOURCE is a factory or a local transformers checkpoint folder. A factory PACKAGE.MODULE:FACTORY() returns
+    (module, example_inputs, dynamic_axes): example_inputs maps input names to tensors (passed as keyword
+    arguments), dynamic_axes maps input names to {axis: dim name}. A zoo name such as `llama` (see
+    models/__init__.py) works too.
+
+    A checkpoint folder (config.json and *.safetensors, as save_pretrained writes it; loaded locally, no remote
+    code) needs --task; -o names a new directory that receives model.onnx (or prefill.onnx and decode.onnx for
+    text-generation-with-past) and generation.json.
     """
     import dataclasses
     import json
 
+    _set_debug(debug)
+    progress = Progress.for_cli(quiet)
+    from graphconv.frontend.export import is_factory_name
+    from graphconv.frontend.hf_export import DEFAULT_OPSET, export_checkpoint, is_checkpoint_dir
+
+    # A folder when --task says so, or when SOURCE is a directory and no factory name (a zoo name such as
+    # `llama` stays the factory even where a folder of that name happens to be in the working directory).
+    if task is not None or (is_checkpoint_dir(source) and not is_factory_name(source)):
+        if task is None:
+            raise click.UsageError(f"{source} is a checkpoint folder: --task is required")
+        if exporter != "auto":
+            raise click.UsageError("--exporter applies to factories; checkpoint folders export with dynamo")
+        result = export_checkpoint(source, output, task, dtype=dtype, opset=opset or DEFAULT_OPSET,
+                                   progress=progress)
+        if as_json:
+            click.echo(json.dumps({"path": str(result.out_dir), **result.generation}, indent=2))
+            return
+        for note in result.generation["notes"]:
+            progress.warn(note)
+        if not quiet:
+            files = ", ".join(r.path.name for r in result.graphs.values())
+            click.echo(f"wrote {result.out_dir}: {files}, generation.json ({result.model_type}, {task})")
+            for name, r in result.graphs.items():
+                for shape in dict.fromkeys(c["shape"] for c in r.checks):
+                    cs = [c for c in r.checks if c["shape"] == shape]
+                    click.echo(f"  {name}: onnxruntime vs PyTorch at {shape} {cs[0]['inputs']}: {len(cs)} "
+                               f"outputs, max_abs {max(c['max_abs'] for c in cs):.3g}")
+        return
+
     from graphconv.frontend.export import export_pytorch, load_factory
 
     _set_debug(debug)
+    if output.is_dir():
+        raise click.UsageError(f"-o {output} is a directory (a factory exports one .onnx file)")
+    opset = opset or 17
     try:
-        build = load_factory(factory)
+        build = load_factory(source)
     except (ValueError, ImportError) as e:
-        raise click.UsageError(f"cannot load factory {factory!r}: {e}") from None
+        raise click.UsageError(f"cannot load factory {source!r}: {e}") from None
     built = build()
     if not (isinstance(built, tuple) and len(built) == 3 and isinstance(built[1], dict)):
-        raise click.UsageError(f"{factory} must return (module, example_inputs: dict, dynamic_axes: dict)")
+        raise click.UsageError(f"{source} must return (module, example_inputs: dict, dynamic_axes: dict)")
     module, example_inputs, dynamic_axes = built
-    progress = Progress.for_cli(quiet)
-    progress.info(f"export {factory} with {exporter} at opset {opset}")
+    progress.info(f"export {source} with {exporter} at opset {opset}")
     result = export_pytorch(module, example_inputs, output, dynamic_axes, opset=opset, exporter=exporter)
     if as_json:
         click.echo(json.dumps({**dataclasses.asdict(result), "path": str(result.path)}, indent=2))

@@ -88,7 +88,7 @@ def _quiet_stdout():
 
 
 def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, opset: int, exporter: str,
-                  names: list[str]) -> None:
+                  names: list[str], graph_inputs: list[str] | None = None) -> None:
     import torch
 
     input_names = list(example_inputs)
@@ -100,11 +100,11 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
                 dyn = {name: ({ax: dims.setdefault(dim, torch.export.Dim(dim))
                                for ax, dim in dynamic_axes.get(name, {}).items()} or None) for name in input_names}
                 torch.onnx.export(module, (), str(path), kwargs=example_inputs, dynamo=True, opset_version=opset,
-                                  dynamic_shapes=dyn, input_names=input_names, output_names=names,
+                                  dynamic_shapes=dyn, input_names=graph_inputs or input_names, output_names=names,
                                   external_data=False, verbose=False)
             else:
                 torch.onnx.export(module, tuple(example_inputs.values()), str(path), dynamo=False,
-                                  opset_version=opset, input_names=input_names, output_names=names,
+                                  opset_version=opset, input_names=graph_inputs or input_names, output_names=names,
                                   dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()})
         except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
             first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
@@ -114,9 +114,17 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
 
 def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes: dict | None = None, *,
                    opset: int = 17, exporter: str = "auto", output_names: list[str] | None = None,
-                   check: bool = True, atol: float = 1e-4, rtol: float = 1e-4) -> ExportResult:
+                   check: bool = True, atol: float = 1e-4, rtol: float = 1e-4,
+                   input_names: list[str] | None = None, second_inputs: dict | None = None,
+                   masked_axes: dict[str, tuple[int, int]] | None = None) -> ExportResult:
     """Export, check with onnx.checker, compare onnxruntime with PyTorch at two shapes. The file appears at
-    `path` only when every check passed."""
+    `path` only when every check passed.
+
+    `input_names`: the graph's input names, in the order of `example_inputs`, when they differ from the keyword
+    names (`past_key_values.0.key` is no Python identifier). `second_inputs`: the inputs of the second check
+    (default: every dynamic dim grown), for dims tied to each other (a mask as long as past + new tokens).
+    `masked_axes`: output name -> its (batch, sequence) axes, when they are not the leading ones (a KV cache
+    [batch, heads, seq, head_dim]): positions the attention mask pads are not compared there either."""
     import torch
 
     path = Path(path)
@@ -143,15 +151,18 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
     try:
         used = exporter if exporter != "auto" else "dynamo"
         try:
-            _run_exporter(module, example_inputs, tmp, dynamic_axes, opset, used, names)
+            _run_exporter(module, example_inputs, tmp, dynamic_axes, opset, used, names, input_names)
         except UnsupportedError as e:
             if exporter != "auto":
                 raise
             notes.append(f"{e}; fell back to the TorchScript exporter")
             used = "torchscript"
-            _run_exporter(module, example_inputs, tmp, dynamic_axes, opset, used, names)
+            _run_exporter(module, example_inputs, tmp, dynamic_axes, opset, used, names, input_names)
         _keep_tied(module, tmp, notes)
-        result = _check(module, example_inputs, dynamic_axes, tmp, used, opset, names, notes, check, atol, rtol)
+        second = second_inputs if second_inputs is not None else _grown(example_inputs, dynamic_axes)
+        graph_names = dict(zip(example_inputs, input_names or list(example_inputs)))
+        result = _check(module, example_inputs, second, graph_names, tmp, used, opset, names, notes, check, atol,
+                        rtol, masked_axes or {})
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -181,8 +192,8 @@ def _keep_tied(module, path: Path, notes: list[str]) -> None:
                  "initializer(s) the exporter wrote replaced by the one weight")
 
 
-def _check(module, example_inputs, dynamic_axes, path: Path, exporter: str, opset: int, names, notes,
-           check: bool, atol: float, rtol: float) -> ExportResult:
+def _check(module, example_inputs, second_inputs, graph_names: dict, path: Path, exporter: str, opset: int, names,
+           notes, check: bool, atol: float, rtol: float, masked_axes: dict) -> ExportResult:
     import torch
 
     try:
@@ -203,23 +214,35 @@ def _check(module, example_inputs, dynamic_axes, path: Path, exporter: str, opse
         feed_names = {vi.name for vi in model.graph.input}
         specs = {s.name: s for s in reference.input_specs(model)}
         oracle = reference.Oracle(path)
-        for label, inputs in (("export shape", example_inputs), ("second shape", _grown(example_inputs, dynamic_axes))):
+        for label, inputs in (("export shape", example_inputs), ("second shape", second_inputs)):
             with torch.no_grad():
                 ref = _as_tuple(module(**inputs))
-            feed = {k: v.numpy() for k, v in inputs.items() if k in feed_names}
+            feed = {graph_names[k]: v.numpy() for k, v in inputs.items() if graph_names[k] in feed_names}
             mask = next((v for k, v in feed.items() if reference.is_mask_input(specs[k]) and v.ndim == 2), None)
             case = reference.ReferenceCase(label, feed, None if mask is None else mask.astype(bool))
             got = oracle.run([case])[0]
             for name, r in zip(names, ref):
                 expected = r.detach().numpy()
-                c = compare.compare(got[name], expected, atol, rtol, case.valid_positions(expected))
-                checks.append({"shape": label, "inputs": {k: list(v.shape) for k, v in inputs.items()},
+                c = compare.compare(got[name], expected, atol, rtol, _valid(case, expected, masked_axes.get(name)))
+                checks.append({"shape": label, "inputs": {graph_names[k]: list(v.shape) for k, v in inputs.items()},
                                "output": name, "oracle": oracle.name, **c.as_dict()})
                 if not c.ok:
                     raise InputError(f"exported model disagrees with PyTorch at the {label}, output {name}: {c.reason}")
         if oracle.fallback_reason:
             notes.append(oracle.fallback_reason + "; checked with onnx.reference instead")
     return ExportResult(path, exporter, produced, checks, notes)
+
+
+def _valid(case, expected, axes: tuple[int, int] | None):
+    """The positions to compare: the mask over the leading dims, or over `axes` (batch, seq) of a cache."""
+    if axes is None or case.mask is None:
+        return case.valid_positions(expected)
+    b, s = axes
+    if b >= s or expected.shape[b] != case.mask.shape[0] or expected.shape[s] != case.mask.shape[1]:
+        return case.valid_positions(expected)
+    shape = [1] * (s + 1)
+    shape[b], shape[s] = case.mask.shape
+    return case.mask.reshape(shape)
 
 
 def require_torch(command: str, transformers: bool = False) -> None:
@@ -245,6 +268,13 @@ def load_factory(spec: str):
     from models import load_factory as resolve
 
     return resolve(spec)
+
+
+def is_factory_name(spec: str) -> bool:
+    """A factory spec rather than a path: "package.module:function", a zoo name or `hf/<name>`."""
+    from models import ZOO  # models/__init__ imports neither torch nor a factory
+
+    return ":" in spec or spec in ZOO or spec.startswith("hf/")
 
 
 def zoo_export(factory, path: str | Path, **kwargs) -> ExportResult:

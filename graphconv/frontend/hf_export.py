@@ -1,0 +1,477 @@
+"""Export a local transformers checkpoint folder (config.json + *.safetensors, as `save_pretrained` writes it)
+into ONNX graphs for a task, each checked against PyTorch at two shapes (graphconv.frontend.export).
+
+Tasks:
+- `text-generation`: model.onnx, (input_ids, attention_mask) [batch, sequence_length] int64 -> logits.
+- `feature-extraction`: model.onnx, the same inputs -> last_hidden_state.
+- `text-generation-with-past`: prefill.onnx (input_ids, attention_mask, position_ids -> logits, present.{i}.key,
+  present.{i}.value) and decode.onnx (the same plus past_key_values.{i}.key|value -> logits and the grown
+  cache). The cache is BNSD: [batch, kv_heads, seq, head_dim]. The caller computes position_ids the way
+  transformers' generate does: cumsum(attention_mask) - 1, padded positions set to 0.
+
+The folder is loaded with local_files_only (nothing is downloaded) and without trust_remote_code, at the
+default attention implementation (sdpa where the class supports it), in fp32 (bf16/fp16 weights are upcast,
+and the notes say so). The output directory appears only when every graph passed its checks: everything is
+written into a private temporary directory beside it, renamed at the end.
+
+torch and transformers are imported inside the functions: the compile path never imports this module's
+dependencies (tests/test_import_layers.py allows this module by name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+from graphconv.errors import InputError, UnsupportedError
+from graphconv.frontend.export import ExportResult, export_pytorch, require_torch
+
+TASKS = ("text-generation", "feature-extraction", "text-generation-with-past")
+DTYPES = ("fp32",)
+DEFAULT_OPSET = 18  # dynamo exports at 18; converting a transformers decoder down to 17 fails (Reduce* axes)
+CACHE_LAYOUT = "BNSD: [batch, kv_heads, seq, head_dim]"
+POSITION_IDS = ("position_ids = cumsum(attention_mask, -1) - 1 with padded positions set to 0 "
+                "(transformers 5.24 generate's _prepare_position_ids_for_generation); decode: the last "
+                "sequence_length columns of that over the whole mask")
+# Symbolic dims of the graphs' inputs and outputs.
+BATCH, SEQ, PAST = "batch", "sequence_length", "past_sequence_length"
+TOTAL = f"{PAST} + {SEQ}"  # decode's attention_mask and present.*: what torch.export writes for past + seq
+_TOTAL_EXPORTED = "total_sequence_length"  # decode's mask dim as exported (Dims cannot be summed), renamed TOTAL
+
+_SAFETENSORS_FLOAT = {"F16": "fp16", "BF16": "bf16", "F32": "fp32", "F64": "fp64", "F8_E4M3": "fp8", "F8_E5M2": "fp8"}
+
+
+@dataclasses.dataclass
+class CheckpointExport:
+    out_dir: Path
+    task: str
+    model_type: str
+    graphs: dict[str, ExportResult]
+    generation: dict  # what generation.json holds
+
+
+def is_checkpoint_dir(source: str) -> bool:
+    return Path(source).is_dir()
+
+
+# --- the folder -----------------------------------------------------------------------------------------------
+
+
+def _safetensors_dtypes(path: Path) -> set[str]:
+    """The dtypes named in a .safetensors header (8-byte little-endian length, then JSON)."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, ValueError) as e:
+        raise InputError(f"{path}: not a readable .safetensors file ({e})") from None
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of the checkpoint; every shard the index names must be present."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"{index}: not a safetensors index ({e})") from None
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise InputError(f"{folder}: missing shard(s) {', '.join(missing)} named by {index.name}")
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        other = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+        hint = f" ({', '.join(other)} are not loaded: save with safe_serialization)" if other else ""
+        raise InputError(f"{folder}: no *.safetensors weights{hint}")
+    return files
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise InputError(f"{folder}: no config.json (not a transformers checkpoint folder)")
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as e:
+        raise InputError(f"{path}: not JSON ({e})") from None
+    if not isinstance(raw, dict) or not raw.get("model_type"):
+        raise InputError(f"{path}: no model_type")
+    if raw.get("auto_map"):
+        raise UnsupportedError(f"{path}: the model needs its own code (auto_map); remote code is not run")
+    return raw
+
+
+def _load_config(folder: Path, raw: dict):
+    import transformers
+
+    try:
+        return transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (ValueError, KeyError, OSError) as e:
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise UnsupportedError(f"model type {raw['model_type']!r} is unknown to transformers "
+                               f"{transformers.__version__}: {first[:200]}") from None
+
+
+def _model_class(config, task: str):
+    """The transformers class for the task; refuse a task the checkpoint cannot do."""
+    from transformers.models.auto import modeling_auto
+
+    causal = task != "feature-extraction"
+    mapping = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING if causal else modeling_auto.MODEL_MAPPING
+    try:
+        cls = mapping[type(config)]
+    except KeyError:
+        kind = "a causal LM (no AutoModelForCausalLM class)" if causal else "a base model (no AutoModel class)"
+        raise UnsupportedError(f"model type {config.model_type!r} cannot do {task}: it has no {kind}") from None
+    if causal:
+        if getattr(config, "is_encoder_decoder", False):
+            raise UnsupportedError(f"model type {config.model_type!r} is an encoder-decoder: {task} exports "
+                                   "decoder-only models")
+        causal_names = {c.__name__ for c in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING.values()
+                        if isinstance(c, type)}
+        archs = list(getattr(config, "architectures", None) or [])
+        if archs and not any(a in causal_names for a in archs):
+            raise UnsupportedError(f"the checkpoint ({', '.join(archs)}) has no language-model head: it cannot do "
+                                   f"{task} (feature-extraction exports it)")
+    return cls
+
+
+def _with_past_supported(config) -> None:
+    """Only full-attention layers: a sliding-window cache layer keeps the last window, not the grown cache."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    other = sorted(set(types) - {"full_attention"})
+    if other:
+        raise UnsupportedError(f"text-generation-with-past exports full-attention caches only; model type "
+                               f"{config.model_type!r} has {', '.join(other)} layers")
+
+
+# Weights a base model has and a checkpoint may lack without changing last_hidden_state (BertModel's pooler).
+_OFF_PATH = ("pooler.",)
+
+
+def _load_model(folder: Path, cls, task: str, notes: list[str]):
+    import torch
+    from transformers.utils import logging as tf_logging
+
+    tf_logging.set_verbosity_error()  # the load report and progress bars: failures are reported here, one line
+    tf_logging.disable_progress_bar()
+
+    kwargs = {}
+    if cls._can_set_experts_implementation():
+        # transformers' default experts implementation is the grouped_mm custom op, which torch.onnx cannot
+        # export; batched_mm (gathered expert weights + bmm) exports.
+        kwargs["experts_implementation"] = "batched_mm"
+        notes.append("mixture of experts: experts exported with experts_implementation='batched_mm' (the default "
+                     "grouped_mm does not export)")
+    try:
+        model, info = cls.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
+                                          dtype=torch.float32, output_loading_info=True, **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise InputError(f"{folder}: transformers cannot load the checkpoint as {cls.__name__}: {first[:300]}") from None
+    missing = sorted(info.get("missing_keys") or [])
+    off_path = [k for k in missing if task == "feature-extraction" and any(p in k for p in _OFF_PATH)]
+    if off_path:
+        notes.append(f"{', '.join(off_path)} absent from the checkpoint: not on the last_hidden_state path")
+        missing = [k for k in missing if k not in off_path]
+    if missing:
+        raise UnsupportedError(f"{folder}: the checkpoint lacks weights {cls.__name__} needs "
+                               f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; "
+                               f"{len(missing)} in all)")
+    attn = getattr(model.config, "_attn_implementation", None)
+    notes.append(f"{cls.__name__}, attention implementation {attn!r} (transformers' default)")
+    return model.eval()
+
+
+# --- wrappers: flat tensors in, flat tensors out --------------------------------------------------------------
+
+
+def _wrappers():
+    import torch
+    from transformers import DynamicCache
+
+    def flat_cache(cache) -> list:
+        out = []
+        for layer in cache.layers:
+            out += [layer.keys, layer.values]
+        return out
+
+    class OneOutput(torch.nn.Module):
+        """model(input_ids, attention_mask) without a cache -> one output tensor."""
+
+        def __init__(self, model, output: str):
+            super().__init__()
+            self.model, self.output = model, output
+
+        def forward(self, input_ids, attention_mask):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True)
+            return out[self.output]
+
+    class Prefill(torch.nn.Module):
+        """No past: the model builds its DynamicCache(config=...) and fills it; returns logits and the cache."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, position_ids):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, return_dict=True)
+            return (out.logits, *flat_cache(out.cache))
+
+    class Decode(torch.nn.Module):
+        """The past as flat tensors -> DynamicCache(ddp_cache_data=[(key, value) per layer], config=...), whose
+        layers concatenate the new keys and values; returns logits and the grown cache. forward's signature is
+        generated (one named argument per past tensor): torch.export binds dynamic shapes to argument names."""
+
+        def __init__(self, model, num_layers: int):
+            super().__init__()
+            self.model, self.num_layers = model, num_layers
+
+        def run(self, input_ids, attention_mask, position_ids, past):
+            cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)],
+                                 config=self.model.config)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, use_cache=True, return_dict=True)
+            return (out.logits, *flat_cache(out.cache))
+
+    def decode_class(num_layers: int):
+        args = ", ".join(_past_args(num_layers))
+        namespace: dict = {}
+        exec(f"def forward(self, input_ids, attention_mask, position_ids, {args}):\n"  # noqa: S102 - names only
+             f"    return self.run(input_ids, attention_mask, position_ids, ({args},))\n", namespace)
+        return type(f"Decode{num_layers}", (Decode,), {"forward": namespace["forward"]})
+
+    return OneOutput, Prefill, decode_class
+
+
+def _past_args(num_layers: int) -> list[str]:
+    return [f"past_{i}_{kv}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def cache_names(prefix: str, num_layers: int) -> list[str]:
+    return [f"{prefix}.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def position_ids_from_mask(mask):
+    """What transformers' generate computes (torch or numpy): cumsum - 1, padded positions 0."""
+    pos = mask.cumsum(-1) - 1
+    return pos * (mask != 0)
+
+
+# --- example inputs -------------------------------------------------------------------------------------------
+
+
+def _tokens(batch: int, seq: int, vocab: int, seed: int):
+    import torch
+
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed), dtype=torch.int64)
+
+
+def _left_padded(batch: int, length: int, pad: int):
+    import torch
+
+    mask = torch.ones(batch, length, dtype=torch.int64)
+    mask[0, :pad] = 0
+    return mask
+
+
+def _decode_inputs(batch: int, past: int, seq: int, vocab: int, kv_shape: tuple[int, int], num_layers: int,
+                   seed: int) -> dict:
+    import torch
+
+    mask = _left_padded(batch, past + seq, 2)
+    heads, dim = kv_shape
+    g = torch.Generator().manual_seed(seed)
+    inputs = {"input_ids": _tokens(batch, seq, vocab, seed), "attention_mask": mask,
+              "position_ids": position_ids_from_mask(mask)[:, past:].contiguous()}
+    for name in _past_args(num_layers):
+        inputs[name] = torch.randn(batch, heads, past, dim, generator=g)
+    return inputs
+
+
+# --- the export -----------------------------------------------------------------------------------------------
+
+
+def _rename_dim(path: Path, old: str, new: str) -> None:
+    """Rename a symbolic dim everywhere it appears (inputs, outputs, value_info)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param == old:
+                d.dim_param = new
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
+
+
+def _io(path: Path) -> dict:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inits = {t.name for t in model.graph.initializer}
+
+    def dims(vi):
+        return [d.dim_param if d.dim_param else int(d.dim_value) for d in vi.type.tensor_type.shape.dim]
+
+    return {"inputs": {vi.name: dims(vi) for vi in model.graph.input if vi.name not in inits},
+            "outputs": {vi.name: dims(vi) for vi in model.graph.output}}
+
+
+def _token_ids(folder: Path, config) -> dict:
+    ids = {k: getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        try:
+            raw = json.loads(gen.read_text())
+        except ValueError:
+            raw = {}
+        for k in ids:
+            if raw.get(k) is not None:
+                ids[k] = raw[k]
+    return ids
+
+
+def _out_dir_free(out_dir: Path) -> None:
+    if out_dir.exists() or out_dir.is_symlink():
+        raise InputError(f"-o {out_dir} already exists (a checkpoint export writes a new directory)")
+    if not out_dir.parent.is_dir():
+        raise InputError(f"-o {out_dir}: the directory {out_dir.parent} does not exist")
+
+
+def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dtype: str = "fp32",
+                      opset: int = DEFAULT_OPSET, progress=None) -> CheckpointExport:
+    """Export the checkpoint folder `source` for `task` into the new directory `out_dir`."""
+    folder, out_dir = Path(source), Path(out_dir)
+    if task not in TASKS:
+        raise InputError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype!r}: only {', '.join(DTYPES)} is exported")
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no such checkpoint folder")
+    _out_dir_free(out_dir)
+    raw = _read_config(folder)
+    files = _weight_files(folder)
+    stored = set()
+    for f in files:
+        stored |= {_SAFETENSORS_FLOAT[d] for d in _safetensors_dtypes(f) if d in _SAFETENSORS_FLOAT}
+    require_torch("graphconv export of a checkpoint folder", transformers=True)
+    config = _load_config(folder, raw)
+    cls = _model_class(config, task)
+    if task == "text-generation-with-past":
+        _with_past_supported(config)
+    notes: list[str] = []
+    upcast = sorted(stored - {"fp32"})
+    if upcast:
+        notes.append(f"weights stored in {', '.join(upcast)} were upcast to fp32 (--dtype fp32)")
+    say = progress.info if progress is not None else (lambda _m: None)
+    say(f"load {folder} as {cls.__name__}")
+    model = _load_model(folder, cls, task, notes)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the partial directory, not the result
+        graphs, shapes = _export_graphs(model, config, task, tmp, opset, say)
+        text = config.get_text_config(decoder=True)
+        generation = {
+            "model_type": config.model_type,
+            "task": task,
+            **_token_ids(folder, config),
+            "num_layers": shapes.get("num_layers", getattr(text, "num_hidden_layers", None)),
+            "num_kv_heads": shapes.get("num_kv_heads", getattr(text, "num_key_value_heads", None)
+                                       or getattr(text, "num_attention_heads", None)),
+            "head_dim": shapes.get("head_dim", getattr(text, "head_dim", None)
+                                   or _div(getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", None))),
+            "vocab_size": getattr(text, "vocab_size", None),
+            "hidden_size": getattr(text, "hidden_size", None),
+            "dtype": dtype,
+            "stored_dtypes": sorted(stored),
+            "opset": opset,
+            "graphs": {name: {"file": r.path.name, "exporter": r.exporter, "opset": r.opset, **_io(r.path),
+                              "checks": [{k: c[k] for k in ("shape", "output", "inputs", "max_abs", "ok") if k in c}
+                                         for c in r.checks]}
+                       for name, r in graphs.items()},
+            "notes": notes + [n for r in graphs.values() for n in r.warnings],
+        }
+        if task == "text-generation-with-past":
+            generation["cache_layout"] = CACHE_LAYOUT
+            generation["position_ids"] = POSITION_IDS
+            generation["cache_names"] = {"past": "past_key_values.{i}.key|value", "present": "present.{i}.key|value"}
+        (tmp / "generation.json").write_text(json.dumps(generation, indent=2) + "\n")
+        _out_dir_free(out_dir)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for r in graphs.values():
+        r.path = out_dir / r.path.name
+    return CheckpointExport(out_dir, task, config.model_type, graphs, generation)
+
+
+def _div(a, b):
+    return a // b if a and b else None
+
+
+def _export_graphs(model, config, task: str, tmp: Path, opset: int, say) -> tuple[dict, dict]:
+    import torch
+
+    OneOutput, Prefill, decode_class = _wrappers()
+    vocab = getattr(config.get_text_config(decoder=True), "vocab_size", None) or 128
+    vocab = min(vocab, 1000)  # example ids: any in-vocabulary ids do
+    batch, seq = 2, 7
+    plain = {"input_ids": _tokens(batch, seq, vocab, 0), "attention_mask": _left_padded(batch, seq, 2)}
+    plain_axes = {"input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: SEQ}}
+    if task in ("text-generation", "feature-extraction"):
+        output = "logits" if task == "text-generation" else "last_hidden_state"
+        say(f"export model.onnx ({output})")
+        result = export_pytorch(OneOutput(model, output), plain, tmp / "model.onnx", plain_axes, opset=opset,
+                                exporter="dynamo", output_names=[output])
+        return {"model": result}, {}
+
+    # with past: the cache's shape from one prefill run
+    prefill = Prefill(model).eval()
+    mask = plain["attention_mask"]
+    prefill_inputs = {**plain, "position_ids": position_ids_from_mask(mask)}
+    with torch.no_grad():
+        flat = prefill(**prefill_inputs)[1:]
+    num_layers = len(flat) // 2
+    _, heads, _, head_dim = flat[0].shape
+    if any(t.dim() != 4 or t.shape[1] != heads or t.shape[3] != head_dim for t in flat):
+        raise UnsupportedError(f"model type {config.model_type!r}: the cache layers are not all "
+                               f"[batch, {heads}, seq, {head_dim}]")
+    present = cache_names("present", num_layers)
+    say(f"export prefill.onnx ({num_layers} layers, cache [batch, {heads}, seq, {head_dim}])")
+    prefill_axes = {**plain_axes, "position_ids": {0: BATCH, 1: SEQ}}
+    pre = export_pytorch(prefill, prefill_inputs, tmp / "prefill.onnx", prefill_axes, opset=opset,
+                         exporter="dynamo", output_names=["logits", *present],
+                         masked_axes={n: (0, 2) for n in present})
+
+    decode = decode_class(num_layers)(model, num_layers).eval()
+    past_names = _past_args(num_layers)
+    axes = {"input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: _TOTAL_EXPORTED},
+            "position_ids": {0: BATCH, 1: SEQ}, **{n: {0: BATCH, 2: PAST} for n in past_names}}
+    # seq 2 at export (size 1 would be specialised); the second shape changes batch, past and seq
+    first = _decode_inputs(2, 5, 2, vocab, (heads, head_dim), num_layers, 1)
+    second = _decode_inputs(3, 8, 1, vocab, (heads, head_dim), num_layers, 2)
+    say("export decode.onnx")
+    dec = export_pytorch(decode, first, tmp / "decode.onnx", axes, opset=opset, exporter="dynamo",
+                         output_names=["logits", *present],
+                         input_names=["input_ids", "attention_mask", "position_ids",
+                                      *cache_names("past_key_values", num_layers)],
+                         second_inputs=second, masked_axes={n: (0, 2) for n in present})
+    _rename_dim(dec.path, _TOTAL_EXPORTED, TOTAL)
+    return {"prefill": pre, "decode": dec}, {"num_layers": num_layers, "num_kv_heads": int(heads),
+                                             "head_dim": int(head_dim)}

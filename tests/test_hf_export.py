@@ -1,0 +1,299 @@
+"""graphconv export CHECKPOINT_DIR --task: local transformers checkpoints (save_pretrained folders) to ONNX.
+
+The proof of the with-past export: onnxruntime runs prefill, then 3 decode steps feeding present.* back as
+past_key_values.* (mask grown, position_ids from the mask), and reproduces at every step the logits of the
+PyTorch model run on the whole sequence without a cache, a left-padded row included.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+from models.hf import INITIALIZER_RANGE  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {"vocab_size": 128, "initializer_range": INITIALIZER_RANGE}
+
+
+def _llama(**over):
+    return tf.LlamaForCausalLM(tf.LlamaConfig(**{**TINY, "hidden_size": 64, "intermediate_size": 128,
+                                                 "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                 "num_key_value_heads": 2, "max_position_embeddings": 128,
+                                                 "bos_token_id": 1, "eos_token_id": 2, **over}))
+
+
+def _gpt2():
+    return tf.GPT2LMHeadModel(tf.GPT2Config(**TINY, n_positions=128, n_embd=64, n_layer=2, n_head=4,
+                                            bos_token_id=127, eos_token_id=127))
+
+
+def _bert():
+    return tf.BertModel(tf.BertConfig(**TINY, max_position_embeddings=128, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4), add_pooling_layer=False)
+
+
+def _save(model, path: Path, **kwargs) -> Path:
+    torch.manual_seed(0)
+    model.save_pretrained(path, **kwargs)
+    return path
+
+
+def _export(src: Path, out: Path, task: str, *extra: str):
+    return subprocess.run([sys.executable, "-m", "graphconv", "export", str(src), "-o", str(out), "--task", task,
+                           *extra], capture_output=True, text=True, cwd=ROOT)
+
+
+def _dims(vi) -> list:
+    return [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+
+
+def _io(path: Path) -> tuple[dict, dict]:
+    m = onnx.load(str(path))
+    return {vi.name: _dims(vi) for vi in m.graph.input}, {vi.name: _dims(vi) for vi in m.graph.output}
+
+
+def _positions(mask: np.ndarray) -> np.ndarray:
+    return (np.cumsum(mask, -1) - 1) * (mask != 0)
+
+
+def _generate_with_ort(out: Path, prompt: np.ndarray, mask: np.ndarray, new_tokens: np.ndarray, num_layers: int):
+    """Prefill, then one decode step per column of new_tokens; the logits of every step's token."""
+    import onnxruntime as ort
+
+    prefill = ort.InferenceSession(str(out / "prefill.onnx"), providers=["CPUExecutionProvider"])
+    decode = ort.InferenceSession(str(out / "decode.onnx"), providers=["CPUExecutionProvider"])
+    names = [f"{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+    outs = prefill.run(None, {"input_ids": prompt, "attention_mask": mask, "position_ids": _positions(mask)})
+    steps = [outs[0]]
+    past = dict(zip(names, outs[1:]))
+    for t in range(new_tokens.shape[1]):
+        mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
+        feed = {"input_ids": new_tokens[:, t:t + 1], "attention_mask": mask,
+                "position_ids": _positions(mask)[:, -1:],
+                **{f"past_key_values.{n}": v for n, v in past.items()}}
+        outs = decode.run(None, feed)
+        assert outs[1].shape[2] == mask.shape[1]  # the grown cache
+        steps.append(outs[0])
+        past = dict(zip(names, outs[1:]))
+    return steps, mask
+
+
+def _check_generation(src: Path, out: Path, num_layers: int) -> None:
+    rng = np.random.default_rng(0)
+    batch, prompt_len, steps = 2, 5, 3
+    prompt = rng.integers(0, 128, (batch, prompt_len), dtype=np.int64)
+    mask = np.ones((batch, prompt_len), np.int64)
+    mask[0, :2] = 0  # row 0 left-padded by two
+    new = rng.integers(0, 128, (batch, steps), dtype=np.int64)
+    got, full_mask = _generate_with_ort(out, prompt, mask, new, num_layers)
+
+    model = tf.AutoModelForCausalLM.from_pretrained(str(src), local_files_only=True).eval()
+    full = np.concatenate([prompt, new], axis=1)
+    with torch.no_grad():
+        ref = model(input_ids=torch.from_numpy(full), attention_mask=torch.from_numpy(full_mask),
+                    position_ids=torch.from_numpy(_positions(full_mask)), use_cache=False).logits.numpy()
+    # prefill: every unpadded position; then each decode step's token against the same position of the full run
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(got[0][valid], ref[:, :prompt_len][valid], atol=1e-4, rtol=0)
+    for t in range(steps):
+        np.testing.assert_allclose(got[1 + t][:, -1], ref[:, prompt_len + t], atol=1e-4, rtol=0)
+    assert np.abs(ref[:, -1]).max() > 0.1  # the comparison is not of near-zero logits
+
+
+def _check_with_past_files(out: Path, gen: dict, num_layers: int, heads: int, head_dim: int) -> None:
+    assert sorted(p.name for p in out.iterdir()) == ["decode.onnx", "generation.json", "prefill.onnx"]
+    past = [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+    present = [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+    ins, outs = _io(out / "prefill.onnx")
+    assert ins == {n: ["batch", "sequence_length"] for n in ("input_ids", "attention_mask", "position_ids")}
+    assert list(outs) == ["logits", *present]
+    assert outs["present.0.key"] == ["batch", heads, "sequence_length", head_dim]
+    ins, outs = _io(out / "decode.onnx")
+    assert list(ins) == ["input_ids", "attention_mask", "position_ids", *past]
+    assert ins["input_ids"] == ins["position_ids"] == ["batch", "sequence_length"]
+    assert ins["attention_mask"] == ["batch", "past_sequence_length + sequence_length"]
+    assert ins["past_key_values.1.value"] == ["batch", heads, "past_sequence_length", head_dim]
+    assert list(outs) == ["logits", *present]
+    assert outs["present.1.value"] == ["batch", heads, "past_sequence_length + sequence_length", head_dim]
+    assert (gen["task"], gen["num_layers"], gen["num_kv_heads"], gen["head_dim"]) == \
+        ("text-generation-with-past", num_layers, heads, head_dim)
+    assert gen["cache_layout"] == "BNSD: [batch, kv_heads, seq, head_dim]"
+    assert "padded positions set to 0" in gen["position_ids"]
+    assert list(gen["graphs"]["decode"]["inputs"]) == ["input_ids", "attention_mask", "position_ids", *past]
+    for name in ("prefill", "decode"):
+        checks = gen["graphs"][name]["checks"]
+        assert {c["shape"] for c in checks} == {"export shape", "second shape"}
+        assert all(c["ok"] for c in checks) and {c["output"] for c in checks} == {"logits", *present}
+    shapes = {c["shape"]: c["inputs"] for c in gen["graphs"]["decode"]["checks"]}
+    first, second = shapes["export shape"], shapes["second shape"]
+    assert first["input_ids"][0] != second["input_ids"][0]  # batch changes
+    assert first["past_key_values.0.key"][2] != second["past_key_values.0.key"][2]  # and past
+
+
+@pytest.fixture(scope="module")
+def llama_with_past(tmp_path_factory):
+    base = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    src = _save(_llama(), base / "ckpt")
+    out = base / "out"
+    proc = _export(src, out, "text-generation-with-past")
+    assert proc.returncode == 0, proc.stderr
+    return src, out, proc
+
+
+def test_llama_with_past_graphs_names_and_generation_json(llama_with_past):
+    src, out, proc = llama_with_past
+    gen = json.loads((out / "generation.json").read_text())
+    _check_with_past_files(out, gen, num_layers=2, heads=2, head_dim=16)
+    assert (gen["model_type"], gen["bos_token_id"], gen["eos_token_id"], gen["vocab_size"]) == ("llama", 1, 2, 128)
+    assert gen["dtype"] == "fp32" and gen["opset"] == 18
+    assert any("'sdpa'" in n for n in gen["notes"])
+    assert "prefill: onnxruntime vs PyTorch at second shape" in proc.stdout
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ckpt", "out"]  # no partial directory left
+
+
+def test_llama_prefill_and_three_decode_steps_reproduce_the_full_sequence(llama_with_past):
+    src, out, _ = llama_with_past
+    _check_generation(src, out, num_layers=2)
+
+
+@pytest.mark.slow
+def test_gpt2_with_past_reproduces_the_full_sequence(tmp_path):
+    """GPT-2: learned absolute positions (position_ids matter), tied lm_head, 4 kv heads of 16."""
+    torch.manual_seed(0)
+    src = _save(_gpt2(), tmp_path / "ckpt")
+    out = tmp_path / "out"
+    proc = _export(src, out, "text-generation-with-past")
+    assert proc.returncode == 0, proc.stderr
+    gen = json.loads((out / "generation.json").read_text())
+    _check_with_past_files(out, gen, num_layers=2, heads=4, head_dim=16)
+    assert (gen["model_type"], gen["eos_token_id"]) == ("gpt2", 127)
+    assert any("tied parameters" in n for n in gen["notes"])
+    _check_generation(src, out, num_layers=2)
+
+
+@pytest.mark.slow
+def test_mixtral_with_past_exports_its_experts_as_batched_mm(tmp_path):
+    torch.manual_seed(0)
+    model = tf.MixtralForCausalLM(tf.MixtralConfig(**TINY, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                                   num_attention_heads=4, num_key_value_heads=2,
+                                                   max_position_embeddings=128, num_local_experts=4,
+                                                   num_experts_per_tok=2, bos_token_id=1, eos_token_id=2))
+    src = _save(model, tmp_path / "ckpt")
+    out = tmp_path / "out"
+    proc = _export(src, out, "text-generation-with-past")
+    assert proc.returncode == 0, proc.stderr
+    gen = json.loads((out / "generation.json").read_text())
+    _check_with_past_files(out, gen, num_layers=2, heads=2, head_dim=16)
+    assert any("experts_implementation='batched_mm'" in n for n in gen["notes"])
+    _check_generation(src, out, num_layers=2)
+
+
+def test_bert_feature_extraction(tmp_path):
+    torch.manual_seed(0)
+    src = _save(_bert(), tmp_path / "ckpt")
+    out = tmp_path / "out"
+    proc = _export(src, out, "feature-extraction")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["generation.json", "model.onnx"]
+    ins, outs = _io(out / "model.onnx")
+    assert ins == {"input_ids": ["batch", "sequence_length"], "attention_mask": ["batch", "sequence_length"]}
+    assert outs == {"last_hidden_state": ["batch", "sequence_length", 64]}
+    gen = json.loads((out / "generation.json").read_text())
+    assert (gen["model_type"], gen["task"]) == ("bert", "feature-extraction")
+    assert all(c["ok"] for c in gen["graphs"]["model"]["checks"]) and len(gen["graphs"]["model"]["checks"]) == 2
+
+
+@pytest.mark.slow
+def test_sharded_bf16_llama_text_generation_is_upcast(tmp_path):
+    """A bf16 checkpoint in shards: loaded as fp32 (the note says so), logits checked at two shapes, and the
+    logits agree with the fp32 PyTorch model of the same folder."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    src = _save(_llama().to(torch.bfloat16), tmp_path / "ckpt", max_shard_size="50KB")
+    assert (src / "model.safetensors.index.json").is_file()
+    out = tmp_path / "out"
+    proc = _export(src, out, "text-generation")
+    assert proc.returncode == 0, proc.stderr
+    gen = json.loads((out / "generation.json").read_text())
+    assert gen["stored_dtypes"] == ["bf16"]
+    assert any("stored in bf16 were upcast to fp32" in n for n in gen["notes"])
+    ins, outs = _io(out / "model.onnx")
+    assert list(ins) == ["input_ids", "attention_mask"] and outs == {"logits": ["batch", "sequence_length", 128]}
+    ids = np.arange(12, dtype=np.int64).reshape(2, 6)
+    mask = np.ones_like(ids)
+    got = ort.InferenceSession(str(out / "model.onnx")).run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    model = tf.AutoModelForCausalLM.from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
+    with torch.no_grad():
+        ref = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+
+
+# --- bad input: one line, exit 1, nothing written ---------------------------------------------------------------
+
+
+def _refused(proc, match: str, out: Path) -> None:
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("graphconv: error:") and match in lines[-1], proc.stderr
+    assert not any("Traceback" in ln for ln in lines)
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def test_folder_without_config_is_refused(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    _refused(_export(tmp_path / "ckpt", tmp_path / "out", "text-generation"), "no config.json", tmp_path / "out")
+
+
+def test_unknown_model_type_is_refused(tmp_path):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "no-such-model", "architectures": ["NoSuch"]}))
+    (src / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    _refused(_export(src, tmp_path / "out", "text-generation"), "model type 'no-such-model' is unknown",
+             tmp_path / "out")
+
+
+def test_missing_shard_is_refused(tmp_path):
+    torch.manual_seed(0)
+    src = _save(_llama(), tmp_path / "ckpt", max_shard_size="50KB")
+    shards = sorted(src.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].unlink()
+    _refused(_export(src, tmp_path / "out", "text-generation"), f"missing shard(s) {shards[-1].name}",
+             tmp_path / "out")
+
+
+def test_a_task_the_model_cannot_do_is_refused(tmp_path):
+    torch.manual_seed(0)
+    src = _save(_bert(), tmp_path / "ckpt")
+    _refused(_export(src, tmp_path / "out", "text-generation"), "has no language-model head", tmp_path / "out")
+    _refused(_export(src, tmp_path / "out", "text-generation-with-past"), "cannot do text-generation-with-past",
+             tmp_path / "out")
+
+
+def test_existing_output_and_missing_task_are_refused(tmp_path):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    proc = _export(src, out, "text-generation")
+    assert proc.returncode == 1 and "already exists" in proc.stderr.strip().splitlines()[-1]
+    assert [p.name for p in out.iterdir()] == ["keep"]
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "export", str(src), "-o", str(tmp_path / "new")],
+                          capture_output=True, text=True, cwd=ROOT)
+    _refused(proc, "--task is required", tmp_path / "new")
