@@ -207,7 +207,6 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
 
     from graphconv.frontend.export import export_pytorch, load_factory
 
-    _set_debug(debug)
     if output.is_dir():
         raise click.UsageError(f"-o {output} is a directory (a factory exports one .onnx file)")
     opset = opset or 17

@@ -167,6 +167,20 @@ def test_llama_prefill_and_three_decode_steps_reproduce_the_full_sequence(llama_
     _check_generation(src, out, num_layers=2)
 
 
+def test_llama_pair_compiles_cached_attention_once_per_layer(llama_with_past, tmp_path):
+    """The decode graph (no --inputs: its mask's dims are past + seq) compiles to FusedInferAttentionScore once
+    per layer and no Softmax; the prefill to FlashAttentionScore once per layer; both verified on the twin."""
+    import graphconv
+
+    _, out, _ = llama_with_past
+    for name, primitive, other in (("decode", "FusedInferAttentionScore", "FlashAttentionScore"),
+                                   ("prefill", "FlashAttentionScore", "FusedInferAttentionScore")):
+        report = graphconv.compile(out / f"{name}.onnx", tmp_path / f"{name}.mindir")
+        assert report.status == "verified", name
+        assert report.census.get(primitive) == 2 and other not in report.census and "Softmax" not in report.census
+        assert report.coverage["attention"]["fused"] == 2
+
+
 @pytest.mark.slow
 def test_gpt2_with_past_reproduces_the_full_sequence(tmp_path):
     """GPT-2: learned absolute positions (position_ids matter), tied lm_head, 4 kv heads of 16."""
