@@ -8,7 +8,6 @@ same for any model size.
 
 from __future__ import annotations
 
-import logging
 
 import numpy as np
 import onnx
@@ -52,29 +51,19 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, list]:
     """value name -> dims (int, or a sympy expression as text) from onnxruntime's symbolic shape inference.
 
     auto_merge is off: two dims get one symbol only where the inference derives them from the same shape
-    arithmetic or the model could not run otherwise, never merely because an op broadcasts them. The loop is
-    SymbolicShapeInference.infer_shapes' own, minus its failure path that writes a file into the cwd: an op it
-    cannot infer (or fails on) leaves its outputs, and what comes after, out of the answer.
+    arithmetic or the model could not run otherwise, never merely because an op broadcasts them
+    (graphconv/verify/dims.symbolic_inference runs it).
     """
-    try:
-        import opmap.fused
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    import opmap.fused
+    from graphconv.verify.dims import symbolic_inference
 
+    try:
         proto = _plain_constants(opmap.fused.inline_fused(opmap.fused.attach_functions(proto)))
-        ssi = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=False, guess_output_rank=False, verbose=0)
-        ssi._preprocess(proto)
     except Exception:  # noqa: BLE001 - see _snapshot
         return {}
-    log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        while ssi.run_:
-            ssi._infer_impl()
-    except Exception:  # noqa: BLE001 - keep what was inferred before the op it could not handle
-        pass
-    finally:
-        log.setLevel(level)
+    ssi = symbolic_inference(proto, auto_merge=False)
+    if ssi is None:
+        return {}
     try:
         dims = {}
         for name, vi in ssi.known_vi_.items():

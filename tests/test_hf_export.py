@@ -181,16 +181,22 @@ def test_llama_pair_compiles_cached_attention_once_per_layer(llama_with_past, tm
         assert report.coverage["attention"]["fused"] == 2
 
 
-@pytest.mark.slow
-def test_gpt2_with_past_reproduces_the_full_sequence(tmp_path):
-    """GPT-2: learned absolute positions (position_ids matter), tied lm_head, 4 kv heads of 16."""
-    torch.manual_seed(0)
-    src = _save(_gpt2(), tmp_path / "ckpt")
+def _with_past(model, tmp_path, heads: int):
+    """Save `model`, export it with past, check its files; (checkpoint, out dir, generation.json)."""
+    src = _save(model, tmp_path / "ckpt")
     out = tmp_path / "out"
     proc = _export(src, out, "text-generation-with-past")
     assert proc.returncode == 0, proc.stderr
     gen = json.loads((out / "generation.json").read_text())
-    _check_with_past_files(out, gen, num_layers=2, heads=4, head_dim=16)
+    _check_with_past_files(out, gen, num_layers=2, heads=heads, head_dim=16)
+    return src, out, gen
+
+
+@pytest.mark.slow
+def test_gpt2_with_past_reproduces_the_full_sequence(tmp_path):
+    """GPT-2: learned absolute positions (position_ids matter), tied lm_head, 4 kv heads of 16."""
+    torch.manual_seed(0)
+    src, out, gen = _with_past(_gpt2(), tmp_path, heads=4)
     assert (gen["model_type"], gen["eos_token_id"]) == ("gpt2", 127)
     assert any("tied parameters" in n for n in gen["notes"])
     _check_generation(src, out, num_layers=2)
@@ -203,12 +209,7 @@ def test_mixtral_with_past_exports_its_experts_as_batched_mm(tmp_path):
                                                    num_attention_heads=4, num_key_value_heads=2,
                                                    max_position_embeddings=128, num_local_experts=4,
                                                    num_experts_per_tok=2, bos_token_id=1, eos_token_id=2))
-    src = _save(model, tmp_path / "ckpt")
-    out = tmp_path / "out"
-    proc = _export(src, out, "text-generation-with-past")
-    assert proc.returncode == 0, proc.stderr
-    gen = json.loads((out / "generation.json").read_text())
-    _check_with_past_files(out, gen, num_layers=2, heads=2, head_dim=16)
+    src, out, gen = _with_past(model, tmp_path, heads=2)
     assert any("experts_implementation='batched_mm'" in n for n in gen["notes"])
     _check_generation(src, out, num_layers=2)
 

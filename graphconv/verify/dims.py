@@ -56,28 +56,35 @@ def evaluate(tree: ast.expr, sizes: dict[str, int]) -> int:
     return a + b if op is ast.Add else a - b if op is ast.Sub else a * b if op is ast.Mult else a // b
 
 
-def implied_merges(model: onnx.ModelProto) -> dict[str, str]:
-    """onnxruntime's symbolic shape inference's suggested merges (dim text -> dim text), {} if it cannot run."""
+def symbolic_inference(model: onnx.ModelProto, auto_merge: bool):
+    """onnxruntime's SymbolicShapeInference run over `model` (its infer_shapes loop, minus the failure path
+    that writes a file into the cwd: an op it cannot infer leaves its outputs, and what follows, unknown);
+    None when it cannot start. Read its `known_vi_` and `suggested_merge_`."""
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        stripped = onnx.ModelProto()
-        stripped.CopyFrom(model)
-        ssi = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=True, guess_output_rank=False, verbose=0)
-        log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
-        level = log.level
-        log.setLevel(logging.CRITICAL)
-        try:
-            ssi._preprocess(stripped)
-            while ssi.run_:
-                ssi._infer_impl()
-        except Exception:  # noqa: BLE001 - keep the merges found before the op it could not handle
-            pass
-        finally:
-            log.setLevel(level)
-        return {str(k): str(v) for k, v in ssi.suggested_merge_.items()}
-    except Exception:  # noqa: BLE001 - only an aid: without it the dims stay independent
-        return {}
+        ssi = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=auto_merge, guess_output_rank=False, verbose=0)
+        ssi._preprocess(model)
+    except Exception:  # noqa: BLE001 - only an aid: callers do without
+        return None
+    log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        while ssi.run_:
+            ssi._infer_impl()
+    except Exception:  # noqa: BLE001 - keep what was inferred before the op it could not handle
+        pass
+    finally:
+        log.setLevel(level)
+    return ssi
+
+
+def implied_merges(model: onnx.ModelProto) -> dict[str, str]:
+    """The symbolic shape inference's suggested merges (dim text -> dim text), with auto_merge: where two
+    dims must agree for the graph to run. {} if it cannot run."""
+    ssi = symbolic_inference(model, auto_merge=True)
+    return {str(k): str(v) for k, v in ssi.suggested_merge_.items()} if ssi is not None else {}
 
 
 def relations(names: list[str], model: onnx.ModelProto | None = None) -> dict[str, ast.expr]:

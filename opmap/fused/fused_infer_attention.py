@@ -21,17 +21,15 @@ FlashAttentionScore; the output is the first of the primitive's two (attention_o
 
 from __future__ import annotations
 
-from onnx import TensorProto
+import dataclasses
 
-from opmap.fused.flash_attention import ATTRIBUTES, _make_body, ascend_qkv, discard_mask
-from opmap.fused.record import FusedOp, define
+from opmap.fused.flash_attention import FLASH_ATTENTION_SCORE, ascend_qkv, discard_mask
+from opmap.fused.record import define
 from opmap.registry import register
 
-FUSED_INFER_ATTENTION_SCORE = define(FusedOp(
-    name="FusedInferAttentionScore", inputs=("query", "key", "value", "attn_mask", "real_shift"),
-    outputs=("attention_out",), attributes=ATTRIBUTES, body=_make_body(None), primitive="FusedInferAttentionScore",
-    doc=__doc__, ascend_body=_make_body(TensorProto.FLOAT16), producer="fuse-attention", family="attention",
-    as_is_inputs=(3,), ascend_compute="fp16",
+# FlashAttentionScore's record with this primitive's name: the same inputs, attributes and reference bodies.
+FUSED_INFER_ATTENTION_SCORE = define(dataclasses.replace(
+    FLASH_ATTENTION_SCORE, name="FusedInferAttentionScore", primitive="FusedInferAttentionScore", doc=__doc__,
     likely_causes="mask polarity (1 = discard), scale, head counts, the cache's sequence axis, fp16 casts"))
 
 
