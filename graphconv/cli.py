@@ -6,6 +6,7 @@ Every failure ends in one line on stderr and the contract's exit code (1 bad inp
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -78,15 +79,16 @@ def _precision_options(command):
 
 
 @cli.command("compile")
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="MindIR to write (default: MODEL with .mindir).")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="MindIR to write (default: MODEL with .mindir); for a generation pair, the new folder.")
 @click.option("--target", type=click.Choice(list(TARGETS)), default="ascend", show_default=True,
               help="; ".join(f"{t.name}: {t.help}" for t in TARGETS.values()) + ".")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--no-verify", is_flag=True, help="Skip running the MindIR against the oracle (report: unverified).")
 @click.option("--inputs", "inputs", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Reference inputs (.npz keyed by graph input name); repeatable. Default: generated.")
+              help="Reference inputs (.npz keyed by graph input name); repeatable. Default: generated. For a "
+                   "generation pair: prefill=FILE.npz or decode=FILE.npz.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=A,B",
               help="Two sizes for a symbolic dim in the generated reference inputs; repeatable.")
 @click.option("--mask-input", "mask_inputs", multiple=True, metavar="NAME",
@@ -120,10 +122,31 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
                 atol, rtol,
                 report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, save_fused,
                 bundle, soc, cann, shape_range, as_json, quiet, debug):
-    """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU."""
+    """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU.
+
+    MODEL may be the folder `graphconv export --task text-generation-with-past` wrote: both graphs are
+    compiled and verified into the new folder -o GEN_DIR (see README), ready for `graphconv generate`.
+    """
+    from graphconv import pair
     from graphconv.pipeline import compile as compile_model
 
     _set_debug(debug)
+    if pair.is_pair_dir(model):
+        if output is None:
+            raise click.UsageError(f"{model} is a generation pair: -o GEN_DIR (a new folder) is required")
+        report = pair.compile_pair(
+            model, output, progress=Progress.for_cli(quiet), target=target, simplify=not no_simplify,
+            verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims), mask_inputs=tuple(mask_inputs),
+            precision=precision, keep_fp32=keep_fp32, atol=atol, rtol=rtol, report_path=report_path,
+            emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes), plugins=tuple(plugins),
+            verify_each=verify_each, save_fused=save_fused, bundle=bundle)
+        if as_json:
+            click.echo(json.dumps(report, indent=2, default=str))
+        elif not quiet:
+            click.echo(pair.summary(report))
+        return
+    if model.is_dir():
+        raise click.UsageError(f"{model} is a folder without generation.json: give an .onnx file")
     for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):
         if path is not None and path.exists():
             raise click.UsageError(f"{flag} {path} already exists")

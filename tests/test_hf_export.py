@@ -167,18 +167,52 @@ def test_llama_prefill_and_three_decode_steps_reproduce_the_full_sequence(llama_
     _check_generation(src, out, num_layers=2)
 
 
-def test_llama_pair_compiles_cached_attention_once_per_layer(llama_with_past, tmp_path):
-    """The decode graph (no --inputs: its mask's dims are past + seq) compiles to FusedInferAttentionScore once
-    per layer and no Softmax; the prefill to FlashAttentionScore once per layer; both verified on the twin."""
-    import graphconv
-
+def test_llama_pair_compiles_into_a_generation_folder(llama_with_past, tmp_path):
+    """`graphconv compile EXPORT_DIR -o GEN_DIR`: both graphs verified with no --inputs (the decode mask's dims
+    are past + seq); the decode's ascend MindIR holds FusedInferAttentionScore once per layer and no Softmax,
+    the prefill's FlashAttentionScore; the cpu MindIRs verified on their own; nothing else written."""
     _, out, _ = llama_with_past
+    gen = tmp_path / "gen"
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(out), "-o", str(gen), "-q"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in gen.iterdir()) == ["decode.cpu.mindir", "decode.mindir", "generation.json",
+                                                     "prefill.cpu.mindir", "prefill.mindir", "report.json"]
+    report = json.loads((gen / "report.json").read_text())
+    assert report["status"] == "verified"
     for name, primitive, other in (("decode", "FusedInferAttentionScore", "FlashAttentionScore"),
                                    ("prefill", "FlashAttentionScore", "FusedInferAttentionScore")):
-        report = graphconv.compile(out / f"{name}.onnx", tmp_path / f"{name}.mindir")
-        assert report.status == "verified", name
-        assert report.census.get(primitive) == 2 and other not in report.census and "Softmax" not in report.census
-        assert report.coverage["attention"]["fused"] == 2
+        r = report["graphs"][name]
+        assert r["status"] == "verified" and r["validation"]["checked"].startswith("cpu twin of")
+        assert r["census"].get(primitive) == 2 and other not in r["census"] and "Softmax" not in r["census"]
+        assert r["coverage"]["attention"]["fused"] == 2
+        twin = report["cpu_twins"][name]
+        assert twin["status"] == "verified" and not twin["validation"]["checked"].startswith("cpu twin")
+        assert report["weights"][name]["mindir_bytes"] > 0
+    assert json.loads((gen / "generation.json").read_text())["source_dir"] == str(out.resolve())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen"]  # no partial folder left
+
+
+@pytest.mark.parametrize("case, message", [
+    ("exists", "already exists"), ("inputs", "name the graph: prefill=FILE.npz"), ("task", "is not text-generation-with-past")])
+def test_pair_bad_input_is_one_line_and_writes_nothing(llama_with_past, tmp_path, case, message):
+    _, out, _ = llama_with_past
+    src, gen, extra = out, tmp_path / "gen", []
+    if case == "exists":
+        gen.mkdir()
+    elif case == "inputs":
+        extra = ["--inputs", str(tmp_path / "x.npz")]
+    else:
+        src = tmp_path / "other"
+        src.mkdir()
+        meta = json.loads((out / "generation.json").read_text())
+        (src / "generation.json").write_text(json.dumps({**meta, "task": "text-generation"}))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(src), "-o", str(gen), *extra],
+                          capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def _with_past(model, tmp_path, heads: int):

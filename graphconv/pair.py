@@ -1,0 +1,143 @@
+"""Compile a generation pair: `graphconv compile EXPORT_DIR -o GEN_DIR` on the folder `graphconv export
+--task text-generation-with-past` wrote (prefill.onnx, decode.onnx, generation.json).
+
+GEN_DIR (new; written beside it under a private name and renamed at the end, so a failure leaves nothing):
+    prefill.mindir, decode.mindir          the --target's MindIRs (ascend: the fused primitives)
+    prefill.cpu.mindir, decode.cpu.mindir  cpu-target MindIRs, each verified on MindSpore CPU itself: what
+                                           `graphconv generate` runs on a host without Ascend (for --target
+                                           cpu, the same files as the target's, hard-linked)
+    generation.json                        the export's, with `source_dir` (the export folder: the ONNX pair)
+    report.json                            the contract fields, plus `graphs: {prefill, decode}` with each
+                                           compile's report (and `cpu_twins` for the cpu ones)
+Each graph is compiled and verified by the one pipeline (graphconv/pipeline.py) with the options given.
+
+Weights: each MindIR holds its own copy. A MindIR cannot reference another file's Parameters (mindspore.load
+reads a graph's weights from the file itself or its own `_variables/` folder), so the pair stores the
+weights twice; report.json's `weights` says how many bytes each file holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from graphconv.errors import InputError
+from graphconv.progress import SILENT, Progress
+
+GRAPHS = ("prefill", "decode")
+
+
+def is_pair_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "generation.json").is_file()
+
+
+def split_inputs(inputs: tuple) -> dict[str, tuple[Path, ...]]:
+    """`--inputs prefill=F.npz --inputs decode=G.npz` -> per graph."""
+    per: dict[str, list[Path]] = {g: [] for g in GRAPHS}
+    for item in inputs:
+        graph, sep, path = str(item).partition("=")
+        if not sep or graph not in GRAPHS:
+            raise InputError(f"--inputs {item}: for a generation pair, name the graph: prefill=FILE.npz or "
+                             "decode=FILE.npz")
+        per[graph].append(Path(path))
+    return {g: tuple(p) for g, p in per.items()}
+
+
+def _bytes(path: Path) -> int:
+    total = path.stat().st_size
+    variables = path.with_name(path.stem + "_variables")
+    if variables.is_dir():
+        total += sum(f.stat().st_size for f in variables.rglob("*") if f.is_file())
+    return total
+
+
+def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progress | None = None,
+                 inputs: tuple = (), report_path: Path | None = None, **options) -> dict:
+    """Compile and verify both graphs of a generation pair into the new folder `gen_dir`; returns the report
+    (a dict, the one written to report.json). Options are the compile's (CompileOptions fields)."""
+    from graphconv.pipeline import compile as compile_graph
+
+    export_dir, gen_dir = Path(export_dir), Path(gen_dir)
+    progress = progress or SILENT
+    meta_path = export_dir / "generation.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{meta_path}: cannot read ({e})") from None
+    if meta.get("task") != "text-generation-with-past":
+        raise InputError(f"{export_dir}: task {meta.get('task')!r} is not text-generation-with-past (compile its "
+                         "model.onnx instead)")
+    missing = [g for g in GRAPHS if not (export_dir / f"{g}.onnx").is_file()]
+    if missing:
+        raise InputError(f"{export_dir}: {', '.join(g + '.onnx' for g in missing)} missing")
+    if gen_dir.exists():
+        raise InputError(f"-o {gen_dir} already exists (a generation pair is written into a new folder)")
+    if not gen_dir.parent.absolute().is_dir():
+        raise InputError(f"output directory {gen_dir.parent} does not exist")
+    for key in ("emit_source", "bundle", "save_fused"):
+        if options.get(key):
+            raise InputError(f"--{key.replace('_', '-')} is not supported for a generation pair yet")
+    per_inputs = split_inputs(inputs)
+    target = options.get("target", "ascend")
+    staging = Path(tempfile.mkdtemp(prefix=f".{gen_dir.name}.partial-", dir=gen_dir.parent.absolute()))
+    try:
+        graphs, twins, weights = {}, {}, {}
+        for g in GRAPHS:
+            progress.info(f"{g}: compile ({target})")
+            graphs[g] = compile_graph(export_dir / f"{g}.onnx", staging / f"{g}.mindir", progress=progress,
+                                      inputs=per_inputs[g], **options).to_dict()
+            twin = staging / f"{g}.cpu.mindir"
+            if target == "cpu":
+                os.link(staging / f"{g}.mindir", twin)
+            else:
+                progress.info(f"{g}: compile the cpu MindIR")
+                twins[g] = compile_graph(export_dir / f"{g}.onnx", twin, progress=progress, inputs=per_inputs[g],
+                                         **{**options, "target": "cpu", "precision": "fp32",
+                                            "keep_fp32": None}).to_dict()
+            weights[g] = {"mindir_bytes": _bytes(staging / f"{g}.mindir"), "cpu_mindir_bytes": _bytes(twin)}
+        meta = {**meta, "source_dir": str(export_dir.resolve())}
+        (staging / "generation.json").write_text(json.dumps(meta, indent=2))
+        statuses = [r["status"] for r in [*graphs.values(), *twins.values()]]
+        report = {
+            "graphconv_version": graphs["prefill"]["graphconv_version"],
+            "provenance": {**graphs["prefill"]["provenance"], "source_dir": str(export_dir.resolve())},
+            "status": "verified" if all(s == "verified" for s in statuses) else "unverified",
+            "exit_code": 0,
+            "artifacts": {g: str(gen_dir / f"{g}.mindir") for g in GRAPHS}
+            | {f"{g}_cpu": str(gen_dir / f"{g}.cpu.mindir") for g in GRAPHS},
+            "weights": {**weights, "shared": False,
+                        "note": "each MindIR holds its own copy of the weights: a MindIR cannot reference another "
+                                "file's Parameters"},
+            "graphs": graphs, "cpu_twins": twins,
+        }
+        (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        os.replace(staging, gen_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if report_path is not None:
+        Path(report_path).write_text(json.dumps(report, indent=2, default=str))
+    return report
+
+
+def summary(report: dict) -> str:
+    from opmap.fused import fused_primitives
+
+    lines = [f"graphconv {report['graphconv_version']}: {report['status']} (generation pair, target "
+             f"{report['provenance'].get('target')})"]
+    for g, r in report["graphs"].items():
+        twin = report["cpu_twins"].get(g)
+        attention = r["coverage"].get("attention", {})
+        fused = ", ".join(f"{k} {v}" for k, v in r["census"].items() if k in fused_primitives())
+        lines.append(f"  {g}: {r['status']}, attention {attention.get('fused', 0)}/{attention.get('candidates', 0)} "
+                     f"fused ({fused or 'no fused primitive'})" + (f"; cpu MindIR {twin['status']}" if twin else ""))
+    w = report["weights"]
+    lines.append("  weights: " + ", ".join(f"{g} {w[g]['mindir_bytes'] / 2**20:.1f} MiB" for g in GRAPHS)
+                 + f" ({w['note']})")
+    lines.append("  wrote: " + ", ".join(Path(p).name for p in report["artifacts"].values())
+                 + ", generation.json, report.json")
+    return "\n".join(lines)
+
