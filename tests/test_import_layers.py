@@ -99,7 +99,8 @@ def test_the_walk_sees_imports():
 LAYERS = [
     ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace"),  # shared contracts
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
-    ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census"),  # the oracle's side
+    ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
+     "graphconv.verify.dims"),                        # the oracle's side of verification
     ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the MindSpore target
     ("graphconv.verify.debug", "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
