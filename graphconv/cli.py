@@ -253,7 +253,7 @@ def generate_cmd(gen_dir, input_ids, input_ids_file, max_new_tokens, device, che
                  debug):
     """Greedy decoding with the compiled prefill + decode pair in GEN_DIR (what `graphconv compile` writes for
     an `export --task text-generation-with-past` folder). Prints one line per prompt: its new token ids."""
-    from graphconv.generate import generate, parse_input_ids, read_input_ids_file
+    from graphconv.generation import generate, parse_input_ids, read_input_ids_file
 
     _set_debug(debug)
     if (input_ids is None) == (input_ids_file is None):
