@@ -246,11 +246,12 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
 @click.option("--onnx-dir", type=click.Path(file_okay=False, path_type=Path),
               help="With --check: the folder of prefill.onnx + decode.onnx (default: generation.json's "
                    "source_dir, else GEN_DIR/onnx).")
+@click.option("--atol", type=float, default=1e-4, show_default=True, help="With --check: the logits' tolerance.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but the ids and errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
-def generate_cmd(gen_dir, input_ids, input_ids_file, max_new_tokens, device, check, onnx_dir, as_json, quiet,
-                 debug):
+def generate_cmd(gen_dir, input_ids, input_ids_file, max_new_tokens, device, check, onnx_dir, atol, as_json,
+                 quiet, debug):
     """Greedy decoding with the compiled prefill + decode pair in GEN_DIR (what `graphconv compile` writes for
     an `export --task text-generation-with-past` folder). Prints one line per prompt: its new token ids."""
     from graphconv.generation import generate, parse_input_ids, read_input_ids_file
@@ -262,7 +263,7 @@ def generate_cmd(gen_dir, input_ids, input_ids_file, max_new_tokens, device, che
     progress = Progress.for_cli(quiet)
     try:
         result = generate(gen_dir, prompts, max_new_tokens, check=check, device=device, onnx_dir=onnx_dir,
-                          progress=progress)
+                          atol=atol, progress=progress)
     except GraphconvError as e:
         if getattr(e, "result", None) is not None and as_json:
             click.echo(e.result.to_json())

@@ -162,7 +162,7 @@ def _load_generation(gen_dir: Path) -> dict:
     return gen
 
 
-def _resolve_device(device: str, progress: Progress) -> tuple[str, list[str]]:
+def _resolve_device(device: str) -> tuple[str, list[str]]:
     if device not in DEVICES:
         raise InputError(f"device {device!r}: choose from {', '.join(DEVICES)}")
     have = ascend_available()
@@ -220,7 +220,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
     prompts = _prompts(input_ids, gen.get("vocab_size"))
-    device, notes = _resolve_device(device, progress)
+    device, notes = _resolve_device(device)
     mindirs = [gen_dir / f for f in _MINDIRS[device]]
     missing = [m.name for m in mindirs if not m.is_file()]
     if missing:

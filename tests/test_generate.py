@@ -150,7 +150,8 @@ def test_llama_rows_stop_at_eos(llama_gen, tmp_path):
     result = graphconv.generate(other, PROMPTS, NEW, check=True)
     assert isinstance(result, graphconv.GenerationResult)
     want, ties = _hf_generate(src, PROMPTS, NEW, eos=eos, pad=0)
-    _match(result.sequences, want, ties)
+    for line in _match(result.sequences, want, ties):
+        print(f"eos {eos}: {line}")
     assert result.sequences[1] == free[1][:4] and result.finish_reasons[1] == "eos"
     for r, seq in enumerate(result.sequences):
         assert result.finish_reasons[r] == ("eos" if eos in seq else "length")
