@@ -5,10 +5,17 @@ from graphconv.version import __version__  # noqa: F401
 
 
 def __getattr__(name: str):
-    """`graphconv.compile` (the pipeline) is imported on first use: importing graphconv.errors or any other
-    small module must not pull in the whole pipeline (and the passes and opmap behind it)."""
+    """`graphconv.compile` (the pipeline) and `graphconv.generate` are imported on first use: importing
+    graphconv.errors or any other small module must not pull in the whole pipeline (and the passes and opmap
+    behind it)."""
     if name == "compile":
         from graphconv.pipeline import compile
 
         return compile
+    if name in ("generate", "GenerationResult"):
+        # (graphconv.generation, not graphconv.generate: a submodule of the function's name would replace the
+        # function on the package once imported)
+        from graphconv import generation
+
+        return getattr(generation, name)
     raise AttributeError(f"module 'graphconv' has no attribute {name!r}")

@@ -255,6 +255,52 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
                        f"cosine {c['cosine']:.6f}")
 
 
+@cli.command("generate")
+@click.argument("gen_dir", metavar="GEN_DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--input-ids", "input_ids", metavar="'1,2,3;4,5'",
+              help="The prompts: token ids separated by commas, prompts by semicolons.")
+@click.option("--input-ids-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="The prompts as a JSON list of lists of token ids.")
+@click.option("--max-new-tokens", type=int, default=16, show_default=True, help="New tokens per prompt, at most.")
+@click.option("--device", type=click.Choice(["auto", "ascend", "cpu"]), default="auto", show_default=True,
+              help="auto: the --target MindIRs on an Ascend host, else the cpu ones (*.cpu.mindir).")
+@click.option("--check", is_flag=True,
+              help="Compare every step's logits with onnxruntime running the ONNX pair on the same inputs.")
+@click.option("--onnx-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="With --check: the folder of prefill.onnx + decode.onnx (default: generation.json's "
+                   "source_dir, else GEN_DIR/onnx).")
+@click.option("--atol", type=float, default=1e-4, show_default=True, help="With --check: the logits' tolerance.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but the ids and errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
+def generate_cmd(gen_dir, input_ids, input_ids_file, max_new_tokens, device, check, onnx_dir, atol, as_json,
+                 quiet, debug):
+    """Greedy decoding with the compiled prefill + decode pair in GEN_DIR (what `graphconv compile` writes for
+    an `export --task text-generation-with-past` folder). Prints one line per prompt: its new token ids."""
+    from graphconv.generation import generate, parse_input_ids, read_input_ids_file
+
+    _set_debug(debug)
+    if (input_ids is None) == (input_ids_file is None):
+        raise click.UsageError("give the prompts with --input-ids or --input-ids-file (one of them)")
+    prompts = parse_input_ids(input_ids) if input_ids is not None else read_input_ids_file(input_ids_file)
+    progress = Progress.for_cli(quiet)
+    try:
+        result = generate(gen_dir, prompts, max_new_tokens, check=check, device=device, onnx_dir=onnx_dir,
+                          atol=atol, progress=progress)
+    except GraphconvError as e:
+        if getattr(e, "result", None) is not None and as_json:
+            click.echo(e.result.to_json())
+        raise
+    if as_json:
+        click.echo(result.to_json())
+        return
+    for seq in result.sequences:
+        click.echo(" ".join(str(t) for t in seq))
+    if check and not quiet:
+        worst = max(s["max_abs"] for s in result.steps)
+        click.echo(f"check: {len(result.steps)} steps match onnxruntime (max_abs {worst:.3g})", err=True)
+
+
 @cli.command("matrix")
 @click.option("--full", is_flag=True, help="Every zoo model x exporter x opset 14-23, and every hf/ architecture x "
               "exporter at 17, 18 and 23 (long).")

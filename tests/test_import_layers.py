@@ -104,7 +104,7 @@ LAYERS = [
     ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the MindSpore target
     ("graphconv.verify.debug", "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
-    ("graphconv.pipeline",),
+    ("graphconv.pipeline", "graphconv.generation"),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
 ]
 

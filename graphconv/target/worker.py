@@ -270,13 +270,66 @@ def export_and_run(task: dict) -> dict:
     return {"items": results}
 
 
+def generate(task: dict) -> dict:
+    """Greedy decoding with a compiled prefill + decode pair (graphconv.generate): both GraphCells loaded once,
+    with dynamic set_inputs (one graph compile each, not one per cache length); the prompt prefilled, then one
+    decode step per new token, present.* fed back as past_key_values.* (MindSpore Tensors, never copied to the
+    host) and a 1 appended to the mask. A row that produced an eos is fed the pad id from then on. Returns the
+    chosen tokens [batch][steps] and the seconds; with "logits" the last-position logits of every step go
+    there (step0 the prefill's) for the parent's onnxruntime check."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, nn
+
+    ms.set_device("Ascend" if task["device"] == "ascend" else "CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    t0 = time.perf_counter()
+    cells = {}
+    for name in ("prefill", "decode"):
+        cell = nn.GraphCell(ms.load(task[name]["mindir"]))
+        cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task[name]["inputs"]])
+        cells[name] = cell
+    load_seconds = time.perf_counter() - t0
+    with np.load(task["prompt"]) as data:
+        ids, mask = data["input_ids"], data["attention_mask"]
+
+    def positions(m):
+        return (np.cumsum(m, -1) - 1) * (m != 0)
+
+    eos, pad = task["eos_token_ids"], task["pad_token_id"]
+    finished = np.zeros(ids.shape[0], bool)
+    tokens, saved, seconds = [], {}, []
+    t = time.perf_counter()
+    out = cells["prefill"](Tensor(ids), Tensor(mask), Tensor(positions(mask)))
+    for step in range(task["max_new_tokens"]):
+        if step > 0:
+            mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
+            t = time.perf_counter()
+            out = cells["decode"](Tensor(tokens[-1][:, None]), Tensor(mask), Tensor(positions(mask)[:, -1:]),
+                                  *out[1:])
+        logits = out[0].asnumpy()[:, -1]
+        seconds.append(time.perf_counter() - t)
+        if task.get("logits"):
+            saved[f"step{step}"] = logits
+        chosen = np.where(finished, pad, logits.argmax(-1)).astype(np.int64)
+        tokens.append(chosen)
+        finished |= np.isin(chosen, eos)
+        if finished.all():
+            break
+    if task.get("logits"):
+        np.savez(task["logits"], **saved)
+    return {"tokens": np.stack(tokens, axis=1).tolist(), "logits": task.get("logits"),
+            "timings": {"load": round(load_seconds, 3), "prefill": round(seconds[0], 4),
+                        "decode": [round(s, 4) for s in seconds[1:]]}}
+
+
 def _first_line(message: str) -> str:
     """MindSpore errors carry long C++ call stacks: keep the first meaningful line."""
     return next((ln for ln in message.strip().splitlines() if ln.strip() and not ln.startswith("-")), "")[:500]
 
 
 TASKS = {"simplify": simplify, "export": export, "run_mindir": run_mindir, "run_network": run_network,
-         "export_and_run": export_and_run, "export_and_verify": export_and_verify}
+         "export_and_run": export_and_run, "export_and_verify": export_and_verify, "generate": generate}
 
 
 def handle(task: dict) -> dict:

@@ -1,0 +1,318 @@
+"""`graphconv generate GEN_DIR`: greedy decoding with a compiled prefill + decode pair (issue 15 item 5).
+
+GEN_DIR holds what `graphconv compile X` writes for an `export --task text-generation-with-past` folder X:
+prefill.mindir + decode.mindir (the --target's MindIRs), prefill.cpu.mindir + decode.cpu.mindir (MindSpore
+CPU) and generation.json (X's, with "source_dir" pointing at X). The prompts are batched with left padding
+(pad id: pad_token_id, else the first eos, else 0; attention mask 0 on the padding; position_ids =
+cumsum(mask) - 1, padded positions 0, as generation.json says); the prefill runs once, then one decode step
+per new token, present.* fed back as past_key_values.* and a 1 appended to the mask. A row that produced an
+eos is finished: it is fed the pad id from then on (its mask keeps growing, as transformers' generate does)
+and its sequence ends at the eos. The loop ends when every row is finished or max_new_tokens were made.
+
+MindSpore runs in a child process (graphconv.target.worker's "generate" task: both GraphCells loaded once,
+the whole loop there); this parent checks the arguments and, with check=True, replays the same token feed
+through onnxruntime on the ONNX pair and compares every step's logits (the last position's) on the rows still
+generating: max_abs beyond the tolerance, or an argmax that differs from the token MindSpore chose (unless
+the two are tied within the tolerance in onnxruntime's logits), is a VerificationError (exit 2).
+
+The ONNX pair for the check: `onnx_dir` if given, else generation.json's "source_dir", else GEN_DIR/onnx/;
+file names from generation.json's graphs.{prefill,decode}.file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from graphconv.errors import InputError, VerificationError
+from graphconv.progress import SILENT, Progress
+
+DEVICES = ("auto", "ascend", "cpu")
+ATOL = 1e-4
+_MINDIRS = {"cpu": ("prefill.cpu.mindir", "decode.cpu.mindir"), "ascend": ("prefill.mindir", "decode.mindir")}
+_TASK = "text-generation-with-past"
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    sequences: list[list[int]]  # the new ids of each prompt (up to and including its eos)
+    prompt_lengths: list[int]
+    finish_reasons: list[str]  # "eos" | "length"
+    device: str  # "cpu" | "ascend"
+    steps: list[dict]  # with check: {"step", "max_abs", "argmax_match"} per step (0 = prefill)
+    timings: dict = dataclasses.field(default_factory=dict)  # seconds: load, prefill, decode per step
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+
+def ascend_available() -> bool:
+    """An Ascend NPU on this host: the driver's /dev/davinciN device files."""
+    return any(Path("/dev").glob("davinci[0-9]*"))
+
+
+def parse_input_ids(text: str) -> list[list[int]]:
+    """'1,2,3;4,5' -> [[1, 2, 3], [4, 5]]."""
+    prompts = []
+    for i, part in enumerate(text.split(";")):
+        items = [s.strip() for s in part.split(",")]
+        if items == [""]:
+            raise InputError(f"--input-ids: prompt {i + 1} is empty")
+        try:
+            prompts.append([int(s) for s in items])
+        except ValueError:
+            raise InputError(f"--input-ids: prompt {i + 1} ({part.strip()!r}) is not comma-separated integers") \
+                from None
+    return prompts
+
+
+def read_input_ids_file(path: Path) -> list[list[int]]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise InputError(f"--input-ids-file {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise InputError(f"--input-ids-file {path}: not JSON ({e})") from None
+    return data
+
+
+def _prompts(input_ids, vocab_size: int | None) -> list[list[int]]:
+    if isinstance(input_ids, np.ndarray):
+        input_ids = input_ids.tolist()
+    if isinstance(input_ids, (list, tuple)) and input_ids and all(_is_int(x) for x in input_ids):
+        input_ids = [input_ids]  # one prompt
+    if not isinstance(input_ids, (list, tuple)) or not input_ids:
+        raise InputError("input_ids: expected a non-empty list of prompts (lists of token ids)")
+    prompts = []
+    for i, p in enumerate(input_ids):
+        if isinstance(p, np.ndarray):
+            p = p.tolist()
+        if not isinstance(p, (list, tuple)) or not all(_is_int(x) for x in p):
+            raise InputError(f"prompt {i + 1}: expected a list of integer token ids")
+        if not p:
+            raise InputError(f"prompt {i + 1} is empty")
+        bad = [int(x) for x in p if x < 0 or (vocab_size is not None and x >= vocab_size)]
+        if bad:
+            raise InputError(f"prompt {i + 1}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})"
+                             if vocab_size is not None else f"prompt {i + 1}: negative token id {bad[0]}")
+        prompts.append([int(x) for x in p])
+    return prompts
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _eos_ids(gen: dict) -> list[int]:
+    eos = gen.get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+
+
+def pad_id(gen: dict) -> int:
+    if gen.get("pad_token_id") is not None:
+        return int(gen["pad_token_id"])
+    eos = _eos_ids(gen)
+    return eos[0] if eos else 0
+
+
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) [batch, longest], each prompt right-aligned."""
+    length = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), length), pad, np.int64)
+    mask = np.zeros((len(prompts), length), np.int64)
+    for r, p in enumerate(prompts):
+        ids[r, length - len(p):] = p
+        mask[r, length - len(p):] = 1
+    return ids, mask
+
+
+def positions(mask: np.ndarray) -> np.ndarray:
+    """generation.json's convention: cumsum(mask) - 1, padded positions 0."""
+    return (np.cumsum(mask, -1) - 1) * (mask != 0)
+
+
+def _load_generation(gen_dir: Path) -> dict:
+    if not gen_dir.is_dir():
+        raise InputError(f"{gen_dir}: no such directory")
+    path = gen_dir / "generation.json"
+    if not path.is_file():
+        raise InputError(f"{gen_dir}: no generation.json (compile a `graphconv export --task {_TASK}` folder)")
+    try:
+        gen = json.loads(path.read_text())
+    except ValueError as e:
+        raise InputError(f"{path}: not JSON ({e})") from None
+    if not isinstance(gen, dict) or gen.get("task") != _TASK:
+        raise InputError(f"{path}: task {gen.get('task') if isinstance(gen, dict) else None!r}, not {_TASK}")
+    graphs = gen.get("graphs") or {}
+    if not all(isinstance(graphs.get(g), dict) and graphs[g].get("inputs") and graphs[g].get("outputs")
+               for g in ("prefill", "decode")):
+        raise InputError(f"{path}: graphs.prefill and graphs.decode with their inputs and outputs are required")
+    return gen
+
+
+def _resolve_device(device: str) -> tuple[str, list[str]]:
+    if device not in DEVICES:
+        raise InputError(f"device {device!r}: choose from {', '.join(DEVICES)}")
+    have = ascend_available()
+    if device == "ascend" and not have:
+        raise InputError("--device ascend: no Ascend device on this host (no /dev/davinci*); use --device cpu")
+    if device == "auto":
+        if have:
+            return "ascend", []
+        note = "no Ascend device on this host: running the cpu MindIRs (*.cpu.mindir)"
+        return "cpu", [note]
+    return device, []
+
+
+def _specs(graph: dict, dtype: str) -> list[dict]:
+    """set_inputs placeholders from generation.json's dims: named dims dynamic, numbers fixed; ids, masks and
+    positions int64, the cache in the model's dtype."""
+    float_dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, "float32")
+    specs = []
+    for name, dims in graph["inputs"].items():
+        shape = [d if isinstance(d, int) else None for d in dims]
+        specs.append({"name": name, "shape": shape,
+                      "ms_dtype": float_dtype if name.startswith("past_key_values.") else "int64"})
+    return specs
+
+
+def _onnx_pair(gen_dir: Path, gen: dict, onnx_dir: Path | None) -> tuple[Path, Path]:
+    if onnx_dir is not None:
+        where, how = Path(onnx_dir), "--onnx-dir"
+    elif gen.get("source_dir"):
+        where, how = Path(gen["source_dir"]), "generation.json's source_dir"
+        if not where.is_absolute():
+            where = gen_dir / where
+    else:
+        where, how = gen_dir / "onnx", f"{gen_dir / 'onnx'} (no source_dir in generation.json)"
+    files = tuple(where / gen["graphs"][g].get("file", f"{g}.onnx") for g in ("prefill", "decode"))
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise InputError(f"--check needs the ONNX pair: {', '.join(missing)} not in {where} (from {how}; "
+                         "pass --onnx-dir)")
+    return files
+
+
+def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = False, device: str = "auto", *,
+             onnx_dir: str | Path | None = None, atol: float = ATOL, progress: Progress | None = None
+             ) -> GenerationResult:
+    """Greedy decoding of the prompts `input_ids` (a list of token-id lists; one list is one prompt) with the
+    compiled pair in `gen_dir`. Raises InputError (bad input, exit 1) or, with check, VerificationError
+    (exit 2; the result is attached as `.result`)."""
+    from graphconv.target.child import run_task
+    from graphconv.workspace import Workspace
+
+    progress = progress or SILENT
+    gen_dir = Path(gen_dir)
+    gen = _load_generation(gen_dir)
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
+    prompts = _prompts(input_ids, gen.get("vocab_size"))
+    device, notes = _resolve_device(device)
+    mindirs = [gen_dir / f for f in _MINDIRS[device]]
+    missing = [m.name for m in mindirs if not m.is_file()]
+    if missing:
+        raise InputError(f"{gen_dir}: no {', '.join(missing)} (the {device} MindIRs; see `graphconv compile`)")
+    onnx_pair = _onnx_pair(gen_dir, gen, Path(onnx_dir) if onnx_dir else None) if check else None
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+
+    pad = pad_id(gen)
+    ids, mask = left_pad(prompts, pad)
+    with Workspace(Path(tempfile.gettempdir()) / "graphconv-generate") as ws:
+        prompt_path = ws.path("prompt.npz")
+        np.savez(prompt_path, input_ids=ids, attention_mask=mask)
+        task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
+                "eos_token_ids": _eos_ids(gen), "pad_token_id": pad,
+                "logits": str(ws.path("logits.npz")) if check else None,
+                **{g: {"mindir": str(m), "inputs": _specs(gen["graphs"][g], gen.get("dtype", "fp32"))}
+                   for g, m in zip(("prefill", "decode"), mindirs)}}
+        progress.info(f"generate: {len(prompts)} prompt(s), up to {max_new_tokens} new tokens on {device}")
+        done = run_task("generate", task, ws.dir, f"MindSpore {device} generation")
+        tokens = np.array(done["tokens"], np.int64).reshape(len(prompts), -1)
+        steps: list[dict] = []
+        failure = None
+        if check:
+            with np.load(done["logits"]) as data:
+                ms_logits = [data[f"step{k}"] for k in range(tokens.shape[1])]
+            steps, failure = _check(onnx_pair, ids, mask, tokens, ms_logits, _eos_ids(gen), atol, progress)
+
+    sequences, reasons = _sequences(tokens, _eos_ids(gen))
+    result = GenerationResult(sequences=sequences, prompt_lengths=[len(p) for p in prompts],
+                              finish_reasons=reasons, device=device, steps=steps,
+                              timings=done.get("timings", {}), notes=notes)
+    if failure:
+        error = VerificationError(failure)
+        error.result = result
+        raise error
+    return result
+
+
+def _sequences(tokens: np.ndarray, eos: list[int]) -> tuple[list[list[int]], list[str]]:
+    sequences, reasons = [], []
+    for row in tokens.tolist():
+        stop = next((k for k, t in enumerate(row) if t in eos), None)
+        sequences.append(row if stop is None else row[:stop + 1])
+        reasons.append("length" if stop is None else "eos")
+    return sequences, reasons
+
+
+def _check(onnx_pair, ids, mask, tokens, ms_logits, eos, atol, progress) -> tuple[list[dict], str | None]:
+    """onnxruntime on the same feed (the prompt, then the tokens MindSpore chose), its own cache; every step's
+    last-position logits compared on the rows still generating at that step."""
+    import onnxruntime as ort
+
+    progress.info(f"check: onnxruntime on {onnx_pair[0].name} + {onnx_pair[1].name}")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    prefill, decode = (ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in onnx_pair)
+    out_names = [o.name for o in decode.get_outputs()]
+    past_names = {n: "past_key_values." + n[len("present."):] for n in out_names if n.startswith("present.")}
+    outs = prefill.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask)})
+    names = [o.name for o in prefill.get_outputs()]
+    steps, failure = [], None
+    running = np.ones(ids.shape[0], bool)
+    t0 = time.perf_counter()
+    for k in range(tokens.shape[1]):
+        if k > 0:
+            mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
+            feed = {"input_ids": tokens[:, k - 1:k], "attention_mask": mask, "position_ids": positions(mask)[:, -1:],
+                    **{past_names[n]: v for n, v in zip(names, outs) if n in past_names}}
+            outs = decode.run(None, feed)
+            names = out_names
+        ref = outs[names.index("logits")][:, -1]
+        got = ms_logits[k]
+        rows = np.flatnonzero(running)
+        diff = np.abs(ref[rows].astype(np.float64) - got[rows])
+        max_abs = float(diff.max()) if diff.size and np.isfinite(diff).all() else float("inf") if diff.size else 0.0
+        ort_tokens = ref[rows].argmax(-1)
+        chosen = tokens[rows, k]
+        match = bool((ort_tokens == chosen).all())
+        steps.append({"step": k, "max_abs": max_abs, "argmax_match": match})
+        if failure is None:
+            if not max_abs <= atol:
+                failure = (f"--check: step {k} ({'prefill' if k == 0 else 'decode'}): logits differ from "
+                           f"onnxruntime by max_abs {max_abs:.3g} > {atol:g}")
+            elif not match:
+                for r, o, c in zip(rows, ort_tokens, chosen):
+                    gap = float(ref[r, o] - ref[r, c])
+                    if o != c and gap > atol:  # not a tie within the tolerance
+                        failure = (f"--check: step {k}, prompt {r + 1}: MindSpore chose token {c}, onnxruntime "
+                                   f"{o} (its logits {gap:.3g} apart)")
+                        break
+        running &= ~np.isin(tokens[:, k], eos)
+    progress.info(f"check: {len(steps)} steps in {time.perf_counter() - t0:.1f}s, max_abs "
+                  f"{max((s['max_abs'] for s in steps), default=0):.3g}")
+    return steps, failure

@@ -1,0 +1,243 @@
+"""graphconv generate GEN_DIR: greedy decoding with the compiled prefill + decode pair reproduces transformers'
+`model.generate(do_sample=False)` token for token on a batch of left-padded prompts of different lengths, and
+--check finds every step's logits within 1e-4 of onnxruntime's on the same feed.
+
+GEN_DIR is built here by hand (the cpu MindIRs of `graphconv compile X/prefill.onnx --target cpu` and of
+decode.onnx, generation.json copied with "source_dir" pointing at X) until `graphconv compile X -o GEN_DIR`
+writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+from test_hf_export import _gpt2, _llama, _save  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18, 19]]  # left-padded to 7
+NEW = 16
+TIE = 1e-4  # a step whose top-2 logits in PyTorch are closer than this may go either way
+
+
+def _gen_dir(model, base: Path) -> tuple[Path, Path, Path]:
+    """(checkpoint, export folder X, GEN_DIR) for `model`."""
+    import graphconv
+    from graphconv.frontend.hf_export import export_checkpoint
+
+    src = _save(model, base / "ckpt")
+    out = base / "out"
+    export_checkpoint(src, out, "text-generation-with-past")
+    gen = base / "gen"
+    gen.mkdir()
+    for name in ("prefill", "decode"):
+        report = graphconv.compile(out / f"{name}.onnx", gen / f"{name}.cpu.mindir", target="cpu")
+        assert report.status == "verified", name
+    meta = json.loads((out / "generation.json").read_text())
+    (gen / "generation.json").write_text(json.dumps({**meta, "source_dir": str(out)}, indent=2))
+    return src, out, gen
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "graphconv", "generate", *args], capture_output=True, text=True,
+                          cwd=ROOT)
+
+
+def _ids_arg(prompts) -> str:
+    return ";".join(",".join(str(t) for t in p) for p in prompts)
+
+
+def _hf_generate(src: Path, prompts, new: int, eos: int | list[int], pad: int):
+    """transformers' greedy generate on the left-padded prompts: per row the new ids (cut after the first eos)
+    and the first step where the top-2 logits are within TIE (None if none)."""
+    model = tf.AutoModelForCausalLM.from_pretrained(str(src), local_files_only=True).eval()
+    length = max(map(len, prompts))
+    ids = torch.full((len(prompts), length), pad, dtype=torch.int64)
+    mask = torch.zeros((len(prompts), length), dtype=torch.int64)
+    for r, p in enumerate(prompts):
+        ids[r, length - len(p):] = torch.tensor(p)
+        mask[r, length - len(p):] = 1
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
+                             eos_token_id=eos, pad_token_id=pad, return_dict_in_generate=True, output_scores=True)
+    eos_set = set(eos if isinstance(eos, list) else [eos])
+    rows, ties = [], []
+    for r in range(len(prompts)):
+        row = out.sequences[r, length:].tolist()
+        stop = next((k for k, t in enumerate(row) if t in eos_set), None)
+        rows.append(row if stop is None else row[:stop + 1])
+        tie = None
+        for k in range(len(rows[-1])):
+            top2 = torch.topk(out.scores[k][r], 2).values
+            if float(top2[0] - top2[1]) < TIE:
+                tie = k
+                break
+        ties.append(tie)
+    return rows, ties
+
+
+def _match(got: list[list[int]], want: list[list[int]], ties: list) -> list[str]:
+    """Compare row by row (up to a near-tie step, inclusive of the steps before it); the table lines."""
+    lines = []
+    for r, (g, w, tie) in enumerate(zip(got, want, ties)):
+        if tie is None:
+            assert g == w, f"prompt {r + 1}: graphconv {g} != transformers {w}"
+            lines.append(f"prompt {r + 1}: {len(w)} tokens equal")
+        else:
+            assert g[:tie] == w[:tie], f"prompt {r + 1} (near-tie at step {tie}): {g[:tie]} != {w[:tie]}"
+            lines.append(f"prompt {r + 1}: near-tie at step {tie}: the {tie} tokens before it equal")
+    return lines
+
+
+@pytest.fixture(scope="module")
+def llama_gen(tmp_path_factory):
+    torch.manual_seed(0)
+    return _gen_dir(_llama(), tmp_path_factory.mktemp("gen-llama"))
+
+
+def _generate_matches_transformers(src: Path, gen: Path, eos, pad: int) -> dict:
+    t0 = time.perf_counter()
+    proc = _run(str(gen), "--input-ids", _ids_arg(PROMPTS), "--max-new-tokens", str(NEW), "--check", "--json")
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    want, ties = _hf_generate(src, PROMPTS, NEW, eos, pad)
+    for line in _match(result["sequences"], want, ties):
+        print(line)
+    assert result["prompt_lengths"] == [len(p) for p in PROMPTS] and result["device"] == "cpu"
+    assert "running the cpu MindIRs" in proc.stderr  # the one note line (no Ascend here)
+    steps = result["steps"]
+    assert [s["step"] for s in steps] == list(range(max(map(len, result["sequences"]))))
+    assert all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in steps)
+    print(f"generate --check: {seconds:.1f}s; max_abs {max(s['max_abs'] for s in steps):.3g}; decode "
+          f"{1000 * np.median(result['timings']['decode']):.1f} ms/token (median)")
+    return result
+
+
+def test_llama_generate_matches_transformers_and_onnxruntime(llama_gen):
+    src, _, gen = llama_gen
+    meta = json.loads((gen / "generation.json").read_text())
+    assert meta["pad_token_id"] is None and meta["eos_token_id"] == 2  # pad falls back to eos, as in transformers
+    result = _generate_matches_transformers(src, gen, eos=2, pad=2)
+    assert len(result["steps"]) == NEW or "eos" in result["finish_reasons"]
+
+
+def test_llama_rows_stop_at_eos(llama_gen, tmp_path):
+    """eos set to a token the second prompt makes early: that row stops (its sequence ends at the eos, then it
+    is fed the pad id with its mask growing), the others go on; the same as transformers with that eos."""
+    import graphconv
+
+    src, _, gen = llama_gen
+    free, _ = _hf_generate(src, PROMPTS, NEW, eos=2, pad=2)
+    eos = free[1][3]  # prompt 2's fourth new token
+    assert eos not in free[1][:3]
+    other = tmp_path / "gen"
+    other.mkdir()
+    for f in ("prefill.cpu.mindir", "decode.cpu.mindir"):
+        (other / f).symlink_to(gen / f)
+    meta = json.loads((gen / "generation.json").read_text())
+    (other / "generation.json").write_text(json.dumps({**meta, "eos_token_id": eos, "pad_token_id": 0}))
+
+    result = graphconv.generate(other, PROMPTS, NEW, check=True)
+    assert isinstance(result, graphconv.GenerationResult)
+    want, ties = _hf_generate(src, PROMPTS, NEW, eos=eos, pad=0)
+    for line in _match(result.sequences, want, ties):
+        print(f"eos {eos}: {line}")
+    assert result.sequences[1] == free[1][:4] and result.finish_reasons[1] == "eos"
+    for r, seq in enumerate(result.sequences):
+        assert result.finish_reasons[r] == ("eos" if eos in seq else "length")
+        assert eos not in seq[:-1] and (result.finish_reasons[r] == "eos" or len(seq) == NEW)
+    assert all(s["argmax_match"] for s in result.steps)
+
+
+def test_check_fails_beyond_the_tolerance(llama_gen):
+    import graphconv
+
+    _, _, gen = llama_gen
+    with pytest.raises(graphconv.VerificationError, match=r"step 0 \(prefill\).*max_abs") as info:
+        graphconv.generate(gen, PROMPTS[:1], 2, check=True, atol=1e-12)
+    assert info.value.exit_code == 2 and info.value.result.steps
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    from graphconv.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["generate", *args])
+    err = capsys.readouterr().err.strip()
+    return info.value.code, err
+
+
+@pytest.mark.parametrize("case", ["no generation.json", "no mindirs", "empty prompt", "outside the vocab",
+                                  "max-new-tokens 0", "ascend", "no onnx for --check", "both id options",
+                                  "bad ids file"])
+def test_bad_input_is_one_line_exit_1(llama_gen, tmp_path, capsys, case):
+    from graphconv.generation import ascend_available
+
+    _, _, gen = llama_gen
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    meta = json.loads((gen / "generation.json").read_text())
+    (bare / "generation.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "source_dir"}))
+    ids_file = tmp_path / "ids.json"
+    ids_file.write_text("[[1, 2], [3")
+    args, match = {
+        "no generation.json": ([str(empty), "--input-ids", "1,2"], "no generation.json"),
+        "no mindirs": ([str(bare), "--input-ids", "1,2", "--device", "cpu"], "prefill.cpu.mindir"),
+        "empty prompt": ([str(gen), "--input-ids", "1,2;"], "prompt 2 is empty"),
+        "outside the vocab": ([str(gen), "--input-ids", "1,2;3,128"], "token id 128 is outside the vocabulary"),
+        "max-new-tokens 0": ([str(gen), "--input-ids", "1,2", "--max-new-tokens", "0"], "max_new_tokens"),
+        "ascend": ([str(gen), "--input-ids", "1,2", "--device", "ascend"], "no Ascend device"),
+        "no onnx for --check": ([str(bare), "--input-ids", "1,2", "--check"], "not in"),
+        "both id options": ([str(gen), "--input-ids", "1,2", "--input-ids-file", str(ids_file)], "one of them"),
+        "bad ids file": ([str(gen), "--input-ids-file", str(ids_file)], "not JSON"),
+    }[case]
+    if case == "ascend" and ascend_available():
+        pytest.skip("this host has an Ascend device")
+    if case == "no onnx for --check":
+        for f in ("prefill.cpu.mindir", "decode.cpu.mindir"):
+            (bare / f).symlink_to(gen / f)
+    code, err = _cli(capsys, *args)
+    assert code == 1, err
+    assert len(err.splitlines()) == 1 and err.startswith("graphconv: error: ") and match in err, err
+    assert "Traceback" not in err
+
+
+def test_input_ids_file_and_plain_output(llama_gen, tmp_path):
+    """A JSON file of prompts; the plain output is one line of new ids per prompt; --onnx-dir finds the pair."""
+    _, out, gen = llama_gen
+    ids_file = tmp_path / "ids.json"
+    ids_file.write_text(json.dumps(PROMPTS[1:]))
+    proc = _run(str(gen), "--input-ids-file", str(ids_file), "--max-new-tokens", "3", "--check", "--onnx-dir",
+                str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and all(len(line.split()) == 3 for line in lines)
+    assert "check: 3 steps match onnxruntime" in proc.stderr
+
+
+@pytest.mark.slow
+def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):
+    """GPT-2: learned absolute positions (the left-padded rows' position_ids matter), eos = pad = 127."""
+    torch.manual_seed(0)
+    src, _, gen = _gen_dir(_gpt2(), tmp_path)
+    _generate_matches_transformers(src, gen, eos=127, pad=127)
+
+
+def test_gen_dir_layout_is_what_generate_reads(llama_gen):
+    """What the fixture builds by hand (and `graphconv compile X -o GEN_DIR` is to write): no ONNX copied into
+    GEN_DIR, --check reads source_dir."""
+    _, out, gen = llama_gen
+    assert sorted(p.name for p in gen.iterdir()) == ["decode.cpu.mindir", "generation.json", "prefill.cpu.mindir"]
+    assert json.loads((gen / "generation.json").read_text())["source_dir"] == str(out)
