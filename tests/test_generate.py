@@ -2,9 +2,8 @@
 `model.generate(do_sample=False)` token for token on a batch of left-padded prompts of different lengths, and
 --check finds every step's logits within 1e-4 of onnxruntime's on the same feed.
 
-GEN_DIR is built here by hand (the cpu MindIRs of `graphconv compile X/prefill.onnx --target cpu` and of
-decode.onnx, generation.json copied with "source_dir" pointing at X) until `graphconv compile X -o GEN_DIR`
-writes it.
+GEN_DIR is what `graphconv compile X -o GEN_DIR --target cpu` writes (graphconv/pair.py; with --target cpu
+the target's MindIRs are the cpu ones, so each graph compiles once).
 """
 
 from __future__ import annotations
@@ -31,19 +30,14 @@ TIE = 1e-4  # a step whose top-2 logits in PyTorch are closer than this may go e
 
 def _gen_dir(model, base: Path) -> tuple[Path, Path, Path]:
     """(checkpoint, export folder X, GEN_DIR) for `model`."""
-    import graphconv
     from graphconv.frontend.hf_export import export_checkpoint
+    from graphconv.pair import compile_pair
 
     src = _save(model, base / "ckpt")
     out = base / "out"
     export_checkpoint(src, out, "text-generation-with-past")
     gen = base / "gen"
-    gen.mkdir()
-    for name in ("prefill", "decode"):
-        report = graphconv.compile(out / f"{name}.onnx", gen / f"{name}.cpu.mindir", target="cpu")
-        assert report.status == "verified", name
-    meta = json.loads((out / "generation.json").read_text())
-    (gen / "generation.json").write_text(json.dumps({**meta, "source_dir": str(out)}, indent=2))
+    assert compile_pair(out, gen, target="cpu")["status"] == "verified"
     return src, out, gen
 
 
@@ -236,8 +230,9 @@ def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):
 
 
 def test_gen_dir_layout_is_what_generate_reads(llama_gen):
-    """What the fixture builds by hand (and `graphconv compile X -o GEN_DIR` is to write): no ONNX copied into
-    GEN_DIR, --check reads source_dir."""
+    """What `graphconv compile X -o GEN_DIR` writes and generate reads: no ONNX copied into GEN_DIR, --check
+    reads source_dir."""
     _, out, gen = llama_gen
-    assert sorted(p.name for p in gen.iterdir()) == ["decode.cpu.mindir", "generation.json", "prefill.cpu.mindir"]
-    assert json.loads((gen / "generation.json").read_text())["source_dir"] == str(out)
+    assert sorted(p.name for p in gen.iterdir()) == ["decode.cpu.mindir", "decode.mindir", "generation.json",
+                                                     "prefill.cpu.mindir", "prefill.mindir", "report.json"]
+    assert json.loads((gen / "generation.json").read_text())["source_dir"] == str(out.resolve())
