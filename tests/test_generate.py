@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
+from models.hf import INITIALIZER_RANGE  # noqa: E402
 from test_hf_export import _gpt2, _llama, _save  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,12 +222,32 @@ def test_input_ids_file_and_plain_output(llama_gen, tmp_path):
     assert "check: 3 steps match onnxruntime" in proc.stderr
 
 
-@pytest.mark.slow
 def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):
     """GPT-2: learned absolute positions (the left-padded rows' position_ids matter), eos = pad = 127."""
     torch.manual_seed(0)
     src, _, gen = _gen_dir(_gpt2(), tmp_path)
     _generate_matches_transformers(src, gen, eos=127, pad=127)
+
+
+_DECODER = dict(vocab_size=128, initializer_range=INITIALIZER_RANGE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1,
+                eos_token_id=2)
+ARCHITECTURES = {  # transformers classes from tiny configs, default settings (sdpa)
+    "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**_DECODER)),
+    "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**_DECODER, head_dim=16)),  # q/k RMSNorms
+    "gemma": lambda: tf.GemmaForCausalLM(tf.GemmaConfig(**_DECODER, head_dim=16)),  # scaled embeddings, GeGLU
+    "phi3": lambda: tf.Phi3ForCausalLM(tf.Phi3Config(**_DECODER, pad_token_id=0)),  # fused qkv and gate_up
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_architecture_generate_matches_transformers(arch, tmp_path):
+    torch.manual_seed(0)
+    model = ARCHITECTURES[arch]()
+    src, _, gen = _gen_dir(model, tmp_path)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 2
+    _generate_matches_transformers(src, gen, eos=2, pad=pad)
 
 
 def test_gen_dir_layout_is_what_generate_reads(llama_gen):
