@@ -139,7 +139,8 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
             verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims), mask_inputs=tuple(mask_inputs),
             precision=precision, keep_fp32=keep_fp32, atol=atol, rtol=rtol, report_path=report_path,
             emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes), plugins=tuple(plugins),
-            verify_each=verify_each, save_fused=save_fused, bundle=bundle)
+            verify_each=verify_each, save_fused=save_fused, bundle=bundle, soc=soc, cann=cann,
+            shape_ranges=_parse_ranges(shape_range))
         if as_json:
             click.echo(json.dumps(report, indent=2, default=str))
         elif not quiet:

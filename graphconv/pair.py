@@ -7,6 +7,8 @@ GEN_DIR (new; written beside it under a private name and renamed at the end, so 
                                            `graphconv generate` runs on a host without Ascend (for --target
                                            cpu, the same files as the target's, hard-linked)
     generation.json                        the export's, with `source_dir` (the export folder: the ONNX pair)
+With --bundle DIR (new), the pair's deploy bundle (graphconv/deploy/pair.py): each graph's bundle and a greedy
+generation script for an Ascend host.
     report.json                            the contract fields, plus `graphs: {prefill, decode}` with each
                                            compile's report (and `cpu_twins` for the cpu ones)
 Each graph is compiled and verified by the one pipeline (graphconv/pipeline.py) with the options given.
@@ -77,18 +79,25 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         raise InputError(f"-o {gen_dir} already exists (a generation pair is written into a new folder)")
     if not gen_dir.parent.absolute().is_dir():
         raise InputError(f"output directory {gen_dir.parent} does not exist")
-    for key in ("emit_source", "bundle", "save_fused"):
+    for key in ("emit_source", "save_fused"):
         if options.get(key):
             raise InputError(f"--{key.replace('_', '-')} is not supported for a generation pair yet")
+    bundle = Path(options.pop("bundle")) if options.get("bundle") else None
+    options.pop("bundle", None)
+    if bundle is not None and bundle.exists():
+        raise InputError(f"--bundle {bundle} already exists")
     per_inputs = split_inputs(inputs)
     target = options.get("target", "ascend")
     staging = Path(tempfile.mkdtemp(prefix=f".{gen_dir.name}.partial-", dir=gen_dir.parent.absolute()))
+    bundle_staging = None if bundle is None else \
+        Path(tempfile.mkdtemp(prefix=f".{bundle.name}.partial-", dir=bundle.parent.absolute()))
     try:
         graphs, twins, weights = {}, {}, {}
         for g in GRAPHS:
             progress.info(f"{g}: compile ({target})")
+            graph_bundle = None if bundle_staging is None else bundle_staging / g
             graphs[g] = compile_graph(export_dir / f"{g}.onnx", staging / f"{g}.mindir", progress=progress,
-                                      inputs=per_inputs[g], **options).to_dict()
+                                      inputs=per_inputs[g], bundle=graph_bundle, **options).to_dict()
             twin = staging / f"{g}.cpu.mindir"
             if target == "cpu":
                 os.link(staging / f"{g}.mindir", twin)
@@ -113,10 +122,19 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
                                 "file's Parameters"},
             "graphs": graphs, "cpu_twins": twins,
         }
+        if bundle_staging is not None:
+            from graphconv.deploy.pair import write_pair_files
+
+            write_pair_files(bundle_staging, meta, graphs)
+            report["artifacts"]["bundle"] = str(bundle)
         (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
         os.replace(staging, gen_dir)
+        if bundle_staging is not None:
+            os.replace(bundle_staging, bundle)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        for d in (staging, bundle_staging):
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
         raise
     if report_path is not None:
         Path(report_path).write_text(json.dumps(report, indent=2, default=str))

@@ -9,6 +9,7 @@ the target's MindIRs are the cpu ones, so each graph compiles once).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -257,3 +258,29 @@ def test_gen_dir_layout_is_what_generate_reads(llama_gen):
     assert sorted(p.name for p in gen.iterdir()) == ["decode.cpu.mindir", "decode.mindir", "generation.json",
                                                      "prefill.cpu.mindir", "prefill.mindir", "report.json"]
     assert json.loads((gen / "generation.json").read_text())["source_dir"] == str(out.resolve())
+
+
+def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tmp_path):
+    """--bundle on a pair: each graph's bundle and generate_mindspore.py, which carries graphconv's greedy loop
+    verbatim and, run with MindSpore alone (--device CPU: a --target cpu pair), prints the tokens
+    `graphconv generate` does."""
+    import inspect
+
+    from graphconv.pair import compile_pair
+    from graphconv.target import greedy
+
+    _, out, gen = llama_gen
+    bundle = tmp_path / "bundle"
+    compile_pair(out, tmp_path / "gen", target="cpu", bundle=bundle)
+    assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "decode", "generate_mindspore.py",
+                                                        "generation.json", "prefill"]
+    assert (bundle / "decode" / "model" / "decode.mindir").is_file()
+    script = (bundle / "generate_mindspore.py").read_text()
+    assert inspect.getsource(greedy.greedy) in script  # the loop, copied
+    assert "import graphconv" not in script and "from graphconv" not in script
+    ran = subprocess.run([sys.executable, str(bundle / "generate_mindspore.py"), "--input-ids", _ids_arg(PROMPTS),
+                          "--max-new-tokens", "6", "--device", "CPU"], capture_output=True, text=True,
+                         cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    ours = _run(str(gen), "--input-ids", _ids_arg(PROMPTS), "--max-new-tokens", "6")
+    assert ours.returncode == 0 and ran.stdout.split("\n") == ours.stdout.split("\n")

@@ -281,6 +281,8 @@ def generate(task: dict) -> dict:
     import numpy as np
     from mindspore import Tensor, nn
 
+    from graphconv.target import greedy
+
     ms.set_device("Ascend" if task["device"] == "ascend" else "CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     t0 = time.perf_counter()
@@ -292,33 +294,25 @@ def generate(task: dict) -> dict:
     load_seconds = time.perf_counter() - t0
     with np.load(task["prompt"]) as data:
         ids, mask = data["input_ids"], data["attention_mask"]
+    saved, seconds, clock = {}, [], [time.perf_counter()]
 
-    def positions(m):
-        return (np.cumsum(m, -1) - 1) * (m != 0)
+    def run(cell, *args):
+        clock[0] = time.perf_counter()
+        out = cell(*[Tensor(a) for a in args[:3]], *args[3:])
+        return out[0], out[1:]
 
-    eos, pad = task["eos_token_ids"], task["pad_token_id"]
-    finished = np.zeros(ids.shape[0], bool)
-    tokens, saved, seconds = [], {}, []
-    t = time.perf_counter()
-    out = cells["prefill"](Tensor(ids), Tensor(mask), Tensor(positions(mask)))
-    for step in range(task["max_new_tokens"]):
-        if step > 0:
-            mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
-            t = time.perf_counter()
-            out = cells["decode"](Tensor(tokens[-1][:, None]), Tensor(mask), Tensor(positions(mask)[:, -1:]),
-                                  *out[1:])
-        logits = out[0].asnumpy()[:, -1]
-        seconds.append(time.perf_counter() - t)
+    def on_step(step, logits):
+        seconds.append(time.perf_counter() - clock[0])
         if task.get("logits"):
             saved[f"step{step}"] = logits
-        chosen = np.where(finished, pad, logits.argmax(-1)).astype(np.int64)
-        tokens.append(chosen)
-        finished |= np.isin(chosen, eos)
-        if finished.all():
-            break
+
+    tokens = greedy.greedy(lambda i, m, p: run(cells["prefill"], i, m, p),
+                           lambda i, m, p, cache: run(cells["decode"], i, m, p, *cache),
+                           lambda logits: logits.asnumpy()[:, -1], ids, mask, task["max_new_tokens"],
+                           task["eos_token_ids"], task["pad_token_id"], on_step)
     if task.get("logits"):
         np.savez(task["logits"], **saved)
-    return {"tokens": np.stack(tokens, axis=1).tolist(), "logits": task.get("logits"),
+    return {"tokens": tokens.tolist(), "logits": task.get("logits"),
             "timings": {"load": round(load_seconds, 3), "prefill": round(seconds[0], 4),
                         "decode": [round(s, 4) for s in seconds[1:]]}}
 

@@ -1,0 +1,42 @@
+"""The deploy bundle of a generation pair (`graphconv compile EXPORT_DIR -o GEN_DIR --bundle DIR`): each graph's
+own bundle (DIR/prefill/, DIR/decode/: MindIR, ONNX, reference cases, the MindSpore, Lite and ATC routes,
+written by the one-graph writer), plus at the top generation.json and generate_mindspore.py, a greedy
+generation script for an Ascend host whose loop is graphconv's own (graphconv/target/greedy.py's source,
+copied, so the script needs numpy and MindSpore only), and a README."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+from graphconv.deploy.scripts import fill, template
+from graphconv.target import greedy
+
+
+def generate_script(inputs: dict[str, list[dict]]) -> str:
+    """generate_mindspore.py; `inputs`: per graph, its inputs (name, dtype, shape) in order."""
+    source = inspect.getsource(greedy)
+    body = source[source.index("import numpy as np\n") + len("import numpy as np\n"):].strip("\n")
+    head = fill(template("generate_mindspore.head.py.tmpl"), SOURCE=greedy.__name__.replace(".", "/") + ".py",
+                INPUTS=json.dumps(inputs))
+    return head + "\n\n" + body + "\n" + template("generate_mindspore.main.py.tmpl")
+
+
+def write_pair_files(directory: Path, generation: dict, reports: dict[str, dict]) -> list[str]:
+    """The top of a pair bundle (the graphs' bundles are already in directory/prefill, directory/decode)."""
+    inputs = {g: [{k: s[k] for k in ("name", "dtype", "shape")} for s in r["model"]["inputs"]]
+              for g, r in reports.items()}
+    (directory / "generation.json").write_text(json.dumps(generation, indent=2))
+    script = directory / "generate_mindspore.py"
+    script.write_text(generate_script(inputs))
+    script.chmod(0o755)
+    (directory / "README.md").write_text(
+        f"# {generation.get('model_type', 'model')}: a prefill + decode pair for Ascend\n\n"
+        "- `prefill/`, `decode/`: each graph's bundle (its own README: the MindSpore, Lite and ATC routes and the\n"
+        "  reference check `compare_outputs.py`).\n"
+        "- `generate_mindspore.py`: greedy generation with both MindIRs on an Ascend host:\n"
+        "  `python generate_mindspore.py --input-ids '1,2,3;4,5' --max-new-tokens 16`.\n"
+        "- `generation.json`: token ids, layer and head counts, the cache layout "
+        f"({generation.get('cache_layout', 'BNSD')}), each graph's inputs and outputs.\n")
+    return ["README.md", "generate_mindspore.py", "generation.json"]

@@ -1,0 +1,37 @@
+"""Greedy decoding over a prefill + decode pair, written once for `graphconv generate` (graphconv/target/
+worker.generate, in the MindSpore child) and for the pair bundle's generate_mindspore.py (graphconv/deploy/
+pair.py copies this module's source into the script, so the bundle needs numpy and MindSpore only).
+
+Imports nothing but numpy: the two graphs come in as callables, so the loop does not know MindSpore.
+"""
+
+import numpy as np
+
+
+def positions(mask):
+    """position_ids as transformers' generate computes them: cumsum(mask) - 1, padded positions 0."""
+    return (np.cumsum(mask, -1) - 1) * (mask != 0)
+
+
+def greedy(prefill, decode, logits_of, ids, mask, max_new_tokens, eos, pad, on_step=None):
+    """prefill(ids, mask, position_ids) and decode(ids, mask, position_ids, cache) each return
+    (logits, cache) in the framework's tensors, `cache` passed back as it came (never copied to the host);
+    `logits_of(logits)` gives the last position's logits as numpy [batch, vocab]. A row that produced one
+    of the `eos` ids is fed `pad` from then on, and its mask keeps growing. `on_step(step, logits)` sees every
+    step's logits (step 0 the prefill's). Returns the chosen tokens [batch, steps]."""
+    finished = np.zeros(ids.shape[0], bool)
+    tokens = []
+    logits, cache = prefill(ids, mask, positions(mask))
+    for step in range(max_new_tokens):
+        if step > 0:
+            mask = np.concatenate([mask, np.ones((mask.shape[0], 1), mask.dtype)], axis=1)
+            logits, cache = decode(tokens[-1][:, None], mask, positions(mask)[:, -1:], cache)
+        last = logits_of(logits)
+        if on_step is not None:
+            on_step(step, last)
+        chosen = np.where(finished, pad, last.argmax(-1)).astype(np.int64)
+        tokens.append(chosen)
+        finished |= np.isin(chosen, eos)
+        if finished.all():
+            break
+    return np.stack(tokens, axis=1)
