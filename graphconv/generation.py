@@ -48,9 +48,11 @@ class GenerationResult:
     steps: list[dict]  # with check: {"step", "max_abs", "argmax_match"} per step (0 = prefill)
     timings: dict = dataclasses.field(default_factory=dict)  # seconds: load, prefill, decode per step
     notes: list[str] = dataclasses.field(default_factory=list)
+    # with check: each step's last-position logits [batch, vocab] (Python API only, not in the JSON)
+    step_logits: list | None = dataclasses.field(default=None, repr=False)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "step_logits"}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -243,7 +245,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         done = run_task("generate", task, ws.dir, f"MindSpore {device} generation")
         tokens = np.array(done["tokens"], np.int64).reshape(len(prompts), -1)
         steps: list[dict] = []
-        failure = None
+        failure, ms_logits = None, None
         if check:
             with np.load(done["logits"]) as data:
                 ms_logits = [data[f"step{k}"] for k in range(tokens.shape[1])]
@@ -252,7 +254,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     sequences, reasons = _sequences(tokens, _eos_ids(gen))
     result = GenerationResult(sequences=sequences, prompt_lengths=[len(p) for p in prompts],
                               finish_reasons=reasons, device=device, steps=steps,
-                              timings=done.get("timings", {}), notes=notes)
+                              timings=done.get("timings", {}), notes=notes, step_logits=ms_logits)
     if failure:
         error = VerificationError(failure)
         error.result = result

@@ -64,7 +64,8 @@ def _hf_generate(src: Path, prompts, new: int, eos: int | list[int], pad: int):
         mask[r, length - len(p):] = 1
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
-                             eos_token_id=eos, pad_token_id=pad, return_dict_in_generate=True, output_scores=True)
+                             eos_token_id=eos, pad_token_id=pad, return_dict_in_generate=True, output_scores=True,
+                             output_logits=True)
     eos_set = set(eos if isinstance(eos, list) else [eos])
     rows, ties = [], []
     for r in range(len(prompts)):
@@ -78,7 +79,7 @@ def _hf_generate(src: Path, prompts, new: int, eos: int | list[int], pad: int):
                 tie = k
                 break
         ties.append(tie)
-    return rows, ties
+    return rows, ties, [x.numpy() for x in out.logits]
 
 
 def _match(got: list[list[int]], want: list[list[int]], ties: list) -> list[str]:
@@ -106,9 +107,20 @@ def _generate_matches_transformers(src: Path, gen: Path, eos, pad: int) -> dict:
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    want, ties = _hf_generate(src, PROMPTS, NEW, eos, pad)
+    want, ties, hf_logits = _hf_generate(src, PROMPTS, NEW, eos, pad)
     for line in _match(result["sequences"], want, ties):
         print(line)
+    # Every step's logits against PyTorch's (not only onnxruntime's), on the rows still generating.
+    import graphconv
+
+    api = graphconv.generate(gen, PROMPTS, NEW, check=True)
+    worst = 0.0
+    for k, ms_step in enumerate(api.step_logits):
+        for r, w in enumerate(want):
+            if k < len(w) and (ties[r] is None or k < ties[r]):
+                worst = max(worst, float(np.abs(ms_step[r] - hf_logits[k][r]).max()))
+    assert worst <= 1e-4, worst
+    print(f"logits vs PyTorch, every step: max_abs {worst:.3g}")
     assert result["prompt_lengths"] == [len(p) for p in PROMPTS] and result["device"] == "cpu"
     assert "running the cpu MindIRs" in proc.stderr  # the one note line (no Ascend here)
     steps = result["steps"]
@@ -133,7 +145,7 @@ def test_llama_rows_stop_at_eos(llama_gen, tmp_path):
     import graphconv
 
     src, _, gen = llama_gen
-    free, _ = _hf_generate(src, PROMPTS, NEW, eos=2, pad=2)
+    free, _, _ = _hf_generate(src, PROMPTS, NEW, eos=2, pad=2)
     eos = free[1][3]  # prompt 2's fourth new token
     assert eos not in free[1][:3]
     other = tmp_path / "gen"
@@ -145,7 +157,7 @@ def test_llama_rows_stop_at_eos(llama_gen, tmp_path):
 
     result = graphconv.generate(other, PROMPTS, NEW, check=True)
     assert isinstance(result, graphconv.GenerationResult)
-    want, ties = _hf_generate(src, PROMPTS, NEW, eos=eos, pad=0)
+    want, ties, _ = _hf_generate(src, PROMPTS, NEW, eos=eos, pad=0)
     for line in _match(result.sequences, want, ties):
         print(f"eos {eos}: {line}")
     assert result.sequences[1] == free[1][:4] and result.finish_reasons[1] == "eos"
