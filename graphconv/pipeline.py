@@ -118,6 +118,11 @@ class Compiler:
             st.nodes_after = len(loaded.proto.graph.node)
             if loaded.external_bytes:
                 st.detail = {"external_weight_bytes": loaded.external_bytes, "weights": "read in place"}
+            if loaded.upgraded_from is not None:
+                st.detail["upgraded_from_opset"] = loaded.upgraded_from
+                self.report.warnings.append(
+                    f"opset {loaded.upgraded_from} upgraded to {loaded.opset} with onnx.version_converter; the "
+                    "oracle runs the model as given")
         self.report.model = _model_info(loaded.proto)
         # Which layer each node is in, from the exporter's module scopes (onnxsim drops dynamo's metadata).
         self.scopes = layers.record_scopes(loaded.proto)
@@ -160,12 +165,14 @@ class Compiler:
         return reference.make_cases(model, self.opt.mask_inputs, self.opt.dims)
 
     def validate(self, original: onnx.ModelProto, simplified: onnx.ModelProto,
-                 cases: list[reference.ReferenceCase]) -> tuple[list[dict], onnx.ModelProto]:
-        """Oracle outputs of the original model, and the model to compile: the simplified one if it
-        agrees with the original, else the original (with a warning)."""
+                 cases: list[reference.ReferenceCase], as_given: onnx.ModelProto | None = None,
+                 ) -> tuple[list[dict], onnx.ModelProto]:
+        """Oracle outputs of the original model (`as_given`, the user's, where loading upgraded its opset: a
+        converter fault is then caught too), and the model to compile: the simplified one if it agrees with
+        the original, else the original (with a warning)."""
         self.progress.info("validate (reference outputs)")
         with self.report.stage("validate"):
-            oracle = reference.Oracle(original)
+            oracle = reference.Oracle(as_given if as_given is not None else original)
             try:
                 expected = oracle.run(cases)
             except UnsupportedError as e:
@@ -178,7 +185,7 @@ class Compiler:
             self.report.validation["oracle"] = oracle.name
             if oracle.fallback_reason:
                 self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
-            if simplified is original:
+            if simplified is original and as_given is None:
                 return expected, original
             got = reference.Oracle(simplified).run(cases)
             atol, rtol = self._tolerance()
@@ -456,7 +463,7 @@ class Compiler:
         cases = self.reference_cases(original)
         simplified = self.simplify(loaded, ws)
         if self.opt.verify or simplified is not original:
-            expected, model = self.validate(original, simplified, cases)
+            expected, model = self.validate(original, simplified, cases, loaded.as_given)
         else:
             expected, model = None, simplified
         fused = self.fuse(model, cases, expected, ws)

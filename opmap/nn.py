@@ -273,12 +273,15 @@ def _mean_square(n, x, axes):
     return n.call("ops.mean", n.binop("*", x, x), axes, keep_dims=True)
 
 
-@register("BatchNormalization", since=15)
+@register("BatchNormalization", since=9)
 def batch_norm(n):
+    """BatchNormalization-9 to -15: the same inference formula. Training mode is the `training_mode` attribute
+    from opset 14; before it, the presence of the running-statistics outputs (BatchNormalization-9)."""
     rank = n.require_rank(0)
     spatial = rank - 2
     eps = float(n.attr("epsilon", 1e-5))
-    if n.attr("training_mode", 0):
+    training = n.attr("training_mode", 0) if n.opset >= 14 else n.n_outputs > 1
+    if training:
         return _batch_norm_training(n, rank, eps)
     scale, bias, mean, var = (_channel_param(n, i, spatial, h) for i, h in
                               ((1, "bn_scale"), (2, "bn_bias"), (3, "bn_mean"), (4, "bn_var")))

@@ -21,6 +21,7 @@ from graphconv.errors import InputError, UnsupportedError
 
 MIN_OPSET = 13
 MAX_OPSET = 23
+UPGRADE_FROM = 7  # opsets 7-12 are upgraded to MIN_OPSET on load
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -30,6 +31,9 @@ class LoadedModel:
     # shapes inferred; inline weights loaded, external ones referenced by absolute path (graphconv.frontend.weights)
     proto: onnx.ModelProto
     external_bytes: int  # bytes of weights stored as external data
+    # below MIN_OPSET: the model as given (the oracle runs it) and its opset; `proto` is its upgrade
+    as_given: onnx.ModelProto | None = None
+    upgraded_from: int | None = None
 
     @property
     def opset(self) -> int:
@@ -160,9 +164,30 @@ def check_value_types(model: onnx.ModelProto) -> None:
 
 
 def check_opsets(model: onnx.ModelProto) -> None:
+    """Opsets from 7 (older ones are upgraded to MIN_OPSET first, `upgrade`) up to MAX_OPSET."""
     opset = default_opset(model)
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise UnsupportedError(f"opset {opset} is outside the supported range {MIN_OPSET}-{MAX_OPSET}")
+    if not UPGRADE_FROM <= opset <= MAX_OPSET:
+        raise UnsupportedError(f"opset {opset} is outside the supported range {UPGRADE_FROM}-{MAX_OPSET} "
+                               f"(below {MIN_OPSET}: upgraded with onnx.version_converter)")
+
+
+def upgrade(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A model below MIN_OPSET upgraded to it with onnx.version_converter; others unchanged (the lowering's op
+    mappings are written from opset 13 on; the model as given stays the oracle's, so a converter bug is seen)."""
+    opset = default_opset(model)
+    if opset is None or opset >= MIN_OPSET:
+        return model
+    if opset < 9 and any(n.op_type == "Scan" for n in model.graph.node):
+        raise UnsupportedError(f"Scan at opset {opset} (with a batch axis and sequence_lens) is not supported: "
+                               "onnx.version_converter's Scan 8 -> 9 adapter does not remove the batch axis")
+    try:
+        from onnx import version_converter
+
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # noqa: BLE001 - the converter raises bare RuntimeErrors from C++
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UnsupportedError(f"opset {opset} is below {MIN_OPSET} and onnx.version_converter cannot upgrade "
+                               f"this model: {first[:200]}") from None
 
 
 def name_nodes(model: onnx.ModelProto) -> None:
@@ -201,9 +226,18 @@ def load(path: str | os.PathLike) -> LoadedModel:
         # read in so that shape inference sees their values (graphconv.frontend.weights).
         weights.take_over_external(model, path.parent)
         external = sum(r.length for r in weights.external_refs(model).values())
+    as_given, upgraded_from = None, None
+    if default_opset(model) < MIN_OPSET:
+        if external:
+            raise UnsupportedError(f"opset {default_opset(model)} with external data: upgrade it to opset "
+                                   f"{MIN_OPSET} first (onnx.version_converter)")
+        name_nodes(model)
+        as_given, upgraded_from = model, default_opset(model)
+        model = upgrade(model)
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as e:
         raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
     name_nodes(model)
-    return LoadedModel(path=path, proto=model, external_bytes=external)
+    return LoadedModel(path=path, proto=model, external_bytes=external, as_given=as_given,
+                       upgraded_from=upgraded_from)

@@ -66,24 +66,6 @@ def _default_opset(model: onnx.ModelProto) -> int | None:
     return next((i.version for i in model.opset_import if i.domain in load.DEFAULT_DOMAINS), None)
 
 
-def upgrade(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A model below opset 13 upgraded to 13 with onnx.version_converter; others unchanged."""
-    opset = _default_opset(model)
-    if opset is None or opset >= MIN_OPSET:
-        return model
-    if opset < 9 and any(n.op_type == "Scan" for n in model.graph.node):
-        raise UnsupportedError(f"Scan at opset {opset} (with a batch axis and sequence_lens) is not supported: "
-                               "onnx.version_converter's Scan 8 -> 9 adapter does not remove the batch axis")
-    try:
-        from onnx import version_converter
-
-        return version_converter.convert_version(model, MIN_OPSET)
-    except Exception as e:  # noqa: BLE001 - the converter raises bare RuntimeErrors from C++
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UnsupportedError(f"opset {opset} is below {MIN_OPSET} and onnx.version_converter cannot upgrade "
-                               f"this model: {first[:200]}") from None
-
-
 def check_interface(model: onnx.ModelProto) -> None:
     """Refuse, in one line, what the backend cannot exchange with MindSpore: other domains than the standard one,
     non-tensor graph inputs/outputs, and element types MindSpore has no tensors for (or, for bfloat16, that numpy
@@ -114,7 +96,7 @@ def load_model(model: onnx.ModelProto | str | bytes | os.PathLike, workdir: Path
     elif isinstance(model, bytes):
         model = onnx.load_from_string(model)
     check_interface(model)
-    model = upgrade(model)
+    model = load.upgrade(model)
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "model.onnx"
     onnx.save(model, str(path))
