@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from graphconv.errors import InputError, VerificationError
+from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
+from graphconv.target import greedy
 
 DEVICES = ("auto", "ascend", "cpu")
 ATOL = 1e-4
@@ -140,9 +142,6 @@ def left_pad(prompts: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray
     return ids, mask
 
 
-def positions(mask: np.ndarray) -> np.ndarray:
-    """generation.json's convention: cumsum(mask) - 1, padded positions 0."""
-    return (np.cumsum(mask, -1) - 1) * (mask != 0)
 
 
 def _load_generation(gen_dir: Path) -> dict:
@@ -151,12 +150,9 @@ def _load_generation(gen_dir: Path) -> dict:
     path = gen_dir / "generation.json"
     if not path.is_file():
         raise InputError(f"{gen_dir}: no generation.json (compile a `graphconv export --task {_TASK}` folder)")
-    try:
-        gen = json.loads(path.read_text())
-    except ValueError as e:
-        raise InputError(f"{path}: not JSON ({e})") from None
-    if not isinstance(gen, dict) or gen.get("task") != _TASK:
-        raise InputError(f"{path}: task {gen.get('task') if isinstance(gen, dict) else None!r}, not {_TASK}")
+    gen = read_json(path)
+    if gen.get("task") != _TASK:
+        raise InputError(f"{path}: task {gen.get('task')!r}, not {_TASK}")
     graphs = gen.get("graphs") or {}
     if not all(isinstance(graphs.get(g), dict) and graphs[g].get("inputs") and graphs[g].get("outputs")
                for g in ("prefill", "decode")):
@@ -282,7 +278,7 @@ def _check(onnx_pair, ids, mask, tokens, ms_logits, eos, atol, progress) -> tupl
     prefill, decode = (ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in onnx_pair)
     out_names = [o.name for o in decode.get_outputs()]
     past_names = {n: "past_key_values." + n[len("present."):] for n in out_names if n.startswith("present.")}
-    outs = prefill.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": positions(mask)})
+    outs = prefill.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": greedy.positions(mask)})
     names = [o.name for o in prefill.get_outputs()]
     steps, failure = [], None
     running = np.ones(ids.shape[0], bool)
@@ -290,7 +286,8 @@ def _check(onnx_pair, ids, mask, tokens, ms_logits, eos, atol, progress) -> tupl
     for k in range(tokens.shape[1]):
         if k > 0:
             mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
-            feed = {"input_ids": tokens[:, k - 1:k], "attention_mask": mask, "position_ids": positions(mask)[:, -1:],
+            feed = {"input_ids": tokens[:, k - 1:k], "attention_mask": mask,
+                    "position_ids": greedy.positions(mask)[:, -1:],
                     **{past_names[n]: v for n, v in zip(names, outs) if n in past_names}}
             outs = decode.run(None, feed)
             names = out_names

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from graphconv.errors import InputError
+from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
 
 GRAPHS = ("prefill", "decode")
@@ -65,10 +66,7 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
     progress = progress or SILENT
     meta_path = export_dir / "generation.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{meta_path}: cannot read ({e})") from None
+    meta = read_json(meta_path)
     if meta.get("task") != "text-generation-with-past":
         raise InputError(f"{export_dir}: task {meta.get('task')!r} is not text-generation-with-past (compile its "
                          "model.onnx instead)")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend.export import ExportResult, export_pytorch, require_torch
+from graphconv.frontend.load import read_json
 
 TASKS = ("text-generation", "feature-extraction", "text-generation-with-past")
 DTYPES = ("fp32",)
@@ -98,11 +99,8 @@ def _read_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
         raise InputError(f"{folder}: no config.json (not a transformers checkpoint folder)")
-    try:
-        raw = json.loads(path.read_text())
-    except ValueError as e:
-        raise InputError(f"{path}: not JSON ({e})") from None
-    if not isinstance(raw, dict) or not raw.get("model_type"):
+    raw = read_json(path)
+    if not raw.get("model_type"):
         raise InputError(f"{path}: no model_type")
     if raw.get("auto_map"):
         raise UnsupportedError(f"{path}: the model needs its own code (auto_map); remote code is not run")

@@ -9,6 +9,7 @@ weights stay in their files (graphconv.frontend.weights), so a 30 GB model costs
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -161,6 +162,17 @@ def check_value_types(model: onnx.ModelProto) -> None:
     for t in graph.initializer:
         if t.data_type not in known:
             raise InputError(f"tensor {t.name!r} has the unknown element type {t.data_type}")
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path` (config.json, generation.json), or a one-line InputError."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read as JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return value
 
 
 def check_opsets(model: onnx.ModelProto) -> None:
