@@ -218,14 +218,20 @@ def _two_linears(tmp_path, second: str, second_node: str):
     return path, fc, proj
 
 
+def _compile_with_source(path, src, **options):
+    """A verified compile with --emit-source src; (report, network.names.json) with the two Linears' names."""
+    report = graphconv.compile(path, path.with_suffix(".mindir"), emit_source=src, **options)
+    assert report.status == "verified"
+    mapping = json.loads((src / "network.names.json").read_text())
+    assert set(mapping) == {"enc.fc.weight", "head.proj.weight"}
+    return report, mapping
+
+
 def test_compile_names_parameters_writes_the_mapping_and_loads_into_the_net(tmp_path):
     # One dynamo-style folded transpose and one TorchScript-style weight, through the whole compile.
     path, fc, proj = _two_linears(tmp_path, "onnx::MatMul_12", "/head/proj/MatMul")
     src = tmp_path / "src"
-    report = graphconv.compile(path, tmp_path / "m.mindir", target="cpu", emit_source=src)
-    assert report.status == "verified"
-    mapping = json.loads((src / "network.names.json").read_text())
-    assert set(mapping) == {"enc.fc.weight", "head.proj.weight"}
+    report, mapping = _compile_with_source(path, src, target="cpu")
     assert mapping["enc.fc.weight"]["source"] == ["enc.fc.weight"] and mapping["enc.fc.weight"]["transform"] is None
     assert mapping["head.proj.weight"]["source"] == ["onnx::MatMul_12"]
     assert mapping["head.proj.weight"]["transform"] == "transpose [1, 0]"
@@ -299,13 +305,10 @@ def test_transformers_llama_ckpt_keys_are_the_state_dict_keys(exporter, target, 
 
 def test_precision_casts_are_listed_in_the_mapping(tmp_path):
     """--precision fp16: each weight cast to fp16 keeps its name (converted in place), and the mapping beside
-    the .ckpt says the precision pass cast it; the .ckpt holds the fp16 values of the source weights."""
+    the .ckpt says the precision pass cast it; the .ckpt holds them in fp16."""
     path, _, _ = _two_linears(tmp_path, "head.proj.weight", "node_linear_1")
     src = tmp_path / "src"
-    report = graphconv.compile(path, tmp_path / "m.mindir", precision="fp16", emit_source=src)
-    assert report.status == "verified"
-    mapping = json.loads((src / "network.names.json").read_text())
-    assert set(mapping) == {"enc.fc.weight", "head.proj.weight"}
+    _, mapping = _compile_with_source(path, src, precision="fp16")
     for name in mapping:
         assert mapping[name]["made_by"] == "precision" and "cast to fp16" in mapping[name]["transform"], mapping[name]
     info = {p["name"]: p for p in inspect(src / "network.ckpt")["params"]}
