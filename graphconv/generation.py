@@ -117,33 +117,6 @@ def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def _eos_ids(gen: dict) -> list[int]:
-    eos = gen.get("eos_token_id")
-    if eos is None:
-        return []
-    return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
-
-
-def pad_id(gen: dict) -> int:
-    if gen.get("pad_token_id") is not None:
-        return int(gen["pad_token_id"])
-    eos = _eos_ids(gen)
-    return eos[0] if eos else 0
-
-
-def left_pad(prompts: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, attention_mask) [batch, longest], each prompt right-aligned."""
-    length = max(len(p) for p in prompts)
-    ids = np.full((len(prompts), length), pad, np.int64)
-    mask = np.zeros((len(prompts), length), np.int64)
-    for r, p in enumerate(prompts):
-        ids[r, length - len(p):] = p
-        mask[r, length - len(p):] = 1
-    return ids, mask
-
-
-
-
 def _load_generation(gen_dir: Path) -> dict:
     if not gen_dir.is_dir():
         raise InputError(f"{gen_dir}: no such directory")
@@ -227,13 +200,13 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     for note in notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
 
-    pad = pad_id(gen)
-    ids, mask = left_pad(prompts, pad)
+    pad = greedy.pad_id(gen)
+    ids, mask = greedy.left_pad(prompts, pad)
     with Workspace(Path(tempfile.gettempdir()) / "graphconv-generate") as ws:
         prompt_path = ws.path("prompt.npz")
         np.savez(prompt_path, input_ids=ids, attention_mask=mask)
         task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
-                "eos_token_ids": _eos_ids(gen), "pad_token_id": pad,
+                "eos_token_ids": greedy.eos_ids(gen), "pad_token_id": pad,
                 "logits": str(ws.path("logits.npz")) if check else None,
                 **{g: {"mindir": str(m), "inputs": _specs(gen["graphs"][g], gen.get("dtype", "fp32"))}
                    for g, m in zip(("prefill", "decode"), mindirs)}}
@@ -245,9 +218,9 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         if check:
             with np.load(done["logits"]) as data:
                 ms_logits = [data[f"step{k}"] for k in range(tokens.shape[1])]
-            steps, failure = _check(onnx_pair, ids, mask, tokens, ms_logits, _eos_ids(gen), atol, progress)
+            steps, failure = _check(onnx_pair, ids, mask, tokens, ms_logits, greedy.eos_ids(gen), atol, progress)
 
-    sequences, reasons = _sequences(tokens, _eos_ids(gen))
+    sequences, reasons = greedy.sequences(tokens, greedy.eos_ids(gen))
     result = GenerationResult(sequences=sequences, prompt_lengths=[len(p) for p in prompts],
                               finish_reasons=reasons, device=device, steps=steps,
                               timings=done.get("timings", {}), notes=notes, step_logits=ms_logits)
@@ -256,15 +229,6 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         error.result = result
         raise error
     return result
-
-
-def _sequences(tokens: np.ndarray, eos: list[int]) -> tuple[list[list[int]], list[str]]:
-    sequences, reasons = [], []
-    for row in tokens.tolist():
-        stop = next((k for k, t in enumerate(row) if t in eos), None)
-        sequences.append(row if stop is None else row[:stop + 1])
-        reasons.append("length" if stop is None else "eos")
-    return sequences, reasons
 
 
 def _check(onnx_pair, ids, mask, tokens, ms_logits, eos, atol, progress) -> tuple[list[dict], str | None]:

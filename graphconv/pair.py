@@ -80,8 +80,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     for key in ("emit_source", "save_fused"):
         if options.get(key):
             raise InputError(f"--{key.replace('_', '-')} is not supported for a generation pair yet")
-    bundle = Path(options.pop("bundle")) if options.get("bundle") else None
-    options.pop("bundle", None)
+    bundle = options.pop("bundle", None)
+    bundle = Path(bundle) if bundle else None
     if bundle is not None and bundle.exists():
         raise InputError(f"--bundle {bundle} already exists")
     per_inputs = split_inputs(inputs)

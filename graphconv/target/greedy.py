@@ -8,6 +8,43 @@ Imports nothing but numpy: the two graphs come in as callables, so the loop does
 import numpy as np
 
 
+def eos_ids(generation):
+    """generation.json's eos_token_id (one id, a list, or none) as a list."""
+    eos = generation.get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+
+
+def pad_id(generation):
+    """The id padding and finished rows get: pad_token_id, else the first eos, else 0."""
+    if generation.get("pad_token_id") is not None:
+        return int(generation["pad_token_id"])
+    eos = eos_ids(generation)
+    return eos[0] if eos else 0
+
+
+def left_pad(prompts, pad):
+    """(input_ids, attention_mask) [batch, longest] int64, each prompt right-aligned."""
+    length = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), length), pad, np.int64)
+    mask = np.zeros((len(prompts), length), np.int64)
+    for r, p in enumerate(prompts):
+        ids[r, length - len(p):] = p
+        mask[r, length - len(p):] = 1
+    return ids, mask
+
+
+def sequences(tokens, eos):
+    """Per row the new ids up to and including the first eos, and why it ended ("eos" or "length")."""
+    rows, reasons = [], []
+    for row in tokens.tolist():
+        stop = next((k for k, t in enumerate(row) if t in eos), None)
+        rows.append(row if stop is None else row[:stop + 1])
+        reasons.append("length" if stop is None else "eos")
+    return rows, reasons
+
+
 def positions(mask):
     """position_ids as transformers' generate computes them: cumsum(mask) - 1, padded positions 0."""
     return (np.cumsum(mask, -1) - 1) * (mask != 0)
