@@ -123,6 +123,9 @@ class Compiler:
                 self.report.warnings.append(
                     f"opset {loaded.upgraded_from} upgraded to {loaded.opset} with onnx.version_converter; the "
                     "oracle runs the model as given")
+            if loaded.decomposed:
+                st.detail["onnxruntime_contrib_ops_decomposed"] = loaded.decomposed
+            self.report.warnings.extend(loaded.notes)
         self.report.model = _model_info(loaded.proto)
         # Which layer each node is in, from the exporter's module scopes (onnxsim drops dynamo's metadata).
         self.scopes = layers.record_scopes(loaded.proto)

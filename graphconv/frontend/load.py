@@ -17,7 +17,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
-from graphconv.frontend import weights
+from graphconv.frontend import contrib, weights
 from graphconv.errors import InputError, UnsupportedError
 
 MIN_OPSET = 13
@@ -32,9 +32,12 @@ class LoadedModel:
     # shapes inferred; inline weights loaded, external ones referenced by absolute path (graphconv.frontend.weights)
     proto: onnx.ModelProto
     external_bytes: int  # bytes of weights stored as external data
-    # below MIN_OPSET: the model as given (the oracle runs it) and its opset; `proto` is its upgrade
+    # the model as given (the oracle runs it) when `proto` differs: below MIN_OPSET its upgrade (from opset
+    # `upgraded_from`), with onnxruntime contrib ops their decomposition (graphconv.frontend.contrib)
     as_given: onnx.ModelProto | None = None
     upgraded_from: int | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)  # what loading did to the model, for the report
+    decomposed: dict[str, int] = dataclasses.field(default_factory=dict)  # onnxruntime contrib op -> nodes
 
     @property
     def opset(self) -> int:
@@ -225,26 +228,32 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_value_types(model)
     check_inline_tensors(model)
     check_opsets(model)
-    try:
+    as_given, upgraded_from, notes, decomposed = None, None, [], {}
+    if contrib.contrib_nodes(model):
+        # onnxruntime's contrib ops: the checker's complaint about them is a note, the model to compile is
+        # their standard decomposition (checked in full), the oracle runs the model as given.
+        notes.append(_contrib_note(model, contrib.contrib_nodes(model)))
+        if external:
+            weights.take_over_external(model, path.parent)
+        name_nodes(model)
+        as_given = model
+        model, decomposed = contrib.decompose(model)
+        _check(weights.stripped(model)[0], path)
+    else:
         # By path when weights are external: the checker then resolves data files relative to the model.
-        onnx.checker.check_model(str(path) if external else model)
-    except onnx.checker.ValidationError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"{path}: invalid ONNX model: {first}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: invalid ONNX model: a name or string is not valid UTF-8") from None
+        _check(str(path) if external else model, path)
+        if external:
+            # The weights stay in their files, referenced by absolute path; small tensors (shape constants)
+            # are read in so that shape inference sees their values (graphconv.frontend.weights).
+            weights.take_over_external(model, path.parent)
     if external:
-        # The weights stay in their files, referenced by absolute path; small tensors (shape constants) are
-        # read in so that shape inference sees their values (graphconv.frontend.weights).
-        weights.take_over_external(model, path.parent)
         external = sum(r.length for r in weights.external_refs(model).values())
-    as_given, upgraded_from = None, None
     if default_opset(model) < MIN_OPSET:
         if external:
             raise UnsupportedError(f"opset {default_opset(model)} with external data: upgrade it to opset "
                                    f"{MIN_OPSET} first (onnx.version_converter)")
         name_nodes(model)
-        as_given, upgraded_from = model, default_opset(model)
+        as_given, upgraded_from = as_given or model, default_opset(model)
         model = upgrade(model)
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
@@ -252,4 +261,29 @@ def load(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
     name_nodes(model)
     return LoadedModel(path=path, proto=model, external_bytes=external, as_given=as_given,
-                       upgraded_from=upgraded_from)
+                       upgraded_from=upgraded_from, notes=notes, decomposed=decomposed)
+
+
+def _check(model: onnx.ModelProto | str, path: Path) -> None:
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise InputError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: invalid ONNX model: a name or string is not valid UTF-8") from None
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _contrib_note(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> str:
+    """What onnx.checker says of the model as given (it does not know onnxruntime's contrib ops)."""
+    ops = sorted({contrib.label(n) for n in nodes})
+    try:
+        onnx.checker.check_model(weights.stripped(model)[0] if weights.external_refs(model) else model)
+        complaint = "onnx.checker accepts it"
+    except (onnx.checker.ValidationError, UnicodeDecodeError) as e:
+        complaint = f"onnx.checker: {_first_line(e)}"
+    return (f"onnxruntime contrib op(s) {', '.join(ops)} ({complaint}): decomposed into standard ONNX on load; "
+            "the oracle, onnxruntime, runs the model as given")

@@ -1,0 +1,110 @@
+"""onnxruntime's contrib ops, rewritten on load into the standard ONNX an exporter would have written.
+
+Models made by onnxruntime's tools (onnxruntime-genai's model builder, the transformers optimizer, the
+quantizer) use ops onnxruntime registers beyond the ONNX standard: the `com.microsoft` domain
+(GroupQueryAttention, SkipSimplifiedLayerNormalization, MatMulNBits, ...) and a few in the default domain
+(SimplifiedLayerNormalization). onnx.checker and onnx's shape inference do not know them, onnxsim cannot
+simplify them, and opmap has no lowering for them.
+
+So the loader replaces each such node by standard ONNX that computes exactly what onnxruntime's kernel
+computes (each decomposition's docstring states the semantics and where they were read). After that the
+model is an ordinary one: the fusion passes see the same spellings as in a PyTorch export (an RMSNorm written
+out, attention as MatMul/Softmax/MatMul, ...) and fuse them to MindSpore's fused operators, every target
+lowers them, and the cpu twin runs them. The oracle runs the model as given, in onnxruntime, so a wrong
+decomposition shows up as a verification failure, never as a silently different model.
+
+A decomposition is registered per (domain, op type) with `@decomposes(...)`; it receives a `Rewrite`
+(graphconv/frontend/contrib/rewrite.py) and writes the replacement nodes through it.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import onnx
+
+from graphconv.errors import UnsupportedError
+from graphconv.frontend.contrib.registry import DECOMPOSITIONS, MICROSOFT, decomposes  # noqa: F401 (API)
+from graphconv.frontend.contrib.rewrite import Rewrite, static_shapes
+
+def _domain(d: str) -> str:
+    return "" if d == "ai.onnx" else d
+
+
+@functools.cache
+def onnxruntime_ops() -> frozenset[tuple[str, str]]:
+    """(domain, op type) of every op onnxruntime registers a schema for (contrib ops included)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    return frozenset((_domain(s.domain), s.name) for s in ort_c.get_all_operator_schema())
+
+
+def is_standard(node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
+    """An op onnx itself defines at the model's opset of its domain."""
+    domain = _domain(node.domain)
+    if domain not in ("", "ai.onnx.ml", "ai.onnx.preview.training"):
+        return False
+    try:
+        onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
+        return True
+    except onnx.defs.SchemaError:
+        return False
+
+
+def contrib_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Main-graph nodes of ops onnxruntime registers but onnx does not define at the model's opset."""
+    opsets = {_domain(i.domain): i.version for i in model.opset_import}
+    return [n for n in model.graph.node
+            if not is_standard(n, opsets) and (_domain(n.domain), n.op_type) in onnxruntime_ops()]
+
+
+def label(node: onnx.NodeProto) -> str:
+    domain = _domain(node.domain)
+    return f"{domain}::{node.op_type}" if domain else node.op_type
+
+
+def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """`model` with every onnxruntime contrib node replaced by its standard decomposition (a new proto; the
+    input is left as given, for the oracle). Returns it and the count of decomposed nodes per op. An op
+    onnxruntime registers that graphconv cannot decompose is refused, naming it."""
+    nodes = contrib_nodes(model)
+    if not nodes:
+        return model, {}
+    missing = sorted({label(n) for n in nodes if (_domain(n.domain), n.op_type) not in DECOMPOSITIONS})
+    if missing:
+        raise UnsupportedError(f"{len(missing)} onnxruntime contrib op(s) graphconv does not lower: "
+                               f"{', '.join(missing)} (onnxruntime runs them; no MindSpore mapping is written)")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    shapes = static_shapes(model)
+    opset = next(i.version for i in model.opset_import if _domain(i.domain) == "")
+    taken = {x for n in model.graph.node for x in (*n.input, *n.output, n.name)}
+    taken |= {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
+    counts: collections.Counter[str] = collections.Counter()
+    new_nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        key = (_domain(node.domain), node.op_type)
+        if key not in DECOMPOSITIONS or is_standard(node, {"": opset}):
+            new_nodes.append(node)
+            continue
+        rw = Rewrite(node, shapes, opset, taken)
+        DECOMPOSITIONS[key](rw)
+        new_nodes.extend(rw.finish())
+        counts[label(node)] += 1
+    del out.graph.node[:]
+    out.graph.node.extend(new_nodes)
+    # Value infos of the replaced nodes' outputs stay valid (same names, same values); the ones the
+    # decompositions add are inferred later. Domains no node uses any more are dropped from the imports.
+    used = {_domain(n.domain) for n in out.graph.node} | {""}
+    used |= {_domain(f.domain) for f in out.functions}
+    for f in out.functions:
+        used |= {_domain(n.domain) for n in f.node}
+    kept = [i for i in out.opset_import if _domain(i.domain) in used]
+    del out.opset_import[:]
+    out.opset_import.extend(kept)
+    return out, dict(counts)
+
+
+# The decompositions, one module per op family (each registers itself).
+from graphconv.frontend.contrib import norm  # noqa: E402,F401  (registers its decompositions)

@@ -1,0 +1,127 @@
+"""What a contrib-op decomposition writes with: standard nodes replacing one contrib node.
+
+Nodes are named `<contrib node>::<op>_<k>` and new values `<contrib node>::<what>`, so the report,
+`graphconv debug` and the layer grouping still see which contrib node they compute. The replaced node's
+outputs keep their names: the rest of the graph is untouched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from graphconv.errors import UnsupportedError
+
+
+def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[list, int]]:
+    """(dims, elem type) of every value, contrib ops' outputs included, from onnxruntime's symbolic shape
+    inference (which knows them; onnx's does not). Dims are ints or symbol names. Empty when it fails: the
+    decompositions then use what the attributes and runtime Shape ops give."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    for t in bare.graph.initializer:  # the weights' bytes are not needed, only their dims
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.raw_data and len(t.raw_data) > 1 << 16:
+            t.ClearField("raw_data")
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    shapes = {}
+    for t in model.graph.initializer:
+        shapes[t.name] = (list(t.dims), t.data_type)
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(bare, auto_merge=True, guess_output_rank=True)
+    except Exception:  # noqa: BLE001 - a tool's best effort; shapes are a help, not a requirement
+        inferred = bare
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape"):
+            shapes[vi.name] = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                for d in tt.shape.dim], tt.elem_type)
+    return shapes
+
+
+class Rewrite:
+    def __init__(self, node: onnx.NodeProto, shapes: dict, opset: int, taken: set[str]):
+        self.node = node
+        self.opset = opset
+        self._shapes = shapes
+        self._taken = taken
+        self._nodes: list[onnx.NodeProto] = []
+        self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self.name = node.name or f"{node.op_type}_{id(node)}"
+
+    # --- reading the contrib node ---
+    def attr(self, name: str, default=None):
+        v = self._attrs.get(name, default)
+        return v.decode() if isinstance(v, bytes) else v
+
+    def has(self, i: int) -> bool:
+        return i < len(self.node.input) and bool(self.node.input[i])
+
+    def input(self, i: int) -> str:
+        return self.node.input[i] if self.has(i) else ""
+
+    def output(self, i: int) -> str:
+        """The i-th output's name, or '' when the model does not use it."""
+        return self.node.output[i] if i < len(self.node.output) else ""
+
+    def shape(self, value: str) -> list | None:
+        s = self._shapes.get(value)
+        return None if s is None else s[0]
+
+    def dtype(self, value: str) -> int | None:
+        s = self._shapes.get(value)
+        return None if s is None else s[1]
+
+    def static_dim(self, value: str, axis: int) -> int | None:
+        s = self.shape(value)
+        if s is None or not -len(s) <= axis < len(s):
+            return None
+        d = s[axis]
+        return d if isinstance(d, int) and d > 0 else None
+
+    def fail(self, why: str):
+        raise UnsupportedError(f"{self.node.domain or 'ai.onnx'}::{self.node.op_type} node {self.name!r}: {why}")
+
+    # --- writing the replacement ---
+    def fresh(self, what: str) -> str:
+        name = f"{self.name}::{what}"
+        while name in self._taken:
+            name += "_"
+        self._taken.add(name)
+        return name
+
+    def op(self, op_type: str, *inputs: str, outputs: list[str] | int = 1, **attrs):
+        """Append a node; returns its output name (or the list of them when outputs is a list or > 1)."""
+        if isinstance(outputs, int):
+            names = [self.fresh(f"{op_type}_{len(self._nodes)}_{k}" if outputs > 1 else f"{op_type}_{len(self._nodes)}")
+                     for k in range(outputs)]
+            single = outputs == 1
+        else:
+            names = [o or self.fresh(f"{op_type}_{len(self._nodes)}_unused{k}") for k, o in enumerate(outputs)]
+            single = False
+        self._nodes.append(helper.make_node(op_type, list(inputs), names,
+                                            name=self.fresh(f"{op_type}_{len(self._nodes)}"), **attrs))
+        return names[0] if single else names
+
+    def const(self, value, dtype=None) -> str:
+        """A Constant node holding `value` (numpy dtype `dtype`, default from the value)."""
+        arr = np.asarray(value, dtype=dtype)
+        out = self.fresh(f"const_{len(self._nodes)}")
+        self._nodes.append(helper.make_node("Constant", [], [out], name=self.fresh(f"Constant_{len(self._nodes)}"),
+                                            value=numpy_helper.from_array(arr, out)))
+        return out
+
+    def identity(self, src: str, dst: str) -> None:
+        """Make output `dst` (a contrib node's output name) the value `src`."""
+        if dst:
+            self._nodes.append(helper.make_node("Identity", [src], [dst], name=self.fresh(f"Identity_{len(self._nodes)}")))
+
+    def finish(self) -> list[onnx.NodeProto]:
+        produced = {o for n in self._nodes for o in n.output}
+        missing = [o for o in self.node.output if o and o not in produced]
+        if missing:
+            self.fail(f"the decomposition does not compute output(s) {missing} (a graphconv bug)")
+        return self._nodes
