@@ -37,7 +37,7 @@ from graphconv.target import greedy
 
 DEVICES = ("auto", "ascend", "cpu")
 ATOL = 1e-4
-_MINDIRS = {"cpu": ("prefill.cpu.mindir", "decode.cpu.mindir"), "ascend": ("prefill.mindir", "decode.mindir")}
+GRAPHS = ("prefill", "decode")
 _TASK = "text-generation-with-past"
 
 
@@ -147,6 +147,13 @@ def _resolve_device(device: str) -> tuple[str, list[str]]:
     return device, []
 
 
+def mindir_files(gen: dict, device: str) -> list[str]:
+    """The prefill's and the decode's MindIR file names: graphs.<g>.mindir (default <g>; one file when one
+    graph serves both), `.cpu.mindir` for the cpu ones."""
+    suffix = ".cpu.mindir" if device == "cpu" else ".mindir"
+    return [gen["graphs"][g].get("mindir", g) + suffix for g in GRAPHS]
+
+
 def _specs(graph: dict, dtype: str) -> list[dict]:
     """set_inputs placeholders from generation.json's dims: named dims dynamic, numbers fixed; ids, masks and
     positions int64, the cache in the model's dtype."""
@@ -154,9 +161,21 @@ def _specs(graph: dict, dtype: str) -> list[dict]:
     specs = []
     for name, dims in graph["inputs"].items():
         shape = [d if isinstance(d, int) else None for d in dims]
-        specs.append({"name": name, "shape": shape,
-                      "ms_dtype": float_dtype if name.startswith("past_key_values.") else "int64"})
+        cache = name.startswith("past_key_values.")
+        specs.append({"name": name, "shape": shape, "ms_dtype": float_dtype if cache else "int64",
+                      "np_dtype": "float32" if cache and dtype == "bf16" else float_dtype if cache else "int64"})
     return specs
+
+
+def _batches(prompts: list[list[int]], gen: dict) -> list[list[int]]:
+    """Indices of the prompts run together. One batch, left padded, unless generation.json says the graph
+    takes no padding (GroupQueryAttention reads the mask as lengths): then prompts of one length together."""
+    if gen.get("prompt_padding", "left") != "none":
+        return [list(range(len(prompts)))]
+    groups: dict[int, list[int]] = {}
+    for k, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(k)
+    return list(groups.values())
 
 
 def _onnx_pair(gen_dir: Path, gen: dict, onnx_dir: Path | None) -> tuple[Path, Path]:
@@ -192,8 +211,8 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         raise InputError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
     prompts = _prompts(input_ids, gen.get("vocab_size"))
     device, notes = _resolve_device(device)
-    mindirs = [gen_dir / f for f in _MINDIRS[device]]
-    missing = [m.name for m in mindirs if not m.is_file()]
+    mindirs = [gen_dir / f for f in mindir_files(gen, device)]
+    missing = sorted({m.name for m in mindirs if not m.is_file()})
     if missing:
         raise InputError(f"{gen_dir}: no {', '.join(missing)} (the {device} MindIRs; see `graphconv compile`)")
     onnx_pair = _onnx_pair(gen_dir, gen, Path(onnx_dir) if onnx_dir else None) if check else None
@@ -201,29 +220,40 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         print(f"note: {note}", file=sys.stderr, flush=True)
 
     pad = greedy.pad_id(gen)
-    ids, mask = greedy.left_pad(prompts, pad)
-    with Workspace(Path(tempfile.gettempdir()) / "graphconv-generate") as ws:
-        prompt_path = ws.path("prompt.npz")
-        np.savez(prompt_path, input_ids=ids, attention_mask=mask)
-        task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
-                "eos_token_ids": greedy.eos_ids(gen), "pad_token_id": pad,
-                "logits": str(ws.path("logits.npz")) if check else None,
-                **{g: {"mindir": str(m), "inputs": _specs(gen["graphs"][g], gen.get("dtype", "fp32"))}
-                   for g, m in zip(("prefill", "decode"), mindirs)}}
-        progress.info(f"generate: {len(prompts)} prompt(s), up to {max_new_tokens} new tokens on {device}")
-        done = run_task("generate", task, ws.dir, f"MindSpore {device} generation")
-        tokens = np.array(done["tokens"], np.int64).reshape(len(prompts), -1)
-        steps: list[dict] = []
-        failure, ms_logits = None, None
-        if check:
-            with np.load(done["logits"]) as data:
-                ms_logits = [data[f"step{k}"] for k in range(tokens.shape[1])]
-            steps, failure = _check(onnx_pair, ids, mask, tokens, ms_logits, greedy.eos_ids(gen), atol, progress)
-
-    sequences, reasons = greedy.sequences(tokens, greedy.eos_ids(gen))
+    sequences, reasons, steps, ms_logits, timings = [None] * len(prompts), [None] * len(prompts), [], [], {}
+    failure = None
+    for batch in _batches(prompts, gen):
+        ids, mask = greedy.left_pad([prompts[k] for k in batch], pad)
+        with Workspace(Path(tempfile.gettempdir()) / "graphconv-generate") as ws:
+            prompt_path = ws.path("prompt.npz")
+            np.savez(prompt_path, input_ids=ids, attention_mask=mask)
+            task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
+                    "eos_token_ids": greedy.eos_ids(gen), "pad_token_id": pad,
+                    "logits": str(ws.path("logits.npz")) if check else None,
+                    **{g: {"mindir": str(m), "inputs": _specs(gen["graphs"][g], gen.get("dtype", "fp32")),
+                           "outputs": list(gen["graphs"][g]["outputs"]),
+                           "empty_cache": bool(gen["graphs"][g].get("empty_cache"))}
+                       for g, m in zip(GRAPHS, mindirs)}}
+            progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}")
+            done = run_task("generate", task, ws.dir, f"MindSpore {device} generation")
+            tokens = np.array(done["tokens"], np.int64).reshape(len(batch), -1)
+            if check:
+                with np.load(done["logits"]) as data:
+                    logits = [data[f"step{k}"] for k in range(tokens.shape[1])]
+                ms_logits.append(logits)
+                batch_steps, batch_failure = _check(onnx_pair, gen, ids, mask, tokens, logits,
+                                                    greedy.eos_ids(gen), atol, progress)
+                steps += [{**s, "prompts": [k + 1 for k in batch]} if len(batch) < len(prompts) else s
+                          for s in batch_steps]
+                failure = failure or batch_failure
+        for k, seq, why in zip(batch, *greedy.sequences(tokens, greedy.eos_ids(gen))):
+            sequences[k], reasons[k] = seq, why
+        for key, value in done.get("timings", {}).items():
+            timings.setdefault(key, value)
     result = GenerationResult(sequences=sequences, prompt_lengths=[len(p) for p in prompts],
                               finish_reasons=reasons, device=device, steps=steps,
-                              timings=done.get("timings", {}), notes=notes, step_logits=ms_logits)
+                              timings=timings, notes=notes,
+                              step_logits=(ms_logits[0] if len(ms_logits) == 1 else ms_logits) if check else None)
     if failure:
         error = VerificationError(failure)
         error.result = result
@@ -231,7 +261,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     return result
 
 
-def _check(onnx_pair, ids, mask, tokens, ms_logits, eos, atol, progress) -> tuple[list[dict], str | None]:
+def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) -> tuple[list[dict], str | None]:
     """onnxruntime on the same feed (the prompt, then the tokens MindSpore chose), its own cache; every step's
     last-position logits compared on the rows still generating at that step."""
     import onnxruntime as ort
@@ -239,23 +269,26 @@ def _check(onnx_pair, ids, mask, tokens, ms_logits, eos, atol, progress) -> tupl
     progress.info(f"check: onnxruntime on {onnx_pair[0].name} + {onnx_pair[1].name}")
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    prefill, decode = (ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in onnx_pair)
-    out_names = [o.name for o in decode.get_outputs()]
-    past_names = {n: "past_key_values." + n[len("present."):] for n in out_names if n.startswith("present.")}
-    outs = prefill.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": greedy.positions(mask)})
-    names = [o.name for o in prefill.get_outputs()]
+    sessions = {p: ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in set(onnx_pair)}
+    graphs = [gen["graphs"][g] for g in GRAPHS]
+
+    def run(k, ids, mask, positions, cache=None):
+        session = sessions[onnx_pair[k]]
+        by_name = {sp["name"]: sp for sp in _specs(graphs[k], gen.get("dtype", "fp32"))}
+        specs = [by_name[i.name] for i in session.get_inputs()]
+        feed = greedy.step_feed(specs, ids, mask, positions, cache, bool(graphs[k].get("empty_cache")))
+        out = session.run(None, {sp["name"]: v for sp, v in zip(specs, feed)})
+        return greedy.split_outputs([o.name for o in session.get_outputs()], out)
+
+    logits, cache = run(0, ids, mask, greedy.positions(mask))
     steps, failure = [], None
     running = np.ones(ids.shape[0], bool)
     t0 = time.perf_counter()
     for k in range(tokens.shape[1]):
         if k > 0:
             mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
-            feed = {"input_ids": tokens[:, k - 1:k], "attention_mask": mask,
-                    "position_ids": greedy.positions(mask)[:, -1:],
-                    **{past_names[n]: v for n, v in zip(names, outs) if n in past_names}}
-            outs = decode.run(None, feed)
-            names = out_names
-        ref = outs[names.index("logits")][:, -1]
+            logits, cache = run(1, tokens[:, k - 1:k], mask, greedy.positions(mask)[:, -1:], cache)
+        ref = logits[:, -1]
         got = ms_logits[k]
         rows = np.flatnonzero(running)
         diff = np.abs(ref[rows].astype(np.float64) - got[rows])

@@ -1,5 +1,8 @@
-"""Compile a generation pair: `graphconv compile EXPORT_DIR -o GEN_DIR` on the folder `graphconv export
---task text-generation-with-past` wrote (prefill.onnx, decode.onnx, generation.json).
+"""Compile a generation model: `graphconv compile EXPORT_DIR -o GEN_DIR` on the folder `graphconv export
+--task text-generation-with-past` wrote (prefill.onnx, decode.onnx, generation.json), or on an
+onnxruntime-genai model builder folder (model.onnx + genai_config.json: one graph serving the prompt, with
+an empty cache, and each decode step; `genai_generation` translates its config into generation.json, and
+GEN_DIR then holds model.mindir + model.cpu.mindir, which generation.json names for both steps).
 
 GEN_DIR (new; written beside it under a private name and renamed at the end, so a failure leaves nothing):
     prefill.mindir, decode.mindir          the --target's MindIRs (ascend: the fused primitives)
@@ -33,20 +36,99 @@ from graphconv.progress import SILENT, Progress
 GRAPHS = ("prefill", "decode")
 
 
+_GENAI_CONFIG = "genai_config.json"
+_DTYPES = {1: "fp32", 10: "fp16", 16: "bf16"}
+
+
 def is_pair_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "generation.json").is_file()
+    """A folder `graphconv compile` turns into a generation directory (an export pair or a builder folder)."""
+    return path.is_dir() and ((path / "generation.json").is_file() or (path / _GENAI_CONFIG).is_file())
 
 
-def split_inputs(inputs: tuple) -> dict[str, tuple[Path, ...]]:
-    """`--inputs prefill=F.npz --inputs decode=G.npz` -> per graph."""
-    per: dict[str, list[Path]] = {g: [] for g in GRAPHS}
+def split_inputs(inputs: tuple, graphs: tuple[str, ...] = GRAPHS) -> dict[str, tuple[Path, ...]]:
+    """`--inputs prefill=F.npz --inputs decode=G.npz` -> per graph (one graph: plain paths too)."""
+    per: dict[str, list[Path]] = {g: [] for g in graphs}
     for item in inputs:
         graph, sep, path = str(item).partition("=")
-        if not sep or graph not in GRAPHS:
+        if len(graphs) == 1 and (not sep or graph not in graphs):
+            per[graphs[0]].append(Path(item))
+            continue
+        if not sep or graph not in graphs:
             raise InputError(f"--inputs {item}: for a generation pair, name the graph: prefill=FILE.npz or "
                              "decode=FILE.npz")
         per[graph].append(Path(path))
     return {g: tuple(p) for g, p in per.items()}
+
+
+def _pair_sources(export_dir: Path) -> tuple[dict, dict[str, Path]]:
+    meta = read_json(export_dir / "generation.json")
+    if meta.get("task") != "text-generation-with-past":
+        raise InputError(f"{export_dir}: task {meta.get('task')!r} is not text-generation-with-past (compile its "
+                         "model.onnx instead)")
+    missing = [g for g in GRAPHS if not (export_dir / f"{g}.onnx").is_file()]
+    if missing:
+        raise InputError(f"{export_dir}: {', '.join(g + '.onnx' for g in missing)} missing")
+    return meta, {g: export_dir / f"{g}.onnx" for g in GRAPHS}
+
+
+def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
+    """generation.json for an onnxruntime-genai model builder folder, and its one graph. The builder's graph
+    takes input_ids, attention_mask and past_key_values.N.key/value (position ids computed inside, from the
+    mask's lengths) and returns logits and present.N.key/value; its cache head dim is symbolic
+    (`kv_cache_dim`) and is written here as the head size."""
+    import onnx
+
+    config = read_json(folder / _GENAI_CONFIG)
+    model = config.get("model") or {}
+    decoder = model.get("decoder") or {}
+    where = folder / _GENAI_CONFIG
+    if not isinstance(decoder, dict) or not decoder.get("filename"):
+        raise InputError(f"{where}: model.decoder.filename is missing")
+    names = {**(decoder.get("inputs") or {}), **(decoder.get("outputs") or {})}
+    expected = {"input_ids": "input_ids", "attention_mask": "attention_mask", "logits": "logits",
+                "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
+                "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+    odd = sorted(k for k, v in expected.items() if k in names and names[k] != v)
+    if odd:
+        raise InputError(f"{where}: decoder {odd[0]} is {names[odd[0]]!r}; graphconv generate takes the "
+                         f"builder's default names ({expected[odd[0]]!r})")
+    path = folder / decoder["filename"]
+    if not path.is_file():
+        raise InputError(f"{folder}: {decoder['filename']} (model.decoder.filename) missing")
+    graph = onnx.load(str(path), load_external_data=False).graph
+    head = decoder.get("head_size")
+    if not isinstance(head, int) or head < 1:
+        raise InputError(f"{where}: model.decoder.head_size must be a positive integer")
+
+    def dims(vi):
+        out = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim]
+        cache = vi.name.startswith(("past_key_values.", "present."))
+        return [head if cache and k == 3 and isinstance(d, str) else d for k, d in enumerate(out)]
+
+    inputs = {vi.name: dims(vi) for vi in graph.input}
+    outputs = {vi.name: dims(vi) for vi in graph.output}
+    past = [vi for vi in graph.input if vi.name.startswith("past_key_values.")]
+    dtype = _DTYPES.get(past[0].type.tensor_type.elem_type if past else 1)
+    if dtype is None:
+        raise InputError(f"{path}: cache dtype {past[0].type.tensor_type.elem_type} is not fp32, fp16 or bf16")
+    step = {"file": decoder["filename"], "mindir": Path(decoder["filename"]).stem, "inputs": inputs,
+            "outputs": outputs}
+    meta = {
+        "model_type": model.get("type"), "task": "text-generation-with-past",
+        "source": "onnxruntime-genai model builder (genai_config.json)",
+        "bos_token_id": model.get("bos_token_id"), "eos_token_id": model.get("eos_token_id"),
+        "pad_token_id": model.get("pad_token_id"), "num_layers": decoder.get("num_hidden_layers"),
+        "num_kv_heads": decoder.get("num_key_value_heads"), "head_dim": head,
+        "vocab_size": model.get("vocab_size"), "hidden_size": decoder.get("hidden_size"), "dtype": dtype,
+        "cache_layout": "BNSD: [batch, kv_heads, seq, head_dim]",
+        "cache_names": {"past": "past_key_values.{i}.key|value", "present": "present.{i}.key|value"},
+        # GroupQueryAttention reads the mask as lengths (right padding): prompts of one length run together
+        "prompt_padding": "none",
+        "position_ids": ("position_ids = cumsum(attention_mask, -1) - 1" if "position_ids" in inputs else
+                         "computed inside the graph from the attention mask's lengths"),
+        "graphs": {"prefill": {**step, "empty_cache": True}, "decode": step},
+    }
+    return meta, {step["mindir"]: path}
 
 
 def _bytes(path: Path) -> int:
@@ -65,14 +147,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
 
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
     progress = progress or SILENT
-    meta_path = export_dir / "generation.json"
-    meta = read_json(meta_path)
-    if meta.get("task") != "text-generation-with-past":
-        raise InputError(f"{export_dir}: task {meta.get('task')!r} is not text-generation-with-past (compile its "
-                         "model.onnx instead)")
-    missing = [g for g in GRAPHS if not (export_dir / f"{g}.onnx").is_file()]
-    if missing:
-        raise InputError(f"{export_dir}: {', '.join(g + '.onnx' for g in missing)} missing")
+    meta, sources = genai_generation(export_dir) if (export_dir / _GENAI_CONFIG).is_file() and \
+        not (export_dir / "generation.json").is_file() else _pair_sources(export_dir)
     if gen_dir.exists():
         raise InputError(f"-o {gen_dir} already exists (a generation pair is written into a new folder)")
     if not gen_dir.parent.absolute().is_dir():
@@ -84,24 +160,27 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     bundle = Path(bundle) if bundle else None
     if bundle is not None and bundle.exists():
         raise InputError(f"--bundle {bundle} already exists")
-    per_inputs = split_inputs(inputs)
+    if bundle is not None and tuple(sources) != GRAPHS:
+        raise InputError("--bundle is not supported for an onnxruntime-genai folder yet (its one graph serves both "
+                         "steps; the pair bundle's script expects two)")
+    per_inputs = split_inputs(inputs, tuple(sources))
     target = options.get("target", "ascend")
     staging = Path(tempfile.mkdtemp(prefix=f".{gen_dir.name}.partial-", dir=gen_dir.parent.absolute()))
     bundle_staging = None if bundle is None else \
         Path(tempfile.mkdtemp(prefix=f".{bundle.name}.partial-", dir=bundle.parent.absolute()))
     try:
         graphs, twins, weights = {}, {}, {}
-        for g in GRAPHS:
+        for g, source in sources.items():
             progress.info(f"{g}: compile ({target})")
             graph_bundle = None if bundle_staging is None else bundle_staging / g
-            graphs[g] = compile_graph(export_dir / f"{g}.onnx", staging / f"{g}.mindir", progress=progress,
+            graphs[g] = compile_graph(source, staging / f"{g}.mindir", progress=progress,
                                       inputs=per_inputs[g], bundle=graph_bundle, **options).to_dict()
             twin = staging / f"{g}.cpu.mindir"
             if target == "cpu":
                 os.link(staging / f"{g}.mindir", twin)
             else:
                 progress.info(f"{g}: compile the cpu MindIR")
-                twins[g] = compile_graph(export_dir / f"{g}.onnx", twin, progress=progress, inputs=per_inputs[g],
+                twins[g] = compile_graph(source, twin, progress=progress, inputs=per_inputs[g],
                                          **{**options, "target": "cpu", "precision": "fp32",
                                             "keep_fp32": None}).to_dict()
             weights[g] = {"mindir_bytes": _bytes(staging / f"{g}.mindir"), "cpu_mindir_bytes": _bytes(twin)}
@@ -109,12 +188,12 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         (staging / "generation.json").write_text(json.dumps(meta, indent=2))
         statuses = [r["status"] for r in [*graphs.values(), *twins.values()]]
         report = {
-            "graphconv_version": graphs["prefill"]["graphconv_version"],
-            "provenance": {**graphs["prefill"]["provenance"], "source_dir": str(export_dir.resolve())},
+            "graphconv_version": next(iter(graphs.values()))["graphconv_version"],
+            "provenance": {**next(iter(graphs.values()))["provenance"], "source_dir": str(export_dir.resolve())},
             "status": "verified" if all(s == "verified" for s in statuses) else "unverified",
             "exit_code": 0,
-            "artifacts": {g: str(gen_dir / f"{g}.mindir") for g in GRAPHS}
-            | {f"{g}_cpu": str(gen_dir / f"{g}.cpu.mindir") for g in GRAPHS},
+            "artifacts": {g: str(gen_dir / f"{g}.mindir") for g in sources}
+            | {f"{g}_cpu": str(gen_dir / f"{g}.cpu.mindir") for g in sources},
             "weights": {**weights, "shared": False,
                         "note": "each MindIR holds its own copy of the weights: a MindIR cannot reference another "
                                 "file's Parameters"},
@@ -151,7 +230,7 @@ def summary(report: dict) -> str:
         lines.append(f"  {g}: {r['status']}, attention {attention.get('fused', 0)}/{attention.get('candidates', 0)} "
                      f"fused ({fused or 'no fused primitive'})" + (f"; cpu MindIR {twin['status']}" if twin else ""))
     w = report["weights"]
-    lines.append("  weights: " + ", ".join(f"{g} {w[g]['mindir_bytes'] / 2**20:.1f} MiB" for g in GRAPHS)
+    lines.append("  weights: " + ", ".join(f"{g} {w[g]['mindir_bytes'] / 2**20:.1f} MiB" for g in report["graphs"])
                  + f" ({w['note']})")
     lines.append("  wrote: " + ", ".join(Path(p).name for p in report["artifacts"].values())
                  + ", generation.json, report.json")

@@ -102,6 +102,8 @@ class Compiler:
         plugins = passes.load_plugins(options.plugins)
         self.pass_manager = passes.PassManager(options.passes, options.disable_passes)
         self.scopes = layers.Scopes()
+        self.case_dims: dict[str, tuple[int, int]] = {}
+        self.pad_masks = True
         self.report.provenance = {
             "tools": tool_versions(), "passes": self.pass_manager.names, "plugins": plugins,
             "target": options.target, "precision": options.precision,
@@ -125,6 +127,7 @@ class Compiler:
                     "oracle runs the model as given")
             if loaded.decomposed:
                 st.detail["onnxruntime_contrib_ops_decomposed"] = loaded.decomposed
+            self.case_dims, self.pad_masks = loaded.case_dims, loaded.pad_masks
             self.report.warnings.extend(loaded.notes)
         self.report.model = _model_info(loaded.proto)
         # Which layer each node is in, from the exporter's module scopes (onnxsim drops dynamo's metadata).
@@ -165,7 +168,9 @@ class Compiler:
     def reference_cases(self, model: onnx.ModelProto) -> list[reference.ReferenceCase]:
         if self.opt.inputs:
             return reference.load_npz_cases(list(self.opt.inputs), model, self.opt.mask_inputs)
-        return reference.make_cases(model, self.opt.mask_inputs, self.opt.dims)
+        # the user's --dim sizes win over the constraints contrib kernels put on generated cases
+        return reference.make_cases(model, self.opt.mask_inputs, {**self.case_dims, **self.opt.dims},
+                                    pad_masks=self.pad_masks)
 
     def validate(self, original: onnx.ModelProto, simplified: onnx.ModelProto,
                  cases: list[reference.ReferenceCase], as_given: onnx.ModelProto | None = None,

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
 from graphconv.frontend import contrib, weights
+from graphconv.frontend.contrib import cases
 from graphconv.errors import InputError, UnsupportedError
 
 MIN_OPSET = 13
@@ -38,6 +39,9 @@ class LoadedModel:
     upgraded_from: int | None = None
     notes: list[str] = dataclasses.field(default_factory=list)  # what loading did to the model, for the report
     decomposed: dict[str, int] = dataclasses.field(default_factory=dict)  # onnxruntime contrib op -> nodes
+    # the reference cases' constraints from contrib kernels (graphconv.frontend.contrib.cases)
+    case_dims: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    pad_masks: bool = True
 
     @property
     def opset(self) -> int:
@@ -228,7 +232,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_value_types(model)
     check_inline_tensors(model)
     check_opsets(model)
-    as_given, upgraded_from, notes, decomposed = None, None, [], {}
+    as_given, upgraded_from, notes, decomposed, case_dims, pad_masks = None, None, [], {}, {}, True
     if contrib.contrib_nodes(model):
         # onnxruntime's contrib ops: the checker's complaint about them is a note, the model to compile is
         # their standard decomposition (checked in full), the oracle runs the model as given.
@@ -238,6 +242,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         name_nodes(model)
         as_given = model
         model, decomposed = contrib.decompose(model)
+        case_dims, pad_masks = cases.case_dims(as_given), cases.pads_masks(as_given)
         _check(weights.stripped(model)[0], path)
     else:
         # By path when weights are external: the checker then resolves data files relative to the model.
@@ -261,7 +266,8 @@ def load(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
     name_nodes(model)
     return LoadedModel(path=path, proto=model, external_bytes=external, as_given=as_given,
-                       upgraded_from=upgraded_from, notes=notes, decomposed=decomposed)
+                       upgraded_from=upgraded_from, notes=notes, decomposed=decomposed,
+                       case_dims=case_dims, pad_masks=pad_masks)
 
 
 def _check(model: onnx.ModelProto | str, path: Path) -> None:

@@ -50,6 +50,38 @@ def positions(mask):
     return (np.cumsum(mask, -1) - 1) * (mask != 0)
 
 
+def step_feed(specs, ids, mask, positions, cache, empty_cache):
+    """One graph's inputs in its order, by name: input_ids, attention_mask, position_ids (when the graph
+    takes them) and past_key_values.* from `cache` (the previous step's presents, by past name). With no
+    cache (a prompt) and `empty_cache`, the past inputs are empty: [batch, heads, 0, head_dim] zeros of
+    `specs`' numpy dtype (one graph serving prompt and decode, like onnxruntime-genai's). Framework tensors
+    in `cache` pass through; the rest are numpy arrays."""
+    feed = []
+    for spec in specs:
+        name = spec["name"]
+        if name == "input_ids":
+            feed.append(ids)
+        elif name == "attention_mask":
+            feed.append(mask)
+        elif name == "position_ids":
+            feed.append(positions)
+        elif cache is not None:
+            feed.append(cache[name])
+        elif empty_cache:
+            shape = [ids.shape[0]] + [d if isinstance(d, int) else 0 for d in spec["shape"][1:]]
+            feed.append(np.zeros(shape, spec.get("np_dtype", "float32")))
+        else:
+            raise ValueError(f"the prompt graph takes {name!r}, which a prompt does not give")
+    return feed
+
+
+def split_outputs(names, outputs):
+    """(logits, cache) of one step's outputs: the cache maps each present.* to the past_key_values.* name
+    the next step takes it as."""
+    cache = {"past_key_values." + n[len("present."):]: v for n, v in zip(names, outputs) if n.startswith("present.")}
+    return outputs[list(names).index("logits")], cache
+
+
 def greedy(prefill, decode, logits_of, ids, mask, max_new_tokens, eos, pad, on_step=None):
     """prefill(ids, mask, position_ids) and decode(ids, mask, position_ids, cache) each return
     (logits, cache) in the framework's tensors, `cache` passed back as it came (never copied to the host);

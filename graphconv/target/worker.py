@@ -286,28 +286,31 @@ def generate(task: dict) -> dict:
     ms.set_device("Ascend" if task["device"] == "ascend" else "CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     t0 = time.perf_counter()
-    cells = {}
+    cells = {}  # by MindIR: one graph may serve both steps (onnxruntime-genai's model builder)
     for name in ("prefill", "decode"):
-        cell = nn.GraphCell(ms.load(task[name]["mindir"]))
-        cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task[name]["inputs"]])
-        cells[name] = cell
+        path = task[name]["mindir"]
+        if path not in cells:
+            cell = nn.GraphCell(ms.load(path))
+            cell.set_inputs(*[Tensor(shape=s["shape"], dtype=getattr(ms, s["ms_dtype"])) for s in task[name]["inputs"]])
+            cells[path] = cell
     load_seconds = time.perf_counter() - t0
     with np.load(task["prompt"]) as data:
         ids, mask = data["input_ids"], data["attention_mask"]
     saved, seconds, clock = {}, [], [time.perf_counter()]
 
-    def run(cell, *args):
+    def run(name, ids, mask, positions, cache=None):
         clock[0] = time.perf_counter()
-        out = cell(*[Tensor(a) for a in args[:3]], *args[3:])
-        return out[0], out[1:]
+        graph = task[name]
+        feed = greedy.step_feed(graph["inputs"], ids, mask, positions, cache, graph.get("empty_cache", False))
+        out = cells[graph["mindir"]](*[Tensor(a) if isinstance(a, np.ndarray) else a for a in feed])
+        return greedy.split_outputs(graph["outputs"], out)
 
     def on_step(step, logits):
         seconds.append(time.perf_counter() - clock[0])
         if task.get("logits"):
             saved[f"step{step}"] = logits
 
-    tokens = greedy.greedy(lambda i, m, p: run(cells["prefill"], i, m, p),
-                           lambda i, m, p, cache: run(cells["decode"], i, m, p, *cache),
+    tokens = greedy.greedy(lambda i, m, p: run("prefill", i, m, p), lambda i, m, p, cache: run("decode", i, m, p, cache),
                            lambda logits: logits.asnumpy()[:, -1], ids, mask, task["max_new_tokens"],
                            task["eos_token_ids"], task["pad_token_id"], on_step)
     if task.get("logits"):

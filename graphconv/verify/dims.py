@@ -4,6 +4,8 @@ A decode step of an LLM has inputs whose sizes are not independent: input_ids [b
 [batch, heads, past, head_dim] and an attention mask [batch, past + seq]. Relations come from two places:
   written   a dim_param that is an expression of other dims ("past + 1", "past_sequence_length +
             sequence_length", "2*s0"): integers, names, + - * // and parentheses;
+  named     onnxruntime's tools' names for a decode step (CONVENTIONS: total_sequence_length =
+            past_sequence_length + sequence_length)
   implied   the graph only runs if two dims agree (a mask of length `total` is added to scores over
             `past + seq` keys): onnxruntime's symbolic shape inference, with auto_merge, suggests the merge
             total = past + seq; a merge of two plain names makes them one.
@@ -87,9 +89,20 @@ def implied_merges(model: onnx.ModelProto) -> dict[str, str]:
     return {str(k): str(v) for k, v in ssi.suggested_merge_.items()} if ssi is not None else {}
 
 
+# Dim names onnxruntime's tools write for a decode step without writing the relation: onnxruntime-genai's
+# model builder (an attention_mask [batch_size, total_sequence_length] over past_sequence_length +
+# sequence_length keys) and its transformers optimizer's GPT-2 (total_seq_len = past_seq_len + seq_len).
+CONVENTIONS = {"total_sequence_length": "past_sequence_length + sequence_length",
+               "total_seq_len": "past_seq_len + seq_len"}
+
+
 def relations(names: list[str], model: onnx.ModelProto | None = None) -> dict[str, ast.expr]:
     """Derived dim -> its expression over other dims, for the symbolic dim `names` of the graph inputs."""
     derived: dict[str, ast.expr] = {n: tree for n in names if (tree := parse(n)) is not None}
+    for name, text in CONVENTIONS.items():
+        tree = parse(text)
+        if name in names and name not in derived and symbols(tree) <= set(names) - set(derived):
+            derived[name] = tree
     plain = [n for n in names if n not in derived]
     # The shape inference costs a walk of the graph (~1 s at 1.1B): only where two dims besides the batch
     # could be related (a plain forward pass has batch and seq only).

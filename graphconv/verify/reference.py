@@ -171,7 +171,9 @@ def dims_text(model: onnx.ModelProto, case: ReferenceCase) -> str:
 
 
 def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
-               dim_overrides: dict | None = None, seed: int = 0) -> list[ReferenceCase]:
+               dim_overrides: dict | None = None, seed: int = 0, pad_masks: bool = True) -> list[ReferenceCase]:
+    """Two cases at different sizes of every symbolic dim. Attention masks are all ones except row 0, left
+    padded by two (the padded rows are then not compared), unless `pad_masks` is False."""
     specs = input_specs(model)
     sizes = dim_sizes(specs, dim_overrides, model)
     bounds = _index_bounds(model)
@@ -185,7 +187,7 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
                      for ax, d in enumerate(spec.shape)]
             if is_mask_input(spec, mask_inputs):
                 value = np.ones(shape, dtype=spec.dtype)
-                if len(shape) == 2 and shape[1] >= 2:
+                if pad_masks and len(shape) == 2 and shape[1] >= 2:
                     value[0, : min(2, shape[1] - 1)] = 0  # row 0 left-padded
                     mask = value.astype(bool)
             elif spec.dtype.kind == "f" or spec.dtype.name == "bfloat16":
