@@ -55,6 +55,13 @@ def _range(rw: Rewrite, length: str) -> str:
     return rw.op("Range", rw.const(np.int64(0)), rw.op("Squeeze", length, ints(rw, 0)), rw.const(np.int64(1)))
 
 
+def _steps(rw: Rewrite, length: str) -> str:
+    """0 .. length-1 as CumSum(ones(length)) - 1: shape inference then knows its size is `length` (Range's
+    output gets a fresh symbol, and fuse-rope must prove cos/sin have the query's sequence length)."""
+    ones = rw.op("ConstantOfShape", length, value=onnx.helper.make_tensor("one", INT64, [1], [1]))
+    return rw.op("Sub", rw.op("CumSum", ones, rw.const(np.int64(0))), ints(rw, 1))
+
+
 def _bnsh(rw: Rewrite, x: str, heads: int, head_size: int) -> str:
     return rw.op("Transpose", rw.op("Reshape", x, ints(rw, 0, 0, heads, head_size)), perm=[0, 2, 1, 3])
 
@@ -114,7 +121,7 @@ def group_query_attention(rw: Rewrite) -> None:
     lens = rw.op("Add", rw.op("Cast", rw.input(5), to=INT64), ints(rw, 1))  # T_b, (B,)
     past_len = rw.op("Where", rw.op("Equal", seq, total), ints(rw, 0), rw.op("Sub", lens, seq))
     pb = rw.op("Unsqueeze", past_len, ints(rw, 1))  # (B, 1)
-    qpos = rw.op("Add", pb, _range(rw, seq))  # (B, S)
+    qpos = rw.op("Add", pb, _steps(rw, seq))  # (B, S)
 
     if rw.attr("do_rotary", 0):
         cos_cache, sin_cache = rw.input(7), rw.input(8)
