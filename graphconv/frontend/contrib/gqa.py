@@ -23,10 +23,13 @@ causal (and window) condition holds: a Where(mask, scores, -inf) mask, so the at
 kernel's sum. present is that concatenation gathered into the kernel's layout (the identity when every row is
 full, T_b = P + S, as for a generation loop without padding).
 Right padding of a first prompt (T_b < S): onnxruntime's schema calls the padded rows s >= T_b unspecified; its
-CPU kernel (1.32, measured) rotates them at position s and lets them attend the row's valid keys (those within
-the window of position s; none: output 0), and so does the decomposition (the padded keys are in present, rotated, as in the kernel).
+fp32 CPU kernel (1.32, measured) rotates them at position s and lets them attend the row's valid keys (those in
+the window of position s; none: output 0), and so does the decomposition (the padded keys are in present,
+rotated, as in the kernel). Its fp16 kernel gives other values there when a window is set.
 
-Refused with the reason: position_ids, attention_bias, quantized caches (k_scale/v_scale, quant types),
+float16 as the kernel does it where it matters: the softmax in float32 (a Cast island); q·kᵀ stays in float16
+(the kernel's is float32: differences within fp16 tolerance, ~1e-3 measured).
+Refused with the reason: opset < 13, position_ids, attention_bias, quantized caches (k_scale/v_scale, quant types),
 q/k_norm_weight, query_seqlens, the output_qk output or qk_output, causal=0, sliding_window_cache=1.
 """
 
@@ -67,6 +70,8 @@ def _bnsh(rw: Rewrite, x: str, heads: int, head_size: int) -> str:
 
 
 def _check(rw: Rewrite) -> None:
+    if rw.opset < 13:
+        rw.fail(f"the model's opset {rw.opset} < 13 (the decomposition writes Unsqueeze/Squeeze with axes inputs)")
     for i, name in _REFUSED_INPUTS.items():
         if rw.has(i):
             rw.fail(f"its {name} input is not decomposed")
@@ -181,7 +186,8 @@ def group_query_attention(rw: Rewrite) -> None:
     else:
         probs = rw.op("Softmax", masked, axis=-1)
     if window > 0:  # a padded row whose window holds no valid key gives 0 (the kernel's), not NaN
-        probs = rw.op("Where", rw.op("IsNaN", probs), rw.const(np.array(0, np.float32 if dtype != FLOAT else np_dt)), probs)
+        zero32 = rw.const(np.array(0, np.float32))  # (probs are float32 here)
+        probs = rw.op("Where", rw.op("IsNaN", probs), zero32, probs)
     if dtype != FLOAT:
         probs = rw.op("Cast", probs, to=dtype)
     out = rw.op("Transpose", rw.op("MatMul", probs, vr), perm=[0, 2, 1, 3])

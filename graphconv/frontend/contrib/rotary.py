@@ -13,7 +13,7 @@ scale=1.0, is_packed_batching=0) -> output, read from onnxruntime's schema and i
   y[R:] = x[R:] (partial rotary). `scale` is read by the kernel but not used in the computation.
 Written as y = x·cos + rot(x)·sin with cos = concat(c, c) and rot = concat(-x2, x1) (halves; transformers'
 rotate_half), or cos = repeat_interleave(c, 2) and rot = flatten(stack(-x[1::2], x[0::2])) (pairs; GPT-J's
-rotate_every_two): the two spellings fuse-rope matches. Refused: is_packed_batching (ragged batches).
+rotate_every_two): the two spellings fuse-rope matches. Refused: is_packed_batching (ragged batches), opset < 13.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def apply_rotary(rw: Rewrite, x: str, cos: str, sin: str, head_size: int, rotary
 @decomposes("RotaryEmbedding", domain=MICROSOFT)
 def rotary_embedding(rw: Rewrite) -> None:
     x, positions, cos_cache, sin_cache = (rw.input(i) for i in range(4))
+    if rw.opset < 13:
+        rw.fail(f"the model's opset {rw.opset} < 13 (the decomposition writes Unsqueeze with an axes input)")
     if rw.attr("is_packed_batching", 0):
         rw.fail("is_packed_batching=1 (ragged batches) is not decomposed")
     interleaved = bool(rw.attr("interleaved", 0))
