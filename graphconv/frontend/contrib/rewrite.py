@@ -7,6 +7,9 @@ outputs keep their names: the rest of the graph is untouched.
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -30,8 +33,9 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[list, int]]:
     shapes = {}
     for t in model.graph.initializer:
         shapes[t.name] = (list(t.dims), t.data_type)
-    try:
-        inferred = SymbolicShapeInference.infer_shapes(bare, auto_merge=True, guess_output_rank=True)
+    try:  # (in a scratch cwd: when incomplete, the tool saves its partial model into the cwd before it raises)
+        with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
+            inferred = SymbolicShapeInference.infer_shapes(bare, auto_merge=True, guess_output_rank=True)
     except Exception:  # noqa: BLE001 - a tool's best effort; shapes are a help, not a requirement
         inferred = bare
     for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
