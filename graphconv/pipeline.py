@@ -168,9 +168,9 @@ class Compiler:
     def reference_cases(self, model: onnx.ModelProto) -> list[reference.ReferenceCase]:
         if self.opt.inputs:
             return reference.load_npz_cases(list(self.opt.inputs), model, self.opt.mask_inputs)
-        # the user's --dim sizes win over the constraints contrib kernels put on generated cases
-        return reference.make_cases(model, self.opt.mask_inputs, {**self.case_dims, **self.opt.dims},
-                                    pad_masks=self.pad_masks)
+        # the sizes contrib kernels accept (graphconv.frontend.contrib.cases); the user's --dim win
+        return reference.make_cases(model, self.opt.mask_inputs, self.opt.dims, pad_masks=self.pad_masks,
+                                    preferred_dims=self.case_dims)
 
     def validate(self, original: onnx.ModelProto, simplified: onnx.ModelProto,
                  cases: list[reference.ReferenceCase], as_given: onnx.ModelProto | None = None,

@@ -52,10 +52,10 @@ def _symbolic_shapes(proto: onnx.ModelProto) -> dict[str, list]:
 
     auto_merge is off: two dims get one symbol only where the inference derives them from the same shape
     arithmetic or the model could not run otherwise, never merely because an op broadcasts them
-    (graphconv/verify/dims.symbolic_inference runs it).
+    (graphconv/frontend/shapes.symbolic_inference runs it).
     """
     import opmap.fused
-    from graphconv.verify.dims import symbolic_inference
+    from graphconv.frontend.shapes import symbolic_inference
 
     try:
         proto = _plain_constants(opmap.fused.inline_fused(opmap.fused.attach_functions(proto)))

@@ -16,12 +16,12 @@ A decode step of an LLM has inputs whose sizes are not independent: input_ids [b
 from __future__ import annotations
 
 import ast
-import logging
 import re
 
 import onnx
 
 from graphconv.errors import InputError
+from graphconv.frontend.shapes import symbolic_inference
 
 _OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)
 BATCH = re.compile(r"batch|^n$|^b$|^bs$|^N$", re.I)  # the names reference inputs size as a batch
@@ -56,30 +56,6 @@ def evaluate(tree: ast.expr, sizes: dict[str, int]) -> int:
     a, b = evaluate(tree.left, sizes), evaluate(tree.right, sizes)
     op = type(tree.op)
     return a + b if op is ast.Add else a - b if op is ast.Sub else a * b if op is ast.Mult else a // b
-
-
-def symbolic_inference(model: onnx.ModelProto, auto_merge: bool):
-    """onnxruntime's SymbolicShapeInference run over `model` (its infer_shapes loop, minus the failure path
-    that writes a file into the cwd: an op it cannot infer leaves its outputs, and what follows, unknown);
-    None when it cannot start. Read its `known_vi_` and `suggested_merge_`."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        ssi = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=auto_merge, guess_output_rank=False, verbose=0)
-        ssi._preprocess(model)
-    except Exception:  # noqa: BLE001 - only an aid: callers do without
-        return None
-    log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        while ssi.run_:
-            ssi._infer_impl()
-    except Exception:  # noqa: BLE001 - keep what was inferred before the op it could not handle
-        pass
-    finally:
-        log.setLevel(level)
-    return ssi
 
 
 def implied_merges(model: onnx.ModelProto) -> dict[str, str]:

@@ -123,9 +123,11 @@ def _dim_name(spec: InputSpec, axis: int, d) -> str:
 
 
 def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | None = None,
-              model: onnx.ModelProto | None = None) -> dict:
+              model: onnx.ModelProto | None = None, preferred: dict[str, tuple[int, int]] | None = None) -> dict:
     """Two concrete sizes for every symbolic dim name. Dims related to others (graphconv/verify/dims.py:
-    written as `past + 1`, or implied by `model`'s graph) are derived from the free ones."""
+    written as `past + 1`, or implied by `model`'s graph) are derived from the free ones. `overrides` are the
+    user's --dim (an error where they name no free dim); `preferred` sizes (what a kernel accepts,
+    graphconv.frontend.contrib.cases) apply to the free dims they name, the user's winning."""
     overrides = overrides or {}
     names: list[str] = []
     unnamed_first: set[str] = set()  # unnamed dims at axis 0: batch
@@ -148,9 +150,12 @@ def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | No
                          f"(it has {sorted(free) or 'none'})")
     sizes: dict[str, tuple[int, int]] = {}
     others = iter(OTHER_SIZES * 4)
+    preferred = preferred or {}
     for name in free:
         if name in overrides:
             sizes[name] = tuple(overrides[name])
+        elif name in preferred:
+            sizes[name] = tuple(preferred[name])
         elif _BATCH_RE.search(name) or name in unnamed_first:
             sizes[name] = BATCH_SIZES
         elif _SPATIAL_RE.search(name):
@@ -171,11 +176,12 @@ def dims_text(model: onnx.ModelProto, case: ReferenceCase) -> str:
 
 
 def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
-               dim_overrides: dict | None = None, seed: int = 0, pad_masks: bool = True) -> list[ReferenceCase]:
+               dim_overrides: dict | None = None, seed: int = 0, pad_masks: bool = True,
+               preferred_dims: dict | None = None) -> list[ReferenceCase]:
     """Two cases at different sizes of every symbolic dim. Attention masks are all ones except row 0, left
     padded by two (the padded rows are then not compared), unless `pad_masks` is False."""
     specs = input_specs(model)
-    sizes = dim_sizes(specs, dim_overrides, model)
+    sizes = dim_sizes(specs, dim_overrides, model, preferred_dims)
     bounds = _index_bounds(model)
     cases = []
     for case_index in range(2):

@@ -7,22 +7,19 @@ outputs keep their names: the rest of the graph is untouched.
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from graphconv.errors import UnsupportedError
+from graphconv.frontend.shapes import symbolic_inference
 
 
 def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[list, int]]:
     """(dims, elem type) of every value, contrib ops' outputs included, from onnxruntime's symbolic shape
     inference (which knows them; onnx's does not). Dims are ints or symbol names. Empty when it fails: the
     decompositions then use what the attributes and runtime Shape ops give."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
     bare = onnx.ModelProto()
     bare.CopyFrom(model)
     for t in bare.graph.initializer:  # the weights' bytes are not needed, only their dims
@@ -33,11 +30,11 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[list, int]]:
     shapes = {}
     for t in model.graph.initializer:
         shapes[t.name] = (list(t.dims), t.data_type)
-    try:  # (in a scratch cwd: when incomplete, the tool saves its partial model into the cwd before it raises)
-        with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
-            inferred = SymbolicShapeInference.infer_shapes(bare, auto_merge=True, guess_output_rank=True)
-    except Exception:  # noqa: BLE001 - a tool's best effort; shapes are a help, not a requirement
-        inferred = bare
+    ssi = symbolic_inference(bare, auto_merge=True, guess_output_rank=True)
+    if ssi is None:
+        return shapes
+    ssi._update_output_from_vi()
+    inferred = ssi.out_mp_
     for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
         tt = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and tt.HasField("shape"):

@@ -1,0 +1,121 @@
+"""onnxruntime-genai's model builder output: the graphs behind the "*-onnx" LLM repositories users download
+(opset 22 + com.microsoft GroupQueryAttention with rotary and KV cache inside, SkipSimplifiedLayerNormalization,
+SimplifiedLayerNormalization, and in int4 MatMulNBits). Made here from tiny random checkpoints saved with
+save_pretrained and a WordLevel tokenizer (the builder needs one; nothing is downloaded), built in fp32 and
+int4, compiled for ascend (the census shows the fused attention and RmsNorm), verified against onnxruntime at
+a prompt (past length 0) and a decode step (past length 7), and the builder folder compiled into a generation
+directory whose `graphconv generate` gives onnxruntime-genai's own greedy tokens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+import graphconv
+from graphconv import generation, pair
+
+VOCAB, LAYERS = 256, 2
+ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM"}
+PROMPT = [5, 9, 17, 33, 70]
+
+
+def save_checkpoint(arch: str, folder) -> None:
+    """A tiny random checkpoint of `arch` with a WordLevel tokenizer, as save_pretrained writes them."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if arch == "phi3":  # the builder takes a Phi-3 whose two context lengths agree as Phi-3-mini-4k
+        config = transformers.Phi3Config(**common, pad_token_id=0, original_max_position_embeddings=256)
+    else:
+        config = getattr(transformers, f"{ARCHS[arch][:-len('ForCausalLM')]}Config")(**common)
+    getattr(transformers, ARCHS[arch])(config).eval().save_pretrained(folder)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", eos_token="t1",
+                                         bos_token="t2").save_pretrained(folder)
+
+
+def build(checkpoint, out, precision: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint),
+                           "-o", str(out), "-p", precision, "-e", "cpu"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """(arch, precision) -> the builder's output folder, built on first use."""
+    made = {}
+
+    def get(arch: str, precision: str):
+        if (arch, precision) not in made:
+            root = tmp_path_factory.mktemp(f"{arch}_{precision}")
+            if not (root.parent / f"hf_{arch}").exists():
+                save_checkpoint(arch, root.parent / f"hf_{arch}")
+            build(root.parent / f"hf_{arch}", root / "model", precision)
+            made[(arch, precision)] = root / "model"
+        return made[(arch, precision)]
+
+    return get
+
+
+CASES = [pytest.param("llama", "fp32"), pytest.param("llama", "int4")] + [
+    pytest.param(a, p, marks=pytest.mark.slow) for a in ("qwen2", "phi3") for p in ("fp32", "int4")]
+
+
+@pytest.mark.parametrize("arch,precision", CASES)
+def test_builder_model_compiles_for_ascend_fused_and_verifies(arch, precision, builds, tmp_path):
+    folder = builds(arch, precision)
+    given = onnx.load(folder / "model.onnx", load_external_data=False)
+    ops = {(n.domain, n.op_type) for n in given.graph.node}
+    assert ("com.microsoft", "GroupQueryAttention") in ops and ("", "SimplifiedLayerNormalization") in ops
+    assert (("com.microsoft", "MatMulNBits") in ops) == (precision == "int4")
+    report = graphconv.compile(folder / "model.onnx", tmp_path / "m.mindir", target="ascend")
+    assert report.status == "verified", report.error
+    # the architecture: one attention per layer, an RMSNorm before each of its two blocks and a final one
+    assert report.coverage["attention"]["fused"] == LAYERS, report.coverage["attention"]
+    assert report.fusions["fuse-rmsnorm"] == 2 * LAYERS + 1
+    attention = report.census.get("FusedInferAttentionScore", 0) + report.census.get("FlashAttentionScore", 0)
+    assert attention == LAYERS and report.census.get("RmsNorm") == 2 * LAYERS + 1
+    cases = report.validation["cases"]
+    assert len(cases) == 2
+    pasts = sorted(c["inputs"]["past_key_values.0.key"][2] for c in cases)
+    assert pasts[0] == 0 and pasts[1] > 0  # a prompt with an empty cache and a decode step
+    for case in cases:
+        for out in case["outputs"]:
+            assert out["max_abs"] <= 1e-4 and out["cosine"] > 0.9999, (case["inputs"], out)
+
+
+def genai_tokens(folder, prompt: list[int], new_tokens: int) -> list[int]:
+    """onnxruntime-genai's own greedy generation on the builder folder: the new token ids."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + new_tokens, batch_size=1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(t) for t in generator.get_sequence(0)][len(prompt):]
+
+
+def test_builder_folder_compiles_into_a_generation_directory(builds, tmp_path):
+    folder = builds("llama", "fp32")
+    gen_dir = tmp_path / "gen"
+    report = pair.compile_pair(folder, gen_dir, target="ascend")
+    assert report["status"] == "verified"
+    assert sorted(p.name for p in gen_dir.iterdir()) == ["generation.json", "model.cpu.mindir", "model.mindir",
+                                                         "report.json"]
+    result = generation.generate(gen_dir, [PROMPT, PROMPT[::-1], PROMPT[:3]], 12, check=True, device="cpu")
+    assert result.sequences[0] == genai_tokens(folder, PROMPT, 12)
+    assert result.sequences[2] == genai_tokens(folder, PROMPT[:3], 12)
+    assert all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in result.steps)
