@@ -108,3 +108,4 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
 
 # The decompositions, one module per op family (each registers itself).
 from graphconv.frontend.contrib import norm  # noqa: E402,F401  (registers its decompositions)
+from graphconv.frontend.contrib import quant  # noqa: E402,F401  (registers its decompositions)
