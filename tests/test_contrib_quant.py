@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import contrib
+from graphconv.frontend.contrib import quant
 from graphconv.verify import reference
 from tests.contrib_utils import compile_verified, decomposition_matches, model
 
@@ -150,11 +151,63 @@ def test_matmul_nbits_compiles_packed_and_verifies_against_accuracy_level_0(tmp_
     m = nbits_model(k=256, n=512, zp="packed", bias=True, accuracy_level=4)  # B [512, 8, 16]
     report = compile_verified(m, tmp_path, target=target)
     load = next(s for s in report.stages if s.name == "load")
-    assert load.detail["quantized_weights"] == {
-        "w_q": "uint4 block 32, zero points given; kept packed, dequantized in the network "
-               "(WeightQuantBatchMatmul unconfirmed)"}
+    assert load.detail["quantized_weights"] == {"w_q": "uint4 block 32, zero points given; " + quant.KEPT}
     diff = report.validation["accuracy_level_4_vs_0"]["y"]
     assert 0 < diff["max_abs"] < 0.5 and diff["cosine"] > 0.999
     assert report.census["RightShift"] == 1 and report.census["MatMulExt"] == 1  # unpacked in the network
     assert "WeightQuantBatchMatmul" not in report.census
     assert (tmp_path / "contrib.mindir").stat().st_size < 256 * 512 * 4
+
+
+# --- integer matmuls and com.microsoft (De)QuantizeLinear -------------------------------------------------
+
+def _int_matmul_model(op: str, per_column: bool):
+    k, n = 32, 16
+    b = numpy_helper.from_array(RNG.integers(-128, 128, (k, n)).astype(np.int8), "b")
+    b_scale = numpy_helper.from_array(RNG.uniform(0.01, 0.05, n if per_column else ()).astype(np.float32), "b_scale")
+    b_zp = numpy_helper.from_array(RNG.integers(-3, 3, n if per_column else ()).astype(np.int8), "b_zp")
+    bias = numpy_helper.from_array(RNG.standard_normal(n).astype(np.float32), "bias")
+    inits = [b, b_scale, b_zp, bias]
+    if op == "DynamicQuantizeMatMul":
+        a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", k])
+        node = helper.make_node(op, ["a", "b", "b_scale", "b_zp", "bias"], ["y"], domain="com.microsoft")
+    else:
+        a = helper.make_tensor_value_info("a", TensorProto.UINT8, ["batch", k])
+        inits += [numpy_helper.from_array(np.float32(0.02), "a_scale"), numpy_helper.from_array(np.uint8(120), "a_zp")]
+        node = helper.make_node(op, ["a", "b", "a_scale", "b_scale", "a_zp", "b_zp", "bias"], ["y"],
+                                domain="com.microsoft")
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n])
+    return model([node], [a], [y], inits)
+
+
+@pytest.mark.parametrize("op", ["MatMulIntegerToFloat", "DynamicQuantizeMatMul"])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_integer_matmuls_decompose_exactly(op, per_column):
+    _, counts = decomposition_matches(_int_matmul_model(op, per_column))
+    assert counts == {f"com.microsoft::{op}": 1}
+
+
+def test_microsoft_quantize_dequantize_become_the_standard_ops():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+    inits = [numpy_helper.from_array(RNG.uniform(0.01, 0.1, 8).astype(np.float32), "s"),
+             numpy_helper.from_array(RNG.integers(0, 255, 8).astype(np.uint8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], domain="com.microsoft", axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], domain="com.microsoft", axis=1)]
+    decomposed, counts = decomposition_matches(model(nodes, [x], [y], inits, opset=17))
+    assert [(n.domain, n.op_type) for n in decomposed.graph.node] == [("", "QuantizeLinear"), ("", "DequantizeLinear")]
+
+
+# --- blocked DequantizeLinear (opset 21), lowered by opmap/quant.py ---------------------------------------------
+
+def test_blocked_dequantize_linear_compiles_and_verifies(tmp_path):
+    """x uint8 [batch, 80] with block 32 along axis 1 (the last block has 16 values): scale and zero point
+    [batch, 3] are graph inputs, so nothing is folded at compile time."""
+    x = helper.make_tensor_value_info("x", TensorProto.UINT8, ["batch", 80])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 3])
+    z = helper.make_tensor_value_info("z", TensorProto.UINT8, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 80])
+    node = helper.make_node("DequantizeLinear", ["x", "s", "z"], ["y"], axis=1, block_size=32)
+    m = helper.make_model(helper.make_graph([node], "blocked", [x, s, z], [y]),
+                          opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    compile_verified(m, tmp_path, target="cpu")  # was refused before: "blocked quantization is not supported"

@@ -124,13 +124,66 @@ def matmul_nbits(rw: Rewrite) -> None:
         rw.identity(y, rw.output(0))
 
 
+KEPT = ("kept packed, dequantized in the network (a small one is folded at compile time); "
+        "WeightQuantBatchMatmul unconfirmed")
+
+
+# --- integer matmuls and com.microsoft's (De)QuantizeLinear -------------------------------------------
+
+@decomposes("MatMulIntegerToFloat", domain=MICROSOFT)
+def matmul_integer_to_float(rw: Rewrite) -> None:
+    """Y = MatMulInteger(A, B, a_zero_point, b_zero_point) * (a_scale * b_scale) (+ bias), the int32 product
+    converted to the scales' float type first (onnxruntime's MLAS scale-bias output processor)."""
+    zps = [rw.input(4), rw.input(5)]
+    acc = rw.op("MatMulInteger", rw.input(0), rw.input(1), *zps) if any(zps) else rw.op("MatMulInteger", rw.input(0), rw.input(1))
+    out_type = rw.dtype(rw.input(2)) or FLOAT
+    y = rw.op("Mul", rw.op("Cast", acc, to=out_type), rw.op("Mul", rw.input(2), rw.input(3)))
+    if rw.has(6):
+        y = rw.op("Add", y, rw.input(6))
+    rw.identity(y, rw.output(0))
+
+
+@decomposes("DynamicQuantizeMatMul", domain=MICROSOFT)
+def dynamic_quantize_matmul(rw: Rewrite) -> None:
+    """A quantized to uint8 as DynamicQuantizeLinear does (per tensor), then MatMulIntegerToFloat with B."""
+    a_q, a_scale, a_zp = rw.op("DynamicQuantizeLinear", rw.input(0), outputs=3)
+    acc = rw.op("MatMulInteger", a_q, rw.input(1), a_zp, *([rw.input(3)] if rw.has(3) else []))
+    y = rw.op("Mul", rw.op("Cast", acc, to=FLOAT), rw.op("Mul", a_scale, rw.input(2)))
+    if rw.has(4):
+        y = rw.op("Add", y, rw.input(4))
+    rw.identity(y, rw.output(0))
+
+
+def _standard_qdq(rw: Rewrite, op: str) -> None:
+    """com.microsoft's QuantizeLinear / DequantizeLinear: the standard op's per-tensor / per-axis semantics
+    (attribute axis, default 1), written as the standard op (int8 / uint8 below opset 21)."""
+    quantized = rw.input(0) if op == "DequantizeLinear" else (rw.input(2) if rw.has(2) else "")
+    q_type = rw.dtype(quantized) if quantized else UINT8
+    if q_type not in (UINT8, onnx.TensorProto.INT8) and rw.opset < 21:
+        rw.fail(f"{onnx.TensorProto.DataType.Name(q_type or 0)} data needs the standard op at opset 21 "
+                f"(the model's is {rw.opset})")
+    inputs = [rw.input(i) for i in range(3) if rw.has(i)]
+    attrs = {"axis": rw.attr("axis")} if rw.attr("axis") is not None else {}
+    rw.op(op, *inputs, outputs=[rw.output(0)], **attrs)
+
+
+@decomposes("QuantizeLinear", domain=MICROSOFT)
+def quantize_linear(rw: Rewrite) -> None:
+    _standard_qdq(rw, "QuantizeLinear")
+
+
+@decomposes("DequantizeLinear", domain=MICROSOFT)
+def dequantize_linear(rw: Rewrite) -> None:
+    _standard_qdq(rw, "DequantizeLinear")
+
+
 def nbits_description(node: onnx.NodeProto) -> str:
     """What happens to a MatMulNBits weight, for the load report."""
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    bits = attrs.get("bits", 4)
     has_zp = len(node.input) > 3 and bool(node.input[3])
-    return (f"uint{attrs.get('bits', 4)} block {attrs.get('block_size')}, "
-            f"{'zero points given' if has_zp else 'symmetric (zero point ' + str(1 << (attrs.get('bits', 4) - 1)) + ')'}; "
-            "kept packed, dequantized in the network (WeightQuantBatchMatmul unconfirmed)")
+    zp = "zero points given" if has_zp else f"symmetric (zero point {1 << (bits - 1)})"
+    return f"uint{bits} block {attrs.get('block_size')}, {zp}; {KEPT}"
 
 
 # --- GatherBlockQuantized ----------------------------------------------------------------------------
@@ -206,7 +259,7 @@ def gather_block_quantized(rw: Rewrite) -> None:
 def gather_description(node: onnx.NodeProto) -> str:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     return (f"uint{attrs.get('bits', 4)} block {attrs.get('block_size', 128)} embedding; kept packed, the rows read "
-            "are dequantized in the network")
+            "are dequantized in the network (a small one is folded at compile time)")
 
 
 def describe_quantized_weights(model: onnx.ModelProto) -> dict[str, str]:
