@@ -8,8 +8,9 @@ MindSpore's WeightQuantBatchMatmul is not emitted: its int4 nibble order is unco
 stage reports that for each weight (`quantized_weights`).
 
 Semantics read from onnxruntime's contrib schemas (docs/ContribOperators.md) and CPU kernels
-(contrib_ops/cpu/quantization/matmul_nbits.cc, matmul_nbits_impl.cc, gather_block_quantized.cc,
-dynamic_quantize_matmul.cc, quantize_linear.cc):
+(contrib_ops/cpu/quantization/matmul_nbits.cc, matmul_nbits_impl.cc, gather_block_quantized.cc); the integer
+matmuls (MatMulIntegerToFloat, DynamicQuantizeMatMul) and com.microsoft's (De)QuantizeLinear from the schemas,
+checked against onnxruntime on hand-built graphs (tests/test_contrib_quant.py):
 
 MatMulNBits (A, B, scales, zero_points?, g_idx?, bias?; K, N, bits 2|4|8, block_size, accuracy_level):
     B is uint8 [N, k_blocks, blob_size] (k_blocks = ceil(K / block_size), blob_size = block_size * bits / 8),
