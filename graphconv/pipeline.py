@@ -23,6 +23,7 @@ import onnx_ir as ir
 import opmap.fused
 import passes
 from graphconv.frontend import param_names, weights
+from graphconv.frontend.contrib import quant
 from graphconv.target import emit, layers, lowering, targets
 from graphconv.verify import census, compare, reference
 from passes import precision
@@ -128,6 +129,8 @@ class Compiler:
             if loaded.decomposed:
                 st.detail["onnxruntime_contrib_ops_decomposed"] = loaded.decomposed
             self.case_dims, self.pad_masks = loaded.case_dims, loaded.pad_masks
+            if loaded.quantized_weights:
+                st.detail["quantized_weights"] = loaded.quantized_weights
             self.report.warnings.extend(loaded.notes)
         self.report.model = _model_info(loaded.proto)
         # Which layer each node is in, from the exporter's module scopes (onnxsim drops dynamo's metadata).
@@ -153,6 +156,11 @@ class Compiler:
             # External weights are stripped (graph inputs instead): onnxsim sees only the graph, never reads
             # or re-embeds them, and they come back as the same external references (graphconv.frontend.weights).
             bare, refs = weights.stripped(model)
+            if loaded.packed:
+                # Packed quantized weights go in as graph inputs too, so that onnxsim does not fold their
+                # dequantization into float weights: the network keeps them packed (frontend/contrib/quant.py).
+                bare, held = quant.held_out(bare, loaded.packed)
+                refs = {**refs, **held}
             onnx.save(bare, src)
             try:
                 run_task("simplify", {"input": str(src), "output": str(dst)}, ws.dir, "onnxsim")
@@ -174,7 +182,7 @@ class Compiler:
 
     def validate(self, original: onnx.ModelProto, simplified: onnx.ModelProto,
                  cases: list[reference.ReferenceCase], as_given: onnx.ModelProto | None = None,
-                 ) -> tuple[list[dict], onnx.ModelProto]:
+                 shipped: LoadedModel | None = None) -> tuple[list[dict], onnx.ModelProto]:
         """Oracle outputs of the original model (`as_given`, the user's, where loading upgraded its opset: a
         converter fault is then caught too), and the model to compile: the simplified one if it agrees with
         the original, else the original (with a warning)."""
@@ -193,6 +201,8 @@ class Compiler:
             self.report.validation["oracle"] = oracle.name
             if oracle.fallback_reason:
                 self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
+            if shipped is not None and shipped.as_shipped is not None:
+                self._accuracy_level_difference(shipped, cases, expected)
             if simplified is original and as_given is None:
                 return expected, original
             got = reference.Oracle(simplified).run(cases)
@@ -206,6 +216,26 @@ class Compiler:
                             "compiling the unsimplified model")
                         return expected, original
         return expected, simplified
+
+    def _accuracy_level_difference(self, loaded: LoadedModel, cases, expected) -> None:
+        """MatMulNBits at accuracy_level 4 lets onnxruntime quantize the activations to int8, so the model as
+        given only approximates the op; the oracle ran it at level 0 (graphconv.frontend.load). The report
+        states how far the model as given is from that reference (worst case over the reference shapes)."""
+        got = reference.Oracle(loaded.as_shipped).run(cases)
+        diff: dict[str, dict] = {}
+        for case, exp, act in zip(cases, expected, got):
+            for name, ref in exp.items():
+                c = compare.compare(act[name], ref, valid=case.valid_positions(ref))
+                d = diff.setdefault(name, {"max_abs": 0.0, "mean_abs": 0.0, "cosine": 1.0})
+                d["max_abs"], d["mean_abs"] = max(d["max_abs"], c.max_abs), max(d["mean_abs"], c.mean_abs)
+                d["cosine"] = min(d["cosine"], c.cosine)
+        levels = ", ".join(map(str, loaded.accuracy_levels))
+        self.report.validation[f"accuracy_level_{levels}_vs_0"] = diff
+        worst = max((d["max_abs"] for d in diff.values()), default=0.0)
+        self.report.warnings.append(
+            f"MatMulNBits accuracy_level {levels}: onnxruntime may quantize the activations there; the oracle runs "
+            f"the model at accuracy_level 0 (the op's exact semantics), from which the model as given differs by "
+            f"max abs {worst:.3g}")
 
     def fuse(self, model: onnx.ModelProto, cases, expected, ws: Workspace) -> onnx.ModelProto:
         """Run the pass pipeline; the result carries the function bodies of the fused ops it uses."""
@@ -471,7 +501,7 @@ class Compiler:
         cases = self.reference_cases(original)
         simplified = self.simplify(loaded, ws)
         if self.opt.verify or simplified is not original:
-            expected, model = self.validate(original, simplified, cases, loaded.as_given)
+            expected, model = self.validate(original, simplified, cases, loaded.as_given, loaded)
         else:
             expected, model = None, simplified
         fused = self.fuse(model, cases, expected, ws)

@@ -1,4 +1,5 @@
-"""Quantization: QuantizeLinear / DequantizeLinear (opsets 13, 19, 21; int8 / uint8 / int32), DynamicQuantizeLinear,
+"""Quantization: QuantizeLinear / DequantizeLinear (opsets 13, 19, 21; int8 / uint8 / int16 / uint16 / int32;
+per tensor, per axis and blocked; 4-bit types are not: graphconv binds no 4-bit tensors), DynamicQuantizeLinear,
 MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, as the ONNX reference computes them.
 
 Integer products are computed exactly in floating point (float64 for matmuls; float32 for convolutions, whose
@@ -32,20 +33,30 @@ def _f64(n):
 
 
 def _per_axis(n, i: int, rank: int):
-    """Input i (a scale or zero point): as is when 0-d or 1 element, else shaped to broadcast along `axis`."""
+    """Input i (a scale or zero point): as is when 0-d or 1 element, shaped to broadcast along `axis` when 1-D,
+    and for blocked quantization (opset 21 block_size; same rank as x, ceil(dim / block_size) along `axis`)
+    each value repeated over its block, the last block cut to x's dim."""
     shape = n.shape(i)
     x = n.x(i)
+    block = n.attr("block_size", 0)
+    if block:
+        if shape is None or len(shape) != rank:
+            n.fail(f"blocked quantization needs the scale and zero point of x's rank {rank}")
+        axis = n.axis(n.attr("axis", 1), rank)
+        dims = n.shape(0)
+        if dims is None or not isinstance(dims[axis], int):
+            n.fail("blocked quantization needs a static dim of x along the quantization axis")
+        full = n.call("ops.repeat_interleave", x, block, axis)
+        return full if shape[axis] * block == dims[axis] else n.call("ops.narrow", full, axis, 0, dims[axis])
     if shape is None or len(shape) == 0 or shape == [1]:
         return x
     if len(shape) == 1:
         axis = n.axis(n.attr("axis", 1), rank)
         return n.call("ops.reshape", x, (-1,) + (1,) * (rank - axis - 1))
-    n.fail("blocked quantization (block_size) is not supported")
+    n.fail(f"a scale of shape {shape} without block_size")
 
 
 def _quantize(n):
-    if n.attr("block_size", 0):
-        n.fail("blocked quantization (block_size) is not supported")
     rank = n.require_rank(0)
     out = n.out_dtype(0)
     if out is None or out == ir.DataType.UNDEFINED:
@@ -59,8 +70,6 @@ def _quantize(n):
 
 
 def _dequantize(n):
-    if n.attr("block_size", 0):
-        n.fail("blocked quantization (block_size) is not supported")
     rank = n.require_rank(0)
     scale = _per_axis(n, 1, rank)
     out = n.out_dtype(0) or n.dtype(1)
@@ -83,7 +92,7 @@ def quantize19(n):
 
 @register("QuantizeLinear", since=21)
 def quantize21(n):
-    """Opset 21 adds block_size (refused) and output_dtype."""
+    """Opset 21 adds block_size and output_dtype."""
     return _quantize(n)
 
 
@@ -190,3 +199,11 @@ def qlinear_conv(n):
     scale = n.binop("/", n.binop("*", n.x(1), ws), n.x(6))
     out = n.dtype(7) if n.has(7) else n.dtype(0)
     return _requantize(n, acc, scale, 7, out)
+
+
+@register("BitShift", since=11)
+def bit_shift(n):
+    """Unsigned integers shifted by a per-element amount (the contrib decompositions unpack packed 2/4-bit
+    weights with it, graphconv/frontend/contrib/quant.py); bits shifted past the type's width are lost."""
+    fn = "ops.bitwise_left_shift" if n.attr("direction", "RIGHT") == "LEFT" else "ops.bitwise_right_shift"
+    return n.call(fn, n.x(0), n.x(1))

@@ -892,6 +892,11 @@ case("DequantizeLinear_uint8", "DequantizeLinear", [x(dtype=U8), k(0.05, F32), k
 case("DequantizeLinear_per_axis", "DequantizeLinear", [x("batch", 3, 4, dtype=I8), k([0.1, 0.2, 0.05], F32),
                                                        k([0, 1, -2], I8)], {"axis": 1}, opset=19)
 case("DequantizeLinear_opset21", "DequantizeLinear", [x(dtype=I8), k(0.5, F32)], opset=21)
+case("QuantizeLinear_blocked", "QuantizeLinear", [x(4, 6, gen=uniform(-5, 5)), x(4, 3, name="scale", gen=positive)],
+     {"axis": 1, "block_size": 2}, opset=21)
+case("DequantizeLinear_blocked_last_block_short", "DequantizeLinear",
+     [x(5, 4, dtype=U8), x(3, 4, name="scale", gen=positive), x(3, 4, name="zp", dtype=U8)],
+     {"axis": 0, "block_size": 2}, opset=21)
 case("DynamicQuantizeLinear", "DynamicQuantizeLinear", [x()], n_out=3)
 case("MatMulInteger", "MatMulInteger", [x("batch", 4, dtype=U8), x(4, 3, dtype=U8), k(12, U8), k(3, U8)])
 case("ConvInteger", "ConvInteger", [x("batch", 2, "h", "w", dtype=U8), x(3, 2, 2, 2, dtype=U8), k(5, U8)],
@@ -1019,8 +1024,9 @@ refusal("Loop_runtime_trip_count", "trip count must be a compile-time constant",
         inputs=[x(name="x"), x(shape=(), dtype=I64, name="m")])
 refusal("Resize_runtime_scales", "scales\\) must be a constant", "Resize",
         [x(1, 2, 4, 5), None, x(4, name="scales")], {"mode": "linear"}, opset=13)
-refusal("QuantizeLinear_block_size", "blocked quantization", "QuantizeLinear",
-        [x(4, 6), x(4, 3, name="scale", gen=positive)], {"axis": 1, "block_size": 2}, opset=21)
+refusal("QuantizeLinear_int4", "INT4 is not supported", "QuantizeLinear",
+        [x(4, 6), x(4, 3, name="scale", gen=positive)], {"axis": 1, "block_size": 2,
+                                                          "output_dtype": onnx.TensorProto.INT4}, opset=21)
 refusal("RNN_reverse_sequence_lens", "sequence_lens with a reverse direction", "RNN",
         [x(3, 2, 4), k(weights(1, 5, 4)), k(weights(1, 5, 5, seed=1)), None, k([3, 2], I32)],
         {"hidden_size": 5, "direction": "reverse"}, n_out=2)

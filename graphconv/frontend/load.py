@@ -19,6 +19,7 @@ from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_e
 
 from graphconv.frontend import contrib, weights
 from graphconv.frontend.contrib import cases
+from graphconv.frontend.contrib import quant
 from graphconv.errors import InputError, UnsupportedError
 
 MIN_OPSET = 13
@@ -42,6 +43,13 @@ class LoadedModel:
     # the reference cases' constraints from contrib kernels (graphconv.frontend.contrib.cases)
     case_dims: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     pad_masks: bool = True
+    # MatMulNBits at accuracy_level > 0 (onnxruntime may quantize the activations): `as_given` is then a copy
+    # at level 0 (the op's exact semantics, the oracle's) and this the model exactly as given, whose
+    # difference from the oracle the report states (graphconv.frontend.contrib.quant.at_accuracy_level_0)
+    as_shipped: onnx.ModelProto | None = None
+    accuracy_levels: list[int] = dataclasses.field(default_factory=list)
+    quantized_weights: dict[str, str] = dataclasses.field(default_factory=dict)  # weight -> what is done with it
+    packed: list[str] = dataclasses.field(default_factory=list)  # packed quantized initializers, kept packed
 
     @property
     def opset(self) -> int:
@@ -233,6 +241,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_inline_tensors(model)
     check_opsets(model)
     as_given, upgraded_from, notes, decomposed, case_dims, pad_masks = None, None, [], {}, {}, True
+    as_shipped, levels, quantized, packed = None, [], {}, []
     if contrib.contrib_nodes(model):
         # onnxruntime's contrib ops: the checker's complaint about them is a note, the model to compile is
         # their standard decomposition (checked in full), the oracle runs the model as given.
@@ -241,6 +250,12 @@ def load(path: str | os.PathLike) -> LoadedModel:
             weights.take_over_external(model, path.parent)
         name_nodes(model)
         as_given = model
+        # Quantized contrib ops: the oracle runs MatMulNBits at accuracy_level 0 (exact), and the report says
+        # what happens to each quantized weight.
+        exact, levels = quant.at_accuracy_level_0(model)
+        if exact is not None:
+            as_shipped, as_given = model, exact
+        quantized, packed = quant.describe_quantized_weights(model), quant.packed_initializers(model)
         model, decomposed = contrib.decompose(model)
         case_dims, pad_masks = cases.case_dims(as_given), cases.pads_masks(as_given)
         _check(weights.stripped(model)[0], path)
@@ -267,7 +282,8 @@ def load(path: str | os.PathLike) -> LoadedModel:
     name_nodes(model)
     return LoadedModel(path=path, proto=model, external_bytes=external, as_given=as_given,
                        upgraded_from=upgraded_from, notes=notes, decomposed=decomposed,
-                       case_dims=case_dims, pad_masks=pad_masks)
+                       case_dims=case_dims, pad_masks=pad_masks, as_shipped=as_shipped,
+                       accuracy_levels=levels, quantized_weights=quantized, packed=packed)
 
 
 def _check(model: onnx.ModelProto | str, path: Path) -> None:

@@ -110,3 +110,4 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
 from graphconv.frontend.contrib import norm  # noqa: E402,F401  (registers its decompositions)
 from graphconv.frontend.contrib import rotary  # noqa: E402,F401  (registers its decompositions)
 from graphconv.frontend.contrib import gqa  # noqa: E402,F401  (registers its decompositions)
+from graphconv.frontend.contrib import quant  # noqa: E402,F401  (registers its decompositions)

@@ -1,0 +1,324 @@
+"""Quantized contrib ops -> standard ONNX that dequantizes in the graph.
+
+The packed weights stay the initializers they are (same bytes, same uint8 type), so the compiled network
+carries them packed; the graph unpacks them with BitShift and BitwiseAnd (Mod below opset 18), subtracts the
+zero point, multiplies by the scale and then runs the float op (MatMul, Gather) a PyTorch export would have.
+MindSpore's WeightQuantBatchMatmul is not emitted: its int4 nibble order is unconfirmed
+(/work/shared/FUSED_OPS.md), so the weights are dequantized in the network on every target, and the load
+stage reports that for each weight (`quantized_weights`).
+
+Semantics read from onnxruntime's contrib schemas (docs/ContribOperators.md) and CPU kernels
+(contrib_ops/cpu/quantization/matmul_nbits.cc, matmul_nbits_impl.cc, gather_block_quantized.cc); the integer
+matmuls (MatMulIntegerToFloat, DynamicQuantizeMatMul) and com.microsoft's (De)QuantizeLinear from the schemas,
+checked against onnxruntime on hand-built graphs (tests/test_contrib_quant.py):
+
+MatMulNBits (A, B, scales, zero_points?, g_idx?, bias?; K, N, bits 2|4|8, block_size, accuracy_level):
+    B is uint8 [N, k_blocks, blob_size] (k_blocks = ceil(K / block_size), blob_size = block_size * bits / 8),
+    the values of one column of the logical [K, N] weight packed along K, lowest bits first;
+    W[k, n] = (q[n, k] - zp[n, k // block_size]) * scales[n, k // block_size], elements past K (padding of
+    the last block) are dropped; Y = A @ W (+ bias). zero_points: uint8 packed like B along the blocks
+    ([N, ceil(k_blocks * bits / 8)]), or unpacked in A's type ([N, k_blocks]); absent: 2^(bits - 1).
+    fp16/bf16 A: onnxruntime's CPU kernel converts A and the scales to float32 and the result back, so the
+    decomposition computes in float32 between two Casts. accuracy_level 4 lets onnxruntime quantize A to int8
+    (an approximation of these semantics): the oracle runs the model at accuracy_level 0 (frontend/load.py).
+GatherBlockQuantized (data, indices, scales, zero_points?; gather_axis=0, quantize_axis=1, block_size=128,
+bits=4): uint8 data only (bits 2|4|8 packed along the last axis, lowest bits first; gather_axis 0, quantize_axis
+the last; zero points packed the same way; default zero point 2^(bits - 1)); output = (q - zp) * scale in
+float32, cast to the scales' type; an index outside [-dim, dim) gives zeros (not an error, unlike Gather).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from graphconv.frontend.contrib.registry import MICROSOFT, decomposes
+from graphconv.frontend.contrib.rewrite import Rewrite
+
+FLOAT = onnx.TensorProto.FLOAT
+UINT8 = onnx.TensorProto.UINT8
+_LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def unpack(rw: Rewrite, packed: str, bits: int, rank: int | None = None) -> str:
+    """uint8 `packed` [..., L] (of rank `rank`, when known) -> uint8 [..., L * 8 / bits]: the values packed in
+    each byte, lowest bits first (the packing of MatMulNBits and GatherBlockQuantized)."""
+    if bits == 8:
+        return packed
+    per, mask = 8 // bits, (1 << bits) - 1
+    parts = []
+    for i in range(per):
+        v = packed if i == 0 else rw.op("BitShift", packed, rw.const(np.uint8(i * bits)), direction="RIGHT")
+        if i < per - 1:  # the top field needs no mask
+            v = (rw.op("BitwiseAnd", v, rw.const(np.uint8(mask))) if rw.opset >= 18
+                 else rw.op("Mod", v, rw.const(np.uint8(mask + 1))))
+        parts.append(rw.op("Unsqueeze", v, rw.const([-1], np.int64)))
+    stacked = rw.op("Concat", *parts, axis=-1)  # [..., L, per]
+    if rank is not None:
+        return rw.op("Reshape", stacked, rw.const([0] * (rank - 1) + [-1], np.int64))
+    leading = rw.op("Slice", rw.op("Shape", packed), rw.const([0], np.int64), rw.const([-1], np.int64))
+    return rw.op("Reshape", stacked, rw.op("Concat", leading, rw.const([-1], np.int64), axis=0))
+
+
+def _check_bits(rw: Rewrite, bits: int) -> None:
+    if bits not in (2, 4, 8):
+        rw.fail(f"bits={bits} (onnxruntime's kernels define 2, 4 and 8)")
+
+
+# --- MatMulNBits -------------------------------------------------------------------------------------
+
+def _nbits_zero_point(rw: Rewrite, n: int, k_blocks: int, bits: int, work: int) -> str:
+    """The zero points as a `work`-typed [N, k_blocks, 1] value (broadcast over a block)."""
+    if not rw.has(3):
+        return rw.const(np.full((1, 1, 1), 1 << (bits - 1)), onnx.helper.tensor_dtype_to_np_dtype(work))
+    zp = rw.input(3)
+    if rw.dtype(zp) == UINT8:
+        rows = rw.op("Reshape", zp, rw.const([n, -1], np.int64))  # [N, ceil(k_blocks * bits / 8)] (or flat)
+        zp = rw.op("Slice", unpack(rw, rows, bits, 2) if bits < 8 else rows, rw.const([0], np.int64),
+                   rw.const([k_blocks], np.int64), rw.const([1], np.int64))
+    zp = rw.op("Cast", zp, to=work)
+    return rw.op("Reshape", zp, rw.const([n, k_blocks, 1], np.int64))
+
+
+@decomposes("MatMulNBits", domain=MICROSOFT)
+def matmul_nbits(rw: Rewrite) -> None:
+    k, n = rw.attr("K"), rw.attr("N")
+    bits, block = rw.attr("bits", 4), rw.attr("block_size")
+    if k is None or n is None or block is None:
+        rw.fail("attributes K, N and block_size are required")
+    _check_bits(rw, bits)
+    if block < 16 or block & (block - 1):
+        rw.fail(f"block_size={block} (onnxruntime requires a power of 2, at least 16)")
+    if rw.attr("weight_prepacked", 0):
+        rw.fail(f"weight_prepacked={rw.attr('weight_prepacked')}: B is in an execution provider's own layout")
+    if rw.has(4):
+        rw.fail("g_idx (deprecated act-order group index) is not supported")
+    k_blocks = -(-k // block)
+    blob = block * bits // 8
+    b_shape = rw.shape(rw.input(1))
+    if b_shape is not None and 0 in b_shape:
+        rw.fail("an empty B (an omitted projection) is not supported")
+    if b_shape is not None and all(isinstance(d, int) for d in b_shape) and b_shape != [n, k_blocks, blob]:
+        rw.fail(f"B has shape {b_shape}, expected [N, k_blocks, blob_size] = {[n, k_blocks, blob]}")
+    a, a_type = rw.input(0), rw.dtype(rw.input(0))
+    work = FLOAT if a_type in _LOW_PRECISION or a_type is None else a_type
+
+    q = unpack(rw, rw.input(1), bits, 3)  # uint8 [N, k_blocks, block_size]
+    zp = _nbits_zero_point(rw, n, k_blocks, bits, work)
+    scales = rw.op("Reshape", rw.input(2), rw.const([n, k_blocks, 1], np.int64))
+    if rw.dtype(rw.input(2)) != work:
+        scales = rw.op("Cast", scales, to=work)
+    w = rw.op("Mul", rw.op("Sub", rw.op("Cast", q, to=work), zp), scales)  # [N, k_blocks, block_size]
+    w = rw.op("Reshape", w, rw.const([n, k_blocks * block], np.int64))
+    if k_blocks * block != k:  # the last block's padding
+        w = rw.op("Slice", w, rw.const([0], np.int64), rw.const([k], np.int64), rw.const([1], np.int64))
+    w_t = rw.op("Transpose", w, perm=[1, 0])  # [K, N], as a PyTorch export's MatMul weight
+    if work != a_type:
+        a = rw.op("Cast", a, to=work)
+    y = rw.op("MatMul", a, w_t)
+    if rw.has(5):
+        bias = rw.input(5)
+        y = rw.op("Add", y, bias if rw.dtype(bias) == work else rw.op("Cast", bias, to=work))
+    if work != a_type:
+        rw.op("Cast", y, outputs=[rw.output(0)], to=a_type)
+    else:
+        rw.identity(y, rw.output(0))
+
+
+KEPT = ("kept packed, dequantized in the network (a small one is folded at compile time); "
+        "WeightQuantBatchMatmul unconfirmed")
+
+
+# --- integer matmuls and com.microsoft's (De)QuantizeLinear -------------------------------------------
+
+@decomposes("MatMulIntegerToFloat", domain=MICROSOFT)
+def matmul_integer_to_float(rw: Rewrite) -> None:
+    """Y = MatMulInteger(A, B, a_zero_point, b_zero_point) * (a_scale * b_scale) (+ bias), the int32 product
+    converted to the scales' float type first (onnxruntime's MLAS scale-bias output processor)."""
+    zps = [rw.input(4), rw.input(5)]
+    acc = rw.op("MatMulInteger", rw.input(0), rw.input(1), *zps) if any(zps) else rw.op("MatMulInteger", rw.input(0), rw.input(1))
+    out_type = rw.dtype(rw.input(2)) or FLOAT
+    y = rw.op("Mul", rw.op("Cast", acc, to=out_type), rw.op("Mul", rw.input(2), rw.input(3)))
+    if rw.has(6):
+        y = rw.op("Add", y, rw.input(6))
+    rw.identity(y, rw.output(0))
+
+
+@decomposes("DynamicQuantizeMatMul", domain=MICROSOFT)
+def dynamic_quantize_matmul(rw: Rewrite) -> None:
+    """A quantized to uint8 as DynamicQuantizeLinear does (per tensor), then MatMulIntegerToFloat with B."""
+    a_q, a_scale, a_zp = rw.op("DynamicQuantizeLinear", rw.input(0), outputs=3)
+    acc = rw.op("MatMulInteger", a_q, rw.input(1), a_zp, *([rw.input(3)] if rw.has(3) else []))
+    y = rw.op("Mul", rw.op("Cast", acc, to=FLOAT), rw.op("Mul", a_scale, rw.input(2)))
+    if rw.has(4):
+        y = rw.op("Add", y, rw.input(4))
+    rw.identity(y, rw.output(0))
+
+
+def _standard_qdq(rw: Rewrite, op: str) -> None:
+    """com.microsoft's QuantizeLinear / DequantizeLinear: the standard op's per-tensor / per-axis semantics
+    (attribute axis, default 1), written as the standard op (int8 / uint8 below opset 21)."""
+    quantized = rw.input(0) if op == "DequantizeLinear" else (rw.input(2) if rw.has(2) else "")
+    q_type = rw.dtype(quantized) if quantized else UINT8
+    if q_type not in (UINT8, onnx.TensorProto.INT8) and rw.opset < 21:
+        rw.fail(f"{onnx.TensorProto.DataType.Name(q_type or 0)} data needs the standard op at opset 21 "
+                f"(the model's is {rw.opset})")
+    inputs = [rw.input(i) for i in range(3) if rw.has(i)]
+    attrs = {"axis": rw.attr("axis")} if rw.attr("axis") is not None else {}
+    rw.op(op, *inputs, outputs=[rw.output(0)], **attrs)
+
+
+@decomposes("QuantizeLinear", domain=MICROSOFT)
+def quantize_linear(rw: Rewrite) -> None:
+    _standard_qdq(rw, "QuantizeLinear")
+
+
+@decomposes("DequantizeLinear", domain=MICROSOFT)
+def dequantize_linear(rw: Rewrite) -> None:
+    _standard_qdq(rw, "DequantizeLinear")
+
+
+def nbits_description(node: onnx.NodeProto) -> str:
+    """What happens to a MatMulNBits weight, for the load report."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    bits = attrs.get("bits", 4)
+    has_zp = len(node.input) > 3 and bool(node.input[3])
+    zp = "zero points given" if has_zp else f"symmetric (zero point {1 << (bits - 1)})"
+    return f"uint{bits} block {attrs.get('block_size')}, {zp}; {KEPT}"
+
+
+# --- GatherBlockQuantized ----------------------------------------------------------------------------
+
+@decomposes("GatherBlockQuantized", domain=MICROSOFT)
+def gather_block_quantized(rw: Rewrite) -> None:
+    data, indices = rw.input(0), rw.input(1)
+    if rw.dtype(data) != UINT8:
+        rw.fail("data of type int4/uint4 is not supported (graphconv binds no 4-bit tensors); uint8-packed data is")
+    shape = rw.shape(data)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        rw.fail("the shape of data is not static")
+    rank = len(shape)
+    bits, block = rw.attr("bits", 4), rw.attr("block_size", 128)
+    _check_bits(rw, bits)
+    if rw.attr("gather_axis", 0) % rank != 0 or rw.attr("quantize_axis", 1) % rank != rank - 1 or rank < 2:
+        rw.fail("uint8 data needs gather_axis 0 and quantize_axis the last axis (onnxruntime's kernel)")
+    if block < 16 or block & (block - 1):
+        rw.fail(f"block_size={block} (onnxruntime requires a power of 2, at least 16)")
+    rows = shape[0]
+    width = shape[-1] * (8 // bits)  # logical length of the quantized axis
+    blocks = -(-width // block)
+    out_type = rw.dtype(rw.input(2)) or FLOAT
+
+    # Out-of-range indices give zeros: gather row 0 for them, zero them afterwards.
+    idx = rw.op("Cast", indices, to=onnx.TensorProto.INT64)
+    valid = rw.op("And", rw.op("GreaterOrEqual", idx, rw.const(np.int64(-rows))),
+                  rw.op("Less", idx, rw.const(np.int64(rows))))
+    safe = rw.op("Where", valid, idx, rw.const(np.int64(0)))
+
+    # Gather the packed rows first (an embedding dequantizes only the rows it reads).
+    q = unpack(rw, rw.op("Gather", data, safe, axis=0), bits)  # uint8 [*idx, ..., width]
+    scales = rw.op("Gather", rw.input(2), safe, axis=0)  # [*idx, ..., blocks]
+    if rw.has(3):
+        zp = rw.op("Gather", rw.input(3), safe, axis=0)
+        if bits < 8:
+            zp = rw.op("Slice", unpack(rw, zp, bits), rw.const([0], np.int64), rw.const([blocks], np.int64),
+                       rw.const([-1], np.int64))
+        zp = rw.op("Cast", zp, to=FLOAT)
+    else:
+        zp = rw.const(np.float32(1 << (bits - 1)))
+
+    def per_element(v: str) -> str:
+        """[..., blocks] -> [..., width]: each block's value repeated over its elements."""
+        v = rw.op("Unsqueeze", v, rw.const([-1], np.int64))
+        v = rw.op("Expand", v, rw.const([1, block], np.int64))  # [..., blocks, block]
+        shape_out = rw.op("Concat", rw.op("Slice", rw.op("Shape", v), rw.const([0], np.int64),
+                                          rw.const([-2], np.int64)),
+                          rw.const([blocks * block], np.int64), axis=0)
+        v = rw.op("Reshape", v, shape_out)
+        if blocks * block != width:
+            v = rw.op("Slice", v, rw.const([0], np.int64), rw.const([width], np.int64), rw.const([-1], np.int64))
+        return v
+
+    centered = rw.op("Cast", q, to=FLOAT)
+    if rw.has(3):
+        centered = rw.op("Sub", centered, per_element(zp))
+    else:
+        centered = rw.op("Sub", centered, zp)
+    scale32 = rw.op("Cast", scales, to=FLOAT) if out_type != FLOAT else scales
+    y = rw.op("Mul", centered, per_element(scale32))
+    # Zero the rows of out-of-range indices: valid has idx's shape; broadcast it over the row's dims.
+    mask = valid
+    for _ in range(rank - 1):
+        mask = rw.op("Unsqueeze", mask, rw.const([-1], np.int64))
+    y = rw.op("Where", mask, y, rw.const(np.float32(0)))
+    if out_type != FLOAT:
+        rw.op("Cast", y, outputs=[rw.output(0)], to=out_type)
+    else:
+        rw.identity(y, rw.output(0))
+
+
+def gather_description(node: onnx.NodeProto) -> str:
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return (f"uint{attrs.get('bits', 4)} block {attrs.get('block_size', 128)} embedding; kept packed, the rows read "
+            "are dequantized in the network (a small one is folded at compile time)")
+
+
+def describe_quantized_weights(model: onnx.ModelProto) -> dict[str, str]:
+    """weight name -> what graphconv does with it, for every MatMulNBits / GatherBlockQuantized node."""
+    out = {}
+    for node in model.graph.node:
+        if node.domain != MICROSOFT:
+            continue
+        if node.op_type == "MatMulNBits" and len(node.input) > 1:
+            out[node.input[1]] = nbits_description(node)
+        elif node.op_type == "GatherBlockQuantized" and node.input:
+            out[node.input[0]] = gather_description(node)
+    return out
+
+
+def packed_initializers(model: onnx.ModelProto) -> list[str]:
+    """Names of the packed uint8 initializers the quantized contrib nodes read (weights and zero points):
+    they are to reach the network as they are (`held_out`)."""
+    inits = {t.name: t.data_type for t in model.graph.initializer}
+    picks = {"MatMulNBits": (1, 3), "GatherBlockQuantized": (0, 3)}
+    return sorted({node.input[i] for node in model.graph.node
+                   if node.domain == MICROSOFT and node.op_type in picks
+                   for i in picks[node.op_type] if i < len(node.input) and inits.get(node.input[i]) == UINT8})
+
+
+def at_accuracy_level_0(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, list[int]]:
+    """A copy of `model` whose MatMulNBits nodes run at accuracy_level 0, and the levels the model gives;
+    (None, []) when every node is at level 0 already. At level 4 onnxruntime quantizes A to int8 (its
+    approximation of the op): the oracle runs the copy, the exact semantics the decomposition computes."""
+    levels = sorted({onnx.helper.get_attribute_value(a) for n in model.graph.node
+                     if n.op_type == "MatMulNBits" and n.domain == MICROSOFT
+                     for a in n.attribute if a.name == "accuracy_level"} - {0})
+    if not levels:
+        return None, []
+    exact = onnx.ModelProto()
+    exact.CopyFrom(model)
+    for node in exact.graph.node:
+        if node.op_type == "MatMulNBits" and node.domain == MICROSOFT:
+            for a in node.attribute:
+                if a.name == "accuracy_level":
+                    a.i = 0
+    return exact, levels
+
+
+def held_out(model: onnx.ModelProto, names) -> tuple[onnx.ModelProto, dict[str, None]]:
+    """A copy of `model` whose initializers `names` (the packed quantized weights) are graph inputs instead,
+    and those names: onnxsim would otherwise fold their dequantization into float initializers (8 times the
+    bytes of an int4 weight). graphconv.frontend.weights.restore puts them back."""
+    names = {t.name for t in model.graph.initializer if t.name in set(names)}
+    if not names:
+        return model, {}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inputs = [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+              for t in out.graph.initializer if t.name in names]
+    kept = [t for t in out.graph.initializer if t.name not in names]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    have = {i.name for i in out.graph.input}
+    out.graph.input.extend(i for i in inputs if i.name not in have)
+    return out, dict.fromkeys(names)
