@@ -53,8 +53,7 @@ def parse(equation: str, ranks: list[int]) -> tuple[list[list[str]], list[str]]:
 def einsum(n):
     ranks = [n.require_rank(i) for i in range(n.n_inputs)]
     try:
-        labels, output = parse(n.attr("equation").decode() if isinstance(n.attr("equation"), bytes)
-                               else n.attr("equation"), ranks)
+        labels, output = parse(n.attr("equation"), ranks)
     except ValueError as e:
         n.fail(str(e))
     matmul_ok = n.dtype(0) in _MATMUL_TYPES
