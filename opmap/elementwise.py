@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from opmap.registry import register
@@ -99,9 +100,32 @@ def div(n):
 
 @register("Mod", since=10)
 def mod(n):
+    """fmod=1: C's fmod (the sign of the dividend). fmod=0: the sign of the divisor, like Python; for floats
+    (allowed from opset 28, run by onnxruntime before) A - floor(A / B) * B with the special cases of opset 28's
+    spec. MindSpore's CPU kernels subtract no uint32/uint64: uint32 is computed in int64 (exact)."""
+    dtype = n.dtype(0)
+    if dtype == ir.DataType.UINT64:
+        n.fail("Mod of uint64: MindSpore's CPU kernels have no uint64 subtraction")
+    if dtype == ir.DataType.UINT32:
+        wide = [n.call("ops.cast", n.x(i), n.ms_dtype(ir.DataType.INT64)) for i in (0, 1)]
+        return n.call("ops.cast", n.call("ops.remainder", *wide), n.ms_dtype(dtype))
     if n.attr("fmod", 0):
-        return n.call("ops.fmod", n.x(0), n.x(1))  # sign of the dividend, like C
-    return n.call("ops.remainder", n.x(0), n.x(1))  # sign of the divisor, like Python
+        return n.call("ops.fmod", n.x(0), n.x(1))
+    if dtype not in _FLOATS:
+        return n.call("ops.remainder", n.x(0), n.x(1))
+    return _float_mod(n, n.x(0), n.x(1))
+
+
+def _float_mod(n, a, b):
+    """C's fmod moved to B's sign: fmod gives NaN for an infinite A or a zero B; for an infinite B it returns
+    A (ops.fmod gives NaN there, hence the where); adding B where the signs differ gives B for a finite A
+    against an infinite B of the other sign, as the spec says."""
+    r = n.call("ops.fmod", a, b)
+    keep = n.call("ops.logical_and", n.call("ops.isinf", b), n.call("ops.isfinite", a))
+    r = n.named(n.call("ops.where", keep, a, r), "fmod")
+    flip = n.call("ops.logical_and", n.binop("!=", r, 0),
+                  n.call("ops.not_equal", n.binop("<", r, 0), n.binop("<", b, 0)))
+    return n.call("ops.where", flip, n.binop("+", r, b), r)
 
 
 @register("IsInf", since=10)
@@ -225,3 +249,58 @@ def shrink(n):
     x, bias, lambd = n.x(0), float(n.attr("bias", 0.0)), float(n.attr("lambd", 0.5))
     inner = n.call("ops.where", n.binop(">", x, lambd), n.binop("-", x, bias), n.call("ops.zeros_like", x))
     return n.call("ops.where", n.binop("<", x, -lambd), n.binop("+", x, bias), inner)
+
+
+# --- opsets 24-28 ---------------------------------------------------------------------------------------------
+
+_UNSIGNED = {ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64}
+
+
+@register("Swish", since=24)
+def swish(n):
+    x, alpha = n.x(0), float(n.attr("alpha", 1.0))
+    return n.binop("*", x, n.call("ops.sigmoid", x if alpha == 1.0 else n.binop("*", alpha, x)))
+
+
+_INTEGERS = _UNSIGNED | {ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64}
+
+
+@register("BitShift", since=11)
+def bit_shift(n):
+    """A shift by a negative amount or by >= the bit width gives what the sign extension alone gives (0, or -1
+    for a negative X shifted right); MindSpore's shifts are only defined within the width, so those lanes are
+    shifted by 0 and replaced. Signed right shifts are arithmetic (opset 28 adds the signed types)."""
+    dtype = n.dtype(0)
+    if dtype not in _INTEGERS:
+        n.fail(f"BitShift of {dtype} is not an integer type")
+    x, y = n.x(0), n.x(1)
+    right = n.attr("direction") == "RIGHT"
+    # (a tensor of X's type: MindSpore does not mix an int literal with an unsigned tensor)
+    bad = n.binop(">=", y, n.const_tensor(np.array(dtype.bitwidth, dtype.numpy()), "bits"))
+    if dtype not in _UNSIGNED:
+        bad = n.call("ops.logical_or", bad, n.binop("<", y, 0))
+    zero = n.call("ops.zeros_like", y)
+    shifted = n.call("ops.bitwise_right_shift" if right else "ops.bitwise_left_shift", x,
+                     n.call("ops.where", bad, zero, y))
+    fill = n.call("ops.zeros_like", shifted)
+    if right and dtype not in _UNSIGNED:
+        fill = n.call("ops.where", n.binop("<", x, 0), n.binop("-", fill, 1), fill)
+    return n.call("ops.where", bad, fill, shifted)
+
+
+@register("BitCast", since=26)
+def bit_cast(n):
+    """The same bits read as another type of the same width. Between integer types of one width (and bool to
+    an 8-bit integer) that is a modular integer Cast. Float bits would need a reinterpreting view, and
+    MindSpore 2.10's view_dtype has no graph-mode implementation ("infer failed, not impl")."""
+    to, src = ir.DataType(n.attr("to")), n.dtype(0)
+    if src is None:
+        n.fail("the input's dtype is unknown")
+    if src.bitwidth != to.bitwidth:
+        n.fail(f"BitCast from {src.name} to {to.name}: the bit widths differ")
+    if src == to:
+        return n.x(0)
+    if (src in _INTEGERS or src == ir.DataType.BOOL) and to in _INTEGERS:
+        return n.call("ops.cast", n.x(0), n.ms_dtype(to))
+    n.fail(f"BitCast from {src.name} to {to.name}: MindSpore 2.10 cannot reinterpret float bits in graph mode "
+           "(ops.view_dtype is not implemented there)")

@@ -636,3 +636,16 @@ def deform_conv(n):
     if n.has(3):
         y = n.binop("+", y, _channel_param(n, 3, 2, "bias"))
     return y
+
+
+@register("GlobalLpPool", since=2)
+def global_lp_pool(n):
+    """(sum over the spatial dims of |x|^p)^(1/p), kept as size-1 dims."""
+    axes = tuple(range(2, n.require_rank(0)))
+    p = int(n.attr("p", 2))
+    x = n.call("ops.abs", n.x(0))
+    if p == 1:
+        return n.call("ops.sum", x, axes, keepdim=True)
+    if p == 2:
+        return n.call("ops.sqrt", n.call("ops.sum", n.binop("*", x, x), axes, keepdim=True))
+    return n.call("ops.pow", n.call("ops.sum", n.call("ops.pow", x, float(p)), axes, keepdim=True), 1.0 / p)

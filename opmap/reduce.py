@@ -128,3 +128,25 @@ def hardmax(n):
     positions = n.const_tensor(np.arange(dim, dtype=np.int64).reshape((-1,) + (1,) * (rank - axis - 1)), "positions")
     first = n.call("ops.cast", n.call("ops.argmax", n.x(0), axis, True), n.ms_dtype(ir.DataType.INT64))
     return n.call("ops.cast", n.call("ops.equal", positions, first), n.ms_dtype(n.dtype(0)))
+
+
+@register("CumProd", since=26)
+def cumprod(n):
+    """Like CumSum (opmap/shape.py): reverse by flipping; exclusive shifts the products one step along the axis,
+    a slice of ones first (not y / x, which a zero would break)."""
+    rank = n.require_rank(0)
+    axis = n.axis(n.require_ints(1, "CumProd axis")[0], rank)
+    x = n.x(0)
+    reverse = n.attr("reverse", 0)
+    if reverse:
+        x = n.call("ops.flip", x, (axis,))
+    y = n.call("ops.cumprod", x, axis)
+    if n.dtype(0) not in (None, ir.DataType.INT64, ir.DataType.FLOAT):
+        y = n.call("ops.cast", y, n.ms_dtype(n.dtype(0)))  # ops.cumprod widens int32 to int64
+    if n.attr("exclusive", 0):
+        lead = (slice(None),) * axis
+        first = n.call("ops.ones_like", n.getitem(y, lead + (slice(0, 1),)))
+        y = n.call("ops.concat", n.tuple(first, n.getitem(y, lead + (slice(None, -1),))), axis)
+    if reverse:
+        y = n.call("ops.flip", y, (axis,))
+    return y

@@ -167,7 +167,7 @@ def _index(index: list[slice]):
 @register("Squeeze", since=13)
 def squeeze(n):
     rank = n.require_rank(0)
-    axes = n.ints(1) if n.has(1) else None
+    axes = n.require_ints(1, "Squeeze axes") if n.has(1) else None
     if axes is None:
         shape_ = n.shape(0)
         if any(not isinstance(d, int) for d in shape_):
@@ -428,3 +428,16 @@ def non_zero(n):
     """(rank, count) int64 indices of the non-zero elements in row-major order; the count is data-dependent."""
     return n.call("ops.transpose", n.call("ops.cast", n.call("ops.nonzero", n.x(0)), n.ms_dtype(ir.DataType.INT64)),
                   (1, 0))
+
+
+@register("Range", since=27)
+def range_27(n):
+    """Opset 27 adds float16/bfloat16, computed in stash_type (float32 by default, or float64) and cast back."""
+    dtype = n.dtype(0)
+    if dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        return range_(n)
+    stash = ir.DataType(n.attr("stash_type", 1))
+    if stash not in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+        n.fail(f"stash_type {stash.name} is not FLOAT or DOUBLE")
+    wide = [n.call("ops.cast", n.x(i), n.ms_dtype(stash)) for i in range(3)]
+    return n.call("ops.cast", n.call("ops.range", *wide), n.ms_dtype(dtype))

@@ -17,7 +17,7 @@ import onnx
 import onnx_ir as ir
 
 import opmap
-from opmap import helpers as helper_lib
+from opmap import helpers as helper_lib, refusals
 from graphconv.target import codegen, layers
 from graphconv.target.codegen import py_name
 from graphconv.target.constant_fold import FOLD_MAX_ELEMENTS, evaluate, foldable
@@ -320,8 +320,9 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
                 continue
             if opmap.lookup(domain, n.op_type, opsets.get(domain, 1)) is None:
                 label = f"{domain}::{n.op_type}" if domain else n.op_type
-                missing.add(f"{label} (opset {opsets.get(domain, '?')})" if domain in opsets else
-                            f"{label} (domain {domain!r} is not imported)")
+                why = refusals.reason(n.op_type, domain)
+                missing.add(f"{label} (opset {opsets.get(domain, '?')}{': ' + why if why else ''})" if domain in opsets
+                            else f"{label} (domain {domain!r} is not imported)")
 
     visit(model.graph.node)
     for f in model.functions:
