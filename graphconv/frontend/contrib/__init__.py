@@ -108,3 +108,8 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
 
 # The decompositions, one module per op family (each registers itself).
 from graphconv.frontend.contrib import norm  # noqa: E402,F401  (registers its decompositions)
+from graphconv.frontend.contrib import layer_norm  # noqa: E402,F401
+from graphconv.frontend.contrib import gelu  # noqa: E402,F401
+from graphconv.frontend.contrib import matmul  # noqa: E402,F401
+from graphconv.frontend.contrib import embed  # noqa: E402,F401
+from graphconv.frontend.contrib import bert_attention  # noqa: E402,F401
