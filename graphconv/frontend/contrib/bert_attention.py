@@ -12,7 +12,10 @@ attention_cpu_base.h ApplyAttention, attention_helper.h PrepareMask; float32 onl
     (B) mask_index          key j kept when j < mask_index[b] (right padding);
     (2B) mask_index         also j >= mask_index[B + b] (left padding; Attention only);
     (B, T) raw mask         kept where the value > 0;  (B, S, T) the same per query row;
-  and with unidirectional=1 key j > P + i is set to the lowest float (causal; past keys all visible).
+  and with unidirectional=1 key j > P + i is set to the lowest float (causal; past keys all visible) for
+  every query row but the last (the kernel's loop runs over rows 0..S-2): with as many new keys as queries
+  that row is causal anyway; MultiHeadAttention's cross attention with more keys than queries lets it see
+  all of them, and the decomposition does the same.
   A row whose keys are all dropped by the mask alone still softmaxes over scores - 10000 (no NaN).
 
 Attention: input (B, S, D_in) @ weights (D_in, D + D + D_v) + bias, split into q | k | v (qkv_hidden_sizes,
@@ -87,25 +90,29 @@ def _padding_keep(rw: Rewrite, mask: str, batch, k_total: str, allow_starts: boo
 
 
 def _mask(rw: Rewrite, mask: str, batch, q: str, k_total: str, past_len: str | None, causal: bool,
-          fill: float) -> str | None:
-    """The additive mask M (module docstring), broadcastable to (B, N, S, T), or None."""
+          fill: float, cross: bool) -> str | None:
+    """The additive mask M (module docstring), broadcastable to (B, N, S, T), or None. `cross`: keys of
+    their own (MultiHeadAttention's key/value), whose count may exceed the queries'."""
     m = None
     if mask:
         keep, rank = _padding_keep(rw, mask, batch, k_total, allow_starts=rw.node.op_type == "Attention")
         pad = rw.op("Where", keep, rw.const(np.float32(0.0)), rw.const(np.float32(fill)))
         m = spell.unsqueeze(rw, pad, [1, 2] if rank == 2 else [1])  # (B, 1, 1|S, T)
     if causal:
-        rows = spell.unsqueeze(rw, spell.positions(rw, spell.dim(rw, q, 2)), [1])  # (S, 1)
-        if past_len is not None:
-            rows = rw.op("Add", rows, past_len)
+        seq = spell.dim(rw, q, 2)
+        rows = spell.unsqueeze(rw, spell.positions(rw, seq), [1])  # (S, 1)
         keys = spell.positions(rw, spell.dim(rw, k_total, 2))  # (T,)
-        c = rw.op("Where", rw.op("LessOrEqual", keys, rows), rw.const(np.float32(0.0)), rw.const(np.float32(LOWEST)))
+        keep = rw.op("LessOrEqual", keys, rw.op("Add", rows, past_len) if past_len is not None else rows)
+        if cross:  # the kernel's causal loop stops before the last query row, which sees every key
+            last = rw.op("Equal", rows, rw.op("Sub", seq, rw.const(np.int64(1))))
+            keep = rw.op("Or", keep, last)
+        c = rw.op("Where", keep, rw.const(np.float32(0.0)), rw.const(np.float32(LOWEST)))
         m = c if m is None else rw.op("Add", m, c)
     return m
 
 
 def _attend(rw: Rewrite, q: str, k: str, v: str, mask: str, bias: str, batch, past_len: str | None, head: int,
-            v_size: int, out: str) -> None:
+            v_size: int, out: str, cross: bool = False) -> None:
     """softmax(scale q kᵀ + bias + M) v, heads merged into `out` (B, S, v_size); `head` the q/k head size."""
     scale = rw.attr("scale", 0.0) or float(np.float32(1.0) / np.sqrt(np.float32(head)))
     kt = rw.op("Transpose", k, perm=[0, 1, 3, 2])
@@ -113,7 +120,7 @@ def _attend(rw: Rewrite, q: str, k: str, v: str, mask: str, bias: str, batch, pa
     if bias:
         scores = rw.op("Add", scores, bias)
     m = _mask(rw, mask, batch, q, k, past_len, bool(rw.attr("unidirectional", 0)),
-              float(rw.attr("mask_filter_value", -10000.0)))
+              float(rw.attr("mask_filter_value", -10000.0)), cross)
     if m is not None:
         scores = rw.op("Add", scores, m)
     ctx = rw.op("MatMul", rw.op("Softmax", scores, axis=-1), v)
@@ -212,4 +219,5 @@ def multi_head_attention(rw: Rewrite) -> None:
     rw.identity(k, rw.output(1))
     rw.identity(v, rw.output(2))
     batch = (qshape or [None])[0]
-    _attend(rw, q, k, v, rw.input(4), rw.input(5), batch, past_len, dq // heads, dv, rw.output(0))
+    cross = bnsh or key != query
+    _attend(rw, q, k, v, rw.input(4), rw.input(5), batch, past_len, dq // heads, dv, rw.output(0), cross)

@@ -3,7 +3,8 @@
 Y = alpha * (op(A) @ op(B)), numpy matmul broadcasting. For an operand of rank r >= 2, op moves axes:
   transBatch=0: batch axes 0..r-3 stay, the matrix is (r-2, r-1);
   transBatch=1: axis 0 moves behind the batch axes 1..r-2, the matrix is (0, r-1);
-  trans=1 then swaps the matrix's two axes. A 1-D operand is never transposed.
+  trans=1 then swaps the matrix's two axes. A 1-D operand is never transposed. transBatchA/B need both
+  inputs of one rank >= 3 (the CPU kernel's MatMulComputeHelper refuses anything else: so is it here).
 Read from onnxruntime's FusedMatMul schema and its shape inference (FusedMatMulShapeInference in
 core/graph/contrib_ops/contrib_defs.cc), which the CPU kernel's MatMulComputeHelper follows.
 """
@@ -39,6 +40,11 @@ def _operand(rw: Rewrite, i: int, trans: bool, trans_batch: bool) -> str:
 
 @decomposes("FusedMatMul", domain=MICROSOFT)
 def fused_matmul(rw: Rewrite) -> None:
+    if rw.attr("transBatchA", 0) or rw.attr("transBatchB", 0):
+        ranks = [len(rw.shape(rw.input(i)) or []) for i in (0, 1)]
+        if ranks[0] != ranks[1] or ranks[0] < 3:
+            rw.fail(f"transBatchA/B with input ranks {ranks}: onnxruntime's kernel takes them only for two "
+                    "inputs of one rank >= 3")
     a = _operand(rw, 0, bool(rw.attr("transA", 0)), bool(rw.attr("transBatchA", 0)))
     b = _operand(rw, 1, bool(rw.attr("transB", 0)), bool(rw.attr("transBatchB", 0)))
     alpha = float(rw.attr("alpha", 1.0))
