@@ -222,7 +222,8 @@ def test_bias_split_gelu_decomposes_to_its_cuda_kernels_formula():
     s = x + numpy_helper.to_array(bias)
     left, right = s[..., :H], s[..., H:]
     want = left * right * 0.5 * (1 + np.vectorize(math.erf)(right / math.sqrt(2))).astype(np.float32)
-    got = ort.InferenceSession(decomposed.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    session = ort.InferenceSession(decomposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     with pytest.raises(Exception, match="BiasSplitGelu"):
         ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -241,13 +242,11 @@ def test_bias_split_gelu_decomposes_to_its_cuda_kernels_formula():
     ((3, 4, 5), (5,), {"transB": 1})])
 def test_fused_matmul_decomposes_exactly(a_shape, b_shape, attrs):
     node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain=MS, **attrs)
-    y = np.zeros(a_shape, np.float32)
-    if len(a_shape) > 1:
-        y = np.transpose(y, matmul.operand_perm(len(a_shape), bool(attrs.get("transA")), bool(attrs.get("transBatchA"))))
-    w = np.zeros(b_shape, np.float32)
-    if len(b_shape) > 1:
-        w = np.transpose(w, matmul.operand_perm(len(b_shape), bool(attrs.get("transB")), bool(attrs.get("transBatchB"))))
-    out = list((y @ w).shape)
+    a = np.zeros(a_shape).transpose(matmul.operand_perm(len(a_shape), bool(attrs.get("transA")),
+                                                        bool(attrs.get("transBatchA"))))
+    b = np.zeros(b_shape).transpose(matmul.operand_perm(len(b_shape), bool(attrs.get("transB")),
+                                                        bool(attrs.get("transBatchB"))))
+    out = list((a @ b).shape)  # (the output's declared shape; the values are onnxruntime's)
     m = model([node], [_vi("a", list(a_shape)), _vi("b", list(b_shape))], [_vi("y", out)])
     _, counts = decomposition_matches(m)
     assert counts == {f"{MS}::FusedMatMul": 1}
@@ -440,7 +439,8 @@ def _mha_inputs(m, mask=None, kv_len=(6, 4), past=(0, 0)):
         if "attention_bias" in names:
             out["attention_bias"] = _randn(rng, b, HEADS, s, t)
         if p:
-            out["past_key"], out["past_value"] = _randn(rng, b, HEADS, p, AH // HEADS), _randn(rng, b, HEADS, p, AH // HEADS)
+            out["past_key"] = _randn(rng, b, HEADS, p, AH // HEADS)
+            out["past_value"] = _randn(rng, b, HEADS, p, AH // HEADS)
         return out
     return _cases(make)
 

@@ -22,7 +22,6 @@ import math
 import subprocess
 import sys
 
-import numpy as np
 import onnx
 import pytest
 
