@@ -98,17 +98,30 @@ def output_specs(model: onnx.ModelProto) -> list[dict]:
     return out
 
 
+# onnxruntime's EmbedLayerNormalization (transformers optimizer): (index input, table input) pairs.
+_EMBED_INDICES = ((0, 2), (1, 4), (8, 3))
+
+
 def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """For graph inputs used as Gather indices into a constant table: the table's size on that axis."""
+    """For graph inputs used as Gather indices into a constant table (directly or through a Cast, also as
+    onnxruntime's EmbedLayerNormalization ids): the table's size on that axis."""
     sizes = {t.name: list(t.dims) for t in model.graph.initializer}
+    source = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Cast"}
     bounds: dict[str, int] = {}
+
+    def bound(index: str, table: str, axis: int) -> None:
+        index = source.get(index, index)
+        if index and sizes.get(table):
+            b = sizes[table][axis]
+            bounds[index] = min(bounds.get(index, b), b)
+
     for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in sizes:
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            dims = sizes[node.input[0]]
-            if dims:
-                bound = dims[axis]
-                bounds[node.input[1]] = min(bounds.get(node.input[1], bound), bound)
+        if node.op_type == "Gather" and len(node.input) == 2:
+            bound(node.input[1], node.input[0], next((a.i for a in node.attribute if a.name == "axis"), 0))
+        elif node.op_type == "EmbedLayerNormalization" and node.domain == "com.microsoft":
+            for i, t in _EMBED_INDICES:
+                if i < len(node.input) and t < len(node.input):
+                    bound(node.input[i], node.input[t], 0)
     return bounds
 
 
