@@ -199,11 +199,3 @@ def qlinear_conv(n):
     scale = n.binop("/", n.binop("*", n.x(1), ws), n.x(6))
     out = n.dtype(7) if n.has(7) else n.dtype(0)
     return _requantize(n, acc, scale, 7, out)
-
-
-@register("BitShift", since=11)
-def bit_shift(n):
-    """Unsigned integers shifted by a per-element amount (the contrib decompositions unpack packed 2/4-bit
-    weights with it, graphconv/frontend/contrib/quant.py); bits shifted past the type's width are lost."""
-    fn = "ops.bitwise_left_shift" if n.attr("direction", "RIGHT") == "LEFT" else "ops.bitwise_right_shift"
-    return n.call(fn, n.x(0), n.x(1))

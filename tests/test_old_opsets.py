@@ -47,17 +47,19 @@ def randomized(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
         else:
             nodes.append(node)
     last = nodes[-1]
-    assert last.op_type == "Softmax" and len(model.graph.output) == 1
-    nodes = nodes[:-1]
+    assert len(model.graph.output) == 1
+    if last.op_type == "Softmax":
+        nodes = nodes[:-1]
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     out.graph.initializer.extend(replaced)
     if model.ir_version < 4:  # IR 3: every initializer is also a graph input
         out.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in replaced)
     assert replaced, "the model has no ConstantOfShape weights to replace"
-    del out.graph.output[:]
-    inferred = onnx.shape_inference.infer_shapes(model)  # the logits' shape, from the model as given
-    out.graph.output.append(next(v for v in inferred.graph.value_info if v.name == last.input[0]))
+    if last.op_type == "Softmax":
+        del out.graph.output[:]
+        inferred = onnx.shape_inference.infer_shapes(model)  # the logits' shape, from the model as given
+        out.graph.output.append(next(v for v in inferred.graph.value_info if v.name == last.input[0]))
     return out
 
 
