@@ -261,23 +261,35 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     return result
 
 
+def _oracle_session(path: Path):
+    """onnxruntime on the graph as the compile's oracle ran it (graphconv.frontend.load: as given, except
+    MatMulNBits at accuracy_level 0, the op's exact semantics), and the memory-mapped weights to feed."""
+    import onnxruntime as ort
+
+    from graphconv.frontend import load, weights
+
+    loaded = load.load(path)
+    model = loaded.as_given if loaded.as_given is not None else loaded.proto
+    bare, refs = weights.stripped(model)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(bare.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return session, weights.feeds(refs)
+
+
 def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) -> tuple[list[dict], str | None]:
     """onnxruntime on the same feed (the prompt, then the tokens MindSpore chose), its own cache; every step's
     last-position logits compared on the rows still generating at that step."""
-    import onnxruntime as ort
-
     progress.info(f"check: onnxruntime on {onnx_pair[0].name} + {onnx_pair[1].name}")
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sessions = {p: ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in set(onnx_pair)}
+    sessions = {p: _oracle_session(p) for p in set(onnx_pair)}
     graphs = [gen["graphs"][g] for g in GRAPHS]
 
     def run(k, ids, mask, positions, cache=None):
-        session = sessions[onnx_pair[k]]
+        session, weight_feeds = sessions[onnx_pair[k]]
         by_name = {sp["name"]: sp for sp in _specs(graphs[k], gen.get("dtype", "fp32"))}
-        specs = [by_name[i.name] for i in session.get_inputs()]
+        specs = [by_name[i.name] for i in session.get_inputs() if i.name in by_name]
         feed = greedy.step_feed(specs, ids, mask, positions, cache, bool(graphs[k].get("empty_cache")))
-        out = session.run(None, {sp["name"]: v for sp, v in zip(specs, feed)})
+        out = session.run(None, {**{sp["name"]: v for sp, v in zip(specs, feed)}, **weight_feeds})
         return greedy.split_outputs([o.name for o in session.get_outputs()], out)
 
     logits, cache = run(0, ids, mask, greedy.positions(mask))
