@@ -1,8 +1,8 @@
 """OneHot, as onnxruntime's kernel computes it.
 
-out = values[1] where index == position along the new axis, values[0] elsewhere. onnxruntime adds depth to a
-negative index (so [-depth, depth-1] is in range, anything else gives a row of off values) and compares the
-index in its own type with the position: a float index that is not a whole number matches nothing. depth is
+out = values[1] where index == position along the new axis, values[0] elsewhere. onnxruntime 1.32 casts the
+index to int64 first (a float index truncated toward zero: 1.5 -> 1, -0.5 -> 0, -1.5 -> -1; measured), then adds
+depth to a negative one (so [-depth, depth-1] is in range, anything else gives a row of off values). depth is
 cast to int64 (truncated) and must be a compile-time constant (it is the new axis' size). Opsets below 13 are
 upgraded to 13 on load, so one handler covers OneHot-11 and OneHot-28 (bfloat16 added, semantics unchanged).
 """
@@ -29,13 +29,10 @@ def one_hot(n):
     if depth <= 0:
         n.fail(f"depth must be positive, got {depth}")
     axis = n.axis(n.attr("axis", -1), rank + 1)
-    dt = n.dtype(0)
-    # compare in a type that holds every index exactly and depth + index without overflow
-    work = dt if dt in (_D.FLOAT, _D.DOUBLE, _D.INT64) else _D.FLOAT if dt in (_D.FLOAT16, _D.BFLOAT16) else _D.INT64
-    index = n.x(0) if work == dt else n.call("ops.cast", n.x(0), n.ms_dtype(work))
+    index = n.x(0) if n.dtype(0) == _D.INT64 else n.call("ops.cast", n.x(0), n.ms_dtype(_D.INT64))
     index = n.call("ops.where", n.binop("<", index, 0), n.binop("+", index, depth), index)
     index = n.call("ops.expand_dims", index, axis)
-    positions = np.arange(depth, dtype=work.numpy()).reshape((depth,) + (1,) * (rank - axis))
+    positions = np.arange(depth, dtype=np.int64).reshape((depth,) + (1,) * (rank - axis))
     hot = n.call("ops.equal", index, n.const_tensor(positions, "positions"))
     values = n.const(2)
     if values is not None:
