@@ -313,6 +313,50 @@ def test_a_sampling_topk_is_no_router(tmp_path):
     assert _coverage(model, tmp_path)["candidates"] == 0
 
 
+def shared_expert(bias=False, up_first=False, alpha=1.0):
+    """Qwen2-MoE's shared expert on the flattened tokens as dynamo writes it: 2-D Gemm(x, W, [b], transB=1)
+    gate and up projections (W in nn.Linear's [out, in] layout), silu(gate) * up, the down projection."""
+    g = np.random.default_rng(2)
+    w = {n: numpy_helper.from_array(g.standard_normal(s).astype(np.float32), n)
+         for n, s in (("Wg", (12, 8)), ("Wu", (12, 8)), ("Wd", (8, 12)), ("bg", (12,)), ("bu", (12,)))}
+    gemm = lambda src, wt, b, out: oh.make_node("Gemm", [src, wt] + ([b] if bias else []), [out], transB=1,  # noqa
+                                                **({"alpha": alpha} if alpha != 1.0 else {}))
+    product = ["up", "silu"] if up_first else ["silu", "up"]
+    nodes = [gemm("x", "Wg", "bg", "gate"), gemm("x", "Wu", "bu", "up"), oh.make_node("Sigmoid", ["gate"], ["sg"]),
+             oh.make_node("Mul", ["gate", "sg"], ["silu"]), oh.make_node("Mul", product, ["h"]),
+             oh.make_node("Gemm", ["h", "Wd"], ["y"], transB=1)]
+    return _graph(nodes, [("x", F32, ["tokens", 8])], ["y"], list(w.values()))
+
+
+def _swiglu(model):
+    import onnx_ir as ir
+
+    import opmap.fused
+    import passes
+
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=True))
+    count = passes.PassManager("fuse-silu,fuse-swiglu").run(m)["fuse-swiglu"]
+    return count, onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(m)), data_prop=True)
+
+
+@pytest.mark.parametrize("bias,up_first", [(False, False), (True, False), (False, True)])
+def test_shared_expert_gemm_swiglu_fuses(bias, up_first):
+    model = shared_expert(bias, up_first)
+    count, fused = _swiglu(model)
+    assert count == 1  # one SwiGLU MLP
+    (node,) = fused_nodes(fused, "Swiglu")
+    merged = next(n for n in fused.graph.node if n.output[0] == node.input[0])
+    assert merged.op_type == "Gemm" and [a.i for a in merged.attribute if a.name == "transB"] == [1]
+    weight = next(t for t in fused.graph.initializer if t.name == merged.input[1])
+    assert list(weight.dims) == [24, 8]  # [gate ; up] rows
+    assert_same_numerics(model, fused, 1e-5, 1e-5)
+
+
+def test_shared_expert_gemm_with_alpha_is_refused():
+    count, _ = _swiglu(shared_expert(alpha=0.5))
+    assert count == 0
+
+
 # --- 4. transformers' MoE architectures, end to end ----------------------------------------------------------
 
 def expose_routers(src, dst) -> list[str]:
