@@ -80,7 +80,8 @@ def refusal(topk: ir.Node, opset: int) -> str | None:
     if x.dtype not in match.FLOATS:
         return f"dtype {x.dtype}: MoeGatingTopKSoftmax takes float32, float16 or bfloat16"
     if opset < match.MIN_LOW_PRECISION_OPSET and x.dtype != ir.DataType.FLOAT:
-        return f"below opset {match.MIN_LOW_PRECISION_OPSET} MoeGatingTopKSoftmax's reference body can only express fp32"
+        return (f"below opset {match.MIN_LOW_PRECISION_OPSET} MoeGatingTopKSoftmax's reference body can only "
+                "express fp32")
     if not _last_axis(softmax, -1, rank):
         return "the softmax is not over the last (experts') axis"
     if not _last_axis(topk, -1, rank):
@@ -128,8 +129,9 @@ def apply(model: ir.Model) -> tuple[int, list[str], dict[str, str]]:
 
 
 def explain(node: ir.Node) -> str | None:
-    """The reason a moe candidate TopK was not fused (the pass records it; this covers a disabled check)."""
-    return refusal(node, 23)
+    """The reason a moe candidate TopK was not fused, for a candidate the pass recorded none for (its opset is
+    not known here: the fp32-only rule below opset 15 is left out)."""
+    return refusal(node, match.MIN_LOW_PRECISION_OPSET)
 
 
 coverage.register_family(coverage.Family("moe", ("fuse-moe",), moe_candidates, explain))

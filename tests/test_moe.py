@@ -236,14 +236,21 @@ def test_refusals_name_the_problem(model, match):
 # --- 3. fuse-moe on hand-built routers -----------------------------------------------------------------------
 
 def router(softmax_axis=-1, topk_attrs=None, k=2, experts=8, tokens="tokens", extra=(), scores="softmax",
-           dtype=F32, hidden=16, rank=2, opset=18, outputs=("w", "idx")):
+           dtype=F32, hidden=16, rank=2, opset=18, outputs=("w", "idx"), cast=None):
     """x @ W_router -> Softmax -> TopK -> (values / sum, indices): Mixtral's router (renormalised) in the
     spelling dynamo writes, with variants."""
     shape = {2: [tokens, hidden], 3: ["batch", tokens, hidden], 4: ["batch", 2, tokens, hidden]}[rank]
     w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((hidden, experts)).astype(
         oh.tensor_dtype_to_np_dtype(dtype)), "W")
     nodes = [oh.make_node("MatMul", ["x", "W"], ["logits"])]
-    if scores == "softmax":
+    if cast == "before":  # Qwen's softmax(logits, dtype=torch.float) of a half-precision model
+        nodes = [oh.make_node("MatMul", ["x", "W"], ["logits16"]),
+                 oh.make_node("Cast", ["logits16"], ["logits"], to=F32)]
+    if scores == "softmax" and cast == "between":
+        nodes += [oh.make_node("Softmax", ["logits"], ["p32"], axis=softmax_axis),
+                  oh.make_node("Cast", ["p32"], ["p"], to=F16),
+                  oh.make_node("TopK", ["p", "k"], ["vals", "idx"], **(topk_attrs or {}))]
+    elif scores == "softmax":
         nodes.append(oh.make_node("Softmax", ["logits"], ["p"], axis=softmax_axis))
         nodes.append(oh.make_node("TopK", ["p", "k"], ["vals", "idx"], **(topk_attrs or {})))
     elif scores == "sigmoid":
@@ -275,6 +282,14 @@ def test_fp16_router_body_computes_in_fp32():
     assert_same_numerics(model, fused, 1e-3, 1e-3)
 
 
+def test_fp16_router_cast_to_float_before_the_softmax_fuses():
+    """The Cast stays; the fused op reads its fp32 output, so the probabilities are exactly the model's."""
+    model = router(dtype=F16, cast="before")
+    count, fused = fuse(model, "fuse-moe")
+    assert count == 1 and [n.op_type for n in fused.graph.node].count("Cast") == 1
+    assert_same_numerics(model, fused, 0.0, 0.0)
+
+
 def _coverage(model, tmp_path):
     path = tmp_path / "router.onnx"
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -292,6 +307,7 @@ def _coverage(model, tmp_path):
     ("smallest", {"topk_attrs": {"largest": 0}}, "smallest-k"),
     ("unsorted", {"topk_attrs": {"sorted": 0}}, "unsorted top-k"),
     ("rank4", {"rank": 4}, "rank 4 router logits"),
+    ("cast_between", {"cast": "between"}, "a Cast between the softmax and the top-k"),
     ("probs_read_twice", {"extra": [oh.make_node("ReduceMax", ["p", "axes"], ["pmax"])],
                           "outputs": ("w", "idx", "pmax")}, "the router probabilities are read beyond the top-k"),
 ])
