@@ -420,6 +420,16 @@ SwiGLU expert gated by sigmoid(linear), experts as batched_mm -> logits.""",
     experts="batched_mm")
 
 
+build_qwen3_moe = _causal_lm_factory(
+    "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+    {**_DECODER, "head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+     "norm_topk_prob": True},
+    """Qwen3MoeForCausalLM: Qwen3 attention (per-head q_norm/k_norm), 4 routed experts top-2 renormalised
+(norm_topk_prob True, as Qwen3-30B-A3B's config; transformers' default is False), no shared expert, experts as
+batched_mm -> logits.""",
+    experts="batched_mm")
+
+
 # --- the registry: expected census per architecture -----------------------------------------------------------
 
 
@@ -432,9 +442,10 @@ class Architecture:
         share of the per-layer primitives; key "attention" is the number of attention computations of that
         kind (the candidates), the other keys are census primitives and sum over the kinds to the census.
     refused: candidates a perfect compiler must refuse, with why, e.g. {"attention: soft-capped scores": 2}.
-    unsupported: subgraphs nothing fuses yet (MoE routing: TopK), so the compile cannot be complete.
-    moe_census: fused primitives inside the expert path (batched_mm) that a compiler could form once the
-        routing is supported; not part of `census`.
+    unsupported: ops graphconv cannot lower yet that the architecture needs (op -> count), so the compile
+        cannot be complete (MoE routing's TopK was one until it got a lowering: none now).
+    moe_census: the share of `census` inside the MoE blocks (router and experts): MoeGatingTopKSoftmax per
+        router, the experts' SwiGLU (batched_mm: silu(first half) * second half of the gathered gate_up).
     exporter_failures: "dynamo-<opset>" -> PyTorch's error (measured; empty: all of 17, 18 and 23 export).
     """
 
@@ -453,9 +464,10 @@ class Architecture:
 
 
 FUSED_PRIMITIVES = ("FlashAttentionScore", "RmsNorm", "LayerNorm", "RotaryPositionEmbedding", "Swiglu", "GeLU",
-                    "GeluExt", "FastGeLU")
+                    "GeluExt", "FastGeLU", "MoeGatingTopKSoftmax")
 
 _FA, _RMS, _LN, _ROPE = "FlashAttentionScore", "RmsNorm", "LayerNorm", "RotaryPositionEmbedding"
+_MOE = "MoeGatingTopKSoftmax"
 
 
 def _rope_kind(layers: int, fused: int | None = None) -> dict[str, int]:
@@ -706,25 +718,36 @@ _ARCHS = [
         dynamic=("batch",)),
     Architecture(
         "mixtral", "models.architectures:build_mixtral", "moe",
-        {_RMS: 5, _FA: 2, _ROPE: 4},
+        {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 2, _MOE: 2},
         {"global": _rope_kind(2)},
         "Dense part = Mistral's attention half: 2 RMSNorm/layer + final, q/k rotated; every MLP is a "
-        "MixtralSparseMoeBlock: softmax -> topk(2) -> renormalise routing (TopK: unsupported), experts via "
-        "batched_mm with silu(gate) * up after gate_up chunk (1 per layer, moe_census).",
+        "MixtralSparseMoeBlock: softmax(router logits) -> topk(2) = 1 MoeGatingTopKSoftmax/layer, then "
+        "renormalised (the division stays); experts via batched_mm with silu(gate) * up after the gate_up chunk "
+        "= 1 Swiglu/layer (moe_census).",
         "experts as gathered [S, 2I, H] weights + bmm (batched_mm); top-2 of 4 experts, weights renormalised; "
         "GQA 4/2; sliding window None; rope theta 1e6.",
-        unsupported={"TopK": 2}, moe_census={"Swiglu": 2}),
+        moe_census={"Swiglu": 2, _MOE: 2}),
     Architecture(
         "qwen2_moe", "models.architectures:build_qwen2_moe", "moe",
-        {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 2},
+        {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 4, _MOE: 2},
         {"global": _rope_kind(2)},
-        "Dense part: 2 RMSNorm/layer + final, q/k rotated, and each Qwen2MoeSparseMoeBlock's shared_expert (a "
-        "silu-gated Qwen2MoeMLP) = 1 Swiglu/layer, scaled by sigmoid(shared_expert_gate(x)); the routed experts "
-        "(softmax -> topk(2), not renormalised: TopK unsupported) use batched_mm with silu(gate) * up "
-        "(moe_census).",
+        "Dense part: 2 RMSNorm/layer + final, q/k rotated; each Qwen2MoeSparseMoeBlock: the router softmax -> "
+        "topk(2), not renormalised = 1 MoeGatingTopKSoftmax/layer; routed experts via batched_mm with silu(gate) "
+        "* up after the gate_up chunk = 1 Swiglu/layer; the shared_expert (a silu-gated Qwen2MoeMLP on the "
+        "flattened tokens: 2-D Gemm projections) = 1 Swiglu/layer, scaled by sigmoid(shared_expert_gate(x)).",
         "qkv biases; shared expert always on, gated by a sigmoid of a 1-wide linear; routed experts batched_mm; "
         "layer_types full (sliding window 0 = off).",
-        unsupported={"TopK": 2}, moe_census={"Swiglu": 2}),
+        moe_census={"Swiglu": 4, _MOE: 2}),
+    Architecture(
+        "qwen3_moe", "models.architectures:build_qwen3_moe", "moe",
+        {_RMS: 9, _FA: 2, _ROPE: 4, "Swiglu": 2, _MOE: 2},
+        {"global": _rope_kind(2)},
+        "Qwen3's attention half: 2 RMSNorm + q_norm and k_norm per layer + final = 9, q/k rotated; each "
+        "Qwen3MoeSparseMoeBlock: router softmax -> topk(2) = 1 MoeGatingTopKSoftmax/layer, renormalised "
+        "(norm_topk_prob); routed experts via batched_mm, silu(gate) * up = 1 Swiglu/layer; no shared expert.",
+        "qk-norm per head before RoPE; no qkv bias; top-2 of 4 experts (moe_intermediate_size 32); every layer "
+        "sparse (decoder_sparse_step 1, mlp_only_layers empty).",
+        moe_census={"Swiglu": 2, _MOE: 2}),
 ]
 
 # Measured with torch 2.13 / transformers 5.24 / onnx 1.23 through graphconv.frontend.export.zoo_export (dynamo, the
@@ -738,7 +761,7 @@ _EXPORTER_FAILURES: dict[str, dict[str, str]] = {
     **{name: {"dynamo-17": _SPLIT_17} for name in ("gpt2", "gptj", "gpt_neox", "modernbert")},
     **{name: {"dynamo-17": _DOWNGRADE_17} for name in (
         "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "cohere", "granite",
-        "smollm3", "glm4", "mixtral", "qwen2_moe")},
+        "smollm3", "glm4", "mixtral", "qwen2_moe", "qwen3_moe")},
 }
 _ARCHS = [dataclasses.replace(a, exporter_failures=_EXPORTER_FAILURES.get(a.name, {})) for a in _ARCHS]
 

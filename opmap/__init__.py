@@ -8,3 +8,4 @@ from opmap import attention  # noqa: F401,E402
 from opmap import attention_general, control, detection, loss, quant, resize, rnn  # noqa: F401,E402
 from opmap import rotary, sampling, spectral, text  # noqa: F401,E402
 from opmap import einsum, optional, rearrange, refusals, roipool, selection  # noqa: F401,E402
+from opmap import onehot, sorting  # noqa: F401,E402

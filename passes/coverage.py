@@ -22,6 +22,8 @@ The candidate rules (also stated in each pass's docstring):
   gelu       every Erf, every Gelu, every Tanh of a GELU-shaped argument (a 0.044715 or sqrt(2/pi)
              coefficient within four producers), every Sigmoid of x times a constant other than 1
              (quick GELU).
+  moe        every TopK over Softmax or Sigmoid scores (through Casts), or whose values go on to a Softmax
+             (registered by passes/fuse_moe.py).
 """
 
 from __future__ import annotations

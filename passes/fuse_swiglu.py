@@ -29,6 +29,8 @@ biases that are not constant 1-D of the output size, dtypes Swiglu does not take
 fp16/bf16 below opset 15 (the reference body's CastLike), an input of unknown rank; unequal halves ("Split into
 halves of sizes 96 and 160"), a split along another axis than the last, halves of a non-static size, SiLU on
 the second half of a tensor that is not a MatMul by a constant weight.
+  2-D nn.Linear projections as dynamo writes them, Gemm(x, W, [b], transB=1) with W in [out, in] layout (an MoE's
+    shared expert on the flattened tokens): merged along W's rows, Swiglu(Gemm(x, [Wg ; Wu], [bg ; bu], transB=1)).
 Not matched: Gemm between Reshapes when canonicalize did not run; the gate and up projections on different
 inputs.
 
@@ -120,6 +122,66 @@ class SwigluFusion(pattern.RewriteRuleClassBase):
 
     def cleanup(self):
         """Free the merged weights' sources once the rewrites have removed their last uses."""
+        _free_sources(self._sources)
+        self._sources = []
+
+
+class SwigluGemmFusion(pattern.RewriteRuleClassBase):
+    """The same SwiGLU with 2-D nn.Linear projections as dynamo writes them: Gemm(x, W, [b], transB=1), W in
+    Linear's [out, in] layout (an MoE's shared expert on the flattened tokens, Qwen2-MoE's). Rewritten to
+    Swiglu(Gemm(x, concat([Wg, Wu], axis=0), [concat([bg, bu])], transB=1), dim=-1): the gate rows first."""
+
+    def __init__(self, name: str, bias: bool, up_first: bool):
+        super().__init__(name)
+        self._bias, self._up_first = bias, up_first
+        self._graph: ir.Graph | None = None
+        self._sources: list[ir.Value] = []
+
+    def pattern(self, op, x, wg, wu, bg, bu):
+        gate = op.Gemm(x, wg, bg, _outputs=["gate"]) if self._bias else op.Gemm(x, wg, _outputs=["gate"])
+        up = op.Gemm(x, wu, bu, _outputs=["up"]) if self._bias else op.Gemm(x, wu, _outputs=["up"])
+        act = pattern.OrValue([match.mul(op, gate, op.Sigmoid(gate)), op.SiLU(gate, _domain="mindspore")])
+        return op.Mul(up, act) if self._up_first else op.Mul(act, up)
+
+    def check(self, context, x, wg, wu, gate, up, bg=None, bu=None, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        for v in (gate, up):
+            a = {k: attr.value for k, attr in v.producer().attributes.items()}
+            if (a.get("transA", 0), a.get("transB", 0), a.get("alpha", 1.0), a.get("beta", 1.0)) != (0, 1, 1.0, 1.0):
+                return result.fail("a gate/up Gemm other than x @ W^T (+ b): transA, alpha or beta set", v)
+        g, u = match.const_value(wg), match.const_value(wu)
+        if g is None or u is None:
+            return result.fail("the gate/up weights are not constants (nothing to merge)", wg if g is None else wu)
+        if g.ndim != 2 or g.shape != u.shape or wg.dtype != x.dtype or wu.dtype != x.dtype:
+            return result.fail(f"gate/up weights of shapes {g.shape} and {u.shape}: not one 2-D shape and dtype", wg)
+        if self._bias:
+            b1, b2 = match.const_value(bg), match.const_value(bu)
+            if b1 is None or b2 is None or b1.shape != (g.shape[0],) or b2.shape != (g.shape[0],):
+                return result.fail(f"gate/up biases are not constant 1-D of the output size {g.shape[0]}", bg)
+        if not match.float_guard(context, result, x, "Swiglu"):
+            return result
+        self._graph = context.graph_or_function
+        return result
+
+    def rewrite(self, op, x, wg, wu, bg=None, bu=None, **_):
+        graph = self._graph
+        w = np.concatenate([match.const_value(wg), match.const_value(wu)], axis=0)  # [gate ; up] output rows
+        w_name = match.unique_initializer_name(graph, f"{wg.name}_gate_up")
+        args = [x, op.initializer(ir.tensor(w, name=w_name), name=w_name)]
+        record_made(graph, w_name, [wg.name, wu.name], "concat axis 0", made_by="fuse-swiglu")
+        self._sources += [wg, wu]
+        if bg is not None:
+            b = np.concatenate([match.const_value(bg), match.const_value(bu)])
+            b_name = match.unique_initializer_name(graph, f"{bg.name}_gate_up")
+            args.append(op.initializer(ir.tensor(b, name=b_name), name=b_name))
+            record_made(graph, b_name, [bg.name, bu.name], "concat axis 0", made_by="fuse-swiglu")
+            self._sources += [bg, bu]
+        return op.Swiglu(op.Gemm(*args, transB=1), dim=-1, _domain="mindspore")
+
+    def setup(self):
+        self._sources = []
+
+    def cleanup(self):
         _free_sources(self._sources)
         self._sources = []
 
@@ -418,6 +480,8 @@ coverage.set_explain("gated_mlp", explain)
 RULES = [SwigluFusion.rule(f"Swiglu{'-bias' if bias else ''}{'-reshaped' if reshaped else ''}"
                           f"{'-up-first' if up_first else ''}", bias, up_first, reshaped)
          for bias, reshaped in ((False, False), (True, False), (True, True)) for up_first in (False, True)]
+RULES += [SwigluGemmFusion.rule(f"Swiglu-gemm{'-bias' if bias else ''}{'-up-first' if up_first else ''}", bias,
+                                up_first) for bias in (False, True) for up_first in (False, True)]
 RULES += [SwigluHalvesFusion.rule(f"Swiglu-halves-{split}{'-second' if gate_index else ''}-{source}"
                                   f"{'-up-first' if up_first else ''}", split, gate_index, source, up_first)
           for source in ("any", "matmul", "matmul-bias") for split in ("split", "slice")

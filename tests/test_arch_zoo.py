@@ -75,7 +75,7 @@ def test_registry_covers_the_architectures():
     assert set(CI_SLICE) <= set(NAMES)
     assert names("ci") == CI_SLICE and names() == NAMES
     assert set(names("decoder")) | set(names("encoder")) | set(names("moe")) == set(NAMES)
-    assert names("moe") == ["mixtral", "qwen2_moe"]
+    assert names("moe") == ["mixtral", "qwen2_moe", "qwen3_moe"]
     with pytest.raises(ValueError):
         names("no-such-group")
     # kept out of models.ZOO (the opset matrix); names like "llama" exist there too but mean the plain-torch
@@ -104,8 +104,10 @@ def test_registry_entry_is_consistent(name):
     candidates = sum(c["attention"] for c in arch.layer_kinds.values())
     assert arch.census.get("FlashAttentionScore", 0) + sum(
         n for why, n in arch.refused.items() if why.startswith("attention")) == candidates
-    if arch.kind == "moe":
-        assert arch.unsupported == {"TopK": 2}
+    if arch.kind == "moe":  # routing lowers (TopK) and each layer's router fuses; the MoE share is in the census
+        assert not arch.unsupported
+        assert arch.census["MoeGatingTopKSoftmax"] == arch.moe_census["MoeGatingTopKSoftmax"] == 2
+        assert all(arch.census.get(p, 0) >= n for p, n in arch.moe_census.items()), arch.moe_census
     assert arch.dynamic == (("batch",) if name in ("vit", "whisper_encoder") else ("batch", "seq"))
 
 
@@ -187,6 +189,7 @@ def test_layer_kinds_are_in_the_configs():
     assert cfg("modernbert").layer_types == ["full_attention", "sliding_attention"]
     assert cfg("mixtral")._experts_implementation == "batched_mm"
     assert cfg("qwen2_moe")._experts_implementation == "batched_mm"
+    assert cfg("qwen3_moe")._experts_implementation == "batched_mm" and cfg("qwen3_moe").norm_topk_prob
 
 
 # --- export (slow) ------------------------------------------------------------------------------------------------

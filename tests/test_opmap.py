@@ -955,6 +955,14 @@ case("Col2Im_strides_pads_dilations", "Col2Im", [x("batch", 6, 9), k([5, 6], I64
      {"strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [1, 2]}, opset=18)
 
 
+# --- TopK, OneHot (MoE routing; more in tests/test_moe.py) -------------------------------------------------
+
+case("TopK_ties", "TopK", [x("batch", "seq", 6, gen=small_int), k([3], I64)], n_out=2)
+case("TopK_smallest_axis1_int32", "TopK", [x("batch", "seq", 4, dtype=I32, gen=small_int), k([2], I64)],
+     {"axis": 1, "largest": 0}, n_out=2)
+case("OneHot", "OneHot", [x("batch", "seq", dtype=I64, gen=ints(-6, 6)), k(5, I64), k([0.0, 2.0], F32)],
+     {"axis": 1})
+
 # --- fused ops (domain `mindspore`) -------------------------------------------------------------------------
 
 case("RmsNorm", "RmsNorm", [x("batch", "seq", 8), k(weights(8) + 1)], {"epsilon": 1e-5}, domain=fused.DOMAIN,
@@ -986,6 +994,8 @@ case("SiLU_fused", "SiLU", [x("batch", "seq", 8)], domain=fused.DOMAIN)
 case("FastGelu_fused", "FastGelu", [x("batch", "seq", 8)], domain=fused.DOMAIN)
 case("Swiglu_fused", "Swiglu", [x("batch", "seq", 8)], {"dim": -1}, domain=fused.DOMAIN,
      xfail="Swiglu has no CPU kernel (Ascend only); tests/test_fuse_swiglu.py checks the cpu twin")
+case("MoeGatingTopKSoftmax_fused", "MoeGatingTopKSoftmax", [x("batch", 8)], {"k": 2}, n_out=2, domain=fused.DOMAIN,
+     xfail="MoeGatingTopKSoftmax has no CPU kernel (Ascend only); tests/test_moe.py checks the cpu twin")
 
 # --- refusals: what the lowering must reject with a clear UnsupportedError ------------------------------------
 

@@ -92,3 +92,4 @@ from opmap.fused import rotary  # noqa: E402,F401
 from opmap.fused import flash_attention  # noqa: E402,F401
 from opmap.fused import fused_infer_attention  # noqa: E402,F401
 from opmap.fused import fast_gelu  # noqa: E402,F401
+from opmap.fused import moe_gating  # noqa: E402,F401
