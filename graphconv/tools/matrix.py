@@ -7,7 +7,7 @@ CPU at two shapes through the cpu twin, which is exactly the `--target cpu` netw
 ascend MindIR's census of fused primitives EQUALS the model's expected census (written from the
 architecture, not from graphconv's output). A cell is `pass`, `fail` (graphconv's fault: the reason says what,
 with the fusion coverage's refusals), `unsupported` (the architecture is known to need what graphconv does not
-have yet, e.g. MoE routing's TopK), or `exporter` (PyTorch's exporter refused or produced an invalid model:
+have yet, with its name), or `exporter` (PyTorch's exporter refused or produced an invalid model:
 recorded as PyTorch's, not hidden).
 `docs/opset-matrix.md` and `docs/opset-matrix.json` are written from the results; the JSON is the baseline
 against which regressions (a passing cell that fails, a fusion count that drops) are found.
@@ -263,7 +263,7 @@ def render_markdown(cells: list[dict]) -> str:
         "expected fused primitives (census equal to the one written down from the architecture). `hf/NAME` =",
         "a transformers architecture with default settings (models/architectures.py). `exporter` = PyTorch's",
         "exporter refused the model or changed the opset;",
-        "`unsupported` = an op graphconv does not have yet, known for that architecture (MoE routing: TopK).",
+        "`unsupported` = an op graphconv does not have yet, known for that architecture.",
         f"`pass` = all of that; otherwise the reason. {passed} of {len(cells)} cells pass.",
         "",
         "| model | " + " | ".join(f"{e} {o}" for e, o in columns) + " |",
