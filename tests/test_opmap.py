@@ -1,5 +1,6 @@
 """Every opmap handler, proven numerically: tiny hand-built ONNX graphs with symbolic dims, lowered to MindSpore,
-exported to MindIR with the symbolic dims kept dynamic, run at TWO concrete shapes and compared with onnxruntime.
+exported to MindIR with the symbolic dims kept dynamic, run at TWO concrete shapes and compared with onnxruntime
+(or, for a case whose `reference` says why onnxruntime has no kernel for it, with onnx.reference).
 
 All models run in one MindSpore child process (graphconv.target.runner.run_models), built once per module; each case
 is then one parametrized test that looks up its result. CASES is the coverage table: every case names the op
@@ -20,6 +21,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import helper as oh, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 import opmap
 from opmap import fused
@@ -69,6 +71,7 @@ class Case:
     atol: float = ATOL
     rtol: float = RTOL
     domain: str = ""
+    reference: str | None = None  # why onnxruntime cannot run it (no kernel): onnx.reference is the oracle then
 
 
 CASES: list[Case] = []
@@ -104,7 +107,7 @@ def _model(nodes, inputs: list[In], inits: dict, outputs: list[str], opset: int)
 
 
 def graph_case(cid, op, nodes, inputs: list[In], inits=None, outputs=("y",), *, opset=OPSET, dims=DIMS,
-               xfail=None, atol=ATOL, rtol=RTOL, domain=""):
+               xfail=None, atol=ATOL, rtol=RTOL, domain="", reference=None):
     """A multi-node case: `inputs` must carry names; the nodes refer to them and to `inits`."""
     assert all(c.id != cid for c in CASES), f"duplicate case id {cid}"
     model = _model(nodes, inputs, dict(inits or {}), list(outputs), opset)
@@ -112,7 +115,7 @@ def graph_case(cid, op, nodes, inputs: list[In], inits=None, outputs=("y",), *, 
         model = fused.attach_functions(model)  # onnxruntime runs the op's function body
     rng = np.random.default_rng(zlib.crc32(cid.encode()))
     feeds = [{i.name: _draw(i, rng, d) for i in inputs} for d in dims]
-    CASES.append(Case(cid, op, opset, model, feeds, xfail, atol, rtol, domain))
+    CASES.append(Case(cid, op, opset, model, feeds, xfail, atol, rtol, domain, reference))
 
 
 def _single_graph(op, args, attrs, n_out, domain=""):
@@ -963,6 +966,148 @@ case("TopK_smallest_axis1_int32", "TopK", [x("batch", "seq", 4, dtype=I32, gen=s
 case("OneHot", "OneHot", [x("batch", "seq", dtype=I64, gen=ints(-6, 6)), k(5, I64), k([0.0, 2.0], F32)],
      {"axis": 1})
 
+
+# --- opset 24-28 definitions and the remaining conformance handlers -----------------------------------
+
+I16, U16, U32, U64 = np.int16, np.uint16, np.uint32, np.uint64
+
+case("Swish", "Swish", [x(gen=wide)], opset=24)
+case("Swish_alpha", "Swish", [x(gen=wide)], {"alpha": 0.5}, opset=24)
+
+# BitShift: amounts at or past the width (and, from opset 28, negative amounts and signed types) give what the
+# sign extension alone gives.
+case("BitShift_left_uint8_past_width", "BitShift", [x(dtype=U8), x(4, dtype=U8, gen=ints(0, 10))],
+     {"direction": "LEFT"}, opset=11)
+case("BitShift_right_uint32_past_width", "BitShift", [x(dtype=U32, gen=ints(0, 2 ** 32)),
+                                                      x("seq", 1, dtype=U32, gen=ints(0, 40))],
+     {"direction": "RIGHT"}, opset=11)
+case("BitShift_right_uint16", "BitShift", [x(dtype=U16, gen=ints(0, 2 ** 16)), x(4, dtype=U16, gen=ints(0, 16))],
+     {"direction": "RIGHT"}, opset=11)
+case("BitShift_left_uint64_scalar", "BitShift", [x(dtype=U64, gen=ints(0, 2 ** 62)), k(3, U64)],
+     {"direction": "LEFT"}, opset=11)
+case("BitShift_right_int32_signed", "BitShift",
+     [x(dtype=I32, gen=ints(-1000, 1000)), x(4, dtype=I32, gen=ints(-3, 40))],
+     {"direction": "RIGHT"}, opset=28)
+case("BitShift_left_int64_signed", "BitShift", [x(dtype=I64), x(4, dtype=I64, gen=ints(-2, 70))],
+     {"direction": "LEFT"}, opset=28)
+case("BitShift_right_int8_signed", "BitShift",
+     [x(dtype=I8, gen=ints(-128, 128)), x("seq", 1, dtype=I8, gen=ints(-1, 10))],
+     {"direction": "RIGHT"}, opset=28)
+
+# BitCast between integer types of one width (a modular cast) and bool to an 8-bit integer
+for _src, _dst in ((I32, U32), (U32, I32), (U8, I8), (I64, U64), (U16, I16), (I32, I32)):
+    _info = np.iinfo(_src)
+    case(f"BitCast_{np.dtype(_src).name}_{np.dtype(_dst).name}", "BitCast",
+         [x(dtype=_src, gen=ints(int(_info.min), int(_info.max) + 1))],
+         {"to": oh.np_dtype_to_tensor_dtype(np.dtype(_dst))}, opset=26)
+for _dst in (U8, I8):
+    case(f"BitCast_bool_{np.dtype(_dst).name}", "BitCast", [x(dtype=BOOL)],
+         {"to": oh.np_dtype_to_tensor_dtype(np.dtype(_dst))}, opset=26,
+         reference="onnxruntime 1.32 has no BitCast-26 kernel from bool")
+
+for _excl, _rev in ((0, 0), (1, 0), (0, 1), (1, 1)):
+    case(f"CumProd_exclusive{_excl}_reverse{_rev}", "CumProd", [x(gen=uniform(0.5, 1.5)), k(1, I64)],
+         {"exclusive": _excl, "reverse": _rev}, opset=26)
+case("CumProd_zeros_exclusive_negative_axis", "CumProd", [x(gen=with_zeros), k([-1], I64)], {"exclusive": 1},
+     opset=26)
+case("CumProd_int64_reverse", "CumProd", [x(dtype=I64, gen=small_int), k(0, I64)], {"reverse": 1}, opset=26)
+case("CumProd_int32_axis_int32", "CumProd", [x(dtype=I32, gen=small_int), k(2, I32)], {"exclusive": 1}, opset=26)
+
+# Range 27: float16 computed in stash_type and cast back; other types as at 11
+_f16_start = x(shape=(), dtype=F16, gen=uniform(-2, 0), name="start")
+case("Range_fp16_opset27", "Range", [_f16_start, x(shape=(), dtype=F16, gen=uniform(1, 4)), k(0.3, F16)], opset=27)
+case("Range_fp16_stash_double", "Range", [_f16_start, x(shape=(), dtype=F16, gen=uniform(1, 4)), k(0.15, F16)],
+     {"stash_type": onnx.TensorProto.DOUBLE}, opset=27)
+case("Range_int64_opset27", "Range", [_range_int, x(shape=(), dtype=I64, gen=ints(5, 12)), k(2, I64)], opset=27)
+
+# DepthToSpace / SpaceToDepth: static channels, symbolic batch and spatial dims
+case("DepthToSpace_dcr", "DepthToSpace", [x("batch", 8, "h", "w")], {"blocksize": 2}, opset=13)
+case("DepthToSpace_crd", "DepthToSpace", [x("batch", 8, "h", "w")], {"blocksize": 2, "mode": "CRD"}, opset=13)
+case("DepthToSpace_static_block3", "DepthToSpace", [x(2, 18, 3, 4)], {"blocksize": 3, "mode": "CRD"}, opset=13)
+_even = ({"batch": 2, "h": 4, "w": 6}, {"batch": 3, "h": 6, "w": 2})  # spatial dims divisible by the block
+case("SpaceToDepth", "SpaceToDepth", [x("batch", 3, "h", "w")], {"blocksize": 2}, opset=13, dims=_even)
+case("SpaceToDepth_crd_opset28", "SpaceToDepth", [x("batch", 3, "h", "w")], {"blocksize": 2, "mode": "CRD"},
+     opset=28, dims=_even)
+case("SpaceToDepth_dcr_opset28", "SpaceToDepth", [x("batch", 2, "h", "w")], {"blocksize": 2, "mode": "DCR"},
+     opset=28, dims=_even)
+case("SpaceToDepth_static_block3", "SpaceToDepth", [x(2, 2, 6, 9)], {"blocksize": 3}, opset=13)
+
+# Einsum: the matmul pairs, the broadcast-multiply pairs, diagonals, sums, ellipsis, implicit output
+EINSUMS = {
+    "attention_scores": ("bhqd,bhkd->bhqk", [x("batch", 2, "seq", 8), x("batch", 2, "w", 8)]),
+    "attention_values": ("bhqk,bhkd->bhqd", [x("batch", 2, "seq", "w"), x("batch", 2, "w", 8)]),
+    "implicit_matmul": ("ij,jk", [x("batch", 4), x(4, "seq")]),
+    "ellipsis_broadcast": ("...ij,...jk->...ik", [x("batch", 1, "seq", 4), x(1, 3, 4, 5)]),
+    "ellipsis_lower_rank": ("...ij,jk->...ik", [x("batch", 2, "seq", 4), x(4, 5)]),
+    "diagonal": ("ii->i", [x("seq", "seq")]),
+    "trace_implicit": ("ii", [x("seq", "seq")]),
+    "diagonal_with_label": ("iij->ji", [x("seq", "seq", 3)]),
+    "sum_all": ("ij->", [x("batch", "seq")]),
+    "outer": ("i,j->ij", [x("seq"), x("batch")]),
+    "three_operands": ("ij,jk,kl->il", [x("batch", 3), x(3, 4), x(4, "seq")]),
+    "rowwise_dot": ("bij,bij->bi", [x(), x()]),
+    "two_contractions": ("bijk,bjkl->bil", [x("batch", "seq", 3, 2), x("batch", 3, 2, 4)]),
+    "transpose": ("bij->bji", [x()]),
+    "int64": ("ij,jk->ik", [x("batch", 4, dtype=I64), x(4, 3, dtype=I64)]),
+}
+for _name, (_eq, _args) in EINSUMS.items():
+    case(f"Einsum_{_name}", "Einsum", _args, {"equation": _eq}, opset=12)
+
+case("GlobalLpPool", "GlobalLpPool", [x(*IMG)])
+case("GlobalLpPool_p1_1d", "GlobalLpPool", [x("batch", 3, "w")], {"p": 1})
+case("GlobalLpPool_p3_3d", "GlobalLpPool", [x("batch", 2, "h", 4, "w")], {"p": 3})
+
+# MaxRoiPool: [batch, x1, y1, x2, y2] rounded half away from zero (2.5 -> 3), a roi past the map (all bins empty)
+_roi_pool = k([[0, 0, 0, 4, 5], [1, 1.5, 2, 6.5, 8.5], [1, 2.5, 0.5, 3, 2], [0, 20, 20, 30, 30]], F32)
+case("MaxRoiPool", "MaxRoiPool", [x(*IMG), _roi_pool], {"pooled_shape": [2, 3]})
+case("MaxRoiPool_scale_runtime_rois", "MaxRoiPool",
+     [x(*IMG), x(3, 5, gen=lambda r, s, d: np.concatenate([r.integers(0, 2, (3, 1)), r.uniform(0, 4, (3, 2)),
+                                                          r.uniform(4, 12, (3, 2))], 1))],
+     {"pooled_shape": [3, 2], "spatial_scale": 0.8})
+
+# Compress: with and without axis, a condition shorter than the axis, run-time conditions
+case("Compress_axis1_runtime", "Compress", [x(), x("seq", dtype=BOOL)], {"axis": 1})
+case("Compress_flat_short_condition", "Compress", [x(), x(5, dtype=BOOL)])
+case("Compress_negative_axis_short_const", "Compress", [x("batch", "seq", 6), k([False, True, True, False])],
+     {"axis": -1})
+case("Compress_int64_axis0", "Compress", [x(dtype=I64), x("batch", dtype=BOOL)], {"axis": 0})
+case("Compress_nothing_selected", "Compress", [x(), k([False, False])], {"axis": 1})
+
+
+def _lens(r, s, d):  # a sequence length per batch entry, in [1, seq]
+    return r.integers(1, d["seq"] + 1, s)
+
+
+case("ReverseSequence_time_major", "ReverseSequence", [x("seq", "batch", 4), x("batch", dtype=I64, gen=_lens)])
+case("ReverseSequence_batch_major_int64", "ReverseSequence",
+     [x("batch", "seq", 4, dtype=I64), x("batch", dtype=I64, gen=_lens)], {"time_axis": 1, "batch_axis": 0})
+
+# Unique: values, first indices, inverse indices, counts (sorted, or in order of first occurrence)
+case("Unique_flat_sorted", "Unique", [x("batch", "seq", gen=ints(0, 5))], n_out=4)
+case("Unique_flat_unsorted_int64", "Unique", [x("batch", "seq", dtype=I64, gen=ints(0, 5))], {"sorted": 0}, n_out=4)
+case("Unique_axis0_sorted_dynamic", "Unique", [x("seq", 2, dtype=I64, gen=ints(0, 2))], {"axis": 0}, n_out=4)
+case("Unique_axis1_unsorted_static", "Unique", [x("batch", 6, 2, gen=ints(0, 2))], {"axis": 1, "sorted": 0}, n_out=4)
+case("Unique_negative_axis_values_only", "Unique", [x(2, "seq", gen=ints(0, 2))], {"axis": -1})
+case("Unique_one_value", "Unique", [x("batch", "seq", dtype=I64, gen=ints(3, 4))], n_out=4)
+
+# Optional values that hold a tensor (opset 18: OptionalGetElement and OptionalHasElement also take tensors)
+_opt = node("Optional", ["x"], ["o"])
+_where_has = [node("Neg", ["x"], ["nx"]), node("Where", ["h", "x", "nx"], ["y"])]
+graph_case("Optional_get_element", "Optional", [_opt, node("OptionalGetElement", ["o"], ["e"]),
+                                                node("Add", ["e", "x"], ["y"])], [x(name="x")], opset=18)
+graph_case("OptionalGetElement_of_optional", "OptionalGetElement",
+           [_opt, node("OptionalGetElement", ["o"], ["y"])], [x(name="x")], opset=18)
+graph_case("OptionalGetElement_of_tensor", "OptionalGetElement", [node("OptionalGetElement", ["x"], ["y"])],
+           [x(name="x")], opset=18)
+graph_case("OptionalHasElement_of_optional", "OptionalHasElement",
+           [_opt, node("OptionalHasElement", ["o"], ["h"]), *_where_has], [x(name="x")], outputs=("y", "h"),
+           opset=18)
+graph_case("OptionalHasElement_of_tensor", "OptionalHasElement", [node("OptionalHasElement", ["x"], ["h"]),
+                                                                  *_where_has], [x(name="x")], opset=18)
+graph_case("OptionalHasElement_absent", "OptionalHasElement", [node("OptionalHasElement", [], ["h"]), *_where_has],
+           [x(name="x")], opset=18)
+
+
 # --- fused ops (domain `mindspore`) -------------------------------------------------------------------------
 
 case("RmsNorm", "RmsNorm", [x("batch", "seq", 8), k(weights(8) + 1)], {"epsilon": 1e-5}, domain=fused.DOMAIN,
@@ -1046,6 +1191,13 @@ refusal("TfIdfVectorizer_strings", "string pools", "TfIdfVectorizer", [x(2, 8, d
         {"mode": "TF", "min_gram_length": 1, "max_gram_length": 1, "max_skip_count": 0, "ngram_counts": [0],
          "ngram_indexes": [0], "pool_strings": ["a"]})
 
+refusal("BitCast_float_bits", "cannot reinterpret float bits", "BitCast", [x()], {"to": onnx.TensorProto.INT32},
+        opset=26)
+refusal("Optional_empty", "an empty optional has no MindSpore value", None, None, nodes=[
+    node("Optional", [], ["o"], type=oh.make_tensor_type_proto(onnx.TensorProto.FLOAT, None)),
+    node("OptionalHasElement", ["o"], ["h"]), node("Where", ["h", "x", "x"], ["y"])], inputs=[x(name="x")], opset=18)
+refusal("DepthToSpace_dynamic_channels", "the channel dim must be static", "DepthToSpace", [x("batch", "c", 4, 4)],
+        {"blocksize": 2}, opset=13)
 
 # --- running -------------------------------------------------------------------------------------------------
 
@@ -1055,6 +1207,9 @@ def _lower_only(model: onnx.ModelProto):
 
 
 def _expected(c: Case) -> list[list[np.ndarray]]:
+    if c.reference:
+        ref = ReferenceEvaluator(c.model)
+        return [ref.run(None, feed) for feed in c.feeds]
     sess = ort.InferenceSession(c.model.SerializeToString(), providers=["CPUExecutionProvider"])
     return [sess.run(None, feed) for feed in c.feeds]
 
