@@ -14,7 +14,8 @@ a new child.
 
 Two things a backend has to decide that `graphconv compile` does not:
 - **Opsets below 13** (the node tests build each model at its op's since_version, so `And` is opset 7) are
-  upgraded to opset 13 with onnx.version_converter first; above 23 the model is refused like `compile` does.
+  upgraded to opset 13 with onnx.version_converter first; above load.MAX_OPSET (28, the newest onnx 1.23
+  defines) the model is refused like `compile` does.
 - **Compile-time inputs.** Some lowerings need a value at compile time that a node test passes as a graph
   input (Reduce* axes, Pad pads, Tile repeats, Resize scales...). When the lowering refuses a node for that
   reason, `run` binds the small graph inputs feeding that node's parameter inputs (position >= 1, directly
@@ -409,7 +410,7 @@ class GraphconvBackend(Backend):
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", **kwargs) -> GraphconvRep:
-        """Load (check, upgrade below opset 13, refuse above 23, infer shapes) and refuse every op that has no
+        """Load (check, upgrade below opset 13, refuse above load.MAX_OPSET, infer shapes) and refuse every op that has no
         lowering, in one error; cached per model."""
         if isinstance(model, GraphconvRep):
             return model
@@ -438,7 +439,7 @@ class GraphconvBackend(Backend):
     @classmethod
     def run_node(cls, node: onnx.NodeProto, inputs, device: str = "CPU", outputs_info=None, **kwargs) -> tuple:
         """One node as a model: inputs typed from the arrays given, at `opset_version` (default: the newest
-        definition of the op up to opset 23)."""
+        definition of the op up to load.MAX_OPSET)."""
         opset = kwargs.get("opset_version") or max(MIN_OPSET, onnx.defs.get_schema(
             node.op_type, MAX_OPSET, node.domain).since_version)
         arrays = [np.asarray(a) for a in (inputs.values() if isinstance(inputs, dict) else inputs)]
