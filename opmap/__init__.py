@@ -7,3 +7,4 @@ from opmap import elementwise, fused, linalg, nn, reduce, shape  # noqa: F401,E4
 from opmap import attention  # noqa: F401,E402
 from opmap import attention_general, control, detection, loss, quant, resize, rnn  # noqa: F401,E402
 from opmap import rotary, sampling, spectral, text  # noqa: F401,E402
+from opmap import linear_attention, swiglu, tensor_scatter  # noqa: F401,E402

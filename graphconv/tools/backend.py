@@ -231,6 +231,8 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
         for node in graph.node:
             values = None
             subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+            if subgraph:
+                inlined |= _localise_constants(node, consts)
             if node.op_type == "If" and node.domain in ("", "ai.onnx") and node.input[0] in consts:
                 # A constant condition: the taken branch replaces the If (its outputs renamed by Identity nodes).
                 taken = "then_branch" if bool(np.asarray(consts[node.input[0]]).reshape(-1)[0]) else "else_branch"
@@ -268,6 +270,30 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
         graph.initializer.extend(added)
         model = _reinfer(model)
     return model
+
+
+def _localise_constants(node: onnx.NodeProto, consts: dict[str, np.ndarray]) -> bool:
+    """Small main-graph constants a body reads from the outer scope (Unsqueeze axes, say) copied into the body as
+    Constant nodes under a new name: ONNX shape inference does not look up outer-scope values, so without the
+    copy a body's shapes stay unknown. True when something was copied."""
+    changed = False
+    for attr in node.attribute:
+        for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            local = {t.name for t in body.initializer} | {i.name for i in body.input} | \
+                {o for n in body.node for o in n.output}
+            copies = {}
+            for inner in body.node:
+                for k, name in enumerate(inner.input):
+                    if name in consts and name not in local and np.asarray(consts[name]).size <= _BIND_MAX_ELEMENTS:
+                        copies.setdefault(name, f"{name}__in_{body.name or 'body'}")
+                        inner.input[k] = copies[name]
+            if copies:
+                nodes = [onnx.helper.make_node("Constant", [], [new], value=onnx.numpy_helper.from_array(
+                    np.asarray(consts[old]), new)) for old, new in copies.items()] + list(body.node)
+                del body.node[:]
+                body.node.extend(nodes)
+                changed = True
+    return changed
 
 
 def _reinfer(model: onnx.ModelProto) -> onnx.ModelProto:
