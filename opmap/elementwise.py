@@ -101,7 +101,14 @@ def div(n):
 def mod(n):
     if n.attr("fmod", 0):
         return n.call("ops.fmod", n.x(0), n.x(1))  # sign of the dividend, like C
-    return n.call("ops.remainder", n.x(0), n.x(1))  # sign of the divisor, like Python
+    y = n.call("ops.remainder", n.x(0), n.x(1))  # sign of the divisor, like Python
+    if n.dtype(0) is None or not n.dtype(0).is_floating_point():
+        return y
+    # Opset 28 spells out floats: a finite x over y = +-inf is x when the signs agree, else y (ops.remainder: NaN).
+    a, b = n.x(0), n.x(1)
+    keep = n.call("ops.logical_or", n.binop("==", n.binop("<", a, 0), n.binop("<", b, 0)), n.binop("==", a, 0))
+    edge = n.call("ops.logical_and", n.call("ops.isinf", b), n.call("ops.isfinite", a))
+    return n.call("ops.where", edge, n.call("ops.where", keep, a, b), y)
 
 
 @register("IsInf", since=10)
