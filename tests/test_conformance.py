@@ -1,9 +1,10 @@
-"""The CI slice of ONNX conformance (the full run is `graphconv conformance`, 6 to 8 minutes, docs/conformance.md).
+"""The CI slice of ONNX conformance (the full run is `graphconv conformance`, about 8 minutes on 2 shared cores,
+docs/conformance.md).
 
 A fixed, representative set of onnx node tests (one to three per op family: elementwise, reductions, shapes,
-NN, losses, resampling, attention, recurrent, spectral, control flow, quantization, plus a few function
-expansions and opset-upgraded models) must keep passing through graphconv.tools.backend; the applicability rule and
-the document renderer are checked on their own.
+NN, losses, resampling, attention, recurrent, spectral, control flow, quantization, the opset 24-28 ops, plus a
+few function expansions and opset-upgraded models) must keep passing through graphconv.tools.backend; the
+applicability rules and the document renderer are checked on their own.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ test_softmax_axis_0_expanded test_sce_NCd1_mean_weight_negative_ii test_sce_mean
 test_sce_sum_log_prob test_sce_mean_expanded test_softplus test_softsign test_split_1d_uneven_split_opset18
 test_split_variable_parts_1d_opset13 test_sqrt test_sub test_sum_example test_tanh test_thresholdedrelu test_tile
 test_tril test_triu test_tril_zero test_upsample_nearest test_where_example test_xor2d
+test_attention_4d_gqa_causal_nonpad_decode test_attention_local_window_with_past test_attention_3d_local_window
+test_tensorscatter_circular test_swiglu_alpha test_swish_expanded test_linear_attention_gated_delta_gqa
+test_causal_conv_with_state_with_bias_and_past_state test_squeeze_negative_axes
 """.split()
 
 
