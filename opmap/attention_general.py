@@ -1,16 +1,22 @@
-"""ONNX Attention (opset 23) beyond opmap/attention.py's 4-D path: 3-D inputs (q_num_heads / kv_num_heads),
+"""ONNX Attention (opsets 23-25) beyond opmap/attention.py's 4-D path: 3-D inputs (q_num_heads / kv_num_heads),
 past_key / past_value with the present_key / present_value outputs, softcap, the qk_matmul_output output
-(modes 0-3), softmax_precision, and fp16/bf16 inputs computed in the order of the ONNX function body.
+(modes 0-3), softmax_precision, fp16/bf16 inputs computed in the order of the ONNX function body, opset 24's
+nonpad_kv_seqlen (an external, statically sized KV cache) and opset 25's sliding window
+(left_window_size / right_window_size).
 
 Follows the ONNX reference (onnx/reference/ops/op_attention.py) step by step: Q and K^T are each scaled by
 sqrt(scale) (scale computed in fp32, then cast to the input type), K/V heads repeated for GQA, softcap as
 softcap * tanh(qk / softcap), then the bias: an attention mask shorter than the key length is padded with
 False / -inf, a bool mask maps to 0 / -inf, and is_causal adds -inf where key j > query i + past length
-(bottom-right aligned with a cache). A query row whose bias is -inf everywhere outputs 0. The masked scores are
+(bottom-right aligned with a cache). The frontier's offset is the past length, or, with nonpad_kv_seqlen,
+nonpad_kv_seqlen[b] - q_len per batch (computed in the graph: it is a run-time input); the sliding window admits
+key j for the query at absolute position p = offset + i when p - left <= j <= p + right (-1: unbounded), and
+nonpad_kv_seqlen also hides keys j >= nonpad_kv_seqlen[b]. A query row whose bias is -inf everywhere outputs 0. The masked scores are
 set to the type's lowest finite value before the softmax (MindSpore's CPU softmax turns other rows to NaN
 when one row is all -inf); the probabilities are the same. qk_matmul_output: modes 0 and 1 the (softcapped) QK
 product, mode 2 with the bias added, mode 3 the probabilities.
-Refused: sliding windows (left/right_window_size) and nonpad_kv_seqlen (opset 24 and later).
+Refused: nonpad_kv_seqlen together with past_key/past_value (the spec forbids it), symbolic sequence lengths
+where a mask, is_causal, a window or nonpad_kv_seqlen needs them.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ def needs_general(n) -> bool:
     rank = n.rank(0)
     low = n.dtype(0) is not None and n.dtype(0).name in _LOW_PRECISION
     extra_outputs = any(v.name for v in n.node.outputs[1:])
-    return rank == 3 or n.has(4) or n.has(5) or bool(n.attr("softcap", 0.0)) or extra_outputs or low
+    windowed = any(n.attr(w, -1) != -1 for w in ("left_window_size", "right_window_size"))
+    return (rank == 3 or n.has(4) or n.has(5) or n.has(6) or bool(n.attr("softcap", 0.0)) or extra_outputs or low
+            or windowed)
 
 
 def repeat_heads(n, x, grow, heads):
@@ -41,11 +49,8 @@ def attention(n):
     rank = n.require_rank(0)
     if rank not in (3, 4):
         n.fail(f"rank {rank} inputs are not supported")
-    if n.has(6):
-        n.fail("nonpad_kv_seqlen is not supported")
-    for window in ("left_window_size", "right_window_size"):
-        if n.attr(window, -1) != -1:
-            n.fail(f"{window} is not supported")
+    if n.has(6) and (n.has(4) or n.has(5)):
+        n.fail("nonpad_kv_seqlen together with past_key/past_value (the spec allows one cache form)")
     dt = n.dtype(0)
     np_dt = dt.numpy()
     q, k, v = n.x(0), n.x(1), n.x(2)
@@ -119,20 +124,25 @@ def attention(n):
 
 
 def _bias(n, q, k, past: int, np_dt):
-    """The additive bias (0 / -inf, or the float mask) of shape broadcastable to (B, H, S_q, S_kv), or None."""
+    """The additive bias (0 / -inf, or the float mask) broadcastable to (B, H, S_q, S_kv), or None: the mask,
+    plus the causal frontier and the sliding window (both relative to the offset), plus nonpad_kv_seqlen's
+    padding; the sum of 0 / -inf terms is the ONNX reference's step by step."""
     causal = bool(n.attr("is_causal", 0))
-    if not n.has(3) and not causal:
+    left, right = int(n.attr("left_window_size", -1)), int(n.attr("right_window_size", -1))
+    windowed = left >= 0 or right >= 0
+    nonpad = n.has(6)
+    if not (n.has(3) or causal or windowed or nonpad):
         return None
     q_len = (n.shape(0) or [None] * 3)[-2]
     kv_len = (n.shape(1) or [None] * 3)[-2]
     if n.rank(0) == 3:
         q_len, kv_len = n.shape(0)[1], n.shape(1)[1]
     if not isinstance(q_len, int) or not isinstance(kv_len, int):
-        n.fail("masks and is_causal need static sequence lengths")
+        n.fail("masks, is_causal, windows and nonpad_kv_seqlen need static sequence lengths")
     kv_len += past
     neg_inf = n.const_tensor(np.array(-np.inf, np_dt), "neg_inf")
     zero = n.const_tensor(np.array(0, np_dt), "zero")
-    mask = None
+    terms = []
     if n.has(3):
         mask = n.x(3)
         mshape = n.shape(3)
@@ -144,8 +154,33 @@ def _bias(n, q, k, past: int, np_dt):
             mask = n.call("ops.pad", mask, (0, pad), "constant", False if is_bool else float("-inf"))
         if is_bool:
             mask = n.call("ops.where", mask, zero, neg_inf)
-    if causal:
-        allowed = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + past
-        causal_bias = n.const_tensor(np.where(allowed, 0, -np.inf).astype(np_dt), "causal")
-        return causal_bias if mask is None else n.binop("+", mask, causal_bias)
-    return mask
+        terms.append(mask)
+    # diff = (offset + i) - j: the query's absolute position minus the key's.
+    diff = np.arange(q_len)[:, None] - np.arange(kv_len)[None, :]
+    if causal or windowed:
+        if nonpad:  # per batch: offset[b] = nonpad_kv_seqlen[b] - q_len, a run-time value
+            offset = n.binop("-", n.call("ops.reshape", n.x(6), (-1, 1, 1)), q_len)
+            d = n.binop("+", n.const_tensor(diff.astype(np.int64), "diff"), offset)  # (B, q, kv)
+            allowed = None
+            for cond in ([n.binop(">=", d, 0)] if causal else []) + \
+                    ([n.binop("<=", d, left)] if left >= 0 else []) + ([n.binop(">=", d, -right)] if right >= 0 else []):
+                allowed = cond if allowed is None else n.call("ops.logical_and", allowed, cond)
+            terms.append(n.call("ops.expand_dims", n.call("ops.where", allowed, zero, neg_inf), 1))
+        else:
+            d = diff + past
+            allowed = np.ones_like(d, dtype=bool)
+            if causal:
+                allowed &= d >= 0
+            if left >= 0:
+                allowed &= d <= left
+            if right >= 0:
+                allowed &= -d <= right
+            terms.append(n.const_tensor(np.where(allowed, 0, -np.inf).astype(np_dt), "causal"))
+    if nonpad:  # keys at or after nonpad_kv_seqlen[b] are padding: (B, 1, 1, kv)
+        keys = n.const_tensor(np.arange(kv_len, dtype=np.int64), "keys")
+        valid = n.binop("<", keys, n.call("ops.reshape", n.x(6), (-1, 1, 1, 1)))
+        terms.append(n.call("ops.where", valid, zero, neg_inf))
+    bias = terms[0]
+    for t in terms[1:]:
+        bias = n.binop("+", bias, t)
+    return bias

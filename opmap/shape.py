@@ -167,7 +167,7 @@ def _index(index: list[slice]):
 @register("Squeeze", since=13)
 def squeeze(n):
     rank = n.require_rank(0)
-    axes = n.require_ints(1, "Squeeze axes") if n.has(1) else None
+    axes = n.require_ints(1, "Squeeze axes") if n.has(1) else None  # run-time axes: not "squeeze every 1"
     if axes is None:
         shape_ = n.shape(0)
         if any(not isinstance(d, int) for d in shape_):

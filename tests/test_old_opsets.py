@@ -130,5 +130,19 @@ def test_the_oracle_runs_the_model_as_given(tmp_path, monkeypatch):
 def test_below_opset_7_is_refused_in_one_line(tmp_path):
     path = tmp_path / "relu6.onnx"
     onnx.save(_relu_model(6), path)
-    with pytest.raises(UnsupportedError, match=r"opset 6 is outside the supported range 7-23"):
+    with pytest.raises(UnsupportedError, match=r"opset 6 is outside the supported range 7-28"):
         graphconv.compile(path, tmp_path / "m.mindir")
+
+
+def test_every_opset_onnx_defines_is_loaded():
+    """The supported range ends at the newest opset the installed onnx defines (raise MAX_OPSET with onnx)."""
+    assert load.MAX_OPSET == onnx.defs.onnx_opset_version()
+
+
+@pytest.mark.parametrize("opset", [24, 28])
+def test_opsets_above_23_compile_and_verify(tmp_path, opset):
+    path = tmp_path / f"relu{opset}.onnx"
+    onnx.save(_relu_model(opset), path)
+    report = graphconv.compile(path, tmp_path / "m.mindir", target="cpu")
+    assert report.status == "verified"
+    assert report.model["opset_imports"] == {"ai.onnx": opset}

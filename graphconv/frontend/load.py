@@ -23,7 +23,7 @@ from graphconv.frontend.contrib import quant
 from graphconv.errors import InputError, UnsupportedError
 
 MIN_OPSET = 13
-MAX_OPSET = 23
+MAX_OPSET = 28  # the newest opset onnx 1.23 defines (onnx.defs.onnx_opset_version())
 UPGRADE_FROM = 7  # opsets 7-12 are upgraded to MIN_OPSET on load
 DEFAULT_DOMAINS = ("", "ai.onnx")
 

@@ -14,7 +14,8 @@ a new child.
 
 Two things a backend has to decide that `graphconv compile` does not:
 - **Opsets below 13** (the node tests build each model at its op's since_version, so `And` is opset 7) are
-  upgraded to opset 13 with onnx.version_converter first; above 23 the model is refused like `compile` does.
+  upgraded to opset 13 with onnx.version_converter first; above load.MAX_OPSET (28, the newest onnx 1.23
+  defines) the model is refused like `compile` does.
 - **Compile-time inputs.** Some lowerings need a value at compile time that a node test passes as a graph
   input (Reduce* axes, Pad pads, Tile repeats, Resize scales...). When the lowering refuses a node for that
   reason, `run` binds the small graph inputs feeding that node's parameter inputs (position >= 1, directly
@@ -230,6 +231,8 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
         for node in graph.node:
             values = None
             subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+            if subgraph:
+                inlined |= _localise_constants(node, consts)
             if node.op_type == "If" and node.domain in ("", "ai.onnx") and node.input[0] in consts:
                 # A constant condition: the taken branch replaces the If (its outputs renamed by Identity nodes).
                 taken = "then_branch" if bool(np.asarray(consts[node.input[0]]).reshape(-1)[0]) else "else_branch"
@@ -267,6 +270,30 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
         graph.initializer.extend(added)
         model = _reinfer(model)
     return model
+
+
+def _localise_constants(node: onnx.NodeProto, consts: dict[str, np.ndarray]) -> bool:
+    """Small main-graph constants a body reads from the outer scope (Unsqueeze axes, say) copied into the body as
+    Constant nodes under a new name: ONNX shape inference does not look up outer-scope values, so without the
+    copy a body's shapes stay unknown. True when something was copied."""
+    changed = False
+    for attr in node.attribute:
+        for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            local = {t.name for t in body.initializer} | {i.name for i in body.input} | \
+                {o for n in body.node for o in n.output}
+            copies = {}
+            for inner in body.node:
+                for k, name in enumerate(inner.input):
+                    if name in consts and name not in local and np.asarray(consts[name]).size <= _BIND_MAX_ELEMENTS:
+                        copies.setdefault(name, f"{name}__in_{body.name or 'body'}")
+                        inner.input[k] = copies[name]
+            if copies:
+                nodes = [onnx.helper.make_node("Constant", [], [new], value=onnx.numpy_helper.from_array(
+                    np.asarray(consts[old]), new)) for old, new in copies.items()] + list(body.node)
+                del body.node[:]
+                body.node.extend(nodes)
+                changed = True
+    return changed
 
 
 def _reinfer(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -409,7 +436,7 @@ class GraphconvBackend(Backend):
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", **kwargs) -> GraphconvRep:
-        """Load (check, upgrade below opset 13, refuse above 23, infer shapes) and refuse every op that has no
+        """Load (check, upgrade below opset 13, refuse above load.MAX_OPSET, infer shapes) and refuse every op that has no
         lowering, in one error; cached per model."""
         if isinstance(model, GraphconvRep):
             return model
@@ -438,7 +465,7 @@ class GraphconvBackend(Backend):
     @classmethod
     def run_node(cls, node: onnx.NodeProto, inputs, device: str = "CPU", outputs_info=None, **kwargs) -> tuple:
         """One node as a model: inputs typed from the arrays given, at `opset_version` (default: the newest
-        definition of the op up to opset 23)."""
+        definition of the op up to load.MAX_OPSET)."""
         opset = kwargs.get("opset_version") or max(MIN_OPSET, onnx.defs.get_schema(
             node.op_type, MAX_OPSET, node.domain).since_version)
         arrays = [np.asarray(a) for a in (inputs.values() if isinstance(inputs, dict) else inputs)]

@@ -9,10 +9,12 @@ shape, same dtype, then |a - b| <= atol + rtol * |ref| with the case's own toler
 1e-7 where a case gives none); integers and bools exactly; NaN/inf in kind. bfloat16 outputs get
 rtol >= 2**-6 as in onnx's runner.
 
-A case is *applicable* (fixed in advance, `exclusion()`): default domain only, opset <= 23, no
-Random*/Bernoulli/Multinomial, no sequence/optional/map/string values, every graph input and output dtype in
-APPLICABLE_DTYPES. The rest runs too and is reported apart. Status: `passed`, `failed` (ran and disagrees,
-or MindSpore failed or crashed), `unsupported` (graphconv refused the model, with its reason).
+A case is *applicable* unless one of RULES excludes it (`exclusion()`, decided from the model and its inputs
+before anything runs): every opset onnx defines is in scope; what is left out is a non-standard domain,
+training-only ops, nondeterministic ops, strings, non-tensor values, and element types outside
+APPLICABLE_DTYPES. An exclusion reads "<rule id>: <detail>". The rest runs too and is reported apart. Status:
+`passed`, `failed` (ran and disagrees, or MindSpore failed or crashed), `unsupported` (graphconv refused the
+model, with its reason).
 
 `graphconv conformance` prints the per-op and total counts and regenerates docs/conformance.md.
 """
@@ -36,10 +38,31 @@ from graphconv.verify.compare import compare
 from graphconv.progress import SILENT, Progress
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
-MAX_OPSET = 23
 APPLICABLE_DTYPES = ("float32", "float16", "int8", "int32", "int64", "uint8", "bool")
 _APPLICABLE_ELEM = {onnx.helper.np_dtype_to_tensor_dtype(np.dtype(d)) for d in APPLICABLE_DTYPES}
+# Why a node test is outside the applicable set: rule id -> reason. exclusion() cites exactly one (the first that
+# applies, in this order); tests/test_conformance.py checks that every exclusion of the suite cites one of these.
+RULES = {
+    "domain": "not the standard ONNX domain (ai.onnx.ml's classical ML, ai.onnx.preview's experimental ops): "
+    "graphconv lowers the default domain",
+    "training": "training-only (ai.onnx.preview.training's optimizers and gradients): no place in an inference graph",
+    "random": "the op is nondeterministic (Random*, Bernoulli, Multinomial, training-mode Dropout with a ratio above "
+    "0): the expected values come from numpy's generator, which no backend reproduces",
+    "string": "a string tensor: MindSpore has no string tensors",
+    "non-tensor": "a sequence, optional or map value at the graph interface: graphconv lowers tensors only (a "
+    "MindSpore network takes and returns tensors)",
+    "dtype-none": "an element type MindSpore has no tensors for (float8, float6, float4, int4/uint4, int2/uint2, "
+    "complex at the interface)",
+    "dtype-bfloat16": "bfloat16 at the graph interface: numpy cannot hand bfloat16 arrays to MindSpore or take them "
+    "back (bfloat16 inside a network is supported)",
+    "dtype-wide": "float64, int16, uint16, uint32 or uint64 at the graph interface: outside the deployment dtypes "
+    "the applicable set was fixed to (Ascend computes in fp16/bf16/fp32; MindSpore's CPU kernels lack many ops "
+    "for these types)",
+}
 _RANDOM = re.compile(r"^(Random\w*|Bernoulli|Multinomial)$")
+_TRAINING_DOMAIN = "ai.onnx.preview.training"
+_WIDE = {onnx.TensorProto.DOUBLE, onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32,
+         onnx.TensorProto.UINT64}
 _EXPANDED = re.compile(r"_expanded(_ver\d+)?$")
 BATCH = 60
 STATUSES = ("passed", "failed", "unsupported")
@@ -93,26 +116,64 @@ def _value_kinds(model: onnx.ModelProto):
         yield vi.name, kind, vi.type.tensor_type.elem_type if kind == "tensor_type" else None
 
 
-def exclusion(model: onnx.ModelProto, op: str) -> str | None:
-    """Why a node-test model is outside the applicable set (the rule fixed by the issue), or None."""
-    domains = sorted({i.domain for i in model.opset_import} - {"", "ai.onnx"})
-    if domains or any(n.domain not in ("", "ai.onnx") for n in model.graph.node):
-        return f"domain {', '.join(domains) or 'of a node'} is not the standard domain"
-    opset = _default_opset(model)
-    if opset is None:
-        return "no default-domain opset"
-    if opset > MAX_OPSET:
-        return f"opset {opset} > {MAX_OPSET}"
+def _known_value(model: onnx.ModelProto, name: str, feeds: dict) -> np.ndarray | None:
+    """A value known before running: an initializer, a Constant node's output, or a graph input's test data."""
+    for t in model.graph.initializer:
+        if t.name == name:
+            return onnx.numpy_helper.to_array(t)
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output[0] == name and n.attribute and n.attribute[0].name == "value":
+            return onnx.numpy_helper.to_array(n.attribute[0].t)
+    return feeds.get(name)
+
+
+def _random_dropout(model: onnx.ModelProto, feeds: dict) -> bool:
+    """A training-mode Dropout whose ratio is not 0 draws a random mask."""
+    for n in model.graph.node:
+        if n.op_type != "Dropout" or len(n.input) < 3 or not n.input[2]:
+            continue
+        training = _known_value(model, n.input[2], feeds)
+        ratio = _known_value(model, n.input[1], feeds) if n.input[1] else np.float32(0.5)
+        if (training is None or bool(np.asarray(training))) and (ratio is None or float(np.asarray(ratio)) > 0):
+            return True
+    return False
+
+
+def exclusion(model: onnx.ModelProto, op: str, inputs: list | None = None) -> str | None:
+    """Why a node-test model is outside the applicable set, as "<RULES id>: <detail>", or None. `inputs`: the
+    first data set's input values (in graph input order), for ops whose determinism depends on them."""
+    names = [vi.name for vi in model.graph.input if vi.name not in {t.name for t in model.graph.initializer}]
+    feeds = dict(zip(names, [_array(v) for v in (inputs or [])]))
+    domains = sorted(({i.domain for i in model.opset_import} | {n.domain for n in model.graph.node})
+                     - {"", "ai.onnx"})
+    if _TRAINING_DOMAIN in domains:
+        return f"training: domain {_TRAINING_DOMAIN}"
+    if domains:
+        return f"domain: {', '.join(domains)}"
     ops = {op} | {n.op_type for n in model.graph.node}
     random = sorted(o for o in ops if _RANDOM.match(o))
     if random:
-        return f"random op {random[0]}"
+        return f"random: {random[0]}"
+    if _random_dropout(model, feeds):
+        return "random: training-mode Dropout with a ratio above 0"
     for name, kind, elem in _value_kinds(model):
         if kind != "tensor_type":
-            return f"{kind.replace('_type', '')} value {name!r}"
+            return f"non-tensor: {(kind or 'untyped').replace('_type', '')} value {name!r}"
+        dtype = onnx.TensorProto.DataType.Name(elem).lower()
+        if elem == onnx.TensorProto.STRING:
+            return f"string: {name!r}"
+        if elem == onnx.TensorProto.BFLOAT16:
+            return f"dtype-bfloat16: {name!r}"
+        if elem in _WIDE:
+            return f"dtype-wide: {dtype} ({name!r})"
         if elem not in _APPLICABLE_ELEM:
-            return f"dtype {onnx.TensorProto.DataType.Name(elem).lower()} ({name!r})"
+            return f"dtype-none: {dtype} ({name!r})"
     return None
+
+
+def rule_of(exclusion_text: str) -> str:
+    """The RULES id an exclusion cites."""
+    return exclusion_text.split(":", 1)[0]
 
 
 def collect(pattern: str | None = None) -> list[NodeCase]:
@@ -131,8 +192,9 @@ def collect(pattern: str | None = None) -> list[NodeCase]:
         base = by_name.get(_EXPANDED.sub("", c.name), c)
         nodes = base.model.graph.node
         op = nodes[0].op_type if len(nodes) == 1 else (c.model.graph.node[0].op_type if c.model.graph.node else "?")
-        cases.append(NodeCase(c.name, op, _default_opset(c.model), c.model, list(c.data_sets), c.rtol, c.atol,
-                              exclusion(c.model, op)))
+        data_sets = list(c.data_sets)
+        cases.append(NodeCase(c.name, op, _default_opset(c.model), c.model, data_sets, c.rtol, c.atol,
+                              exclusion(c.model, op, data_sets[0][0] if data_sets else None)))
     return sorted(cases, key=lambda c: (c.op, c.name))
 
 
@@ -213,8 +275,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
         ops[op] = {"applicable": counts([o for o in mine if o.applicable]),
                    "other": counts([o for o in mine if not o.applicable])}
     failures = collections.Counter(o.op for o in applicable if o.status != "passed")
-    excluded = collections.Counter(re.sub(r" .*", "", o.exclusion) if not o.exclusion.startswith("opset")
-                                   else "opset" for o in outcomes if not o.applicable)
+    excluded = collections.Counter(rule_of(o.exclusion) for o in outcomes if not o.applicable)
     passed = sum(o.status == "passed" for o in applicable)
     return {
         "total": counts(outcomes),
@@ -278,11 +339,14 @@ def render(summary: dict, outcomes: list[Outcome], seconds: float) -> str:
         f"{a['unsupported']} |",
         f"| not applicable | {na['cases']} | {na['passed']} | {na['failed']} | {na['unsupported']} |",
         "",
-        "**Applicable** (fixed in advance): standard domain, opset <= 23, no Random*/Bernoulli/Multinomial, no "
-        "sequence/optional/map/string values, every graph input and output dtype among "
-        f"{', '.join(APPLICABLE_DTYPES)}. Not applicable, by first reason: "
-        + ", ".join(f"{k} {v}" for k, v in na["by_reason"].items()) + ". They run too; their results are listed "
+        "**Applicable**: every case at every opset onnx defines, unless one of the rules below excludes it "
+        "(decided from the model and its inputs before anything runs; an exclusion cites its rule). Graph input and "
+        f"output dtypes in scope: {', '.join(APPLICABLE_DTYPES)}. Excluded cases run too; their results are listed "
         "apart.",
+        "",
+        "| rule | excluded cases | why |",
+        "|---|---:|---|",
+        *[f"| {rule} | {na['by_reason'].get(rule, 0)} | {_md(why)} |" for rule, why in RULES.items()],
         "",
         "**Comparison**: `graphconv.verify.compare.compare` with each case's own tolerances (onnx's runner defaults, "
         "rtol 1e-3 / atol 1e-7, where the case sets none): |a - b| <= atol + rtol * |expected| elementwise, after "
@@ -325,7 +389,7 @@ def render(summary: dict, outcomes: list[Outcome], seconds: float) -> str:
     for o in sorted(outcomes, key=lambda o: (not o.applicable, o.op, o.name)):
         if o.status == "passed":
             continue
-        appl = "yes" if o.applicable else f"no: {o.exclusion}"
+        appl = "yes" if o.applicable else f"no ({o.exclusion})"
         lines.append(f"| {o.name} | {o.op} | {o.opset if o.opset is not None else ''} | {_md(appl)} | {o.status} | "
                      f"{_md(o.reason)} |")
     return "\n".join(lines) + "\n"
