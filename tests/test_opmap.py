@@ -1109,8 +1109,8 @@ graph_case("OptionalHasElement_absent", "OptionalHasElement", [node("OptionalHas
 
 
 # --- opsets 24-28: KV-cache writes, gated activations, recurrent blocks (opmap/tensor_scatter.py, swiglu.py,
-# linear_attention.py). onnxruntime 1.32 has no Swish(24) kernel (nor, through its body, SwiGLU): the ONNX
-# reference is their oracle (_expected).
+# linear_attention.py). onnxruntime 1.32 cannot run SwiGLU-28 (no kernel for the Swish-24 of its body): the ONNX
+# reference is its oracle (_expected).
 case("TensorScatter_linear_write_indices", "TensorScatter",
      [x("batch", 2, 6, 4), x("batch", 2, 2, 4), x("batch", dtype=I64, gen=ints(0, 5))], opset=24)
 case("TensorScatter_circular_axis1", "TensorScatter",
