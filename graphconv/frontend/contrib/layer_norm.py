@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from graphconv.frontend.contrib.norm import back_to, reduce_mean, to_float
+from graphconv.frontend.contrib.norm import back_to, normalized_axes, reduce_mean, to_float
 from graphconv.frontend.contrib.registry import MICROSOFT, decomposes
 from graphconv.frontend.contrib.rewrite import Rewrite
 
@@ -36,17 +36,6 @@ def layer_norm(rw: Rewrite, x32: str, gamma: str, beta: str, eps: float, axes: l
     if beta:
         y = rw.op("Add", y, to_float(rw, beta, rw.dtype(beta)))
     return y, mean, std
-
-
-def normalized_axes(rw: Rewrite, x: str, axis: int) -> list[int]:
-    if axis == -1:
-        return [-1]
-    shape = rw.shape(x)
-    if shape is None:
-        rw.fail(f"axis {axis} needs the input's rank, which shape inference did not give")
-    rank = len(shape)
-    axis = axis + rank if axis < 0 else axis
-    return list(range(axis, rank))
 
 
 @decomposes("SkipLayerNormalization", domain=MICROSOFT)

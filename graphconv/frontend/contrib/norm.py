@@ -54,7 +54,8 @@ def rms_norm(rw: Rewrite, x32: str, gamma: str, eps: float, axes: list[int]) -> 
     return rw.op("Mul", rw.op("Mul", x32, inv_std), gamma32), inv_std
 
 
-def _axes(rw: Rewrite, x: str, axis: int) -> list[int]:
+def normalized_axes(rw: Rewrite, x: str, axis: int) -> list[int]:
+    """The axes a norm over `axis`..last covers (-1 needs no rank)."""
     if axis == -1:
         return [-1]
     shape = rw.shape(x)
@@ -71,7 +72,7 @@ def simplified_layer_normalization(rw: Rewrite) -> None:
     if rw.attr("stash_type", 1) != 1:
         rw.fail(f"stash_type {rw.attr('stash_type')} (only 1, float32 statistics, is defined by onnxruntime's kernel)")
     y32, inv_std = rms_norm(rw, to_float(rw, x, dtype), rw.input(1), rw.attr("epsilon", 1e-5),
-                            _axes(rw, x, rw.attr("axis", -1)))
+                            normalized_axes(rw, x, rw.attr("axis", -1)))
     back_to(rw, y32, dtype, rw.output(0))
     rw.identity(inv_std, rw.output(1))
 
