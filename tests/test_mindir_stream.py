@@ -151,6 +151,7 @@ _CASTS = textwrap.dedent("""
             y = ops.dense(x, self.w_fp16_t.astype(ms.float32)) + self.b_bf16.astype(ms.float32)
             y = y + ops.dense(x, self.w_bf16_t.astype(ms.float32)) + ops.dense(x, self.w_fp32_t)
             y = y * self.scale_fp16.astype(ms.float32) + self.table.astype(ms.float32).sum() + self.small.sum()
+            y = y + ops.dense(x, self.w_wide_t.astype(ms.float32)).sum(-1, keepdims=True)
             return y
 
     def expected(p):
@@ -183,10 +184,11 @@ _CASTS = textwrap.dedent("""
 
 def test_casts_and_transposes_are_applied_on_the_way(tmp_path):
     rng = np.random.default_rng(0)
-    n_in, n_out = 37, 29  # odd sizes: blocks end mid-row, segments are not aligned
+    n_in, n_out = 37, 29  # odd sizes: blocks end mid-row, segments are not aligned; rows > cols: by row blocks
     params = [("w_fp16_t", "layer.w16", (n_in, n_out), "float16", True),
               ("w_bf16_t", "layer.wbf", (n_in, n_out), "bfloat16", True),
               ("w_fp32_t", "layer.w32", (n_in, n_out), "float32", True),
+              ("w_wide_t", "layer.wide", (n_in, 61), "float16", True),  # rows < cols: written by column strips
               ("b_bf16", "layer.b", (n_out,), "bfloat16", False),
               ("scale_fp16", "layer.s", (n_out,), "float16", False),
               ("table", "emb", (13, 5), "int64", False),
@@ -215,9 +217,11 @@ def test_casts_and_transposes_are_applied_on_the_way(tmp_path):
         (tmp_path / "exported/net_variables/data_0").read_bytes()
     graphs = {w: census.mind_ir_pb2().ModelProto.FromString((tmp_path / w / "net_graph.mindir").read_bytes())
               for w in ("exported", "streamed")}
-    for a, b in zip(graphs["exported"].graph.parameter, graphs["streamed"].graph.parameter):  # (one process: graph ids differ)
-        assert (mindir_stream.parameter_name(a.name), a.dims, a.data_type, a.external_data.offset, a.external_data.length) == \
-            (mindir_stream.parameter_name(b.name), b.dims, b.data_type, b.external_data.offset, b.external_data.length)
+    def entry(p):  # (both written by one process: the graph ids in the names differ)
+        return mindir_stream.parameter_name(p.name), p.dims, p.data_type, p.external_data.offset, p.external_data.length
+
+    assert [entry(p) for p in graphs["exported"].graph.parameter] == \
+        [entry(p) for p in graphs["streamed"].graph.parameter]
     with np.load(tmp_path / "outs.npz") as outs:
         for k in range(2):
             assert np.array_equal(outs[f"exported{k}"], outs[f"streamed{k}"]) and np.abs(outs[f"streamed{k}"]).max() > 0
@@ -235,30 +239,38 @@ def test_layout_and_bounded_chunks(tmp_path):
     """Without MindSpore: the data_0 layout (header, name order, 64-byte alignment), the same bytes for any
     chunk size, and one-line errors for a weight that does not fit its declaration."""
     rng = np.random.default_rng(1)
-    w = rng.standard_normal((300, 7)).astype(np.float32)
+    w = rng.standard_normal((300, 7)).astype(np.float32)  # rows > cols: transposed by row blocks
+    u = rng.standard_normal((9, 50)).astype(np.float32)  # rows < cols: by column strips
     v = rng.standard_normal(5).astype(np.float32)
     src = tmp_path / "src.bin"
-    src.write_bytes(w.tobytes() + v.tobytes())
+    src.write_bytes(w.tobytes() + v.tobytes() + u.tobytes())
     sources = {"z.w": mindir_stream.Source((300, 7), "float32", str(src), 0, w.nbytes),
-               "a.v": mindir_stream.Source((5,), "float32", str(src), w.nbytes, v.nbytes)}
+               "a.v": mindir_stream.Source((5,), "float32", str(src), w.nbytes, v.nbytes),
+               "m.u": mindir_stream.Source((9, 50), "float32", str(src), w.nbytes + v.nbytes, u.nbytes)}
     files = []
     for chunk in (4, 100, 1 << 20):
-        model = _graph([("z.w", [7, 300], 10), ("a.v", [5], 1)])  # w: fp16, transposed
-        folder = mindir_stream.write_weights(model, tmp_path / f"c{chunk}", "m", sources, {"z.w": True}, chunk)
+        model = _graph([("z.w", [7, 300], 10), ("a.v", [5], 1), ("m.u", [50, 9], 16)])  # fp16, fp32, bf16
+        folder = mindir_stream.write_weights(model, tmp_path / f"c{chunk}", "m", sources, {"z.w": True, "m.u": True},
+                                             chunk)
         files.append((folder / "data_0").read_bytes())
     assert files[0] == files[1] == files[2]
     data = files[0]
     assert data[:64] == b"\x01" + bytes(63)
     by_name = {mindir_stream.parameter_name(p.name): p.external_data for p in model.graph.parameter}
     assert (by_name["a.v"].offset, by_name["a.v"].length) == (64, 20)  # sorted by name: a.v first
-    assert (by_name["z.w"].offset, by_name["z.w"].length) == (128, 7 * 300 * 2)  # 20 padded to 64
+    assert (by_name["m.u"].offset, by_name["m.u"].length) == (128, 50 * 9 * 2)  # 20 padded to 64
+    assert (by_name["z.w"].offset, by_name["z.w"].length) == (1088, 7 * 300 * 2)  # 900 padded to 960
     assert by_name["z.w"].location == "m_variables/data_0"
-    assert len(data) == 128 + 4224  # 4200 padded to 64
-    got = np.frombuffer(data[128:128 + 4200], np.float16).reshape(7, 300)
+    assert len(data) == 1088 + 4224  # 4200 padded to 64
+    import ml_dtypes
+
+    got = np.frombuffer(data[128:1028], ml_dtypes.bfloat16).reshape(50, 9)
+    assert np.array_equal(got, u.T.astype(ml_dtypes.bfloat16)) and data[1028:1088] == bytes(60)
+    got = np.frombuffer(data[1088:1088 + 4200], np.float16).reshape(7, 300)
     assert np.array_equal(got, w.T.astype(np.float16))
     assert np.array_equal(np.frombuffer(data[64:84], np.float32), v) and data[84:128] == bytes(44)
 
-    with pytest.raises(mindir_stream.StreamError, match=r"'z.w': the graph declares \[300, 7\], the source gives \[7, 300\]"):
+    with pytest.raises(mindir_stream.StreamError, match=r"'z.w': the graph declares \[300, 7\], the source gives"):
         mindir_stream.write_weights(_graph([("z.w", [300, 7], 1)]), tmp_path / "e1", "m", sources, {"z.w": True})
     with pytest.raises(mindir_stream.StreamError, match="no values for parameter 'q'"):
         mindir_stream.write_weights(_graph([("q", [2], 1)]), tmp_path / "e2", "m", sources)

@@ -27,16 +27,18 @@ mindspore/core/load_mindir/load_model.cc; and experiments with mindspore.export 
   file whose byte order differs from its own), bytes 1..63 are zero. Then every Parameter, in order of its
   name (the part after the first ':', Python string order), its bytes in C order (little-endian), zero-padded
   to a multiple of 64 bytes: the first offset is 64, `length` is the unpadded size. mindspore.export opens a
-  data_1 only past PARAMETER_SPLIT_SIZE (1 TiB in its units): one data_0 here;
+  data_1 only past PARAMETER_SPLIT_SIZE (1 TiB in its KiB units, counting only tensors whose size is not a
+  multiple of 64): one data_0 here;
 - the loader reads each data_N whole into memory and keeps it until the load ends, then copies every tensor
   out of it: loading a split MindIR holds twice its weight bytes (what mindspore.load costs, not this writer).
 
 Layout changes are applied on the way: a Parameter stored transposed (Linear's [out, in] layout,
-graphconv/target/lowering.dense_weights) is read in blocks of source rows and written as strided column
-segments; a Parameter whose dtype differs from its source's (a float cast, fp32 -> fp16 / bf16) is converted
-per block exactly as graphconv/passes/precision._to_low converts (through float32, numpy / ml_dtypes
-rounding). A plain copy goes through os.copy_file_range (in the kernel: no bytes in this process). Nothing is
-memory-mapped: the pages of a map would count in this process's resident memory.
+graphconv/target/lowering.dense_weights) is read as strips of whole source columns or blocks of whole source
+rows (whichever makes the larger reads and writes) and transposed in memory one strip at a time; a
+Parameter whose dtype differs from its source's (a float cast, fp32 -> fp16 / bf16) is converted per block
+exactly as graphconv/passes/precision._to_low converts (through float32, numpy / ml_dtypes rounding). A plain
+copy goes through os.copy_file_range (in the kernel: no bytes in this process). Nothing is memory-mapped: the
+pages of a map would count in this process's resident memory.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import numpy as np
 
 HEADER_BYTES = 64
 ALIGN = 64
-CHUNK_BYTES = 64 * 2**20  # at most this many source bytes are read into memory at a time (plus their cast)
+CHUNK_BYTES = 16 * 2**20  # at most this many source bytes in memory at a time (plus their cast and transpose)
 
 # mind_ir.TensorProto.DataType -> numpy dtype name (mind_ir_pb2.TensorProto.DataType; FLOAT64 17 is not written
 # by mindspore 2.10, which writes DOUBLE for float64)
@@ -168,7 +170,7 @@ def export_graph(net, *inputs, file_name: str = "network"):
 
 
 def write_weights(model, directory: Path, prefix: str, sources: dict[str, Source],
-                  transposed: dict[str, bool] | None = None, chunk_bytes: int = CHUNK_BYTES,
+                  transposed: dict[str, bool] | None = None, chunk_bytes: int | None = None,
                   progress=None) -> Path:
     """Write every `model.graph.parameter`'s values into `directory/<prefix>_variables/data_0` from
     `sources` (by Parameter name) and point its external_data there (the module docstring's layout).
@@ -176,6 +178,7 @@ def write_weights(model, directory: Path, prefix: str, sources: dict[str, Source
     (the source bytes).
     Returns the folder."""
     transposed = transposed or {}
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     if len(model.graph.map_parameter):
         raise StreamError("MapParameters cannot be written as external data (mindspore.export refuses too)")
     folder = Path(directory) / f"{prefix}_variables"
@@ -255,20 +258,33 @@ def _write_one(fd: int, offset: int, src: Source, target: np.dtype, flip: bool, 
 
 def _write_transposed(src_fd: int, src: Source, source_dtype: np.dtype, fd: int, offset: int,
                       target: np.dtype, chunk_bytes: int) -> None:
-    """Source [rows, cols] -> target [cols, rows]: blocks of whole source rows (contiguous reads of at most
-    chunk_bytes), each written as one segment of every target row."""
+    """Source [rows, cols] -> target [cols, rows], at most chunk_bytes of the source in memory at a time.
+    Whichever way makes the larger pieces (chunk_bytes / min(rows, cols) bytes each): strips of whole source
+    columns (one read per row, one contiguous write) when rows <= cols, else blocks of whole source rows (one
+    contiguous read, one write per target row)."""
     rows, cols = src.shape
-    per = max(1, chunk_bytes // max(1, cols * source_dtype.itemsize))
+    sz, tz = source_dtype.itemsize, target.itemsize
+    if rows <= cols:
+        per = max(1, min(cols, chunk_bytes // max(1, rows * sz)))
+        for c0 in range(0, cols, per):
+            k = min(per, cols - c0)
+            strip = np.empty((rows, k * sz), np.uint8)
+            for r in range(rows):
+                _read_into(src_fd, strip[r], src.offset + (r * cols + c0) * sz)
+            flipped = _transpose(_cast(strip.view(source_dtype), target))  # [k, rows]: target rows c0..c0+k
+            del strip
+            _pwrite_all(fd, _bytes_of(flipped), offset + c0 * rows * tz)
+        return
+    per = max(1, chunk_bytes // max(1, cols * sz))
     for r0 in range(0, rows, per):
         n = min(per, rows - r0)
-        block = _read(src_fd, src.offset + r0 * cols * source_dtype.itemsize, n * cols, source_dtype)
-        flipped = _transpose(_cast(block.reshape(n, cols), target))  # [cols, n], C order
+        block = _read(src_fd, src.offset + r0 * cols * sz, n * cols, source_dtype)
+        flipped = _transpose(_cast(block.reshape(n, cols), target))  # [cols, n]: a segment of every target row
+        del block
         raw = memoryview(_bytes_of(flipped))
-        seg = n * target.itemsize
-        row_bytes = rows * target.itemsize
-        base = offset + r0 * target.itemsize
+        seg = n * tz
         for c in range(cols):
-            _pwrite_all(fd, raw[c * seg:(c + 1) * seg], base + c * row_bytes)
+            _pwrite_all(fd, raw[c * seg:(c + 1) * seg], offset + (c * rows + r0) * tz)
 
 
 def _transpose(block: np.ndarray) -> np.ndarray:
@@ -283,13 +299,18 @@ def _transpose(block: np.ndarray) -> np.ndarray:
 
 def _read(fd: int, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
     buf = np.empty(count * dtype.itemsize, np.uint8)
+    _read_into(fd, buf, offset)
+    return buf.view(dtype)
+
+
+def _read_into(fd: int, buf: np.ndarray, offset: int) -> None:
+    """Fill the contiguous uint8 array `buf` from `offset` of fd."""
     view, done = memoryview(buf), 0
     while done < len(view):
         got = os.preadv(fd, [view[done:]], offset + done)
         if got <= 0:
             raise StreamError(f"unexpected end of a weights file at offset {offset + done}")
         done += got
-    return buf.view(dtype)
 
 
 def _bytes_of(arr: np.ndarray):
@@ -326,14 +347,21 @@ def _copy_range(src_fd: int, src_offset: int, fd: int, offset: int, length: int,
 
 
 def write(net, inputs, file_base: str | Path, sources: dict[str, Source], transposed: dict[str, bool] | None = None,
-          chunk_bytes: int = CHUNK_BYTES, progress=None) -> list[Path]:
+          chunk_bytes: int | None = None, progress=None, timings: dict | None = None) -> list[Path]:
     """The split MindIR of `net` (built on LazyWeights) at `file_base`: `<file_base>_graph.mindir` and
-    `<file_base>_variables/data_0`, named as mindspore.export names them. Returns both paths."""
+    `<file_base>_variables/data_0`, named as mindspore.export names them. Returns both paths; `timings`, if
+    given, receives graph_seconds (MindSpore's compile and export of the graph) and weights_seconds."""
+    import time
+
     base = Path(file_base)
+    t0 = time.perf_counter()
     model = export_graph(net, *inputs, file_name=str(base))
+    t1 = time.perf_counter()
     folder = write_weights(model, base.parent, base.name, sources, transposed, chunk_bytes, progress)
     graph = base.with_name(base.name + "_graph.mindir")
     tmp = graph.with_name(graph.name + ".partial")
     tmp.write_bytes(model.SerializeToString())
     os.replace(tmp, graph)
+    if timings is not None:
+        timings.update(graph_seconds=round(t1 - t0, 2), weights_seconds=round(time.perf_counter() - t1, 2))
     return [graph, folder]

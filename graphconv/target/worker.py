@@ -182,12 +182,16 @@ def _export_streamed(task: dict) -> dict:
     net.set_train(False)
     t1 = time.perf_counter()
     placeholders = [Tensor(shape=spec["shape"], dtype=getattr(ms, spec["ms_dtype"])) for spec in task["inputs"]]
-    advance = _progress_writer(task)
-    external = task.get("external_weights") or {}
+    advance, external, timings = _progress_writer(task), task.get("external_weights") or {}, {}
+
+    def progress(name: str, nbytes: int) -> None:  # (the parent's tracker counts the model's own files)
+        if advance is not None and name in external:
+            advance(nbytes)
+
     files = mindir_stream.write(net, placeholders, task["file_base"], _sources(task), task.get("param_layouts"),
-                                progress=(lambda name, n: advance(n) if name in external else None) if advance else None)
+                                progress=progress, timings=timings)
     return {"files": sorted(str(f) for f in files), "build_seconds": round(t1 - t0, 2),
-            "export_seconds": round(time.perf_counter() - t1, 2), "streamed": True}
+            "export_seconds": round(time.perf_counter() - t1, 2), "streamed": True, **timings}
 
 
 def _export_built(net, task: dict) -> dict:
