@@ -312,7 +312,7 @@ class Compiler:
                 else:
                     result = run_task("export_and_verify", {"export": task, "run": run, "twin": twin}, ws.dir,
                                       "mindspore.export", tracker)
-                st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds") if k in result})
+                st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed") if k in result})
             except ChildError as e:
                 raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
         done = None

@@ -13,11 +13,16 @@ import onnx
 import onnx_ir as ir
 
 from graphconv.frontend import param_names, weights
-from graphconv.target import lowering, node_context
+from graphconv.target import lowering, mindir_stream, node_context
 from graphconv.verify import reference
 
 # Weights above this size go to an external data file (the child maps them lazily).
 _EXTERNAL_THRESHOLD = 1024
+# A network whose weights come from files (the model's external data: how large models arrive) and exceed
+# this many bytes is exported streamed (graphconv/target/mindir_stream: its weights are never all in memory).
+# Smaller ones keep mindspore.export, which below its own 1 GiB (TOTAL_SAVE) writes one .mindir holding the
+# weights; above it both write the same split layout (<name>_graph.mindir + <name>_variables/data_0).
+STREAM_MIN_BYTES = 1 << 30
 
 
 def placeholders(model: onnx.ModelProto) -> list[dict]:
@@ -67,12 +72,16 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
     if folded:
         folded_npz = directory / f"{name}.folded.npz"
         np.savez(folded_npz, **folded)
+    param_bytes = sum(int(np.prod(p.shape, dtype=np.int64)) * mindir_stream.numpy_dtype(p.dtype).itemsize
+                      for p in net.params)
     task = {
         "source": str(source), "class_name": net.class_name, "weights_onnx": str(weights_file),
         "external_weights": external,
         "folded_npz": str(folded_npz) if folded_npz else None,
         "param_names": [p.name for p in net.params], "inputs": placeholders(model),
         "param_layouts": {p.name: p.transposed for p in net.params},
+        # graphconv/target/worker._export_streamed (unless a checkpoint is asked for: it needs the values)
+        "streamed": bool(external) and param_bytes > STREAM_MIN_BYTES,
     }
     return net, task
 

@@ -125,8 +125,73 @@ def export(task: dict) -> dict:
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
+    if _streams(task):
+        return _export_streamed(task)
     net, build_seconds = _build_network(task, direct=bool(task.get("direct")))
     return {**_export_built(net, task), "build_seconds": build_seconds}
+
+
+def _sources(task: dict) -> dict:
+    """Parameter name -> graphconv.target.mindir_stream.Source, from the same three places `_weights` reads:
+    the weights file emit wrote (its big tensors are in its .data file), the folded constants, and the
+    model's own files (external refs: the ONNX data, the spill file)."""
+    import numpy as np
+    import onnx_ir as ir
+
+    from graphconv.target.mindir_stream import Source
+
+    wanted = set(task["param_names"])
+    found = {}
+    if task.get("weights_onnx"):
+        for name, value in ir.load(task["weights_onnx"]).graph.initializers.items():
+            if name not in wanted:
+                continue
+            t = value.const_value
+            if isinstance(t, ir.ExternalTensor):
+                found[name] = Source(tuple(int(d) for d in t.shape), t.dtype.numpy().name, t.path, t.offset or 0,
+                                     t.length if t.length is not None else t.nbytes)
+            else:
+                found[name] = Source.of_array(t.numpy())
+    if task.get("folded_npz"):
+        with np.load(task["folded_npz"]) as folded:
+            found.update({k: Source.of_array(folded[k]) for k in folded.files})
+    found.update({n: Source.of_ref(ref) for n, ref in (task.get("external_weights") or {}).items()})
+    missing = wanted - set(found)
+    if missing:
+        raise RuntimeError(f"weights missing for parameters {sorted(missing)[:5]}")
+    return found
+
+
+def _streams(task: dict) -> bool:
+    """Whether the export is streamed (emit.prepare decides; a checkpoint needs the values: then not)."""
+    return bool(task.get("streamed")) and not task.get("checkpoint")
+
+
+def _export_streamed(task: dict) -> dict:
+    """graphconv/target/mindir_stream: the network built on lazy Parameters, its graph exported, the weights
+    copied from their files into <file_base>_variables/data_0 in bounded chunks."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from graphconv.target import mindir_stream
+
+    if task.get("checkpoint"):
+        raise RuntimeError("a streamed export writes no checkpoint (its Parameters hold no values)")
+    t0 = time.perf_counter()
+    net = _import_network(task["source"], task["class_name"], bool(task.get("direct")))(mindir_stream.LazyWeights())
+    net.set_train(False)
+    t1 = time.perf_counter()
+    placeholders = [Tensor(shape=spec["shape"], dtype=getattr(ms, spec["ms_dtype"])) for spec in task["inputs"]]
+    advance, external, timings = _progress_writer(task), task.get("external_weights") or {}, {}
+
+    def progress(name: str, nbytes: int) -> None:  # (the parent's tracker counts the model's own files)
+        if advance is not None and name in external:
+            advance(nbytes)
+
+    files = mindir_stream.write(net, placeholders, task["file_base"], _sources(task), task.get("param_layouts"),
+                                progress=progress, timings=timings)
+    return {"files": sorted(str(f) for f in files), "build_seconds": round(t1 - t0, 2),
+            "export_seconds": round(time.perf_counter() - t1, 2), "streamed": True, **timings}
 
 
 def _export_built(net, task: dict) -> dict:
@@ -158,14 +223,20 @@ def export_and_verify(task: dict) -> dict:
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     exp, run, twin = task["export"], task["run"], task.get("twin")
-    net, build_seconds = _build_network(exp, direct=bool(exp.get("direct")))
-    out = {**_export_built(net, exp), "build_seconds": build_seconds}
+    if _streams(exp):  # (graphconv/target/mindir_stream) no Parameter holds a value: nothing to share
+        net, out = None, _export_streamed(exp)
+    else:
+        net, build_seconds = _build_network(exp, direct=bool(exp.get("direct")))
+        out = {**_export_built(net, exp), "build_seconds": build_seconds}
     try:
         if twin is None:
             del net
             gc.collect()
             mindir = next(f for f in out["files"] if f.endswith(".mindir"))
             out["verify"] = _run_cases(nn.GraphCell(ms.load(mindir)), run)
+        elif net is None:  # the streamed export: the cpu twin reads its weights from the files
+            twin_net, twin_seconds = _build_network(twin, direct=True)
+            out["verify"] = {**_run_cases(twin_net, run), "build_seconds": twin_seconds, "shared_parameters": 0}
         else:
             layouts = exp.get("param_layouts") or {}
             shared = {(p.name, bool(layouts.get(p.name))): p for p in net.get_parameters() if p.name in layouts}

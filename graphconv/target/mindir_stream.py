@@ -1,0 +1,367 @@
+"""Streamed MindIR: the graph exported without its weights, then the weights copied into MindSpore's
+external-data layout chunk by chunk, so that no more than a bounded number of weight bytes is ever resident.
+
+`mindspore.export` needs every Parameter in memory (and the generated network's build holds up to two copies
+of a weight while it transposes it); here the network is built with Parameters from a lazy
+`mindspore.common.initializer` (MindSpore 2.10 neither allocates nor touches their memory to compile and
+export the graph: measured, 2 GiB of them add 7 MB), the graph is taken from `mindspore.export` itself
+(its public `custom_func` hook receives the ModelProto before anything is saved; the hook stops the export
+there), and the weights are written by this module from the files they are in.
+
+The format, as mindspore 2.10 writes and reads it (sources: mindspore/train/serialization.py `_split_save`,
+`_get_data_file`, `_generate_front_info_for_param_data_file`, `_save_together`; the protobuf
+mindspore/train/mind_ir_pb2.py; the loader's MSANFModelParser::GetTensorDataFromExternal in
+mindspore/core/load_mindir/load_model.cc; and experiments with mindspore.export and mindspore.load):
+
+- two things beside each other: `<prefix>_graph.mindir`, a `mind_ir.ModelProto`, and the folder
+  `<prefix>_variables/` holding `data_0`. mindspore.export writes that split form only when the Parameters
+  exceed TOTAL_SAVE (1 GiB: it sums `sys.getsizeof(bytes)` in KiB against 1024 * 1024); smaller networks get
+  one `<prefix>.mindir` with each weight in its TensorProto's raw_data. The .mindir may be renamed (graphconv
+  moves it to the requested path): only the folder's relative location is recorded;
+- `model.graph.parameter[i]` is a TensorProto named `<graph id>:<Parameter name>` with dims and data_type
+  (mind_ir DataType: FLOAT 1, UINT8 2, INT8 3, UINT16 4, INT16 5, INT32 6, INT64 7, BOOL 9, FLOAT16 10,
+  DOUBLE 11 (float64), UINT32 12, UINT64 13, BFLOAT16 16), no raw_data, and `external_data` {location:
+  "<prefix>_variables/data_0", offset, length}. The loader opens dirname(realpath(mindir)) + "/" + location
+  and copies `length` bytes from `offset` into a tensor of the proto's dims and dtype;
+- data_0 starts with a 64-byte header: byte 0 is 1 when the writer was little-endian (the loader refuses a
+  file whose byte order differs from its own), bytes 1..63 are zero. Then every Parameter, in order of its
+  name (the part after the first ':', Python string order), its bytes in C order (little-endian), zero-padded
+  to a multiple of 64 bytes: the first offset is 64, `length` is the unpadded size. mindspore.export opens a
+  data_1 only past PARAMETER_SPLIT_SIZE (1 TiB in its KiB units, counting only tensors whose size is not a
+  multiple of 64): one data_0 here;
+- the loader reads each data_N whole into memory and keeps it until the load ends, then copies every tensor
+  out of it: loading a split MindIR holds twice its weight bytes (what mindspore.load costs, not this writer).
+
+Layout changes are applied on the way: a Parameter stored transposed (Linear's [out, in] layout,
+graphconv/target/lowering.dense_weights) is read as strips of whole source columns or blocks of whole source
+rows (whichever makes the larger reads and writes) and transposed in memory one strip at a time; a
+Parameter whose dtype differs from its source's (a float cast, fp32 -> fp16 / bf16) is converted per block
+exactly as graphconv/passes/precision._to_low converts (through float32, numpy / ml_dtypes rounding). A plain
+copy goes through os.copy_file_range (in the kernel: no bytes in this process). Nothing is memory-mapped: the
+pages of a map would count in this process's resident memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HEADER_BYTES = 64
+ALIGN = 64
+CHUNK_BYTES = 16 * 2**20  # at most this many source bytes in memory at a time (plus their cast and transpose)
+
+# mind_ir.TensorProto.DataType -> numpy dtype name (mind_ir_pb2.TensorProto.DataType; FLOAT64 17 is not written
+# by mindspore 2.10, which writes DOUBLE for float64)
+MIND_IR_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+                  9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
+                  17: "float64"}
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+class StreamError(RuntimeError):
+    """A weight that cannot be written as the graph declares it (missing, wrong shape, impossible cast)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where one Parameter's values are: `length` bytes at `offset` of the file `path` (an ONNX external data
+    file, the compile's spill file, the weights file emit writes) or, for small ones, `array`. `shape` and
+    `dtype` (numpy name) are the source's, before any layout change."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    path: str | None = None
+    offset: int = 0
+    length: int = 0
+    array: np.ndarray | None = None
+
+    @classmethod
+    def of_array(cls, array: np.ndarray) -> "Source":
+        array = np.asarray(array)
+        return cls(tuple(int(d) for d in array.shape), array.dtype.name, array=array)
+
+    @classmethod
+    def of_ref(cls, ref) -> "Source":
+        """From a graphconv.frontend.weights.WeightRef or its as_list() form."""
+        path, offset, length, dtype, shape = ref.as_list() if hasattr(ref, "as_list") else ref
+        return cls(tuple(int(d) for d in shape), dtype, str(path), int(offset), int(length))
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """numpy dtype by name; bfloat16 through ml_dtypes."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _cast(block: np.ndarray, target: np.dtype) -> np.ndarray:
+    """passes/precision._to_low's conversion (through float32), elementwise: per block it gives the same bytes."""
+    if block.dtype == target:
+        return block
+    return block.astype(np.float32).astype(target)
+
+
+def parameter_name(proto_name: str) -> str:
+    """The Parameter's name in a graph.parameter entry ("<graph id>:<name>"), as mindspore's _split_save reads it."""
+    return proto_name[proto_name.find(":") + 1:]
+
+
+# --- the graph ------------------------------------------------------------------------------------------
+
+
+class LazyWeights:
+    """What the generated network's `_param` (opmap/helpers.py) is given instead of the weights: every
+    Parameter comes from `shared_parameter`, a lazily initialized one of the right name, shape and dtype whose
+    memory MindSpore never touches while it compiles and exports the graph. Reading a value is an error."""
+
+    def __init__(self):
+        self.made = {}
+
+    def shared_parameter(self, name, shape, dtype, transposed):
+        import mindspore as ms
+        from mindspore import Parameter
+        from mindspore.common.initializer import Zero, initializer
+
+        key = (name, bool(transposed))
+        if key not in self.made:
+            # requires_grad as _param sets it (it is part of the exported graph's parameter info)
+            self.made[key] = Parameter(initializer(Zero(), tuple(shape), dtype), name=name,
+                                       requires_grad=dtype in (ms.float16, ms.bfloat16, ms.float32))
+        return self.made[key]
+
+    def __getitem__(self, name):
+        raise StreamError(f"the streamed export read the value of weight {name!r}")
+
+
+class _GraphReady(Exception):
+    def __init__(self, model):
+        super().__init__("graph exported")
+        self.model = model
+
+
+def export_graph(net, *inputs, file_name: str = "network"):
+    """The ModelProto mindspore.export would save for `net` (without any weight bytes: no raw_data, no
+    external_data). Goes through mindspore.export itself, so the graph is exactly its (jit_syntax_level, phase,
+    compile); its `custom_func` hook, called with the parsed proto before any saving, ends the export
+    (nothing is written: `file_name` only has to be a name export accepts)."""
+    import mindspore as ms
+    from mindspore import context
+
+    def take(model):
+        raise _GraphReady(model)
+
+    level = context.get_context("jit_syntax_level")
+    try:
+        ms.export(net, *inputs, file_name=str(file_name), file_format="MINDIR", custom_func=take)
+    except _GraphReady as ready:
+        return ready.model
+    finally:
+        context.set_context(jit_syntax_level=level)  # export sets STRICT and restores it only on success
+    raise StreamError("mindspore.export did not hand over the graph (custom_func was not called)")
+
+
+# --- the weights ----------------------------------------------------------------------------------------
+
+
+def write_weights(model, directory: Path, prefix: str, sources: dict[str, Source],
+                  transposed: dict[str, bool] | None = None, chunk_bytes: int | None = None,
+                  progress=None) -> Path:
+    """Write every `model.graph.parameter`'s values into `directory/<prefix>_variables/data_0` from
+    `sources` (by Parameter name) and point its external_data there (the module docstring's layout).
+    `transposed[name]`: the Parameter is the 2-D source's transpose. `progress(name, nbytes)` after each weight
+    (the source bytes).
+    Returns the folder."""
+    transposed = transposed or {}
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    if len(model.graph.map_parameter):
+        raise StreamError("MapParameters cannot be written as external data (mindspore.export refuses too)")
+    folder = Path(directory) / f"{prefix}_variables"
+    folder.mkdir(parents=True, exist_ok=True)
+    location = f"{prefix}_variables/data_0"
+    params = sorted(((parameter_name(p.name), p) for p in model.graph.parameter), key=lambda item: item[0])
+    with open(folder / "data_0", "wb") as out:
+        header = bytes([1 if sys.byteorder == "little" else 0]) + bytes(HEADER_BYTES - 1)
+        out.write(header)
+        offset = HEADER_BYTES
+        for name, proto in params:
+            if name not in sources:
+                raise StreamError(f"no values for parameter {name!r}")
+            src = sources[name]
+            target = numpy_dtype(MIND_IR_DTYPES.get(proto.data_type, "") or _unknown(proto))
+            dims = tuple(int(d) for d in proto.dims)
+            flip = bool(transposed.get(name))
+            _check(name, src, dims, target, flip)
+            length = int(np.prod(dims, dtype=np.int64)) * target.itemsize
+            _write_one(out.fileno(), offset, src, target, flip, chunk_bytes)
+            proto.ClearField("raw_data")
+            proto.external_data.location = location
+            proto.external_data.offset = offset
+            proto.external_data.length = length
+            pad = -length % ALIGN
+            offset += length
+            if pad:
+                os.pwrite(out.fileno(), bytes(pad), offset)
+                offset += pad
+            if progress is not None:
+                progress(name, src.array.nbytes if src.array is not None else src.length)
+        out.truncate(offset)
+    return folder
+
+
+def _unknown(proto) -> str:
+    raise StreamError(f"parameter {parameter_name(proto.name)!r} has a mind_ir data type "
+                      f"({proto.data_type}) this writer does not know")
+
+
+def _check(name: str, src: Source, dims: tuple, target: np.dtype, flip: bool) -> None:
+    want = tuple(reversed(src.shape)) if flip else tuple(src.shape)
+    if flip and len(src.shape) != 2:
+        raise StreamError(f"parameter {name!r}: only 2-D weights are stored transposed, the source is {src.shape}")
+    if dims != want:
+        raise StreamError(f"parameter {name!r}: the graph declares {list(dims)}, the source gives {list(want)}")
+    if src.dtype != target.name and not (src.dtype in _FLOATS and target.name in _FLOATS):
+        raise StreamError(f"parameter {name!r}: cannot convert {src.dtype} to {target.name}")
+    if src.array is None:
+        expected = int(np.prod(src.shape, dtype=np.int64)) * numpy_dtype(src.dtype).itemsize
+        if src.length != expected:
+            raise StreamError(f"parameter {name!r}: {src.length} bytes in {src.path}, {expected} expected")
+
+
+def _write_one(fd: int, offset: int, src: Source, target: np.dtype, flip: bool, chunk_bytes: int) -> None:
+    if src.array is not None:  # small (inline or folded): converted whole
+        arr = _cast(np.asarray(src.array), target)
+        arr = np.ascontiguousarray(arr.T if flip else arr)
+        _pwrite_all(fd, _bytes_of(arr), offset)
+        return
+    if src.length == 0:
+        return
+    source_dtype = numpy_dtype(src.dtype)
+    with open(src.path, "rb", buffering=0) as f:
+        if not flip and source_dtype == target:
+            _copy_range(f.fileno(), src.offset, fd, offset, src.length, chunk_bytes)
+        elif not flip:
+            per = max(1, chunk_bytes // source_dtype.itemsize)
+            count = src.length // source_dtype.itemsize
+            for start in range(0, count, per):
+                n = min(per, count - start)
+                block = _read(f.fileno(), src.offset + start * source_dtype.itemsize, n, source_dtype)
+                _pwrite_all(fd, _bytes_of(_cast(block, target)), offset + start * target.itemsize)
+        else:
+            _write_transposed(f.fileno(), src, source_dtype, fd, offset, target, chunk_bytes)
+
+
+def _write_transposed(src_fd: int, src: Source, source_dtype: np.dtype, fd: int, offset: int,
+                      target: np.dtype, chunk_bytes: int) -> None:
+    """Source [rows, cols] -> target [cols, rows], at most chunk_bytes of the source in memory at a time.
+    Whichever way makes the larger pieces (chunk_bytes / min(rows, cols) bytes each): strips of whole source
+    columns (one read per row, one contiguous write) when rows <= cols, else blocks of whole source rows (one
+    contiguous read, one write per target row)."""
+    rows, cols = src.shape
+    sz, tz = source_dtype.itemsize, target.itemsize
+    if rows <= cols:
+        per = max(1, min(cols, chunk_bytes // max(1, rows * sz)))
+        for c0 in range(0, cols, per):
+            k = min(per, cols - c0)
+            strip = np.empty((rows, k * sz), np.uint8)
+            for r in range(rows):
+                _read_into(src_fd, strip[r], src.offset + (r * cols + c0) * sz)
+            flipped = _transpose(_cast(strip.view(source_dtype), target))  # [k, rows]: target rows c0..c0+k
+            del strip
+            _pwrite_all(fd, _bytes_of(flipped), offset + c0 * rows * tz)
+        return
+    per = max(1, chunk_bytes // max(1, cols * sz))
+    for r0 in range(0, rows, per):
+        n = min(per, rows - r0)
+        block = _read(src_fd, src.offset + r0 * cols * sz, n * cols, source_dtype)
+        flipped = _transpose(_cast(block.reshape(n, cols), target))  # [cols, n]: a segment of every target row
+        del block
+        raw = memoryview(_bytes_of(flipped))
+        seg = n * tz
+        for c in range(cols):
+            _pwrite_all(fd, raw[c * seg:(c + 1) * seg], offset + (c * rows + r0) * tz)
+
+
+def _transpose(block: np.ndarray) -> np.ndarray:
+    """block.T in C order, copied in 128 x 128 tiles (numpy's strided .T copy of a large block is ~3x slower;
+    opmap/helpers._param does the same)."""
+    out = np.empty(block.shape[::-1], block.dtype)
+    for i in range(0, block.shape[0], 128):
+        for j in range(0, block.shape[1], 128):
+            out[j:j + 128, i:i + 128] = block[i:i + 128, j:j + 128].T
+    return out
+
+
+def _read(fd: int, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
+    buf = np.empty(count * dtype.itemsize, np.uint8)
+    _read_into(fd, buf, offset)
+    return buf.view(dtype)
+
+
+def _read_into(fd: int, buf: np.ndarray, offset: int) -> None:
+    """Fill the contiguous uint8 array `buf` from `offset` of fd."""
+    view, done = memoryview(buf), 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise StreamError(f"unexpected end of a weights file at offset {offset + done}")
+        done += got
+
+
+def _bytes_of(arr: np.ndarray):
+    # bfloat16 arrays do not export a buffer of their own: view the bytes
+    return memoryview(np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view, done = memoryview(data).cast("B"), 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def _copy_range(src_fd: int, src_offset: int, fd: int, offset: int, length: int, chunk_bytes: int) -> None:
+    """`length` bytes from src_fd to fd: in the kernel when it can (os.copy_file_range), else through a buffer."""
+    done = 0
+    if hasattr(os, "copy_file_range"):
+        try:
+            while done < length:
+                n = os.copy_file_range(src_fd, fd, min(chunk_bytes, length - done), src_offset + done, offset + done)
+                if n == 0:
+                    raise StreamError(f"unexpected end of a weights file at offset {src_offset + done}")
+                done += n
+            return
+        except OSError:  # another filesystem or kernel that refuses: fall back to reading
+            pass
+    while done < length:
+        n = min(chunk_bytes, length - done)
+        _pwrite_all(fd, _read(src_fd, src_offset + done, n, np.dtype(np.uint8)), offset + done)
+        done += n
+
+
+# --- both -------------------------------------------------------------------------------------------------
+
+
+def write(net, inputs, file_base: str | Path, sources: dict[str, Source], transposed: dict[str, bool] | None = None,
+          chunk_bytes: int | None = None, progress=None, timings: dict | None = None) -> list[Path]:
+    """The split MindIR of `net` (built on LazyWeights) at `file_base`: `<file_base>_graph.mindir` and
+    `<file_base>_variables/data_0`, named as mindspore.export names them. Returns both paths; `timings`, if
+    given, receives graph_seconds (MindSpore's compile and export of the graph) and weights_seconds."""
+    import time
+
+    base = Path(file_base)
+    t0 = time.perf_counter()
+    model = export_graph(net, *inputs, file_name=str(base))
+    t1 = time.perf_counter()
+    folder = write_weights(model, base.parent, base.name, sources, transposed, chunk_bytes, progress)
+    graph = base.with_name(base.name + "_graph.mindir")
+    tmp = graph.with_name(graph.name + ".partial")
+    tmp.write_bytes(model.SerializeToString())
+    os.replace(tmp, graph)
+    if timings is not None:
+        timings.update(graph_seconds=round(t1 - t0, 2), weights_seconds=round(time.perf_counter() - t1, 2))
+    return [graph, folder]

@@ -1,0 +1,302 @@
+"""The streamed MindIR writer (graphconv/target/mindir_stream.py) against what mindspore.export writes.
+
+mindspore.export splits the weights off into <name>_variables/data_0 only past 1 GiB (TOTAL_SAVE); the
+children here lower that threshold to 0, so the same small networks are written both ways and compared: the
+graphs (normalized for what differs between two runs of mindspore.export itself), the weight bytes, and the
+outputs of both MindIRs loaded with mindspore.load and run through nn.GraphCell at two shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import graphconv
+from graphconv.frontend import param_names
+from graphconv.frontend.load import load
+from graphconv.target import emit, layers, mindir_stream
+from graphconv.target.child import child_env
+from graphconv.verify import census
+from models import EXAMPLES_DIR
+
+# One export in a fresh process (so both ways see the same graph ids), mindspore.export's split forced.
+_EXPORT = textwrap.dedent("""
+    import json, sys
+    from mindspore.train import serialization
+    serialization.TOTAL_SAVE = 0
+    from graphconv.target import worker
+    print("RESULT " + json.dumps(worker.export(json.load(open(sys.argv[1])))))
+""")
+
+# Load each MindIR and run the cases through GraphCell (graphconv's own run task: dynamic set_inputs).
+_RUN = textwrap.dedent("""
+    import json, sys
+    from graphconv.target import worker
+    for task in json.load(open(sys.argv[1])):
+        worker.run_mindir(task)
+    print("RESULT {}")
+""")
+
+
+def _child(script: str, arg: Path, cwd: Path) -> dict:
+    path = cwd / f"child_{abs(hash(script))}.py"  # a file: MindSpore parses a Cell's construct from its source
+    path.write_text(script)
+    done = subprocess.run([sys.executable, str(path), str(arg)], cwd=cwd, env=child_env(), capture_output=True,
+                          text=True, timeout=600)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _normalized(graph_file: Path):
+    """The ModelProto without what two runs of mindspore.export already differ in (measured: the
+    compile_phase attribute carries a run id, the primitives table comes in hash order), external data
+    locations relative to the folder (its name follows the file's)."""
+    model = census.mind_ir_pb2().ModelProto.FromString(graph_file.read_bytes())
+    for attr in model.graph.attribute:
+        if attr.name == "compile_phase":
+            attr.s = b""
+    prims = sorted(model.primitives, key=lambda p: p.SerializeToString())
+    del model.primitives[:]
+    model.primitives.extend(prims)
+    for p in model.graph.parameter:
+        assert p.external_data.location == graph_file.name.replace("_graph.mindir", "_variables/data_0")
+        p.external_data.location = "data_0"
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_task(tmp_path_factory):
+    """The shipped tiny Llama with its weights external (as large models arrive), lowered with its layer
+    Cells; the export task emit.prepare writes for it."""
+    d = tmp_path_factory.mktemp("stream")
+    onnx.save(onnx.load(EXAMPLES_DIR / "tiny_llama.onnx"), d / "model.onnx", save_as_external_data=True,
+              location="model.onnx.data", size_threshold=1024)
+    loaded = load(d / "model.onnx")
+    model = onnx.shape_inference.infer_shapes(loaded.proto, data_prop=True)
+    net, task = emit.prepare(model, d, "network", names=param_names.WeightNames.record(loaded.proto),
+                             scopes=layers.record_scopes(loaded.proto))
+    return d, net, task
+
+
+def test_streamed_mindir_is_what_mindspore_export_writes(tiny_llama_task):
+    d, net, task = tiny_llama_task
+    assert task["streamed"] is False  # 0.3 MB: under emit.STREAM_MIN_BYTES, the compile keeps mindspore.export
+    assert sum(p.transposed for p in net.params) >= 10 and net.layers["grouped"] == 2  # Linear layouts, layer Cells
+    results = {}
+    for way in ("exported", "streamed"):
+        (d / way).mkdir()
+        t = {**task, "file_base": str(d / way / "net"), "checkpoint": None, "streamed": way == "streamed"}
+        (d / f"{way}.json").write_text(json.dumps(t))
+        results[way] = _child(_EXPORT, d / f"{way}.json", d)
+    assert results["streamed"].get("streamed") and "streamed" not in results["exported"]
+    for way in results:
+        assert sorted(p.name for p in (d / way).iterdir()) == ["net_graph.mindir", "net_variables"]
+        assert sorted(p.name for p in (d / way / "net_variables").iterdir()) == ["data_0"]
+    # the weights: byte for byte (header, order, alignment, Linear layouts)
+    assert (d / "streamed/net_variables/data_0").read_bytes() == (d / "exported/net_variables/data_0").read_bytes()
+    # the graph: the same protobuf, offsets and lengths included
+    a, b = _normalized(d / "exported/net_graph.mindir"), _normalized(d / "streamed/net_graph.mindir")
+    assert len(a.graph.parameter) == len(net.params) and len(a.functions) >= 1  # the lazy_inline layer graph
+    assert a.SerializeToString() == b.SerializeToString()
+
+    # both load and give the same outputs at two shapes
+    runs = []
+    for k, (batch, seq) in enumerate(((1, 5), (2, 11))):
+        case = d / f"case{k}.npz"
+        np.savez(case, **{s["name"]: np.random.default_rng(k).integers(0, 100, (batch, seq)).astype(np.int64)
+                          for s in task["inputs"]})
+        runs.append(case)
+    names = [s["name"] for s in task["inputs"]]
+    tasks = [{"mindir": str(d / way / "net_graph.mindir"), "cases": [str(c) for c in runs], "input_names": names,
+              "outputs": [str(d / f"{way}.out{k}.npz") for k in range(len(runs))], "inputs": task["inputs"]}
+             for way in ("exported", "streamed")]
+    (d / "run.json").write_text(json.dumps(tasks))
+    _child(_RUN, d / "run.json", d)
+    for k in range(len(runs)):
+        with np.load(d / f"exported.out{k}.npz") as x, np.load(d / f"streamed.out{k}.npz") as y:
+            assert x.files == y.files and x["out0"].shape[:2] == ((1, 5), (2, 11))[k]
+            assert np.abs(x["out0"]).max() > 0  # real weights, not the lazy zeros
+            for f in x.files:
+                assert np.array_equal(x[f], y[f])
+
+
+# A hand-written Cell whose Parameters are casts and transposes of fp32 sources: written by mindspore.export
+# from the converted arrays, and streamed from the fp32 file in small chunks (many blocks per weight).
+_CASTS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn, ops, Parameter, Tensor
+    from mindspore.train import serialization
+    from graphconv.target import mindir_stream
+    serialization.TOTAL_SAVE = 0
+    ms.set_device("CPU"); ms.set_context(mode=ms.GRAPH_MODE)
+    spec = json.load(open(sys.argv[1]))
+    DT = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16, "int64": ms.int64}
+
+    class Net(nn.Cell):
+        def __init__(self, make):
+            super().__init__()
+            for p in spec["params"]:
+                setattr(self, p["attr"], make(p))
+        def construct(self, x):
+            y = ops.dense(x, self.w_fp16_t.astype(ms.float32)) + self.b_bf16.astype(ms.float32)
+            y = y + ops.dense(x, self.w_bf16_t.astype(ms.float32)) + ops.dense(x, self.w_fp32_t)
+            y = y * self.scale_fp16.astype(ms.float32) + self.table.astype(ms.float32).sum() + self.small.sum()
+            y = y + ops.dense(x, self.w_wide_t.astype(ms.float32)).sum(-1, keepdims=True)
+            return y
+
+    def expected(p):
+        a = np.load(spec["arrays"])[p["attr"]]
+        return mindir_stream._cast(a.T if p["transposed"] else a, mindir_stream.numpy_dtype(p["dtype"]))
+
+    exported = Net(lambda p: Parameter(Tensor(np.ascontiguousarray(expected(p))), name=p["name"],
+                                       requires_grad=p["dtype"] != "int64"))
+    exported.set_train(False)
+    x = Tensor(shape=[None, spec["n_in"]], dtype=ms.float32)
+    ms.export(exported, x, file_name=spec["dir"] + "/exported/net", file_format="MINDIR")
+    lazy = mindir_stream.LazyWeights()
+    streamed = Net(lambda p: lazy.shared_parameter(p["name"], p["shape"], DT[p["dtype"]], p["transposed"]))
+    streamed.set_train(False)
+    sources = {n: mindir_stream.Source.of_ref(r) if isinstance(r, list) else
+               mindir_stream.Source.of_array(np.load(spec["arrays"])[r]) for n, r in spec["sources"].items()}
+    layouts = {p["name"]: p["transposed"] for p in spec["params"]}
+    mindir_stream.write(streamed, [x], spec["dir"] + "/streamed/net", sources, layouts, chunk_bytes=200)
+    outs = {}
+    for way in ("exported", "streamed"):
+        cell = nn.GraphCell(ms.load(spec["dir"] + f"/{way}/net_graph.mindir"))
+        cell.set_inputs(x)
+        for k, rows in enumerate((3, 7)):
+            inp = np.random.default_rng(k).standard_normal((rows, spec["n_in"])).astype(np.float32)
+            outs[f"{way}{k}"] = cell(Tensor(inp)).asnumpy()
+    np.savez(spec["dir"] + "/outs.npz", **outs)
+    print("RESULT {}")
+""")
+
+
+def test_casts_and_transposes_are_applied_on_the_way(tmp_path):
+    rng = np.random.default_rng(0)
+    n_in, n_out = 37, 29  # odd sizes: blocks end mid-row, segments are not aligned; rows > cols: by row blocks
+    params = [("w_fp16_t", "layer.w16", (n_in, n_out), "float16", True),
+              ("w_bf16_t", "layer.wbf", (n_in, n_out), "bfloat16", True),
+              ("w_fp32_t", "layer.w32", (n_in, n_out), "float32", True),
+              ("w_wide_t", "layer.wide", (n_in, 61), "float16", True),  # rows < cols: written by column strips
+              ("b_bf16", "layer.b", (n_out,), "bfloat16", False),
+              ("scale_fp16", "layer.s", (n_out,), "float16", False),
+              ("table", "emb", (13, 5), "int64", False),
+              ("small", "folded", (3, 3), "float32", False)]
+    arrays, sources = {}, {}
+    data = tmp_path / "weights.bin"
+    with open(data, "wb") as f:
+        for attr, name, shape, dtype, _ in params:
+            a = (rng.integers(-5, 5, shape) if dtype == "int64" else rng.standard_normal(shape) * 3).astype(
+                np.int64 if dtype == "int64" else np.float32)
+            arrays[attr] = a
+            if attr == "small":
+                sources[name] = attr  # an in-memory source
+                continue
+            f.write(b"\0" * 7)  # sources at odd offsets
+            sources[name] = [str(data), f.tell(), a.nbytes, a.dtype.name, list(shape)]
+            f.write(a.tobytes())
+    np.savez(tmp_path / "arrays.npz", **arrays)
+    (tmp_path / "exported").mkdir()
+    spec = {"dir": str(tmp_path), "n_in": n_in, "arrays": str(tmp_path / "arrays.npz"), "sources": sources,
+            "params": [{"attr": a, "name": n, "shape": list(s[::-1] if t else s), "dtype": dt, "transposed": t}
+                       for a, n, s, dt, t in params]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    _child(_CASTS, tmp_path / "spec.json", tmp_path)
+    assert (tmp_path / "streamed/net_variables/data_0").read_bytes() == \
+        (tmp_path / "exported/net_variables/data_0").read_bytes()
+    graphs = {w: census.mind_ir_pb2().ModelProto.FromString((tmp_path / w / "net_graph.mindir").read_bytes())
+              for w in ("exported", "streamed")}
+    def entry(p):  # (both written by one process: the graph ids in the names differ)
+        return mindir_stream.parameter_name(p.name), p.dims, p.data_type, p.external_data.offset, p.external_data.length
+
+    assert [entry(p) for p in graphs["exported"].graph.parameter] == \
+        [entry(p) for p in graphs["streamed"].graph.parameter]
+    with np.load(tmp_path / "outs.npz") as outs:
+        for k in range(2):
+            assert np.array_equal(outs[f"exported{k}"], outs[f"streamed{k}"]) and np.abs(outs[f"streamed{k}"]).max() > 0
+
+
+def _graph(params):
+    """A weightless ModelProto with these (name, dims, mind_ir data type) parameters."""
+    model = census.mind_ir_pb2().ModelProto()
+    for name, dims, dtype in params:
+        model.graph.parameter.add(name=f"7_graph:{name}", dims=dims, data_type=dtype)
+    return model
+
+
+def test_layout_and_bounded_chunks(tmp_path):
+    """Without MindSpore: the data_0 layout (header, name order, 64-byte alignment), the same bytes for any
+    chunk size, and one-line errors for a weight that does not fit its declaration."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((300, 7)).astype(np.float32)  # rows > cols: transposed by row blocks
+    u = rng.standard_normal((9, 50)).astype(np.float32)  # rows < cols: by column strips
+    v = rng.standard_normal(5).astype(np.float32)
+    src = tmp_path / "src.bin"
+    src.write_bytes(w.tobytes() + v.tobytes() + u.tobytes())
+    sources = {"z.w": mindir_stream.Source((300, 7), "float32", str(src), 0, w.nbytes),
+               "a.v": mindir_stream.Source((5,), "float32", str(src), w.nbytes, v.nbytes),
+               "m.u": mindir_stream.Source((9, 50), "float32", str(src), w.nbytes + v.nbytes, u.nbytes)}
+    files = []
+    for chunk in (4, 100, 1 << 20):
+        model = _graph([("z.w", [7, 300], 10), ("a.v", [5], 1), ("m.u", [50, 9], 16)])  # fp16, fp32, bf16
+        folder = mindir_stream.write_weights(model, tmp_path / f"c{chunk}", "m", sources, {"z.w": True, "m.u": True},
+                                             chunk)
+        files.append((folder / "data_0").read_bytes())
+    assert files[0] == files[1] == files[2]
+    data = files[0]
+    assert data[:64] == b"\x01" + bytes(63)
+    by_name = {mindir_stream.parameter_name(p.name): p.external_data for p in model.graph.parameter}
+    assert (by_name["a.v"].offset, by_name["a.v"].length) == (64, 20)  # sorted by name: a.v first
+    assert (by_name["m.u"].offset, by_name["m.u"].length) == (128, 50 * 9 * 2)  # 20 padded to 64
+    assert (by_name["z.w"].offset, by_name["z.w"].length) == (1088, 7 * 300 * 2)  # 900 padded to 960
+    assert by_name["z.w"].location == "m_variables/data_0"
+    assert len(data) == 1088 + 4224  # 4200 padded to 64
+    import ml_dtypes
+
+    got = np.frombuffer(data[128:1028], ml_dtypes.bfloat16).reshape(50, 9)
+    assert np.array_equal(got, u.T.astype(ml_dtypes.bfloat16)) and data[1028:1088] == bytes(60)
+    got = np.frombuffer(data[1088:1088 + 4200], np.float16).reshape(7, 300)
+    assert np.array_equal(got, w.T.astype(np.float16))
+    assert np.array_equal(np.frombuffer(data[64:84], np.float32), v) and data[84:128] == bytes(44)
+
+    with pytest.raises(mindir_stream.StreamError, match=r"'z.w': the graph declares \[300, 7\], the source gives"):
+        mindir_stream.write_weights(_graph([("z.w", [300, 7], 1)]), tmp_path / "e1", "m", sources, {"z.w": True})
+    with pytest.raises(mindir_stream.StreamError, match="no values for parameter 'q'"):
+        mindir_stream.write_weights(_graph([("q", [2], 1)]), tmp_path / "e2", "m", sources)
+    with pytest.raises(mindir_stream.StreamError, match="cannot convert float32 to int64"):
+        mindir_stream.write_weights(_graph([("a.v", [5], 7)]), tmp_path / "e3", "m", sources)
+
+
+@pytest.fixture
+def external_llama(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    onnx.save(onnx.load(EXAMPLES_DIR / "tiny_llama.onnx"), d / "model.onnx", save_as_external_data=True,
+              location="model.onnx.data", size_threshold=1024)
+    return d / "model.onnx"
+
+
+@pytest.mark.parametrize("target", ["ascend", "cpu"])
+def test_compile_streams_large_external_weights(external_llama, tmp_path, monkeypatch, target):
+    """The compile takes the streamed writer for external weights past emit.STREAM_MIN_BYTES (lowered so the
+    tiny model qualifies): it verifies (ascend: on the cpu twin, which reads its own weights; cpu: on the
+    MindIR itself), and the artifacts are those of mindspore.export's split layout."""
+    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    out = tmp_path / "out"
+    out.mkdir()
+    report = graphconv.compile(external_llama, out / "m.mindir", target=target, report_path=out / "r.json")
+    assert report.status == "verified"
+    stages = {s["name"]: s for s in json.loads((out / "r.json").read_text())["stages"]}
+    assert stages["emit"]["detail"]["streamed"] is True
+    assert sorted(p.name for p in out.iterdir()) == ["m.mindir", "m_variables", "r.json"]
