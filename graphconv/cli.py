@@ -178,7 +178,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
               help="Checkpoint folders (required there): which graphs to export.")
 @click.option("--dtype", type=click.Choice(["fp32"]), default="fp32", show_default=True,
               help="Checkpoint folders: weights and compute dtype (bf16/fp16 checkpoints are upcast).")
-@click.option("--opset", type=int, help="ONNX opset (14-23). Default: 17 for a factory, 18 for a checkpoint folder.")
+@click.option("--opset", type=int, help="ONNX opset (14-28). Default: 17 for a factory, 18 for a checkpoint folder.")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
               help="auto: dynamo (dynamic_shapes), then TorchScript (dynamic_axes) if dynamo refuses the model. "
                    "Checkpoint folders: dynamo.")
@@ -303,8 +303,8 @@ def generate_cmd(gen_dir, input_ids, input_ids_file, max_new_tokens, device, che
 
 
 @cli.command("matrix")
-@click.option("--full", is_flag=True, help="Every zoo model x exporter x opset 14-23, and every hf/ architecture x "
-              "exporter at 17, 18 and 23 (long).")
+@click.option("--full", is_flag=True, help="Every zoo model x exporter x opset 14-28, and every hf/ architecture x "
+              "exporter at 17, 18, 23 and dynamo at 24-28 (long).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="Only these models (repeatable): zoo names, or hf/NAME for models/architectures.py.")
 @click.option("--exporter", "exporters", multiple=True, type=click.Choice(["dynamo", "torchscript"]))

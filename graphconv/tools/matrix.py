@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +27,17 @@ from opmap.fused import fused_primitives
 from graphconv.progress import SILENT, Progress
 
 EXPORTERS = ("dynamo", "torchscript")
-OPSETS = tuple(range(14, 24))
+OPSETS = tuple(range(14, 29))  # 14 .. the newest opset the loader takes (28)
 SLICE = {"exporters": ("dynamo",), "opsets": (17, 18)}  # what CI runs; --full runs everything
+# torch 2.13's TorchScript exporter writes opsets up to 23 (beyond 20 with a warning) and refuses 24+
+# ("Unsupported onnx_opset_version: 24", measured); the plain zoo's torchscript 24-28 cells record that.
+TORCHSCRIPT_MAX_OPSET = 23
 # The architecture zoo at the opsets users export with, through both exporters: TorchScript still exports
 # these tiny transformers models (measured: hf/llama and hf/bert at opset 17); where it fails, the cell says so.
+# Dynamo also at 24-28, where its output uses the newest op versions; TorchScript is not run there for the
+# architectures (it refuses every model, as the plain zoo's cells show).
 HF_PREFIX = "hf/"
-HF_OPSETS = (17, 18, 23)
+HF_OPSETS = (17, 18, 23, 24, 25, 26, 27, 28)
 HF_SLICE_OPSETS = (18,)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -145,6 +151,39 @@ def torch_vs_onnxruntime(module, onnx_path: Path) -> float:
     return worst
 
 
+class _ConversionLog(logging.Handler):
+    """Collects what onnxscript's version converter logs during a dynamo export. The exporter builds the model
+    at its own opset and converts it to the requested one; onnxscript's converter stops at 25, beyond it falls
+    back to the onnx C API, and when that fails only logs it (the model then keeps ops newer than its opset
+    import, which the checker refuses). The log holds the real cause: the adapter onnx lacks."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.failures: list[str] = []  # each failed conversion's error, its last line from the assertion on
+        self._logger = logging.getLogger("onnxscript.version_converter")
+
+    def emit(self, record):
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and record.getMessage().startswith("Failed to convert"):
+            last = str(error).strip().splitlines()[-1]
+            self.failures.append(last.split("failed: ", 1)[-1])
+
+    def __enter__(self):
+        self._propagate, self._logger.propagate = self._logger.propagate, False  # keep the traceback off stderr
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self._logger.removeHandler(self)
+        self._logger.propagate = self._propagate
+
+
+def _cause(converter: _ConversionLog | None) -> str:
+    if not converter or not converter.failures:
+        return ""
+    return f" (its opset conversion failed in onnx's version converter: {converter.failures[0]})"
+
+
 def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
     from graphconv.frontend.export import export_pytorch
     from graphconv.pipeline import compile as compile_model
@@ -153,13 +192,16 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
     d = workdir / f"{model.replace('/', '-')}-{exporter}-{opset}"
     d.mkdir(parents=True, exist_ok=True)
     onnx_path = d / "model.onnx"
+    converter = None
     try:
         module, example_inputs, dynamic_axes = _factory(model)()
-        result = export_pytorch(module, example_inputs, onnx_path, dynamic_axes, opset=opset, exporter=exporter)
+        with _ConversionLog() as converter:
+            result = export_pytorch(module, example_inputs, onnx_path, dynamic_axes, opset=opset, exporter=exporter)
     except UnsupportedError as e:
-        return Cell(model, exporter, opset, "exporter", str(e), seconds=time.perf_counter() - t0)
+        return Cell(model, exporter, opset, "exporter", str(e) + _cause(converter), seconds=time.perf_counter() - t0)
     except GraphconvError as e:
-        return Cell(model, exporter, opset, "exporter", f"export check failed: {e}", seconds=time.perf_counter() - t0)
+        return Cell(model, exporter, opset, "exporter", f"export check failed: {e}{_cause(converter)}",
+                    seconds=time.perf_counter() - t0)
     if result.opset != opset:
         reason = "; ".join(w for w in result.warnings if "produced opset" in w) or f"produced opset {result.opset}"
         return Cell(model, exporter, opset, "exporter", reason, seconds=time.perf_counter() - t0)
@@ -197,6 +239,13 @@ def run_cell(model: str, exporter: str, opset: int, workdir: Path) -> Cell:
     return cell
 
 
+def model_cells(model: str, exporters, opsets) -> list[tuple[str, int]]:
+    """The (exporter, opset) cells of `model`: every pair, except TorchScript beyond TORCHSCRIPT_MAX_OPSET for
+    an `hf/` architecture (a refusal the plain zoo's cells already record)."""
+    return [(e, o) for e in exporters for o in opsets
+            if not (model.startswith(HF_PREFIX) and e == "torchscript" and o > TORCHSCRIPT_MAX_OPSET)]
+
+
 def run_matrix(models, exporters, opsets, progress: Progress = SILENT, hf_opsets=None) -> list[Cell]:
     """Run the cells; `hf_opsets` (default: `opsets`) are the opsets of the `hf/` architectures."""
     from graphconv.frontend.export import require_torch
@@ -206,7 +255,7 @@ def run_matrix(models, exporters, opsets, progress: Progress = SILENT, hf_opsets
     with tempfile.TemporaryDirectory(prefix="graphconv-matrix-") as tmp:
         for model in models:
             chosen = hf_opsets if hf_opsets is not None and model.startswith(HF_PREFIX) else opsets
-            for exporter, opset in ((e, o) for e in exporters for o in chosen):
+            for exporter, opset in model_cells(model, exporters, chosen):
                 progress.info(f"matrix {model} {exporter} opset {opset}")
                 cell = run_cell(model, exporter, opset, Path(tmp))
                 progress.info(f"  {cell.status}{': ' + cell.reason[:150] if cell.reason else ''}")
@@ -262,14 +311,17 @@ def render_markdown(cells: list[dict]) -> str:
         "network) verified against onnxruntime at two shapes, and the ascend MindIR checked for the model's",
         "expected fused primitives (census equal to the one written down from the architecture). `hf/NAME` =",
         "a transformers architecture with default settings (models/architectures.py). `exporter` = PyTorch's",
-        "exporter refused the model or changed the opset;",
-        "`unsupported` = an op graphconv does not have yet, known for that architecture.",
+        "exporter refused the model, changed the opset or wrote an invalid model (the reason quotes it, with what",
+        "its opset conversion logged); `unsupported` = an op graphconv does not have yet, known for that",
+        "architecture; `not run` = no result stored (TorchScript beyond opset "
+        f"{TORCHSCRIPT_MAX_OPSET} is not run for the `hf/` architectures:",
+        "it refuses every model, as the plain zoo's cells show).",
         f"`pass` = all of that; otherwise the reason. {passed} of {len(cells)} cells pass.",
         "",
         "| model | " + " | ".join(f"{e} {o}" for e, o in columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
-    reasons: list[str] = []
+    reasons: dict[str, int] = {}  # each distinct reason once, numbered in order of first use
     for m in models:
         row = []
         for e, o in columns:
@@ -279,10 +331,10 @@ def render_markdown(cells: list[dict]) -> str:
             elif c["status"] == "pass":
                 row.append("pass")
             else:
-                reasons.append(f"{c['status']}: {c['reason']}")
-                row.append(f"{c['status']} [{len(reasons)}]")
+                text = f"{c['status']}: {c['reason']}".replace("\n", " ")[:400]
+                row.append(f"{c['status']} [{reasons.setdefault(text, len(reasons) + 1)}]")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     if reasons:
         lines += ["", "## Reasons", ""]
-        lines += [f"{i}. {r.replace(chr(10), ' ')[:400]}" for i, r in enumerate(reasons, 1)]
+        lines += [f"{i}. {r}" for r, i in reasons.items()]
     return "\n".join(lines) + "\n"
