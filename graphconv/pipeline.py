@@ -417,7 +417,8 @@ class Compiler:
             rows, failure = blockwise.check(done["blocks"], names, cases, expected, run["block_values"],
                                             *self._tolerance(compiled=True))
             st.detail = {"blocks": len(rows), "compared_values": sum(len(r["values"]) for r in rows[:-1]),
-                         "child_peak_rss_after_block": max(b["rss_after"] for b in done["blocks"])}
+                         "child_peak_rss_after_block": max(b["rss_after"] for b in done["blocks"]),
+                         "child_peak_rss": done.get("peak_rss")}
             self.report.validation["layer_streamed"] = {"threshold_bytes": blockwise.THRESHOLD_BYTES, "blocks": rows}
             if failure is not None:
                 self.report.validation["status"] = "failed"

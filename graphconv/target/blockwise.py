@@ -341,7 +341,10 @@ def run_blocks(task: dict, run: dict, sources: dict) -> dict:
         cell = getattr(module, f"_Block{k}")(weights)
         cell.set_train(False)
         for c, env in enumerate(envs):
-            out = cell(*[env[n] for n in b.inputs])
+            try:
+                out = cell(*[env[n] for n in b.inputs])
+            except Exception as e:  # noqa: BLE001 - named for the parent's one-line error
+                raise RuntimeError(f"block {b.name} does not run: {type(e).__name__}: {str(e).strip()[:300]}") from e
             if k == len(p.blocks) - 1:
                 final[c] = out if isinstance(out, (tuple, list)) else (out,)
                 continue
@@ -361,6 +364,7 @@ def run_blocks(task: dict, run: dict, sources: dict) -> dict:
         np.savez(out_path, **{f"out{i}": o.asnumpy() for i, o in enumerate(final[c])})
         np.savez(run["block_values"][c], **saved[c])
     return {"outputs": run["outputs"], "blocks": blocks, "layer_streamed": True,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # (the export's included)
             "case_seconds": [round(sum(b["seconds"] for b in blocks), 2)]}
 
 
@@ -388,12 +392,13 @@ def check(blocks: list[dict], names: dict[str, str], cases, expected: list[dict]
                 if not c.ok and bad is None:
                     bad = f"value {names[n]!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})"
         rows.append({"block": b["name"], "kind": b["kind"], "class": b.get("class"), "values": [names[n] for n in compared],
-                     "max_abs": worst, "weight_bytes": b["weight_bytes"], "seconds": b["seconds"]})
+                     "max_abs": worst, "weight_bytes": b["weight_bytes"], "seconds": b["seconds"],
+                     "rss_after": b["rss_after"]})
         if bad is not None and failure is None:
             failure = f"block {b['name']}" + (f" ({b['class']})" if b.get("class") else "") + f": {bad}"
     last = blocks[-1]
     rows.append({"block": last["name"], "kind": last["kind"], "class": last.get("class"), "values": ["(the network's outputs)"],
-                 "weight_bytes": last["weight_bytes"], "seconds": last["seconds"]})
+                 "weight_bytes": last["weight_bytes"], "seconds": last["seconds"], "rss_after": last["rss_after"]})
     return rows, failure
 
 
