@@ -152,3 +152,13 @@ def test_network_without_layers_is_checked_whole(tmp_path):
     report = graphconv.compile(path, tmp_path / "m.mindir", target="cpu", layer_streamed=True)
     assert report.status == "verified" and report.validation["mode"] == "whole-network"
     assert any("no layers found" in w for w in report.warnings)
+
+
+def test_cpu_target_runs_the_network_itself_block_by_block(tmp_path):
+    """--target cpu has no twin: the blocks are cut from the exported network's own source."""
+    report = graphconv.compile(TINY, tmp_path / "c.mindir", target="cpu", layer_streamed=True)
+    assert report.status == "verified" and report.validation["mode"] == "layer-streamed"
+    blocks = report.validation["layer_streamed"]["blocks"]
+    assert [b["block"] for b in blocks] == ["prologue", "layers[0]", "layers[1]", "epilogue"]
+    assert all(b["max_abs"] < 1e-4 for b in blocks[:-1])
+    assert max(_final(report)) < 1e-4
