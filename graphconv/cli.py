@@ -161,7 +161,8 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
                                atol=atol, rtol=rtol, report_path=report_path,
                                emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes),
                                plugins=tuple(plugins), verify_each=verify_each, save_fused=save_fused,
-                               layer_streamed=layer_streamed, bundle=bundle, soc=soc, cann=cann, shape_ranges=_parse_ranges(shape_range))
+                               layer_streamed=layer_streamed, bundle=bundle, soc=soc, cann=cann,
+                               shape_ranges=_parse_ranges(shape_range))
     except GraphconvError as e:
         if getattr(e, "report", None) is not None and e.exit_code == 2 and not quiet:
             click.echo(e.report.to_json() if as_json else e.report.summary(), err=not as_json)
