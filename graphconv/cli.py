@@ -107,6 +107,8 @@ def _precision_options(command):
               help="Import MODULE first; its register_pass/rewrite_pass calls add passes. Repeatable.")
 @click.option("--verify-each", is_flag=True,
               help="Check the graph against the oracle after every pass; name the first pass that breaks it.")
+@click.option("--layer-streamed/--whole-network", "layer_streamed", default=None,
+              help="Verify block by block, one layer's weights at a time (default: past 2 GiB of weights), or whole.")
 @click.option("--save-fused", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the fused ONNX graph (mindspore-domain ops with their function bodies).")
 @click.option("--bundle", type=click.Path(file_okay=False, path_type=Path),
@@ -120,7 +122,7 @@ def _precision_options(command):
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
 def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,
                 atol, rtol,
-                report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, save_fused,
+                report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, layer_streamed, save_fused,
                 bundle, soc, cann, shape_range, as_json, quiet, debug):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU.
 
@@ -159,7 +161,8 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
                                atol=atol, rtol=rtol, report_path=report_path,
                                emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes),
                                plugins=tuple(plugins), verify_each=verify_each, save_fused=save_fused,
-                               bundle=bundle, soc=soc, cann=cann, shape_ranges=_parse_ranges(shape_range))
+                               layer_streamed=layer_streamed, bundle=bundle, soc=soc, cann=cann,
+                               shape_ranges=_parse_ranges(shape_range))
     except GraphconvError as e:
         if getattr(e, "report", None) is not None and e.exit_code == 2 and not quiet:
             click.echo(e.report.to_json() if as_json else e.report.summary(), err=not as_json)

@@ -24,7 +24,7 @@ import opmap.fused
 import passes
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import quant
-from graphconv.target import emit, layers, lowering, targets
+from graphconv.target import blockwise, emit, layers, lowering, mindir_stream, targets
 from graphconv.verify import census, compare, reference
 from passes import precision
 from graphconv.target.child import ChildError, run_task
@@ -58,6 +58,9 @@ class CompileOptions:
     shape_ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # dim -> (min, max)
     precision: str = "fp32"  # fp32 | fp16 | bf16 (passes.precision)
     keep_fp32: str | None = None  # op types computed in fp32; None = passes.precision.KEEP_FP32
+    # verify block by block (graphconv/target/blockwise): None = when the Parameters exceed
+    # blockwise.THRESHOLD_BYTES (2 GiB); True / False force it either way
+    layer_streamed: bool | None = None
 
 
 def tool_versions() -> dict[str, str]:
@@ -379,6 +382,48 @@ class Compiler:
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))
 
+    def _block_plan(self, net: lowering.LoweredNetwork, task: dict, run: dict, ws: Workspace):
+        """The blocks to verify one at a time (graphconv/target/blockwise), or None for the whole-network check:
+        past blockwise.THRESHOLD_BYTES of Parameters, or as CompileOptions.layer_streamed says; a network
+        without repeated layers is checked whole. Adds the block files to `run`."""
+        size = sum(int(np.prod(p.shape, dtype=np.int64)) * mindir_stream.numpy_dtype(p.dtype).itemsize
+                   for p in net.params)
+        wanted = self.opt.layer_streamed if self.opt.layer_streamed is not None else size > blockwise.THRESHOLD_BYTES
+        self.report.validation["mode"] = "whole-network"
+        if not wanted:
+            return None
+        plan = blockwise.plan(Path(task["source"]).read_text(), task["class_name"], (net.layers or {}).get("prefix"))
+        if not plan.layers:
+            self.report.warnings.append(f"no layers found ({(net.layers or {}).get('reason', '')}): the network is"
+                                        f" verified as a whole ({size / 2**30:.2f} GiB of Parameters)")
+            return None
+        self.report.validation["mode"] = "layer-streamed"
+        run["block_values"] = [str(ws.path(f"case{k}.blocks.npz")) for k in range(len(run["cases"]))]
+        run["block_module"] = str(ws.path(f"{Path(task['source']).stem}_blocks.py"))
+        run["block_prefix"] = (net.layers or {}).get("prefix")  # (the child cuts the same blocks)
+        return plan
+
+    def verify_blocks(self, plan, net: lowering.LoweredNetwork, model: onnx.ModelProto, cases, run: dict,
+                      done: dict | None) -> None:
+        """The layer-streamed run's values at every block boundary against onnxruntime's values of the same
+        ONNX values (one run with them exposed), by the comparison rule; the first failing block is named."""
+        self.progress.info("verify blocks (layer-streamed: boundary values vs oracle)")
+        with self.report.stage("verify-blocks") as st:
+            if not done or "blocks" not in done:
+                raise InternalError(f"the layer-streamed run did not run on CPU: {(done or {}).get('error', 'no result')}")
+            graph_names = {o for n in model.graph.node for o in n.output if o}
+            names = blockwise.onnx_names(plan, graph_names, (net.layers or {}).get("prefix"))
+            expected = blockwise.oracle_values(model, sorted(set(names.values())), cases)
+            rows, failure = blockwise.check(done["blocks"], names, cases, expected, run["block_values"],
+                                            *self._tolerance(compiled=True))
+            st.detail = {"blocks": len(rows), "compared_values": sum(len(r["values"]) for r in rows[:-1]),
+                         "child_peak_rss_after_block": max(b["rss_after"] for b in done["blocks"]),
+                         "child_peak_rss": done.get("peak_rss")}
+            self.report.validation["layer_streamed"] = {"threshold_bytes": blockwise.THRESHOLD_BYTES, "blocks": rows}
+            if failure is not None:
+                self.report.validation["status"] = "failed"
+                raise VerificationError(f"layer-streamed verification failed at {failure}")
+
     def _weights_tracker(self, task: dict):
         """Progress of a MindSpore child reading the weights that stay in files (graphconv.frontend.weights), or None."""
         external = sum(ref[2] for ref in task.get("external_weights", {}).values())
@@ -518,18 +563,21 @@ class Compiler:
             twin = cpu_form
             if precision.CPU_EMULATED.get(self.opt.precision):
                 twin = precision.emulate_in_fp32(cpu_form, self.opt.precision, spill=self.spill(ws))
-            twin_task = None
+            twin_net, twin_task = None, None
             if self.target.needs_twin(twin, fused):
                 # Fused primitives have no CPU kernels (nor has MindSpore CPU bf16 ones): numbers are checked
                 # on the cpu twin of the same fused graph, built from its generated source and run (no MindIR
                 # of it is written), and the ascend MindIR only structurally (census).
-                _, twin_task = self.lower(twin, ws, "cpu_twin")
+                twin_net, twin_task = self.lower(twin, ws, "cpu_twin")
             # One MindSpore child exports and runs the cases (graphconv/worker.export_and_verify).
             run = self._case_run(twin, cases, ws)
+            block_plan = self._block_plan(twin_net or net, twin_task or task, run, ws)
             files, done = self.emit(task, ws, checkpoint, run=run, twin=twin_task)
             mindir = self._mindir(files)
             self.report.census = census.primitive_census(mindir)
             checked = None if twin_task is not None else mindir
+            if block_plan is not None:
+                self.verify_blocks(block_plan, twin_net or net, model, cases, run, done)
             try:
                 self.verify(checked, twin, cases, expected, net.output_names, ws, run=run, done=done)
             except InternalError as e:

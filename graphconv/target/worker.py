@@ -229,7 +229,14 @@ def export_and_verify(task: dict) -> dict:
         net, build_seconds = _build_network(exp, direct=bool(exp.get("direct")))
         out = {**_export_built(net, exp), "build_seconds": build_seconds}
     try:
-        if twin is None:
+        if run.get("block_values"):  # layer-streamed (graphconv/target/blockwise): one block's weights at a time
+            from graphconv.target import blockwise
+
+            del net
+            gc.collect()
+            checked = twin if twin is not None else exp
+            out["verify"] = blockwise.run_blocks(checked, run, _sources(checked))
+        elif twin is None:
             del net
             gc.collect()
             mindir = next(f for f in out["files"] if f.endswith(".mindir"))
