@@ -108,18 +108,9 @@ np.save(sys.argv[2], cell(Tensor(ids)).asnumpy())
 
 
 def normalized(graph_file: Path) -> bytes:
-    from graphconv.verify import census
+    from graphconv.target import mindir_stream
 
-    model = census.mind_ir_pb2().ModelProto.FromString(graph_file.read_bytes())
-    for attr in model.graph.attribute:
-        if attr.name == "compile_phase":
-            attr.s = b""
-    prims = sorted(model.primitives, key=lambda p: p.SerializeToString())
-    del model.primitives[:]
-    model.primitives.extend(prims)
-    for p in model.graph.parameter:
-        p.external_data.location = p.external_data.location.split("/", 1)[-1]
-    return model.SerializeToString()
+    return mindir_stream.comparable(graph_file).SerializeToString()
 
 
 def same_bytes(a: Path, b: Path, chunk: int = 64 * 2**20) -> bool:

@@ -56,20 +56,10 @@ def _child(script: str, arg: Path, cwd: Path) -> dict:
 
 
 def _normalized(graph_file: Path):
-    """The ModelProto without what two runs of mindspore.export already differ in (measured: the
-    compile_phase attribute carries a run id, the primitives table comes in hash order), external data
-    locations relative to the folder (its name follows the file's)."""
-    model = census.mind_ir_pb2().ModelProto.FromString(graph_file.read_bytes())
-    for attr in model.graph.attribute:
-        if attr.name == "compile_phase":
-            attr.s = b""
-    prims = sorted(model.primitives, key=lambda p: p.SerializeToString())
-    del model.primitives[:]
-    model.primitives.extend(prims)
-    for p in model.graph.parameter:
+    """mindir_stream.comparable, after checking each weight points into the MindIR's own _variables/data_0."""
+    for p in census.mind_ir_pb2().ModelProto.FromString(graph_file.read_bytes()).graph.parameter:
         assert p.external_data.location == graph_file.name.replace("_graph.mindir", "_variables/data_0")
-        p.external_data.location = "data_0"
-    return model
+    return mindir_stream.comparable(graph_file)
 
 
 @pytest.fixture(scope="module")

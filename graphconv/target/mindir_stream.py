@@ -145,6 +145,25 @@ class _GraphReady(Exception):
         self.model = model
 
 
+def comparable(graph_file: Path):
+    """The MindIR graph's ModelProto without what two runs of mindspore.export already differ in (measured:
+    the compile_phase attribute carries a run id, the primitives table comes in hash order), and each external
+    data location reduced to its file name (the folder's name follows the MindIR's): two MindIRs of one
+    network, exported or streamed, compare equal (the tests and benchmarks/mindir_stream.py)."""
+    from graphconv.verify import census
+
+    model = census.mind_ir_pb2().ModelProto.FromString(Path(graph_file).read_bytes())
+    for attr in model.graph.attribute:
+        if attr.name == "compile_phase":
+            attr.s = b""
+    prims = sorted(model.primitives, key=lambda p: p.SerializeToString())
+    del model.primitives[:]
+    model.primitives.extend(prims)
+    for p in model.graph.parameter:
+        p.external_data.location = p.external_data.location.rsplit("/", 1)[-1]
+    return model
+
+
 def export_graph(net, *inputs, file_name: str = "network"):
     """The ModelProto mindspore.export would save for `net` (without any weight bytes: no raw_data, no
     external_data). Goes through mindspore.export itself, so the graph is exactly its (jit_syntax_level, phase,
