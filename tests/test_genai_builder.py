@@ -75,7 +75,7 @@ def live_counts(graph: onnx.GraphProto) -> dict[str, int]:
     """Per op type, the nodes whose first output reaches a graph output: what the architecture asks graphconv
     to fuse. (onnxruntime-genai 0.18 builds Phi-3's lm_head from layer 0's post-attention norm, so layer 1's
     attention output and later norms are dead there and onnxsim drops them.)"""
-    producer = {o: n for n in graph.node for o in n.output}
+    producer = {o: n for n in graph.node for o in n.output if o}  # "" is an absent optional value
     live, todo = set(), [o.name for o in graph.output]
     while todo:
         value = todo.pop()
