@@ -242,10 +242,11 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_opsets(model)
     as_given, upgraded_from, notes, decomposed, case_dims, pad_masks = None, None, [], {}, {}, True
     as_shipped, levels, quantized, packed = None, [], {}, []
-    if contrib.contrib_nodes(model):
+    found = contrib.contrib_nodes(model)
+    if found:
         # onnxruntime's contrib ops: the checker's complaint about them is a note, the model to compile is
         # their standard decomposition (checked in full), the oracle runs the model as given.
-        notes.append(_contrib_note(model, contrib.contrib_nodes(model)))
+        notes.append(_contrib_note(model, found))
         if external:
             weights.take_over_external(model, path.parent)
         name_nodes(model)

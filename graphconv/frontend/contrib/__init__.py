@@ -82,14 +82,14 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     taken = {x for n in model.graph.node for x in (*n.input, *n.output, n.name)}
     taken |= {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
     counts: collections.Counter[str] = collections.Counter()
+    chosen = {id(n) for n in nodes}  # the contrib nodes found above, by the one rule (contrib_nodes)
     new_nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
-        key = (_domain(node.domain), node.op_type)
-        if key not in DECOMPOSITIONS or is_standard(node, {"": opset}):
+        if id(node) not in chosen:
             new_nodes.append(node)
             continue
         rw = Rewrite(node, shapes, opset, taken)
-        DECOMPOSITIONS[key](rw)
+        DECOMPOSITIONS[(_domain(node.domain), node.op_type)](rw)
         new_nodes.extend(rw.finish())
         counts[label(node)] += 1
     del out.graph.node[:]
