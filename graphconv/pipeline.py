@@ -365,7 +365,7 @@ class Compiler:
                     outs = []
                     for i, name in enumerate(output_names):
                         ref = exp[name]
-                        c = compare.compare(got[f"out{i}"], ref, atol, rtol, case.valid_positions(ref))
+                        c = compare.compare(reference.typed(got[f"out{i}"]), ref, atol, rtol, case.valid_positions(ref))
                         outs.append({"name": name, "shape": list(ref.shape), **c.as_dict()})
                         if not c.ok:
                             failures.append(f"output {name!r} at {case.shape_text()}: {c.reason} "

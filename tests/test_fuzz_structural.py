@@ -189,10 +189,16 @@ def _cast_model(dtype: int, rest: list | None = None, opset: int = 18) -> onnx.M
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def test_bfloat16_input_is_fed_to_mindspore(runner, tmp_path):
+def test_bfloat16_input_and_output_reach_mindspore_and_back(runner, tmp_path):
     """The issue's bf16 input: the cpu run got the case as numpy.void (np.savez writes ml_dtypes' bfloat16 as
-    2-byte void), "initializing tensor by numpy array failed" (exit 3). Now it verifies."""
-    outcome = _compile(runner, _cast_model(TensorProto.BFLOAT16), tmp_path)
+    2-byte void), "initializing tensor by numpy array failed" (exit 3); a bf16 output came back as void too
+    ("setting an array element with a sequence", exit 3). Both verify now."""
+    outcome = _compile(runner, _cast_model(TensorProto.BFLOAT16), tmp_path / "in")
+    assert outcome.code == 0 and not sm.violations(outcome), (outcome.label, outcome.stderr)
+    to_bf16 = [helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=TensorProto.BFLOAT16)]
+    model = _cast_model(TensorProto.FLOAT, to_bf16)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.BFLOAT16
+    outcome = _compile(runner, model, tmp_path / "out")
     assert outcome.code == 0 and not sm.violations(outcome), (outcome.label, outcome.stderr)
 
 

@@ -68,6 +68,13 @@ def _np_dtype(elem_type: int) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
 
+def typed(array: np.ndarray) -> np.ndarray:
+    """An array read from an .npz: np.savez stores bfloat16 (ml_dtypes) as 2-byte void, viewed back here."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2:
+        return array.view(_np_dtype(onnx.TensorProto.BFLOAT16))
+    return array
+
+
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     inits = {t.name for t in model.graph.initializer}
     specs = []
@@ -313,7 +320,7 @@ def load_npz_cases(paths: list[Path], model: onnx.ModelProto, mask_inputs: tuple
     cases = []
     for path in paths:
         try:
-            data = dict(np.load(path, allow_pickle=False))
+            data = {k: typed(v) for k, v in np.load(path, allow_pickle=False).items()}
         except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
             raise InputError(f"--inputs {path}: cannot read as .npz ({type(e).__name__}: {e})") from None
         expected = {s.name for s in specs}
