@@ -192,7 +192,7 @@ class Compiler:
             try:
                 expected = oracle.run(cases)
             except UnsupportedError as e:
-                if self.opt.inputs:
+                if self.opt.inputs or oracle.load_failed:  # (onnxruntime refused the model, not its inputs)
                     raise
                 # Generated inputs: dims the graph relates but neither names nor implies are the likely cause.
                 raise UnsupportedError(f"{e}; the generated inputs had {reference.dims_text(original, cases[0])}: "

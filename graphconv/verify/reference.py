@@ -361,6 +361,7 @@ class Oracle:
         self.model = model
         self.name: str | None = None
         self.fallback_reason: str | None = None
+        self.load_failed = False  # onnxruntime refused the model itself (not the inputs)
 
     def _stripped(self):
         """The model to hand over and the memory-mapped weights to feed with every case: weights held as
@@ -380,7 +381,11 @@ class Oracle:
         opts.log_severity_level = 3 if os.environ.get("GRAPHCONV_DEBUG") else 4
         model, extra = self._stripped()
         src = str(model) if isinstance(model, Path) else model.SerializeToString()
-        sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+        try:
+            sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+        except Exception:
+            self.load_failed = True
+            raise
         names = [o.name for o in sess.get_outputs()]
         return [dict(zip(names, sess.run(names, {**c.inputs, **extra}))) for c in cases]
 
