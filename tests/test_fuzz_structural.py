@@ -247,3 +247,19 @@ def test_library_warnings_stay_off_stderr(runner, bases, tmp_path):
     a.input[0], b.input[1] = b.input[1], a.input[0]
     outcome = _compile(runner, m, tmp_path)
     assert outcome.code == 1 and not sm.violations(outcome), outcome.stderr
+
+
+def test_op_newer_than_the_opset_is_named_as_such(bases, tmp_path):
+    """Seeds 89, 137, 355 (tiny Llama at opset 11): "1 onnxruntime contrib op(s) graphconv does not lower:
+    LessOrEqual": onnxruntime registers every standard op, so an op of opset 12 in an opset-11 model looked like a
+    contrib op. It is named as an op the model's opset does not have."""
+    from graphconv.errors import UnsupportedError
+    from graphconv.frontend.load import load
+
+    m = sm.base_model("tiny_llama")
+    next(i for i in m.opset_import if i.domain in ("", "ai.onnx")).version = 11
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    with pytest.raises(UnsupportedError, match=r"^op LessOrEqual does not exist at opset 11 \(onnx defines it from "
+                                               r"opset 12\); 1 such op\(s\): LessOrEqual$"):
+        load(path)
