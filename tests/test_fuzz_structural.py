@@ -263,3 +263,17 @@ def test_op_newer_than_the_opset_is_named_as_such(bases, tmp_path):
     with pytest.raises(UnsupportedError, match=r"^op LessOrEqual does not exist at opset 11 \(onnx defines it from "
                                                r"opset 12\); 1 such op\(s\): LessOrEqual$"):
         load(path)
+
+
+def test_overflow_on_both_sides_is_told_apart_from_a_difference():
+    """A comparison that fails only where both runtimes are inf/NaN (of different kinds: an overflowing sum is
+    +inf or NaN depending on its order) is `overflow`, which the compile reports as unverifiable (exit 1);
+    a finite value where the reference is NaN is a real difference (exit 2)."""
+    from graphconv.verify.compare import compare
+
+    both = compare(np.array([np.inf, np.nan, 1.0], np.float32), np.array([np.nan, -np.inf, 1.0], np.float32))
+    assert not both.ok and both.overflow
+    one = compare(np.array([0.0, np.nan], np.float32), np.array([np.nan, np.nan], np.float32))
+    assert not one.ok and not one.overflow
+    off = compare(np.array([np.inf, 2.0], np.float32), np.array([np.nan, 1.0], np.float32))
+    assert not off.ok and not off.overflow  # a finite element off too: not only overflow
