@@ -104,6 +104,7 @@ class Compiler:
         self.pass_manager = passes.PassManager(options.passes, options.disable_passes)
         self.scopes = layers.Scopes()
         self.case_dims: dict[str, tuple[int, int]] = {}
+        self.ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
         self.pad_masks = True
         self.report.provenance = {
             "tools": tool_versions(), "passes": self.pass_manager.names, "plugins": plugins,
@@ -201,6 +202,7 @@ class Compiler:
             self.report.validation["oracle"] = oracle.name
             if oracle.fallback_reason:
                 self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
+                self.ort_refused = oracle.fallback_reason
             if shipped is not None and shipped.as_shipped is not None:
                 self._accuracy_level_difference(shipped, cases, expected)
             if simplified is original and as_given is None:
@@ -314,7 +316,7 @@ class Compiler:
                                       "mindspore.export", tracker)
                 st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds") if k in result})
             except ChildError as e:
-                raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
+                raise self._mindspore_refused(f"mindspore.export rejected the generated network: {e.error}") from e
         done = None
         if run is not None:
             done = result.get("verify") or {"error": result.get("verify_error", "no result")}
@@ -350,9 +352,9 @@ class Compiler:
                         done = run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run",
                                         self._weights_tracker(network_task))
                 except ChildError as e:
-                    raise _cpu_run_error(what, e.error, model) from e
+                    raise self._mindspore_refused(_cpu_run_error(what, e.error, model)) from e
             elif "error" in done:
-                raise _cpu_run_error(what, done["error"], model)
+                raise self._mindspore_refused(_cpu_run_error(what, done["error"], model))
             else:
                 st.detail = {"in_export_process": True}
             st.detail = {**(st.detail or {}),
@@ -386,6 +388,16 @@ class Compiler:
                                        "depends on the order of the arithmetic)")
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))
+
+    def _mindspore_refused(self, error: "str | GraphconvError") -> GraphconvError:
+        """MindSpore refusing the network is graphconv's fault (internal), unless onnxruntime refused the model
+        too (onnx.reference was the oracle): two runtimes refusing it point at the model (an invalid Reshape
+        target of -5, say, which onnx.reference's numpy reshape accepts)."""
+        if isinstance(error, GraphconvError) and not isinstance(error, InternalError):
+            return error
+        if self.ort_refused:
+            return UnsupportedError(f"{str(error).splitlines()[0][:300]}; {self.ort_refused}")
+        return error if isinstance(error, GraphconvError) else InternalError(error)
 
     def _weights_tracker(self, task: dict):
         """Progress of a MindSpore child reading the weights that stay in files (graphconv.frontend.weights), or None."""

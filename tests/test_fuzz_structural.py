@@ -277,3 +277,19 @@ def test_overflow_on_both_sides_is_told_apart_from_a_difference():
     assert not one.ok and not one.overflow
     off = compare(np.array([np.inf, 2.0], np.float32), np.array([np.nan, 1.0], np.float32))
     assert not off.ok and not off.overflow  # a finite element off too: not only overflow
+
+
+def test_invalid_reshape_target_is_refused(runner, bases, tmp_path):
+    """Seed 1688 (CNN, the flattening Reshape's target [-2147483648, 32]) and seed 1575 (tiny Llama, a -5 in a
+    computed target): onnxruntime refused the model, onnx.reference (the fallback oracle, numpy's reshape) took
+    the -5 for a -1, and MindSpore then refused the network: exit 3. A constant target is refused in the lowering;
+    where MindSpore refuses a network of a model onnxruntime refused too, that is the model's fault (exit 1)."""
+    m = sm.base_model("cnn")
+    t = next(t for t in m.graph.initializer if t.name == "val_37")
+    t.CopyFrom(numpy_helper.from_array(np.array([-2**31, 32], np.int64), t.name))
+    _refused(_compile(runner, m, tmp_path / "const"), "shape [-2147483648, 32]: one -1 at most")
+    m = sm.base_model("tiny_llama")
+    t = next(t for t in m.graph.initializer if t.name == "val_212")
+    t.CopyFrom(numpy_helper.from_array(np.array([-5], np.int64), t.name))
+    line = _refused(_compile(runner, m, tmp_path / "computed"), "can't be less than -1")
+    assert "onnxruntime could not run the model" in line
