@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import click
@@ -27,6 +28,8 @@ def _set_debug(on: bool) -> None:
     _DEBUG["on"] = on
     if on:
         os.environ["GRAPHCONV_DEBUG"] = "1"
+        if not sys.warnoptions:
+            warnings.simplefilter("default")
 
 
 def _parse_dims(values: tuple[str, ...]) -> dict[str, tuple[int, int]]:
@@ -467,6 +470,10 @@ def main(argv: list[str] | None = None) -> None:
     import signal
 
     signal.signal(signal.SIGTERM, _terminate)
+    if not sys.warnoptions:
+        # Libraries' warnings (numpy's "overflow encountered" on a model's own values, deprecations) are not
+        # graphconv's output: a failure is one line, and what a run noticed is in its report. --debug shows them.
+        warnings.simplefilter("ignore")
     try:
         cli.main(args=argv, prog_name="graphconv", standalone_mode=False)
     except click.exceptions.Exit as e:

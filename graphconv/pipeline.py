@@ -107,6 +107,7 @@ class Compiler:
         self.pass_manager = passes.PassManager(options.passes, options.disable_passes)
         self.scopes = layers.Scopes()
         self.case_dims: dict[str, tuple[int, int]] = {}
+        self.ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
         self.pad_masks = True
         self.report.provenance = {
             "tools": tool_versions(), "passes": self.pass_manager.names, "plugins": plugins,
@@ -195,7 +196,7 @@ class Compiler:
             try:
                 expected = oracle.run(cases)
             except UnsupportedError as e:
-                if self.opt.inputs:
+                if self.opt.inputs or oracle.load_failed:  # (onnxruntime refused the model, not its inputs)
                     raise
                 # Generated inputs: dims the graph relates but neither names nor implies are the likely cause.
                 raise UnsupportedError(f"{e}; the generated inputs had {reference.dims_text(original, cases[0])}: "
@@ -204,6 +205,7 @@ class Compiler:
             self.report.validation["oracle"] = oracle.name
             if oracle.fallback_reason:
                 self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
+                self.ort_refused = oracle.fallback_reason
             if shipped is not None and shipped.as_shipped is not None:
                 self._accuracy_level_difference(shipped, cases, expected)
             if simplified is original and as_given is None:
@@ -317,7 +319,7 @@ class Compiler:
                                       "mindspore.export", tracker)
                 st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed") if k in result})
             except ChildError as e:
-                raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
+                raise self._mindspore_refused(f"mindspore.export rejected the generated network: {e.error}") from e
         done = None
         if run is not None:
             done = result.get("verify") or {"error": result.get("verify_error", "no result")}
@@ -353,32 +355,40 @@ class Compiler:
                         done = run_task("run_network", {**network_task, **run}, ws.dir, "MindSpore CPU run",
                                         self._weights_tracker(network_task))
                 except ChildError as e:
-                    raise InternalError(f"{what} does not run on CPU: {e.error}") from e
+                    raise self._mindspore_refused(_cpu_run_error(what, e.error, model)) from e
             elif "error" in done:
-                raise InternalError(f"{what} does not run on CPU: {done['error']}")
+                raise self._mindspore_refused(_cpu_run_error(what, done["error"], model))
             else:
                 st.detail = {"in_export_process": True}
             st.detail = {**(st.detail or {}),
                          **{k: done[k] for k in ("build_seconds", "case_seconds", "shared_parameters") if k in done}}
             out_files = run["outputs"]
             atol, rtol = self._tolerance(compiled=True)
-            results, failures = [], []
+            results, failures, overflows = [], [], []
             for case, exp, out_file in zip(cases, expected, out_files):
                 with np.load(out_file) as got:
                     outs = []
                     for i, name in enumerate(output_names):
                         ref = exp[name]
-                        c = compare.compare(got[f"out{i}"], ref, atol, rtol, case.valid_positions(ref))
+                        c = compare.compare(reference.typed(got[f"out{i}"]), ref, atol, rtol, case.valid_positions(ref))
                         outs.append({"name": name, "shape": list(ref.shape), **c.as_dict()})
                         if not c.ok:
                             failures.append(f"output {name!r} at {case.shape_text()}: {c.reason} "
                                             f"(max abs {c.max_abs:.3g})")
+                            overflows.append(c.overflow)
                 results.append({"name": case.name, "inputs": {k: list(v.shape) for k, v in case.inputs.items()},
                                 "outputs": outs})
             self.report.validation.update({
                 "status": "failed" if failures else "verified",
                 "atol": atol, "rtol": rtol, "cases": results,
             })
+            if failures and all(overflows):
+                # Both sides overflowed, differently: where inf meets -inf (a NaN) depends on the order of
+                # the arithmetic, which neither runtime promises. Nothing can be verified on these inputs.
+                self.report.validation["status"] = "unverifiable"
+                raise UnsupportedError(f"cannot verify: the model overflows on the reference inputs ({failures[0]}, "
+                                       "and onnxruntime's and MindSpore's values there are all inf or NaN: which one "
+                                       "depends on the order of the arithmetic)")
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))
 
@@ -423,6 +433,16 @@ class Compiler:
             if failure is not None:
                 self.report.validation["status"] = "failed"
                 raise VerificationError(f"layer-streamed verification failed at {failure}")
+
+    def _mindspore_refused(self, error: "str | GraphconvError") -> GraphconvError:
+        """MindSpore refusing the network is graphconv's fault (internal), unless onnxruntime refused the model
+        too (onnx.reference was the oracle): two runtimes refusing it point at the model (an invalid Reshape
+        target of -5, say, which onnx.reference's numpy reshape accepts)."""
+        if isinstance(error, GraphconvError) and not isinstance(error, InternalError):
+            return error
+        if self.ort_refused:
+            return UnsupportedError(f"{str(error).splitlines()[0][:300]}; {self.ort_refused}")
+        return error if isinstance(error, GraphconvError) else InternalError(error)
 
     def _weights_tracker(self, task: dict):
         """Progress of a MindSpore child reading the weights that stay in files (graphconv.frontend.weights), or None."""
@@ -678,6 +698,18 @@ class Compiler:
             moves = {**moves, tmp: Path(self.opt.report_path)}
         if moves:
             ws.commit(moves)
+
+
+def _cpu_run_error(what: str, error: str, model: onnx.ModelProto) -> GraphconvError:
+    """A network MindSpore's CPU would not run: graphconv's fault (internal), except where the model itself
+    computes in bfloat16, for which most of MindSpore's CPU kernels have no implementation."""
+    g = model.graph
+    types = [v.type.tensor_type.elem_type for v in [*g.input, *g.value_info, *g.output]] + \
+            [t.data_type for t in g.initializer]
+    if "Unsupported data type" in error and onnx.TensorProto.BFLOAT16 in types:
+        return UnsupportedError(f"{what} does not run on CPU: the model computes in bfloat16, which MindSpore's CPU "
+                                f"kernels mostly lack ({error.strip().splitlines()[0][:200]})")
+    return InternalError(f"{what} does not run on CPU: {error}")
 
 
 _NORM_OPS = {"mindspore::RmsNorm", "mindspore::LayerNorm", "LayerNormalization", "RMSNormalization"}

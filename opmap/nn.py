@@ -15,10 +15,10 @@ _F32, _I64 = ir.DataType.FLOAT, ir.DataType.INT64
 
 
 def _spatial_attrs(n, spatial: int, w_index: int = 1):
-    kernel = n.attr("kernel_shape")
-    strides = n.attr("strides") or [1] * spatial
-    dilations = n.attr("dilations") or [1] * spatial
-    pads = n.attr("pads") or [0] * (2 * spatial)
+    kernel = n.ints_attr("kernel_shape", spatial, 1)
+    strides = n.ints_attr("strides", spatial, 1, 1)
+    dilations = n.ints_attr("dilations", spatial, 1, 1)
+    pads = n.ints_attr("pads", 2 * spatial, 0, 0)
     auto_pad = n.attr("auto_pad", "NOTSET")
     if isinstance(auto_pad, bytes):
         auto_pad = auto_pad.decode()
@@ -137,9 +137,11 @@ def average_pool(n):
 
 def _pool_geometry(n, spatial: int, dims: list[int]):
     """Output sizes and begin/end pads of a pooling window, as the ONNX reference defines them."""
-    kernel = list(n.attr("kernel_shape"))
-    strides = list(n.attr("strides") or [1] * spatial)
-    dilations = list(n.attr("dilations") or [1] * spatial)
+    kernel = n.ints_attr("kernel_shape", spatial, 1)
+    if kernel is None:
+        n.fail("kernel_shape is required")
+    strides = n.ints_attr("strides", spatial, 1, 1)
+    dilations = n.ints_attr("dilations", spatial, 1, 1)
     auto_pad = n.attr("auto_pad", "NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     k_eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
@@ -151,7 +153,7 @@ def _pool_geometry(n, spatial: int, dims: list[int]):
     if auto_pad == "VALID":
         out = [-(-(d - k + 1) // s) for d, k, s in zip(dims, k_eff, strides)]
         return kernel, strides, dilations, out, [0] * spatial, [0] * spatial
-    pads = list(n.attr("pads") or [0] * (2 * spatial))
+    pads = n.ints_attr("pads", 2 * spatial, 0, 0)
     begin, end = pads[:spatial], pads[spatial:]
     out = []
     for d, b, e, k, s in zip(dims, begin, end, k_eff, strides):
@@ -456,9 +458,9 @@ def conv_transpose(n):
         n.fail(f"{spatial}-D transposed convolution is not supported")
     group = n.attr("group", 1)
     kernel = list(ws[2:])
-    strides = n.attr("strides") or [1] * spatial
-    dilations = n.attr("dilations") or [1] * spatial
-    out_pad = n.attr("output_padding") or [0] * spatial
+    strides = n.ints_attr("strides", spatial, 1, 1)
+    dilations = n.ints_attr("dilations", spatial, 1, 1)
+    out_pad = n.ints_attr("output_padding", spatial, 0, 0)
     auto_pad = n.attr("auto_pad", "NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     k_eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
@@ -472,7 +474,7 @@ def conv_transpose(n):
         begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
         pads = begin + [t - b for t, b in zip(total, begin)]
     else:
-        pads = list(n.attr("pads") or [0] * (2 * spatial))
+        pads = n.ints_attr("pads", 2 * spatial, 0, 0)
     x, w = n.x(0), n.x(1)
     cin, cout_g = ws[0], ws[1]
     cout = cout_g * group
@@ -521,9 +523,11 @@ def max_unpool(n):
     if xs is None or not all(isinstance(d, int) for d in xs):
         n.fail("MaxUnpool needs a static input shape")
     spatial = len(xs) - 2
-    kernel = n.attr("kernel_shape")
-    strides = n.attr("strides") or [1] * spatial
-    pads = n.attr("pads") or [0] * (2 * spatial)
+    kernel = n.ints_attr("kernel_shape", spatial, 1)
+    if kernel is None:
+        n.fail("kernel_shape is required")
+    strides = n.ints_attr("strides", spatial, 1, 1)
+    pads = n.ints_attr("pads", 2 * spatial, 0, 0)
     inferred = xs[:2] + [(d - 1) * s + k - pads[a] - pads[a + spatial]
                          for a, (d, s, k) in enumerate(zip(xs[2:], strides, kernel))]
     total = int(np.prod(inferred))
@@ -554,9 +558,9 @@ def col2im(n):
     if xs is None or not all(isinstance(d, int) for d in xs[1:]):
         n.fail("Col2Im needs static input dims (but the batch)")
     r = len(image)
-    dil = n.attr("dilations") or [1] * r
-    strides = n.attr("strides") or [1] * r
-    pads = n.attr("pads") or [0] * (2 * r)
+    dil = n.ints_attr("dilations", r, 1, 1)
+    strides = n.ints_attr("strides", r, 1, 1)
+    pads = n.ints_attr("pads", 2 * r, 0, 0)
     k = int(np.prod(block))
     channels = xs[1] // k
     counts = [(image[a] + pads[a] + pads[a + r] - dil[a] * (block[a] - 1) - 1) // strides[a] + 1 for a in range(r)]
@@ -592,9 +596,9 @@ def deform_conv(n):
     out_c, _, kh, kw = ws
     oh, ow = os_[2:]
     group, og = int(n.attr("group", 1)), int(n.attr("offset_group", 1))
-    sh, sw = n.attr("strides") or [1, 1]
-    dh, dw = n.attr("dilations") or [1, 1]
-    pads = n.attr("pads") or [0, 0, 0, 0]
+    sh, sw = n.ints_attr("strides", 2, 1, 1)
+    dh, dw = n.ints_attr("dilations", 2, 1, 1)
+    pads = n.ints_attr("pads", 4, 0, 0)
     k, p = kh * kw, oh * ow
     base_h = (np.arange(oh)[None, :, None] * sh - pads[0] + np.arange(kh)[:, None, None] * dh)  # (kh, oh, 1)
     base_w = (np.arange(ow)[None, None, :] * sw - pads[1] + np.arange(kw)[:, None, None] * dw)  # (kw, 1, ow)

@@ -40,6 +40,8 @@ def reshape(n):
         if allowzero:
             return n.call("ops.reshape", x, n.call(n.helper("onnx_dims"), n.x(1)))
         return n.call(n.helper("onnx_reshape"), x, n.x(1))
+    if any(v < -1 for v in target) or target.count(-1) > 1:
+        n.fail(f"shape {target}: one -1 at most and no other negative value")
     if not allowzero and 0 in target:
         src = n.shape(0) or []
         if all(i < len(src) and isinstance(src[i], int) for i, v in enumerate(target) if v == 0):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import onnx
@@ -179,6 +180,22 @@ def check_value_types(model: onnx.ModelProto) -> None:
             raise InputError(f"tensor {t.name!r} has the unknown element type {t.data_type}")
 
 
+def check_input_dims(model: onnx.ModelProto) -> None:
+    """No graph input declares a dim of size 0: MindSpore's CPU kernels refuse zero-sized tensors (PadV3:
+    "the output size must be greater than 0", Conv2d: "input shape's h and w ... must be greater than or
+    equal to kernel_size"), so such a network cannot be verified or run."""
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in inits or not vi.type.HasField("tensor_type"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        for axis, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value == 0:
+                shape = [x.dim_value if x.HasField("dim_value") else (x.dim_param or "?") for x in dims]
+                raise UnsupportedError(f"graph input {vi.name!r} {shape} has a dim of size 0 (axis {axis}): "
+                                       "MindSpore does not run zero-sized tensors")
+
+
 def read_json(path: Path) -> dict:
     """A JSON object from `path` (config.json, generation.json), or a one-line InputError."""
     try:
@@ -239,6 +256,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_names(model)
     check_value_types(model)
     check_inline_tensors(model)
+    check_input_dims(model)
     check_opsets(model)
     as_given, upgraded_from, notes, decomposed, case_dims, pad_masks = None, None, [], {}, {}, True
     as_shipped, levels, quantized, packed = None, [], {}, []
@@ -276,15 +294,39 @@ def load(path: str | os.PathLike) -> LoadedModel:
         name_nodes(model)
         as_given, upgraded_from = as_given or model, default_opset(model)
         model = upgrade(model)
-    try:
-        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, RuntimeError) as e:
-        raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
+    model = infer_shapes(model, path)
     name_nodes(model)
     return LoadedModel(path=path, proto=model, external_bytes=external, as_given=as_given,
                        upgraded_from=upgraded_from, notes=notes, decomposed=decomposed,
                        case_dims=case_dims, pad_masks=pad_masks, as_shipped=as_shipped,
                        accuracy_levels=levels, quantized_weights=quantized, packed=packed)
+
+
+_CONTRADICTION = re.compile(r"\(op_type:[^)]*\): \[\w+\] Inferred (shape and existing shape|elem type differs)[^\n]*")
+
+
+def infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """ONNX shape inference. A value_info, input or output type that contradicts what a node computes is
+    refused (later stages trust declared shapes); strict inference finds those, and where it fails for another
+    reason (an op it cannot infer), the lenient one runs as before."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError) as e:
+        found = _CONTRADICTION.search(str(e))
+        if found:
+            what = found.group(0)
+            if "elem type" in what:  # onnx writes the element types as numbers: (16) vs (7)
+                what = re.sub(r"\((\d+)\)", lambda m: f"({_type_name(int(m.group(1)))})", what)
+            raise InputError(f"{path}: a declared type contradicts the graph: {what}") from None
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError) as e:
+        raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
+
+
+def _type_name(elem_type: int) -> str:
+    known = onnx.TensorProto.DataType.values()
+    return onnx.TensorProto.DataType.Name(elem_type) if elem_type in known else str(elem_type)
 
 
 def _check(model: onnx.ModelProto | str, path: Path) -> None:

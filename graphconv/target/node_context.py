@@ -61,6 +61,16 @@ def scalar_literal(value: np.ndarray) -> int | float | None:
     return None
 
 
+def _all_nan_constant(v) -> bool:
+    """A float literal NaN, or a constant tensor (not a Parameter) of float32/64 whose every element is NaN."""
+    if isinstance(v, float):
+        return v != v
+    if isinstance(v, AttrValue) and v.attr.value is not None and not v.attr.as_parameter:
+        arr = v.attr.value
+        return arr.dtype.kind == "f" and arr.dtype.itemsize >= 4 and arr.size > 0 and bool(np.isnan(arr).all())
+    return False
+
+
 class NodeContext:
     """The view of one node that an opmap handler gets."""
 
@@ -166,6 +176,17 @@ class NodeContext:
         v = a.value
         return list(v) if isinstance(v, (tuple, list)) else v
 
+    def ints_attr(self, name: str, length: int, minimum: int, default: int | None = None) -> list[int] | None:
+        """An ints attribute checked against the op's contract: `length` values, each >= `minimum` (strides,
+        dilations, kernel_shape, pads of the convolutions and pools). Absent: `default` repeated, or None."""
+        value = self.attr(name)
+        if not value:  # absent (or empty, which onnxruntime reads as absent too)
+            return None if default is None else [default] * length
+        value = list(value)
+        if len(value) != length or any(int(v) < minimum for v in value):
+            self.fail(f"{name} {value} must be {length} integers >= {minimum}")
+        return [int(v) for v in value]
+
     def fail(self, message: str):
         raise UnsupportedError(f"node {self.node.name!r} ({self.node.op_type}): {message}")
 
@@ -208,6 +229,9 @@ class NodeContext:
 
     def binop(self, op: str, a, b) -> Value:
         """`a op b` (a Python operator: + - * / // % ** @, comparisons, & | ^)."""
+        if op in ("+", "*") and (_all_nan_constant(a) or _all_nan_constant(b)):
+            self.fail(f"`{op}` with a constant that is all NaN: MindSpore's graph compiler (2.10) folds x {op} NaN "
+                      "into x, so the network cannot compute it")
         return self._b.binop(op, a, b)
 
     def unop(self, op: str, a) -> Value:

@@ -305,6 +305,15 @@ def _build_network(task: dict, direct: bool = False, shared: dict | None = None)
     return net, round(time.perf_counter() - t0, 2)
 
 
+def _typed(array):
+    """np.savez stores bfloat16 (ml_dtypes) as 2-byte void: the same bytes, viewed as bfloat16 again."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2:
+        import ml_dtypes
+
+        return array.view(ml_dtypes.bfloat16)
+    return array
+
+
 def _run_cases(cell, task: dict, placeholders: bool = True) -> dict:
     import mindspore as ms
     import numpy as np
@@ -318,7 +327,7 @@ def _run_cases(cell, task: dict, placeholders: bool = True) -> dict:
     results, seconds = [], []
     for case_path, out_path in zip(task["cases"], task["outputs"]):
         with np.load(case_path) as data:
-            args = [Tensor(data[name]) for name in task["input_names"]]
+            args = [Tensor(_typed(data[name])) for name in task["input_names"]]
         t0 = time.perf_counter()
         out = cell(*args)
         out = out if isinstance(out, (tuple, list)) else (out,)

@@ -36,6 +36,9 @@ class Comparison:
     cosine: float
     compared: int  # number of elements compared (after masking)
     reason: str = ""  # why ok is False, in a few words
+    # fails only where both sides are non-finite, in different kinds (inf vs NaN, +inf vs -inf): float
+    # overflow, whose outcome depends on the order of the arithmetic
+    overflow: bool = False
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -93,10 +96,11 @@ def compare(
     mean = float(diff.mean()) if diff.size else 0.0
     cos = _cosine(np.where(both_finite, a, 0.0), np.where(both_finite, b, 0.0))
     bad_kind = int((~kind_ok).sum())
-    if bad_kind:
-        return Comparison(False, False, mx, mean, cos, n,
-                          f"{bad_kind} of {n} elements differ in inf/NaN kind from the reference")
     within = diff <= bound
+    if bad_kind:
+        overflow = bool(np.all(~np.isfinite(a[~kind_ok])) and np.all(~finite_b[~kind_ok]) and np.all(within))
+        return Comparison(False, False, mx, mean, cos, n,
+                          f"{bad_kind} of {n} elements differ in inf/NaN kind from the reference", overflow)
     if bool(np.all(within)):
         return Comparison(True, False, mx, mean, cos, n)
     suspicious = bool(np.all(diff <= SUSPICIOUS_FACTOR * bound))

@@ -68,6 +68,13 @@ def _np_dtype(elem_type: int) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
 
+def typed(array: np.ndarray) -> np.ndarray:
+    """An array read from an .npz: np.savez stores bfloat16 (ml_dtypes) as 2-byte void, viewed back here."""
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2:
+        return array.view(_np_dtype(onnx.TensorProto.BFLOAT16))
+    return array
+
+
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     inits = {t.name for t in model.graph.initializer}
     specs = []
@@ -111,7 +118,8 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
 
     def bound(index: str, table: str, axis: int) -> None:
         index = source.get(index, index)
-        if index and sizes.get(table):
+        rank = len(sizes.get(table) or ())
+        if index and rank and -rank <= axis < rank:  # an axis out of range is the oracle's to refuse
             b = sizes[table][axis]
             bounds[index] = min(bounds.get(index, b), b)
 
@@ -188,6 +196,75 @@ def dims_text(model: onnx.ModelProto, case: ReferenceCase) -> str:
     return ", ".join(f"{k} = {v}" for k, v in found.items())
 
 
+# What one reference case may need: the inputs together, and any one tensor the graph computes (inferred
+# shapes at the case's sizes). Past these, the run would exhaust a CPU host's memory (or the OOM killer would
+# end it, and maybe other work with it): refused before anything is allocated.
+MAX_CASE_INPUT_BYTES = 1 << 30
+MAX_TENSOR_BYTES = 4 << 30
+
+
+def _human_bytes(n: int) -> str:
+    for suffix, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {suffix}"
+    return f"{n} B"
+
+
+def _itemsize(elem_type: int) -> int:
+    try:
+        return _np_dtype(elem_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return 1
+
+
+def _case_dim(d, sizes: dict[str, int]) -> int:
+    """A value_info dim at one case's sizes: its value, the case's size of that symbolic dim (or of that
+    expression of them), else 1 (unknown: the estimate stays a lower bound)."""
+    if d.HasField("dim_value"):
+        return max(int(d.dim_value), 0)
+    if d.dim_param in sizes:
+        return sizes[d.dim_param]
+    tree = dims.parse(d.dim_param) if d.dim_param else None
+    if tree is not None and dims.symbols(tree) <= set(sizes):
+        try:
+            return max(dims.evaluate(tree, sizes), 1)
+        except ZeroDivisionError:
+            return 1
+    return 1
+
+
+def check_memory(model: onnx.ModelProto, specs: list[InputSpec], sizes: dict[str, int]) -> None:
+    """Refuse a case that would not fit in memory, naming what would need how much: the graph inputs of one
+    case together, and every tensor the graph computes whose shape inference knows (at the case's sizes)."""
+    total, parts = 0, []
+    for spec in specs:
+        shape = [d if isinstance(d, int) else sizes[_dim_name(spec, ax, d)] for ax, d in enumerate(spec.shape)]
+        n = int(np.prod(shape, dtype=object)) * spec.dtype.itemsize
+        total += n
+        parts.append(f"{spec.name} {shape} {spec.dtype}")
+    if total > MAX_CASE_INPUT_BYTES:
+        raise UnsupportedError(f"the reference inputs ({', '.join(parts)}) would need {_human_bytes(total)}, more "
+                               f"than the {_human_bytes(MAX_CASE_INPUT_BYTES)} graphconv allocates for one "
+                               "verification case: give smaller sizes (--inputs) or a model without such dims")
+    for vi in list(model.graph.value_info) + list(model.graph.output):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        shape = [_case_dim(d, sizes) for d in tt.shape.dim]
+        n = int(np.prod(shape, dtype=object)) * _itemsize(tt.elem_type)
+        if n > MAX_TENSOR_BYTES:
+            raise UnsupportedError(f"value {vi.name!r} would be {shape} {_np_dtype_name(tt.elem_type)}, "
+                                   f"{_human_bytes(n)}, at the reference inputs' sizes (more than the "
+                                   f"{_human_bytes(MAX_TENSOR_BYTES)} graphconv allows one tensor of a verification run)")
+
+
+def _np_dtype_name(elem_type: int) -> str:
+    try:
+        return str(_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else "?"
+
+
 def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
                dim_overrides: dict | None = None, seed: int = 0, pad_masks: bool = True,
                preferred_dims: dict | None = None) -> list[ReferenceCase]:
@@ -195,6 +272,8 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
     padded by two (the padded rows are then not compared), unless `pad_masks` is False."""
     specs = input_specs(model)
     sizes = dim_sizes(specs, dim_overrides, model, preferred_dims)
+    for case_index in range(2):
+        check_memory(model, specs, {name: pair[case_index] for name, pair in sizes.items()})
     bounds = _index_bounds(model)
     cases = []
     for case_index in range(2):
@@ -206,7 +285,7 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
                      for ax, d in enumerate(spec.shape)]
             if is_mask_input(spec, mask_inputs):
                 value = np.ones(shape, dtype=spec.dtype)
-                if pad_masks and len(shape) == 2 and shape[1] >= 2:
+                if pad_masks and len(shape) == 2 and shape[0] >= 1 and shape[1] >= 2:
                     value[0, : min(2, shape[1] - 1)] = 0  # row 0 left-padded
                     mask = value.astype(bool)
             elif spec.dtype.kind == "f" or spec.dtype.name == "bfloat16":
@@ -241,7 +320,7 @@ def load_npz_cases(paths: list[Path], model: onnx.ModelProto, mask_inputs: tuple
     cases = []
     for path in paths:
         try:
-            data = dict(np.load(path, allow_pickle=False))
+            data = {k: typed(v) for k, v in np.load(path, allow_pickle=False).items()}
         except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
             raise InputError(f"--inputs {path}: cannot read as .npz ({type(e).__name__}: {e})") from None
         expected = {s.name for s in specs}
@@ -282,6 +361,7 @@ class Oracle:
         self.model = model
         self.name: str | None = None
         self.fallback_reason: str | None = None
+        self.load_failed = False  # onnxruntime refused the model itself (not the inputs)
 
     def _stripped(self):
         """The model to hand over and the memory-mapped weights to feed with every case: weights held as
@@ -301,7 +381,11 @@ class Oracle:
         opts.log_severity_level = 3 if os.environ.get("GRAPHCONV_DEBUG") else 4
         model, extra = self._stripped()
         src = str(model) if isinstance(model, Path) else model.SerializeToString()
-        sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+        try:
+            sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+        except Exception:
+            self.load_failed = True
+            raise
         names = [o.name for o in sess.get_outputs()]
         return [dict(zip(names, sess.run(names, {**c.inputs, **extra}))) for c in cases]
 

@@ -52,6 +52,14 @@ def is_standard(node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
         return False
 
 
+@functools.cache
+def _first_opset(op_type: str) -> int | None:
+    """The first opset at which onnx defines `op_type` in the default domain, or None."""
+    versions = [s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                if s.name == op_type and s.domain == ""]
+    return min(versions) if versions else None
+
+
 def contrib_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Main-graph nodes of ops onnxruntime registers but onnx does not define at the model's opset."""
     opsets = {_domain(i.domain): i.version for i in model.opset_import}
@@ -72,6 +80,12 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     if not nodes:
         return model, {}
     missing = sorted({label(n) for n in nodes if (_domain(n.domain), n.op_type) not in DECOMPOSITIONS})
+    opset = next((i.version for i in model.opset_import if _domain(i.domain) == ""), None)
+    too_new = {op: since for op in missing if (since := _first_opset(op)) is not None}
+    if too_new:  # standard ops of a later opset than the model imports: not contrib ops at all
+        op, since = sorted(too_new.items())[0]
+        raise UnsupportedError(f"op {op} does not exist at opset {opset} (onnx defines it from opset {since}); "
+                               f"{len(too_new)} such op(s): {', '.join(sorted(too_new))}")
     if missing:
         raise UnsupportedError(f"{len(missing)} onnxruntime contrib op(s) graphconv does not lower: "
                                f"{', '.join(missing)} (onnxruntime runs them; no MindSpore mapping is written)")
