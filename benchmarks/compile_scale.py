@@ -505,13 +505,14 @@ def measure(cmd: list[str], logs: Path, name: str, env: dict | None = None, rss_
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=REPO,
                                 env={**os.environ, **(env or {})})
         ps = psutil.Process(proc.pid)
-        peak, over = 0, None
+        peak, over, samples = 0, None, []
         try:
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
                     break
-                peak = max(peak, tree_rss(ps))
+                samples.append((time.time(), tree_rss(ps)))
+                peak = max(peak, samples[-1][1])
                 if rss_limit is not None and peak > rss_limit and over is None:
                     over = rss_limit
                     try:
@@ -533,7 +534,7 @@ def measure(cmd: list[str], logs: Path, name: str, env: dict | None = None, rss_
     stderr = err_path.read_text(errors="replace").strip().splitlines()
     out = {"wall_s": wall, "peak_rss_tree_bytes": peak, "ru_maxrss_bytes": usage.ru_maxrss * 1024,
            "exit_code": proc.returncode, "stdout": out_path.read_text(errors="replace"),
-           "stderr_tail": stderr[-1] if stderr else ""}
+           "stderr_tail": stderr[-1] if stderr else "", "samples": samples}
     if over is not None:
         out["rss_limit_exceeded"] = over
     return out

@@ -25,7 +25,7 @@ import passes
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import quant
 from graphconv.target import blockwise, emit, layers, lowering, mindir_stream, targets
-from graphconv.verify import census, compare, reference
+from graphconv.verify import census, compare, piecewise, reference
 from passes import precision
 from graphconv.target.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
@@ -107,6 +107,10 @@ class Compiler:
         self.pass_manager = passes.PassManager(options.passes, options.disable_passes)
         self.scopes = layers.Scopes()
         self.case_dims: dict[str, tuple[int, int]] = {}
+        self.boundary_values: list[dict] | None = None  # the oracle's values between its pieces, per case
+        self.layer_streamed = False
+        self._deferred_oracle: tuple[onnx.ModelProto, list] | None = None  # (model, pieces) in layer-streamed mode
+        self.block_names: dict[str, str] = {}
         self.ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
         self.pad_masks = True
         self.report.provenance = {
@@ -122,6 +126,10 @@ class Compiler:
             loaded = load(self.model_path)
             # External weights stay on disk for the whole compile (graphconv.frontend.weights).
             self.streaming, self._spill = loaded.external_bytes > 0, None
+            # Layer by layer (the oracle, graphconv.verify.piecewise, and the MindSpore run, graphconv.target.
+            # blockwise) past blockwise.THRESHOLD_BYTES of weights, or as --layer-streamed/--whole-network say.
+            self.layer_streamed = (self.opt.layer_streamed if self.opt.layer_streamed is not None
+                                   else loaded.external_bytes > blockwise.THRESHOLD_BYTES)
             st.nodes_after = len(loaded.proto.graph.node)
             if loaded.external_bytes:
                 st.detail = {"external_weight_bytes": loaded.external_bytes, "weights": "read in place"}
@@ -191,8 +199,19 @@ class Compiler:
         converter fault is then caught too), and the model to compile: the simplified one if it agrees with
         the original, else the original (with a warning)."""
         self.progress.info("validate (reference outputs)")
-        with self.report.stage("validate"):
-            oracle = reference.Oracle(as_given if as_given is not None else original)
+        with self.report.stage("validate") as st:
+            oracle_model = as_given if as_given is not None else original
+            pieces = self._oracle_pieces(oracle_model)
+            if pieces is not None:
+                # Run once the block boundaries are known (oracle_by_layers), with their values kept.
+                self._deferred_oracle = (oracle_model, pieces)
+                st.detail = {"oracle": "layer by layer, after lowering"}
+                if simplified is not original:
+                    self.report.warnings.append(
+                        "onnxsim's output is not run on its own at this size (a second pass over the weights): the "
+                        "verification of the compiled network checks it; if that fails, try --no-simplify")
+                return None, simplified
+            oracle = reference.Oracle(oracle_model)
             try:
                 expected = oracle.run(cases)
             except UnsupportedError as e:
@@ -221,6 +240,29 @@ class Compiler:
                             "compiling the unsimplified model")
                         return expected, original
         return expected, simplified
+
+    def _oracle_pieces(self, model: onnx.ModelProto) -> list[piecewise.Piece] | None:
+        """The pieces the oracle runs one at a time in layer-streamed mode (None: it runs the model whole, as
+        it does under --verify-each, which needs its outputs before the passes)."""
+        if not self.layer_streamed or self.opt.verify_each:
+            return None
+        pieces = piecewise.partition(model, self.scopes.nodes)
+        if pieces is None:
+            self.report.warnings.append("the oracle runs the model whole: no layers found in its weight names or "
+                                        "scopes to run it layer by layer")
+        return pieces
+
+    def oracle_by_layers(self, cases, keep: set[str]) -> list[dict]:
+        """The deferred oracle (validate): onnxruntime runs the model piece by piece (graphconv.verify.piecewise);
+        the values the layer-streamed check compares (`keep`) are kept in self.boundary_values."""
+        model, pieces = self._deferred_oracle
+        self.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces)")
+        with self.report.stage("oracle") as st:
+            expected, self.boundary_values, rows = piecewise.run(model, pieces, cases, keep, progress=self.progress)
+            self.report.validation["oracle"] = "onnxruntime (layer by layer)"
+            st.detail = {"pieces": len(rows), "largest_piece_weight_bytes": max(r["weight_bytes"] for r in rows),
+                         "kept_values": len(self.boundary_values[0])}
+        return expected
 
     def _accuracy_level_difference(self, loaded: LoadedModel, cases, expected) -> None:
         """MatMulNBits at accuracy_level 4 lets onnxruntime quantize the activations to int8, so the model as
@@ -392,15 +434,16 @@ class Compiler:
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))
 
-    def _block_plan(self, net: lowering.LoweredNetwork, task: dict, run: dict, ws: Workspace):
+    def _block_plan(self, net: lowering.LoweredNetwork, task: dict, run: dict, model: onnx.ModelProto,
+                    ws: Workspace):
         """The blocks to verify one at a time (graphconv/target/blockwise), or None for the whole-network check:
-        past blockwise.THRESHOLD_BYTES of Parameters, or as CompileOptions.layer_streamed says; a network
-        without repeated layers is checked whole. Adds the block files to `run`."""
+        past blockwise.THRESHOLD_BYTES of weights, or as CompileOptions.layer_streamed says; a network
+        without repeated layers is checked whole. Adds the block files to `run`, and sets self.block_names
+        (generated boundary value -> the ONNX value of `model` it holds)."""
         size = sum(int(np.prod(p.shape, dtype=np.int64)) * mindir_stream.numpy_dtype(p.dtype).itemsize
                    for p in net.params)
-        wanted = self.opt.layer_streamed if self.opt.layer_streamed is not None else size > blockwise.THRESHOLD_BYTES
         self.report.validation["mode"] = "whole-network"
-        if not wanted:
+        if not self.layer_streamed:
             return None
         plan = blockwise.plan(Path(task["source"]).read_text(), task["class_name"], (net.layers or {}).get("prefix"))
         if not plan.layers:
@@ -411,6 +454,8 @@ class Compiler:
         run["block_values"] = [str(ws.path(f"case{k}.blocks.npz")) for k in range(len(run["cases"]))]
         run["block_module"] = str(ws.path(f"{Path(task['source']).stem}_blocks.py"))
         run["block_prefix"] = (net.layers or {}).get("prefix")  # (the child cuts the same blocks)
+        graph_names = {o for n in model.graph.node for o in n.output if o}
+        self.block_names = blockwise.onnx_names(plan, graph_names, run["block_prefix"])
         return plan
 
     def verify_blocks(self, plan, net: lowering.LoweredNetwork, model: onnx.ModelProto, cases, run: dict,
@@ -421,9 +466,11 @@ class Compiler:
         with self.report.stage("verify-blocks") as st:
             if not done or "blocks" not in done:
                 raise InternalError(f"the layer-streamed run did not run on CPU: {(done or {}).get('error', 'no result')}")
-            graph_names = {o for n in model.graph.node for o in n.output if o}
-            names = blockwise.onnx_names(plan, graph_names, (net.layers or {}).get("prefix"))
-            expected = blockwise.oracle_values(model, sorted(set(names.values())), cases)
+            names = self.block_names
+            if self.boundary_values is not None:  # kept by the layer-by-layer oracle
+                expected = self.boundary_values
+            else:
+                expected = blockwise.oracle_values(model, sorted(set(names.values())), cases)
             rows, failure = blockwise.check(done["blocks"], names, cases, expected, run["block_values"],
                                             *self._tolerance(compiled=True))
             st.detail = {"blocks": len(rows), "compared_values": sum(len(r["values"]) for r in rows[:-1]),
@@ -496,7 +543,8 @@ class Compiler:
             return
         self.progress.info("ascend precision (fp16 casts) vs oracle")
         with self.report.stage("ascend-precision"):
-            got = reference.Oracle(variant).run(cases)
+            pieces = piecewise.partition(variant, self.scopes.nodes) if self.layer_streamed else None
+            got = piecewise.run(variant, pieces, cases)[0] if pieces else reference.Oracle(variant).run(cases)
             atol, rtol = compare.default_tolerance("float16")
             results, failures = [], []
             for case, exp, act in zip(cases, expected, got):
@@ -591,7 +639,9 @@ class Compiler:
                 twin_net, twin_task = self.lower(twin, ws, "cpu_twin")
             # One MindSpore child exports and runs the cases (graphconv/worker.export_and_verify).
             run = self._case_run(twin, cases, ws)
-            block_plan = self._block_plan(twin_net or net, twin_task or task, run, ws)
+            block_plan = self._block_plan(twin_net or net, twin_task or task, run, model, ws)
+            if expected is None:  # the oracle runs layer by layer, keeping the values at the block boundaries
+                expected = self.oracle_by_layers(cases, set(self.block_names.values()))
             files, done = self.emit(task, ws, checkpoint, run=run, twin=twin_task)
             mindir = self._mindir(files)
             self.report.census = census.primitive_census(mindir)
@@ -614,7 +664,10 @@ class Compiler:
                 self.verify(checked, twin, cases, expected, net.output_names, ws, run=run, done=done)
             if self.target.measures_primitive_precision(self.opt.precision):
                 self.check_ascend_precision(fused, cases, expected)
-            if self.opt.precision != "fp32":
+            if self.opt.precision != "fp32" and block_plan is not None:
+                self.report.warnings.append("no per-layer precision profile: it runs the whole network, and this "
+                                            "one is verified layer by layer")
+            elif self.opt.precision != "fp32":
                 self.profile_precision(model, fused, twin, cases[0], ws)
             self.report.validation["checked"] = ("cpu twin of " if checked is None else "") + self.output.name
             self.report.status = "verified"

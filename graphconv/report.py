@@ -18,6 +18,7 @@ from graphconv.version import __version__
 class Stage:
     name: str
     seconds: float = 0.0
+    started: float = 0.0  # Unix time (benchmarks map memory samples to stages by it)
     nodes_before: int | None = None
     nodes_after: int | None = None
     detail: dict = dataclasses.field(default_factory=dict)
@@ -132,6 +133,7 @@ class _StageTimer:
 
     def __enter__(self) -> Stage:
         self._t0 = time.perf_counter()
+        self.stage.started = round(time.time(), 3)
         return self.stage
 
     def __exit__(self, *exc) -> None:

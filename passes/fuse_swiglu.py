@@ -100,9 +100,10 @@ class SwigluFusion(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, wg, wu, bg=None, bu=None, shape=None, gate_3d=None, **_):
         graph = self._graph
-        w = np.concatenate([match.const_value(wg), match.const_value(wu)], axis=1)  # [gate ; up] along the output dim
         w_name = match.unique_initializer_name(graph, f"{wg.name}_gate_up")
-        h = op.MatMul(x, op.initializer(ir.tensor(w, name=w_name), name=w_name))
+        w = match.made_weight(w_name, lambda: np.concatenate([match.const_value(wg), match.const_value(wu)], axis=1),
+                              [wg, wu], axis=1)  # [gate ; up] along the output dim
+        h = op.MatMul(x, op.initializer(w, name=w_name))
         record_made(graph, w_name, [wg.name, wu.name], "concat axis 1", made_by="fuse-swiglu")
         self._sources += [wg, wu]
         if bg is not None:
@@ -165,9 +166,10 @@ class SwigluGemmFusion(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, wg, wu, bg=None, bu=None, **_):
         graph = self._graph
-        w = np.concatenate([match.const_value(wg), match.const_value(wu)], axis=0)  # [gate ; up] output rows
         w_name = match.unique_initializer_name(graph, f"{wg.name}_gate_up")
-        args = [x, op.initializer(ir.tensor(w, name=w_name), name=w_name)]
+        w = match.made_weight(w_name, lambda: np.concatenate([match.const_value(wg), match.const_value(wu)], axis=0),
+                              [wg, wu], axis=0)  # [gate ; up] output rows
+        args = [x, op.initializer(w, name=w_name)]
         record_made(graph, w_name, [wg.name, wu.name], "concat axis 0", made_by="fuse-swiglu")
         self._sources += [wg, wu]
         if bg is not None:
@@ -351,10 +353,13 @@ class SwigluHalvesFusion(pattern.RewriteRuleClassBase):
             h = op.MatMul(x, w)
             return op.Swiglu(h if b is None else op.Add(h, b), dim=-1, _domain="mindspore")
         n = match.dims(h)[-1] // 2
-        wv = match.const_value(w)
         w_name = match.unique_initializer_name(self._graph, f"{w.name}_halves_swapped")
-        hs = op.MatMul(x, op.initializer(ir.tensor(np.concatenate([wv[:, n:], wv[:, :n]], axis=1), name=w_name),
-                                         name=w_name))
+
+        def swapped():
+            wv = match.const_value(w)
+            return np.concatenate([wv[:, n:], wv[:, :n]], axis=1)
+
+        hs = op.MatMul(x, op.initializer(match.made_weight(w_name, swapped, [w]), name=w_name))
         record_made(self._graph, w_name, [w.name], "swap the halves of axis 1", "suffix:_halves_swapped",
                     made_by="fuse-swiglu")
         self._sources.append(w)

@@ -25,6 +25,30 @@ def _numeric(c: np.ndarray) -> np.ndarray:
     return c.astype(np.float32) if c.dtype == ml_dtypes.bfloat16 else c
 
 
+def made_weight(name: str, make, sources: list[ir.Value], axis: int = 0) -> ir.TensorProtocol:
+    """A weight a pass makes from others (`make()`: merged gate/up), of the sources' shapes concatenated
+    along `axis` (one source: its shape), computed only when read: by the spill after the pass
+    (graphconv.frontend.weights.spill_new_tensors), one weight at a time, or when the model is serialized.
+    The sources' memory maps are closed after each computation, so that a pass over 32 layers never holds
+    32 layers' weights. Its dtype is const_value's (bfloat16 read as float32). A source that is a Constant
+    node's output (not an initializer) makes it at once."""
+    if any(v.const_value is None for v in sources):
+        return ir.tensor(make(), name=name)
+    first = sources[0].const_value
+    shape = list(first.shape)
+    shape[axis] = sum(v.const_value.shape[axis] for v in sources)
+    dtype = np.dtype(np.float32) if first.dtype == ir.DataType.BFLOAT16 else first.dtype.numpy()
+
+    def compute() -> ir.Tensor:
+        array = make()
+        for v in sources:
+            if isinstance(v.const_value, ir.ExternalTensor):
+                v.const_value.release()
+        return ir.tensor(array, name=name)
+
+    return ir.LazyTensor(compute, dtype=ir.DataType.from_numpy(dtype), shape=ir.Shape(shape), name=name)
+
+
 def const_value(value: ir.Value | None) -> np.ndarray | None:
     """The value of an initializer or a `Constant` node's output, else None (bfloat16 read as float32)."""
     if value is None:

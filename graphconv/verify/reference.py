@@ -354,6 +354,18 @@ def load_npz_cases(paths: list[Path], model: onnx.ModelProto, mask_inputs: tuple
     return cases
 
 
+def ort_session(model: str | bytes):
+    """The oracle's onnxruntime session (CPU, basic graph optimizations) of a model file or serialized model."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    # onnxruntime's own log (red [E:onnxruntime] lines for a node that fails) only under --debug: the
+    # failure reaches the user as graphconv's one-line error.
+    opts.log_severity_level = 3 if os.environ.get("GRAPHCONV_DEBUG") else 4
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
 class Oracle:
     """Runs a model (proto or path) on reference inputs; onnxruntime first, ReferenceEvaluator as fallback."""
 
@@ -372,17 +384,10 @@ class Oracle:
         return model, weights.feeds(refs)
 
     def _ort(self, cases):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        # onnxruntime's own log (red [E:onnxruntime] lines for a node that fails) only under --debug: the
-        # failure reaches the user as graphconv's one-line error.
-        opts.log_severity_level = 3 if os.environ.get("GRAPHCONV_DEBUG") else 4
         model, extra = self._stripped()
         src = str(model) if isinstance(model, Path) else model.SerializeToString()
         try:
-            sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+            sess = ort_session(src)
         except Exception:
             self.load_failed = True
             raise

@@ -1,0 +1,180 @@
+"""The oracle of a model too big to run whole: onnxruntime runs it one layer at a time.
+
+A model's weights, fed to onnxruntime as memory maps (graphconv.frontend.weights), become resident page by
+page as the run reads them, and stay resident until the maps are closed: one run of a 7B model holds all
+27 GB. Here the graph is cut into *pieces*, one per layer plus a prologue and an epilogue; each piece runs as
+a model of its own over every case, with only its weights mapped, and is released (session and maps) before
+the next. The pieces' values that later pieces read are kept between them (activations of the reference
+cases: kilobytes to megabytes). The outputs are the model's: the same nodes run, in the same order, on the
+same kernels, with the same inputs.
+
+The cut (`partition`): a node's layer is the largest layer index among the weights it reads (a name with an
+indexed module path, `model.layers.3.mlp.up_proj.weight`; or its exporter scope) and the layers of the nodes
+whose outputs it reads. The rule is monotone along every edge, so each piece reads only graph inputs, its
+own weights and earlier pieces' values. A node that reads a weight outside the layers (the final norm, the
+lm_head) after the layers began goes to the epilogue, and so does everything after it. Nodes before any
+layer (the embedding, the masks, rotary tables) are the prologue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+
+import numpy as np
+import onnx
+
+from graphconv.errors import UnsupportedError
+from graphconv.frontend import weights
+from graphconv.target.layers import layer_of
+
+
+# An initializer this large (or one in an external data file) is a weight; smaller ones (shapes, scalars)
+# say nothing about where a node belongs.
+WEIGHT_ELEMENTS = 1024
+
+
+@dataclasses.dataclass
+class Piece:
+    name: str  # prologue | <layer list>[<index>] | epilogue
+    nodes: list[onnx.NodeProto]
+    reads: list[str]  # values it reads that it does not make (graph inputs, weights, earlier pieces' values)
+    makes: set[str]
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph (If/Loop/Scan body) reads from the scopes around it."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    read: set[str] = set()
+    for n in graph.node:
+        read |= {i for i in n.input if i and i not in defined} | _subgraph_reads(n)
+        defined |= set(n.output)
+    return read - defined
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    out: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            out |= _outer_names(g)
+    return out
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    return [i for i in node.input if i] + sorted(_subgraph_reads(node))
+
+
+def partition(model: onnx.ModelProto, node_scopes: dict[str, str] | None = None) -> list[Piece] | None:
+    """The pieces of `model`'s graph in run order, or None when fewer than two layers are found (the model
+    then runs whole). `node_scopes`: node name -> exporter module path (graphconv.target.layers.Scopes)."""
+    ordinal: dict[tuple[str, int], int] = {}
+
+    def layer(name: str | None) -> int | None:
+        key = layer_of(name)
+        if key is None:
+            return None
+        return ordinal.setdefault(key, len(ordinal))
+
+    initializers = {t.name for t in model.graph.initializer}
+    big = set(weights.external_refs(model)) | {t.name for t in model.graph.initializer
+                                               if np.prod(t.dims, dtype=np.int64) >= WEIGHT_ELEMENTS}
+    scopes = node_scopes or {}
+    for node in model.graph.node:  # the layers, numbered in order of appearance
+        for r in _reads(node):
+            if r in big:
+                layer(r)
+        layer(scopes.get(node.name))
+    last = len(ordinal) - 1
+    level: dict[str, float] = {}  # value -> its layer ordinal (-1: prologue, inf: epilogue)
+    assigned: list[tuple[float, onnx.NodeProto]] = []
+    for node in model.graph.node:
+        reads = _reads(node)
+        own = [layer(r) for r in reads if r in big]
+        scope = layer(scopes.get(node.name))
+        before = max((level.get(r, -1) for r in reads if r not in initializers), default=-1)
+        k = max([before] + [o for o in own + [scope] if o is not None])
+        if before == last >= 0 and scope is None and any(o is None for o in own):
+            k = float("inf")  # a weight outside the layers, read after the last one: the epilogue
+        for o in node.output:
+            level[o] = k
+        assigned.append((k, node))
+    if len(ordinal) < 2 or any(o.name not in level for o in model.graph.output):
+        return None
+    names = {v: f"{p}[{i}]" for (p, i), v in ordinal.items()}
+    groups: dict[float, list[onnx.NodeProto]] = {}
+    for k, node in assigned:
+        groups.setdefault(k, []).append(node)
+    pieces = []
+    for k in sorted(groups):
+        nodes = groups[k]
+        makes = {o for n in nodes for o in n.output if o}
+        reads = list(dict.fromkeys(r for n in nodes for r in _reads(n) if r not in makes))
+        name = "prologue" if k < 0 else "epilogue" if k == float("inf") else names[int(k)]
+        pieces.append(Piece(name, nodes, reads, makes))
+    return pieces
+
+
+def _piece_model(model: onnx.ModelProto, piece: Piece, inputs: dict[str, onnx.ValueInfoProto],
+                 outputs: list[str]) -> onnx.ModelProto:
+    typed = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.output)}
+    inits = [t for t in model.graph.initializer if t.name in set(piece.reads)]
+    graph = onnx.helper.make_graph(
+        piece.nodes, f"{model.graph.name}_{piece.name}", [inputs[r] for r in piece.reads if r in inputs],
+        [typed.get(o) or onnx.helper.make_empty_tensor_value_info(o) for o in outputs], inits)
+    out = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    out.functions.extend(model.functions)
+    return out
+
+
+def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
+    """A graph input of the array's dtype and of any shape (the cases differ in shape)."""
+    return onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype), None)
+
+
+def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = frozenset(), progress=None):
+    """onnxruntime's outputs of `model` for every case, piece by piece; also the values pieces pass on and
+    those named in `keep` (per case, by name), and a row per piece (name, nodes, weight bytes, seconds).
+
+    `model` holds its big weights as external references (read in place, never loaded): each piece maps
+    only its own and unmaps them before the next."""
+    from graphconv.verify import reference
+
+    bare, refs = weights.stripped(model)
+    declared = {i.name: i for i in bare.graph.input}
+    graph_outputs = [o.name for o in model.graph.output]
+    envs = [dict(c.inputs) for c in cases]
+    kept: list[dict[str, np.ndarray]] = [{} for _ in cases]
+    rows = []
+    tracker = progress.track("oracle (layer by layer)", len(pieces), "pieces") if progress else None
+    for k, piece in enumerate(pieces):
+        t0 = time.perf_counter()
+        later = {r for p in pieces[k + 1:] for r in p.reads} | set(graph_outputs)
+        outputs = [o for n in piece.nodes for o in n.output if o and (o in later or o in keep)]
+        feeds = {r: weights.read(refs[r]) for r in piece.reads if r in refs}
+        inputs = {r: declared[r] for r in piece.reads if r in declared}
+        inputs.update({r: _value_info(r, envs[0][r]) for r in piece.reads if r not in inputs and r in envs[0]})
+        sub = _piece_model(bare, piece, inputs, outputs)
+        try:
+            sess = reference.ort_session(sub.SerializeToString())
+            for env, saved in zip(envs, kept):
+                given = {r: env[r] for r in piece.reads if r in env}
+                for name, value in zip(outputs, sess.run(outputs, {**given, **feeds})):
+                    env[name] = value
+                    if name in keep or name in later:
+                        saved[name] = value
+        except Exception as e:  # noqa: BLE001 - onnxruntime's message, in one line
+            raise UnsupportedError(f"onnxruntime could not run the model's {piece.name} (the oracle runs it "
+                                   f"layer by layer): {str(e).strip().splitlines()[0][:300]}") from None
+        mapped = sum(f.nbytes for f in feeds.values())
+        del sess, feeds
+        gc.collect()
+        for env in envs:  # values no later piece reads
+            for name in [n for n in env if n not in later]:
+                del env[name]
+        rows.append({"piece": piece.name, "nodes": len(piece.nodes), "weight_bytes": mapped,
+                     "seconds": round(time.perf_counter() - t0, 3)})
+        if tracker:
+            tracker.update(k + 1)
+    outputs = [{o: env[o] for o in graph_outputs} for env in envs]
+    return outputs, kept, rows
