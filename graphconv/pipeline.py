@@ -412,6 +412,7 @@ class Compiler:
                     outs = []
                     for i, name in enumerate(output_names):
                         ref = exp[name]
+                        atol, rtol = self._tolerance(True, ref)
                         c = compare.compare(reference.typed(got[f"out{i}"]), ref, atol, rtol, case.valid_positions(ref))
                         outs.append({"name": name, "shape": list(ref.shape), **c.as_dict()})
                         if not c.ok:
@@ -472,7 +473,7 @@ class Compiler:
             else:
                 expected = blockwise.oracle_values(model, sorted(set(names.values())), cases)
             rows, failure = blockwise.check(done["blocks"], names, cases, expected, run["block_values"],
-                                            *self._tolerance(compiled=True))
+                                            lambda ref: self._tolerance(True, ref))
             st.detail = {"blocks": len(rows), "compared_values": sum(len(r["values"]) for r in rows[:-1]),
                          "child_peak_rss_after_block": max(b["rss_after"] for b in done["blocks"]),
                          "child_peak_rss": done.get("peak_rss")}
@@ -559,10 +560,14 @@ class Compiler:
             if failures:
                 raise VerificationError("the ascend lowering's fp16 casts exceed fp16 tolerance: " + "; ".join(failures))
 
-    def _tolerance(self, compiled: bool = False) -> tuple[float, float]:
+    def _tolerance(self, compiled: bool = False, reference_value: np.ndarray | None = None) -> tuple[float, float]:
         """The user's tolerance, else the comparison rule's default: fp32 for graph-to-graph checks, the
-        compile precision's for the compiled network (`compiled`; the reference is always the fp32 oracle)."""
+        compile precision's for the compiled network (`compiled`), or the reference value's own dtype's where
+        that is looser (an fp16 model's fp16 outputs: the oracle computed them in fp16)."""
         atol, rtol = compare.default_tolerance(precision.TOLERANCE_KEY[self.opt.precision if compiled else "fp32"])
+        if reference_value is not None:
+            own = compare.default_tolerance(reference_value.dtype.name)
+            atol, rtol = max(atol, own[0]), max(rtol, own[1])
         return (self.opt.atol if self.opt.atol is not None else atol,
                 self.opt.rtol if self.opt.rtol is not None else rtol)
 

@@ -80,7 +80,7 @@ def _check_last_axis_mean(result: pattern.MatchResult, x: ir.Value, values) -> p
     for value in values:
         reduce = value.producer()
         axes = match.axes(reduce)
-        if axes is None or [a % rank for a in axes] != [rank - 1]:
+        if axes is None or not match.last_axes(axes, rank):
             return result.fail(f"ReduceMean is over axes {axes}, not the last axis", reduce)
         keep = reduce.attributes.get("keepdims")
         if keep is not None and keep.value != 1:
@@ -248,6 +248,8 @@ class LayerNormNative(pattern.RewriteRuleClassBase):
             return result.fail("the input rank is unknown", x)
         axis = node.attributes.get("axis")
         axis = -1 if axis is None else axis.value
+        if not -rank <= axis < rank:  # (the lowering refuses it; x % rank would make 2**31 the last axis of rank 3)
+            return result.fail(f"axis={axis} is out of range for rank {rank}", node)
         if axis % rank != rank - 1:
             return result.fail(f"axis={axis} normalises more than the last axis", node)
         stash = node.attributes.get("stash_type")

@@ -96,7 +96,7 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         axes = match.axes(reduce)
         if rank is None:
             return result.fail("the input rank is unknown", x)
-        if axes is None or [a % rank for a in axes] != [rank - 1]:
+        if axes is None or not match.last_axes(axes, rank):
             return result.fail(f"ReduceMean is over axes {axes}, not the last axis", reduce)
         keep = reduce.attributes.get("keepdims")
         if keep is not None and keep.value != 1:
@@ -229,7 +229,7 @@ class NativeRmsNormalization(pattern.RewriteRuleClassBase):
         attrs = node.attributes
         get = lambda k, d: attrs[k].value if k in attrs else d  # noqa: E731
         rank = x.shape.rank() if x.shape is not None else None
-        if rank is None or get("axis", -1) % rank != rank - 1:
+        if rank is None or not match.last_axis(get("axis", -1), rank):
             return result.fail(f"{self._op_type} over more than the last axis", x)
         if get("stash_type", 1) != 1:
             return result.fail("stash_type is not fp32 (RmsNorm computes its statistics in fp32)", x)
@@ -300,7 +300,7 @@ def explain(node: ir.Node) -> str | None:
     axes = match.axes(node)
     if rank is None:
         return "the input rank is unknown"
-    if axes is None or [a % rank for a in axes] != [rank - 1]:
+    if axes is None or not match.last_axes(axes, rank):
         return (f"mean(x²) over axes {axes} of a rank-{rank} x, not the last axis: RmsNorm normalises the last "
                 "axis (its gamma's shape)")
     keep = node.attributes.get("keepdims")

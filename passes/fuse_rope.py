@@ -173,7 +173,7 @@ def _slice_range(node: ir.Node, rank: int, size: int) -> tuple[int, int, int] | 
     steps = match.ints(match.input_at(node, 4)) if match.input_at(node, 4) is not None else [1]
     if starts is None or ends is None or axes is None or steps is None:
         return None
-    if not len(starts) == len(ends) == len(axes) == len(steps) == 1 or axes[0] % rank != rank - 1 or steps[0] < 1:
+    if not len(starts) == len(ends) == len(axes) == len(steps) == 1 or not match.last_axis(axes[0], rank) or steps[0] < 1:
         return None
 
     def clamp(v: int) -> int:
@@ -187,7 +187,7 @@ def _count(start: int, stop: int, step: int) -> int:
 
 
 def _last_axis(axis: int | None, rank: int) -> bool:
-    return axis is not None and axis % rank == rank - 1
+    return axis is not None and match.last_axis(axis, rank)
 
 
 # --- mode 1's cos/sin: each angle repeated twice along the last axis -------------------------------------------
@@ -257,7 +257,7 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
         return repeated_pairs(x, memo, depth - 1) if x is not None else f"{op} without an input"
 
     def keeps_last(axis_attr_or_value, rank):
-        return axis_attr_or_value is not None and rank and axis_attr_or_value % rank != rank - 1
+        return axis_attr_or_value is not None and rank and not match.last_axis(axis_attr_or_value, rank)
 
     if op in _PAIR_UNARY or op == "CastLike":
         return rec(node.inputs[0])

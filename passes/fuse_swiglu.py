@@ -220,7 +220,7 @@ def _not_last_axis(h: ir.Value, axis: int, what: str) -> str | None:
     rank = match.rank(h)
     if rank is None:
         return f"the rank of the {what} input is unknown"
-    if axis % rank != rank - 1:
+    if not match.last_axis(axis, rank):
         return f"{what} along axis {axis}, not the last: Swiglu is fused over the last axis only"
     return None
 

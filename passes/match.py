@@ -25,6 +25,17 @@ def _numeric(c: np.ndarray) -> np.ndarray:
     return c.astype(np.float32) if c.dtype == ml_dtypes.bfloat16 else c
 
 
+def last_axis(axis: int, rank: int) -> bool:
+    """Whether `axis` names the last of `rank` axes (-1 or rank - 1); an axis out of range never does (a
+    modulo would make 2**31 the last axis of rank 3)."""
+    return -rank <= axis < rank and axis % rank == rank - 1
+
+
+def last_axes(axes, rank: int) -> bool:
+    """Whether `axes` is exactly the last axis."""
+    return len(axes) == 1 and last_axis(axes[0], rank)
+
+
 def made_weight(name: str, make, sources: list[ir.Value], axis: int = 0) -> ir.TensorProtocol:
     """A weight a pass makes from others (`make()`: merged gate/up), of the sources' shapes concatenated
     along `axis` (one source: its shape), computed only when read: by the spill after the pass

@@ -224,6 +224,17 @@ def test_nan_epsilon_is_refused(runner, bases, tmp_path):
     assert f"node {ln.name!r} (LayerNormalization)" in line
 
 
+def test_layernorm_axis_out_of_range_is_refused(runner, bases, tmp_path):
+    """Seed 2081 (BERT, a LayerNormalization axis of 2**31): onnxruntime ran it, and fuse-layernorm took
+    2**31 % 3 == 2 for the last axis, so the network normalised what onnxruntime did not (exit 2). The fusion
+    now refuses it (passes.match.last_axis) and the lowering names it."""
+    m = sm.base_model("bert")
+    ln = next(n for n in m.graph.node if n.op_type == "LayerNormalization")
+    next(a for a in ln.attribute if a.name == "axis").i = 2**31
+    line = _refused(_compile(runner, m, tmp_path), "axis 2147483648 is out of range for rank 3")
+    assert f"node {ln.name!r} (LayerNormalization)" in line
+
+
 def test_conv_attribute_lengths_are_checked(runner, bases, tmp_path):
     """Seed 240 (CNN, dilations [1] on a 2-D Conv): onnxruntime ran it, mindspore.export refused the network
     ("attr 'dilation' must be ... a tuple of two or four positive int numbers"), exit 3."""

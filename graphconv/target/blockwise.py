@@ -417,9 +417,10 @@ def _take_weights(target, fresh):
 
 
 def check(blocks: list[dict], names: dict[str, str], cases, expected: list[dict], got_files: list[str],
-          atol: float, rtol: float) -> tuple[list[dict], str | None]:
-    """Each block's boundary values against onnxruntime's, by the comparison rule, in block order: the
-    per-block summary (max abs over the cases of the values compared) and the first failure (None if none)."""
+          tolerance) -> tuple[list[dict], str | None]:
+    """Each block's boundary values against onnxruntime's, by the comparison rule (`tolerance(reference)`:
+    its atol, rtol), in block order: the per-block summary (max abs over the cases of the values compared)
+    and the first failure (None if none)."""
     from graphconv.verify import compare
 
     got = []
@@ -435,7 +436,7 @@ def check(blocks: list[dict], names: dict[str, str], cases, expected: list[dict]
                 if n not in act or names[n] not in exp:
                     continue
                 ref = exp[names[n]]
-                c = compare.compare(act[n], ref, atol, rtol, case.valid_positions(ref))
+                c = compare.compare(act[n], ref, *tolerance(ref), case.valid_positions(ref))
                 worst = max(worst, c.max_abs)
                 if not c.ok and bad is None:
                     bad = f"value {names[n]!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})"
