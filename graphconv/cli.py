@@ -111,7 +111,7 @@ def _precision_options(command):
 @click.option("--verify-each", is_flag=True,
               help="Check the graph against the oracle after every pass; name the first pass that breaks it.")
 @click.option("--layer-streamed/--whole-network", "layer_streamed", default=None,
-              help="Verify block by block, one layer's weights at a time (default: past 2 GiB of weights), or whole.")
+              help="Verify block by block and run onnxruntime layer by layer, one layer's weights at a time (default: past 2 GiB of weights), or whole.")
 @click.option("--save-fused", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the fused ONNX graph (mindspore-domain ops with their function bodies).")
 @click.option("--bundle", type=click.Path(file_okay=False, path_type=Path),

@@ -58,8 +58,9 @@ class CompileOptions:
     shape_ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # dim -> (min, max)
     precision: str = "fp32"  # fp32 | fp16 | bf16 (passes.precision)
     keep_fp32: str | None = None  # op types computed in fp32; None = passes.precision.KEEP_FP32
-    # verify block by block (graphconv/target/blockwise): None = when the Parameters exceed
-    # blockwise.THRESHOLD_BYTES (2 GiB); True / False force it either way
+    # verify block by block (graphconv/target/blockwise) against onnxruntime run layer by layer
+    # (graphconv/verify/piecewise): None = when the model's weights exceed blockwise.THRESHOLD_BYTES (2 GiB);
+    # True / False force it either way
     layer_streamed: bool | None = None
 
 
@@ -462,7 +463,8 @@ class Compiler:
     def verify_blocks(self, plan, net: lowering.LoweredNetwork, model: onnx.ModelProto, cases, run: dict,
                       done: dict | None) -> None:
         """The layer-streamed run's values at every block boundary against onnxruntime's values of the same
-        ONNX values (one run with them exposed), by the comparison rule; the first failing block is named."""
+        ONNX values (kept by the layer-by-layer oracle, else one run with them exposed), by the comparison
+        rule; the first failing block is named."""
         self.progress.info("verify blocks (layer-streamed: boundary values vs oracle)")
         with self.report.stage("verify-blocks") as st:
             if not done or "blocks" not in done:

@@ -501,3 +501,25 @@ def test_real_export_geglu_is_refused_with_the_reason(arch, export_cache, tmp_pa
     assert report.coverage["gated_mlp"]["refused"] == {
         f"the gate's activation is {kind}: MindSpore has no GeGLU primitive (the GELU is fused on its own)": 2}
     assert report.fusions["fuse-swiglu"] == 0 and "Swiglu" not in report.census
+
+
+def test_merged_weight_of_external_sources_is_made_when_spilled(tmp_path, monkeypatch):
+    """A model whose weights stay in files: the merged [gate ; up] weight is not computed by the pass (a
+    pass over 32 layers would hold them all) but by the spill after it, one weight at a time, from the
+    sources' files (passes.match.made_weight); the spilled bytes are the concatenation."""
+    from graphconv.frontend import weights
+    from graphconv.frontend.load import load
+
+    original = _mlp_graph()
+    path = tmp_path / "mlp.onnx"
+    onnx.save(original, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="mlp.onnx.data", size_threshold=0)
+    m = ir.from_proto(load(path).proto)
+    passes.PassManager("fuse-swiglu").run(m)
+    assert isinstance(m.graph.initializers["wg_gate_up"].const_value, ir.LazyTensor)
+    monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 0)  # (this one is small)
+    moved = weights.spill_new_tensors(m, weights.SpillFile(tmp_path / "spill.bin"))
+    spilled = m.graph.initializers["wg_gate_up"].const_value
+    assert isinstance(spilled, ir.ExternalTensor) and moved >= spilled.nbytes
+    src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    np.testing.assert_array_equal(spilled.numpy(), np.concatenate([src["wg"], src["wu"]], axis=1))

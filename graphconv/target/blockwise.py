@@ -15,8 +15,9 @@ kernels). Blocks that are the same up to renaming (`structure`: a model's layers
 once per input shape, which takes each block's weights in turn (Parameter.set_data): the first layer's graph
 compile serves them all (measured on the 1.1B benchmark model: ~1.2 s per layer instead of ~2.7 s).
 
-The reference: onnxruntime runs the model once with the ONNX values the block boundaries correspond to
-added as graph outputs (`oracle_values`; the weights fed as memory maps, graphconv.verify.reference.Oracle).
+The reference: onnxruntime runs the model one layer at a time (graphconv.verify.piecewise), keeping the
+ONNX values the block boundaries correspond to; where the oracle could not be cut into layers, it runs the
+model once with those values added as graph outputs (`oracle_values`).
 A generated name maps to an ONNX value when the code generator's naming of that value gives exactly it
 (`onnx_names`; a layer call's outputs are named `<list>_<index>_<value without its layer path>`). Boundary
 values with no ONNX counterpart (a value made by the lowering) are not compared on their own: the next block
@@ -29,7 +30,6 @@ import ast
 import dataclasses
 import gc
 import json
-import re
 import resource
 import time
 from pathlib import Path

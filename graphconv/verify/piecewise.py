@@ -160,7 +160,9 @@ def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = fro
             for env, saved in zip(envs, kept):
                 given = {r: env[r] for r in piece.reads if r in env}
                 for name, value in zip(outputs, sess.run(outputs, {**given, **feeds})):
-                    env[name] = value
+                    # a copy: an output onnxruntime hands back can hold on to its session's memory arena,
+                    # and with it to everything the piece allocated (an fp16 model's fp32 weight casts)
+                    env[name] = value = np.array(value, copy=True)
                     if name in keep or name in later:
                         saved[name] = value
         except Exception as e:  # noqa: BLE001 - onnxruntime's message, in one line

@@ -1,0 +1,125 @@
+"""The layer-by-layer oracle (graphconv/verify/piecewise.py): onnxruntime runs a model one piece at a time
+(prologue, each layer, epilogue) with only that piece's weights mapped. The pieces come from the model's
+structure (weight names, exporter scopes), and the outputs must be exactly onnxruntime's on the whole model:
+the same nodes on the same kernels."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import graphconv
+from graphconv.frontend import weights
+from graphconv.frontend.load import load
+from graphconv.target import layers
+from graphconv.verify import piecewise, reference
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "models" / "examples" / "tiny_llama.onnx"
+
+
+def _whole_and_pieces(model, pieces):
+    cases = reference.make_cases(model)
+    whole = reference.Oracle(model).run(cases)
+    got, kept, rows = piecewise.run(model, pieces, cases)
+    return whole, got, kept, rows
+
+
+def test_tiny_llama_runs_in_its_layers_with_onnxruntimes_numbers():
+    """The shipped tiny Llama (dynamo export, 2 decoder layers: models/examples/make_examples.py): its
+    transposed weights are anonymous (val_N), so the layers come from the exporter's scopes."""
+    model = load(TINY).proto
+    pieces = piecewise.partition(model, layers.record_scopes(model).nodes)
+    assert [p.name for p in pieces] == ["prologue", "model.layers[0]", "model.layers[1]", "epilogue"]
+    whole, got, kept, rows = _whole_and_pieces(model, pieces)
+    for w, g in zip(whole, got):
+        assert set(w) == set(g) == {"output"}
+        assert np.array_equal(w["output"], g["output"])
+    # what the layers pass on is kept: the residual stream after layer 0 is read by layer 1
+    assert any(name in kept[0] for name in pieces[2].reads)
+    assert sum(len(p.nodes) for p in pieces) == len(model.graph.node)
+
+
+def _scale_model(tmp_path, layers_=3):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import compile_scale
+    finally:
+        sys.path.pop(0)
+    cfg = compile_scale.Config(hidden=64, layers=layers_, intermediate=128, heads=4, kv_heads=2, vocab=128)
+    path, manifest = compile_scale.build_model(cfg, tmp_path / "model", seed=0, gamma="random")
+    return path, manifest, cfg
+
+
+def test_external_weights_are_mapped_one_layer_at_a_time(tmp_path):
+    """The benchmark generator's model (state-dict weight names, external data): each layer piece maps its own
+    layer's weights and nothing else; the lm_head and the final norm are the epilogue's."""
+    path, manifest, cfg = _scale_model(tmp_path)
+    model = load(path).proto
+    pieces = piecewise.partition(model)
+    assert [p.name for p in pieces] == ["prologue"] + [f"model.layers[{k}]" for k in range(cfg.layers)] + ["epilogue"]
+    whole, got, _, rows = _whole_and_pieces(model, pieces)
+    for w, g in zip(whole, got):
+        assert np.array_equal(w["logits"], g["logits"])
+    size = {n: ref.length for n, ref in weights.external_refs(model).items()}  # (load keeps tiny ones in memory)
+    assert set(size) <= {w["name"] for w in manifest}
+    layer = sum(v for k, v in size.items() if k.startswith("model.layers.0."))
+    assert [r["weight_bytes"] for r in rows[1:-1]] == [layer] * cfg.layers
+    assert rows[0]["weight_bytes"] == size["model.embed_tokens.weight"]
+    assert rows[-1]["weight_bytes"] == size["lm_head.weight"]
+
+
+def test_values_read_across_layers_and_subgraphs():
+    """A hand-built graph: a prologue value (a mask) read by both layers, and a layer whose If branch reads
+    an outer value: every piece gets what it reads, and the outputs equal the whole model's."""
+    rng = np.random.default_rng(0)
+    w = {f"layers.{k}.proj.weight": rng.standard_normal((32, 32)).astype(np.float32) * 0.2 for k in range(2)}  # (>= WEIGHT_ELEMENTS)
+    out_then = helper.make_graph([helper.make_node("Mul", ["h0", "mask"], ["then_y"])], "then", [],
+                                 [helper.make_tensor_value_info("then_y", TensorProto.FLOAT, None)])
+    out_else = helper.make_graph([helper.make_node("Identity", ["h0"], ["else_y"])], "else", [],
+                                 [helper.make_tensor_value_info("else_y", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["mask"], name="prologue_mask"),
+        helper.make_node("MatMul", ["x", "layers.0.proj.weight"], ["h0"], name="l0_proj"),
+        helper.make_node("ReduceSum", ["h0"], ["s0"], name="l0_sum", keepdims=0),
+        helper.make_node("Greater", ["s0", "zero"], ["c0"], name="l0_cond"),
+        helper.make_node("If", ["c0"], ["h0b"], name="l0_if", then_branch=out_then, else_branch=out_else),
+        helper.make_node("MatMul", ["h0b", "layers.1.proj.weight"], ["h1"], name="l1_proj"),
+        helper.make_node("Mul", ["h1", "mask"], ["y"], name="l1_mask"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
+        [numpy_helper.from_array(v, k) for k, v in w.items()] + [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    pieces = piecewise.partition(model)
+    assert [p.name for p in pieces] == ["prologue", "layers[0]", "layers[1]"]
+    assert "mask" in pieces[1].reads  # (through the If's then-branch)
+    whole, got, _, _ = _whole_and_pieces(model, pieces)
+    for a, b in zip(whole, got):
+        assert np.array_equal(a["y"], b["y"])
+
+
+def test_a_model_without_layers_runs_whole():
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    assert piecewise.partition(helper.make_model(graph)) is None
+
+
+def test_layer_streamed_compile_uses_the_layer_by_layer_oracle(tmp_path):
+    """In layer-streamed mode the compile's oracle is this one (run after lowering, keeping the block
+    boundaries' values), and the result is the whole-network oracle's."""
+    path, _, _ = _scale_model(tmp_path, layers_=2)
+    streamed = graphconv.compile(path, tmp_path / "s.mindir", target="cpu", layer_streamed=True)
+    whole = graphconv.compile(path, tmp_path / "w.mindir", target="cpu", layer_streamed=False)
+    assert streamed.validation["oracle"] == "onnxruntime (layer by layer)"
+    assert whole.validation["oracle"] == "onnxruntime"
+    oracle = next(s for s in streamed.stages if s.name == "oracle")
+    assert oracle.detail["pieces"] == 4 and oracle.detail["kept_values"] > 0
+    assert ([o["max_abs"] for c in streamed.validation["cases"] for o in c["outputs"]]
+            == [o["max_abs"] for c in whole.validation["cases"] for o in c["outputs"]])
+    assert any("onnxsim's output is not run on its own" in w for w in streamed.warnings)
