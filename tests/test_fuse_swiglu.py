@@ -512,7 +512,9 @@ def test_merged_weight_of_external_sources_is_made_when_spilled(tmp_path, monkey
 
     original = _mlp_graph()
     path = tmp_path / "mlp.onnx"
-    onnx.save(original, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+    saved = onnx.ModelProto()
+    saved.CopyFrom(original)  # (saving moves the tensors out of the proto it is given)
+    onnx.save(saved, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
               location="mlp.onnx.data", size_threshold=0)
     m = ir.from_proto(load(path).proto)
     passes.PassManager("fuse-swiglu").run(m)
