@@ -431,7 +431,8 @@ class Compiler:
                 # the arithmetic, which neither runtime promises. Nothing can be verified on these inputs.
                 self.report.validation["status"] = "unverifiable"
                 raise UnsupportedError(f"cannot verify: the model overflows on the reference inputs ({failures[0]}, "
-                                       "and onnxruntime's and MindSpore's values there are all inf or NaN: which one "
+                                       "and onnxruntime's and MindSpore's values there are all inf or NaN, or at the end "
+                                       "of float32's range, where rounding is beyond any tolerance: which way they go "
                                        "depends on the order of the arithmetic)")
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures))

@@ -290,6 +290,28 @@ def test_overflow_on_both_sides_is_told_apart_from_a_difference():
     assert not off.ok and not off.overflow  # a finite element off too: not only overflow
 
 
+def test_rounding_at_the_end_of_float32s_range_is_told_apart_from_a_difference(runner, bases, tmp_path):
+    """Seed 1534 (BERT, its last LayerNormalization weight set to 3e38): the normalised values' float32
+    rounding (~1e-7) times 3e38 made onnxruntime and MindSpore differ by 1.9e32 near zero, 5.7e-7 of the
+    output's magnitude (exit 2). Failures within 1e-6 of a tensor at 1e30 or more are rounding at the end of
+    the range (`overflow`): the compile says it cannot verify (exit 1). A larger difference there, or one at
+    an ordinary magnitude, is still a difference."""
+    from graphconv.verify.compare import compare
+
+    edge = compare(np.array([3e38, 1e32], np.float32), np.array([3e38, 0.0], np.float32))
+    assert not edge.ok and edge.overflow
+    wrong = compare(np.array([3e38, 1e37], np.float32), np.array([3e38, 0.0], np.float32))
+    assert not wrong.ok and not wrong.overflow
+    ordinary = compare(np.array([3e10, 1e4], np.float32), np.array([3e10, 0.0], np.float32))
+    assert not ordinary.ok and not ordinary.overflow
+    m = sm.base_model("bert")
+    ln = [n for n in m.graph.node if n.op_type == "LayerNormalization"][-1]
+    gamma = next(t for t in m.graph.initializer if t.name == ln.input[1])
+    gamma.CopyFrom(onnx.numpy_helper.from_array(np.full(onnx.numpy_helper.to_array(gamma).shape, 3e38, np.float32),
+                                                gamma.name))
+    _refused(_compile(runner, m, tmp_path), "cannot verify: the model overflows on the reference inputs")
+
+
 def test_invalid_reshape_target_is_refused(runner, bases, tmp_path):
     """Seed 1688 (CNN, the flattening Reshape's target [-2147483648, 32]) and seed 1575 (tiny Llama, a -5 in a
     computed target): onnxruntime refused the model, onnx.reference (the fallback oracle, numpy's reshape) took
