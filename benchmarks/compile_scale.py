@@ -644,7 +644,7 @@ def child_floor(manifest_path: str, out_base: str) -> None:
 
 
 def measure_all(work: Path, data_path: Path | None, manifest: list[dict], model_path: Path, keep: bool,
-                what: str) -> dict[str, dict]:
+                what: str, compile_args: tuple[str, ...] = ()) -> dict[str, dict]:
     """Each in a fresh subprocess, logged, each one's output deleted before the next: (a) the read-and-write
     floor, (a') MindSpore's Cell + export floor and (b) onnxsim alone where they fit in memory, (o)
     onnxruntime running the model layer by layer, (c) graphconv compile."""
@@ -674,7 +674,7 @@ def measure_all(work: Path, data_path: Path | None, manifest: list[dict], model_
     out["o"] = measure_ort_layers(work, model_path)
     log(f"(o) {out['o']['wall_s']:.1f}s, peak RSS {mib(out['o']['peak_rss_tree_bytes'])}, exit {out['o']['exit_code']}")
     log(f"(c) graphconv compile{what}")
-    out["c"] = measure_graphconv(work, model_path)
+    out["c"] = measure_graphconv(work, model_path, compile_args)
     log(f"(c) {out['c']['wall_s']:.1f}s, peak RSS {mib(out['c']['peak_rss_tree_bytes'])}, exit {out['c']['exit_code']}")
     return out
 
@@ -783,12 +783,12 @@ def measure_onnxsim(work: Path, model_path: Path, rss_limit: int | None = None) 
 # (c) -------------------------------------------------------------------------------------------------------
 
 
-def measure_graphconv(work: Path, model_path: Path) -> dict:
+def measure_graphconv(work: Path, model_path: Path, extra: tuple[str, ...] = ()) -> dict:
     out = work / "out"
     out.mkdir(exist_ok=True)
     report_path = out / "report.json"
     cmd = [sys.executable, "-m", "graphconv", "compile", str(model_path), "-o", str(out / "model.mindir"),
-           "--report", str(report_path), "-q"]
+           "--report", str(report_path), "-q", *extra]
     m = measure(cmd, work / "logs", "graphconv")
     m["command"] = " ".join(cmd)
     m["report"] = json.loads(report_path.read_text()) if report_path.exists() else None
@@ -1053,6 +1053,7 @@ def print_summary(s: dict) -> None:
         print(f"(o) FAILED: {o['stderr_tail']}")
     print(f"(c) status {c['status']} ({c['validation_mode']}), exit code {c['exit_code']}"
           + (f", error: {c['error']}" if c.get("error") else ""))
+    print(f"    {c.get('command', '')}")
     print("    stage              seconds   peak RSS (tree)")
     for st in c["stages"]:
         timing = {k: v for k, v in st.get("detail", {}).items() if "seconds" in k and not isinstance(v, (list, dict))}
@@ -1086,6 +1087,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="the weights' and the graph's float type (fp16: spelled as transformers' fp16 exports)")
     ap.add_argument("--init", choices=("scaled", "plain"), default="scaled",
                     help="std of o_proj/down_proj: 0.02 / sqrt(2 * layers) (scaled, GPT-2's init) or 0.02 (plain)")
+    ap.add_argument("--atol", type=float, help="passed to graphconv compile (default: the comparison rule's)")
+    ap.add_argument("--rtol", type=float, help="passed to graphconv compile (default: the comparison rule's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gamma", choices=("ones", "random"), default="random",
                     help="norm gammas: random = 1 + N(0, 0.02) like a trained checkpoint (default), or ones "
@@ -1167,7 +1170,9 @@ def main(argv: list[str]) -> int:
         build_s = time.perf_counter() - t0
         log(f"built {model_path} in {build_s:.1f}s")
 
-        m = measure_all(work, model_path.parent / DATA_FILE, manifest, model_path, args.keep, "")
+        tolerance = tuple(a for flag in ("atol", "rtol") if getattr(args, flag) is not None
+                          for a in (f"--{flag}", str(getattr(args, flag))))
+        m = measure_all(work, model_path.parent / DATA_FILE, manifest, model_path, args.keep, "", tolerance)
         if not args.keep:  # disk: the model before the transformers one
             shutil.rmtree(work / "out", ignore_errors=True)
         summary = summarize(cfg, args.size, args.gamma, args.dtype, weight_bytes, largest_layer_bytes(manifest),
