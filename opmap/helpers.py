@@ -10,9 +10,22 @@ import inspect
 import re
 
 
+def _param_value(array, transposed=False):
+    """A weight's array as the Tensor a Parameter holds; transposed: its transpose (a MatMul weight in
+    Linear's [out, in] layout)."""
+    if transposed:  # in 128 x 128 tiles: numpy's strided .T copy of a large weight runs ~3x slower
+        source, array = array, np.empty(array.shape[::-1], array.dtype)
+        for i in range(0, source.shape[0], 128):
+            for j in range(0, source.shape[1], 128):
+                array[j:j + 128, i:i + 128] = source[i:i + 128, j:j + 128].T
+    # Tensor(array) copies and Parameter copies again; from_numpy shares the array's memory, so building
+    # a large weight holds two copies at a time instead of three (bfloat16 and read-only arrays excepted).
+    shareable = array.flags.c_contiguous and array.flags.writeable and array.dtype.name != "bfloat16"
+    return Tensor.from_numpy(array) if shareable else Tensor(array)
+
+
 def _param(weights, name, shape, dtype, transposed=False):
-    """A Parameter named like the ONNX initializer; zeros when no weights are given (then load a .ckpt).
-    transposed: stored as the initializer's transpose (a MatMul weight in Linear's [out, in] layout)."""
+    """A Parameter named like the ONNX initializer; zeros when no weights are given (then load a .ckpt)."""
     if weights is None:
         value = ops.zeros(shape, dtype)
     else:
@@ -21,16 +34,7 @@ def _param(weights, name, shape, dtype, transposed=False):
         found = shared(name, shape, dtype, transposed) if shared is not None else None
         if found is not None:
             return found
-        array = weights[name]
-        if transposed:  # in 128 x 128 tiles: numpy's strided .T copy of a large weight runs ~3x slower
-            source, array = array, np.empty(array.shape[::-1], array.dtype)
-            for i in range(0, source.shape[0], 128):
-                for j in range(0, source.shape[1], 128):
-                    array[j:j + 128, i:i + 128] = source[i:i + 128, j:j + 128].T
-        # Tensor(array) copies and Parameter copies again; from_numpy shares the array's memory, so building
-        # a large weight holds two copies at a time instead of three (bfloat16 and read-only arrays excepted).
-        shareable = array.flags.c_contiguous and array.flags.writeable and array.dtype.name != "bfloat16"
-        value = Tensor.from_numpy(array) if shareable else Tensor(array)
+        value = _param_value(weights[name], transposed)
     return Parameter(value, name=name, requires_grad=value.dtype in (ms.float16, ms.bfloat16, ms.float32))
 
 

@@ -368,13 +368,13 @@ def run_blocks(task: dict, run: dict, sources: dict) -> dict:
     for k, b in enumerate(p.blocks):
         t0 = time.perf_counter()
         weights = _BlockWeights(sources)
-        cell = getattr(module, f"_Block{k}")(weights)
-        cell.set_train(False)
         key = structure(p, k)
         reused = key in compiled
         if reused:  # its graphs are compiled: it takes this block's weights
-            cell = _take_weights(compiled[key], cell)
+            cell = _take_weights(compiled[key], getattr(module, f"_Block{k}"), weights, module._param_value)
         else:
+            cell = getattr(module, f"_Block{k}")(weights)
+            cell.set_train(False)
             compiled = {key: cell}  # (the previous structure's Cell is released: only one is kept)
         for c, env in enumerate(envs):
             try:
@@ -405,14 +405,37 @@ def run_blocks(task: dict, run: dict, sources: dict) -> dict:
             "case_seconds": [round(sum(b["seconds"] for b in blocks), 2)]}
 
 
-def _take_weights(target, fresh):
-    """`target` holding `fresh`'s weights (same structure: its Parameters pair up in order); `fresh` released."""
+class _Recorder:
+    """Weights for a block Cell built only to learn which weight each of its Parameters holds: every Parameter
+    is a lazy one (graphconv.target.mindir_stream.LazyWeights), recorded with its weight name and layout."""
+
+    def __init__(self):
+        from graphconv.target.mindir_stream import LazyWeights
+
+        self.lazy = LazyWeights()
+        self.of: dict[int, tuple[str, bool]] = {}  # id(Parameter) -> (weight name, transposed)
+
+    def shared_parameter(self, name, shape, dtype, transposed):
+        param = self.lazy.shared_parameter(name, shape, dtype, transposed)
+        self.of[id(param)] = (name, bool(transposed))
+        return param
+
+    def __getitem__(self, name):
+        return self.lazy[name]
+
+
+def _take_weights(target, block_class, weights: _BlockWeights, param_value):
+    """`target` (a compiled block of the same structure) holding block_class's weights, set one at a time
+    from their files (its Parameters pair up in order). Building the block's own Cell would make a Parameter
+    of each weight, and MindSpore keeps the memory of Parameters replaced that way: three layers' worth."""
+    recorder = _Recorder()
+    fresh = block_class(recorder)
     theirs, ours = list(target.get_parameters()), list(fresh.get_parameters())
-    pairs = list(zip(theirs, ours))
-    if len(theirs) != len(ours) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in pairs):
+    if len(theirs) != len(ours) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(theirs, ours)):
         raise RuntimeError("blocks of the same structure hold different Parameters")
-    for a, b in pairs:
-        a.set_data(b.value())
+    for a, b in zip(theirs, ours):
+        name, transposed = recorder.of[id(b)]
+        a.set_data(param_value(weights[name], transposed))
     return target
 
 

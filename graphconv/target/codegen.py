@@ -261,6 +261,9 @@ def render(program: Program, helper_module, lazy_inline: bool = True) -> str:
         "from mindspore import Parameter, Tensor, nn, ops",
         "",
         "",
+        inspect.getsource(helper_module._param_value).rstrip(),
+        "",
+        "",
         inspect.getsource(helper_module._param).rstrip(),
     ]
     for h in program.helpers:
