@@ -209,13 +209,21 @@ def _random_like(rng, shape, dtype) -> np.ndarray:
     return g.standard_normal(shape).astype(np.float32)
 
 
-def mutate_tensor_dims(model, rng):
-    """An initializer's (or Constant's) dims: reversed, one resized (+-1, 1, 0), one added or dropped, scalar."""
+def _pick_tensor(model, rng):
+    """(where, owner, tensor, its values) of a random initializer or Constant, or None if there is none."""
     cands = _tensors(model)
     if not cands:
         return None
     where, owner, t = rng.choice(cands)
-    arr = numpy_helper.to_array(t)
+    return where, owner, t, numpy_helper.to_array(t)
+
+
+def mutate_tensor_dims(model, rng):
+    """An initializer's (or Constant's) dims: reversed, one resized (+-1, 1, 0), one added or dropped, scalar."""
+    picked = _pick_tensor(model, rng)
+    if picked is None:
+        return None
+    where, owner, t, arr = picked
     dims = list(arr.shape)
     how = rng.choice(["reverse", "resize", "add", "drop", "scalar"])
     if how == "reverse":
@@ -279,11 +287,10 @@ def mutate_tensor_values(model, rng):
 
 def mutate_tensor_dtype(model, rng):
     """An initializer's (or Constant's) dtype: the values cast to any other ONNX data type."""
-    cands = _tensors(model)
-    if not cands:
+    picked = _pick_tensor(model, rng)
+    if picked is None:
         return None
-    where, owner, t = rng.choice(cands)
-    arr = numpy_helper.to_array(t)
+    where, owner, t, arr = picked
     new_type = rng.choice(DTYPES)
     if new_type == TensorProto.STRING:
         new = arr.astype(str).astype(object)
