@@ -813,3 +813,23 @@ def test_fp16_attention_inputs_beyond_fp16_tolerance(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "default_tolerance", lambda p: (1e-9, 1e-9) if p == "float16" else real(p))
     with pytest.raises(graphconv.VerificationError, match="fp16 casts exceed fp16 tolerance"):
         graphconv.compile(tiny, tmp_path / "b.mindir")
+
+
+def test_fp16_model_needs_no_ascend_precision_check(tmp_path):
+    """An fp16 model (the benchmark generator's, spelled as transformers' fp16 exports): FlashAttentionScore's
+    q/k/v are fp16 already, so the ascend-precision variant would compute what the fused graph does; the
+    compile skips that second onnxruntime run and says why. The fp32 model still runs it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        import compile_scale
+    finally:
+        sys.path.pop(0)
+    cfg = compile_scale.Config(hidden=64, layers=2, intermediate=128, heads=4, kv_heads=2, vocab=128)
+    for dtype, status in (("fp16", "not needed"), ("fp32", "ok")):
+        path, _ = compile_scale.build_model(cfg, tmp_path / dtype, seed=0, gamma="random", dtype=dtype)
+        report = graphconv.compile(path, tmp_path / f"{dtype}.mindir")
+        assert report.fusions["fuse-attention"] == cfg.layers
+        assert report.validation["ascend_precision"]["status"] == status, dtype
+        assert ("ascend-precision" in [s.name for s in report.stages]) == (dtype == "fp32")
