@@ -29,7 +29,7 @@ from graphconv.verify import census, compare, piecewise, reference
 from passes import precision
 from graphconv.target.child import ChildError, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
-from graphconv.frontend.load import LoadedModel, load
+from graphconv.frontend.load import LoadedModel, load, zero_sized_inputs
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report
 from graphconv.workspace import Workspace
@@ -134,6 +134,7 @@ class Compiler:
         self.layer_streamed = False
         self._deferred_oracle: tuple[onnx.ModelProto, list] | None = None  # (model, pieces) in layer-streamed mode
         self.block_names: dict[str, str] = {}
+        self.zero_sized: str | None = None
         self.ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
         self.pad_masks = True
         self.report.provenance = {
@@ -168,6 +169,7 @@ class Compiler:
                 st.detail["quantized_weights"] = loaded.quantized_weights
             self.report.warnings.extend(loaded.notes)
         self.report.model = _model_info(loaded.proto)
+        self.zero_sized = zero_sized_inputs(loaded.proto)  # (why MindSpore may refuse the network)
         # Which layer each node is in, from the exporter's module scopes (onnxsim drops dynamo's metadata).
         self.scopes = layers.record_scopes(loaded.proto)
         # Weight names are recovered from the model as loaded: onnxsim folds transposed weights into new
@@ -491,7 +493,7 @@ class Compiler:
         self.progress.info("verify blocks (layer-streamed: boundary values vs oracle)")
         with self.report.stage("verify-blocks") as st:
             if not done or "blocks" not in done:
-                raise InternalError(f"the layer-streamed run did not run on CPU: {(done or {}).get('error', 'no result')}")
+                raise self._mindspore_refused(f"the layer-streamed run did not run on CPU: {(done or {}).get('error', 'no result')}")
             names = self.block_names
             if self.boundary_values is not None:  # kept by the layer-by-layer oracle
                 expected = self.boundary_values
@@ -513,6 +515,8 @@ class Compiler:
         target of -5, say, which onnx.reference's numpy reshape accepts)."""
         if isinstance(error, GraphconvError) and not isinstance(error, InternalError):
             return error
+        if self.zero_sized:
+            return UnsupportedError(f"{str(error).splitlines()[0][:300]}; {self.zero_sized}")
         if self.ort_refused:
             return UnsupportedError(f"{str(error).splitlines()[0][:300]}; {self.ort_refused}")
         return error if isinstance(error, GraphconvError) else InternalError(error)

@@ -102,7 +102,7 @@ LAYERS = [
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
      "graphconv.verify.dims"),                        # the oracle's side of verification
     ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the MindSpore target
-    ("graphconv.verify.debug", "graphconv.deploy", "graphconv.report",
+    ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
     ("graphconv.pipeline", "graphconv.generation"),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top

@@ -180,10 +180,11 @@ def check_value_types(model: onnx.ModelProto) -> None:
             raise InputError(f"tensor {t.name!r} has the unknown element type {t.data_type}")
 
 
-def check_input_dims(model: onnx.ModelProto) -> None:
-    """No graph input declares a dim of size 0: MindSpore's CPU kernels refuse zero-sized tensors (PadV3:
-    "the output size must be greater than 0", Conv2d: "input shape's h and w ... must be greater than or
-    equal to kernel_size"), so such a network cannot be verified or run."""
+def zero_sized_inputs(model: onnx.ModelProto) -> str | None:
+    """The first graph input that declares a dim of size 0, described, or None. Many MindSpore kernels run
+    zero-sized tensors (onnx's empty-set reductions verify), some refuse them (PadV3: "the output size must be
+    greater than 0", Conv2d's kernel-size check): MindSpore refusing such a network is then the input's fault
+    (graphconv.pipeline: exit 1 with this reason), not graphconv's."""
     inits = {t.name for t in model.graph.initializer}
     for vi in model.graph.input:
         if vi.name in inits or not vi.type.HasField("tensor_type"):
@@ -192,8 +193,9 @@ def check_input_dims(model: onnx.ModelProto) -> None:
         for axis, d in enumerate(dims):
             if d.HasField("dim_value") and d.dim_value == 0:
                 shape = [x.dim_value if x.HasField("dim_value") else (x.dim_param or "?") for x in dims]
-                raise UnsupportedError(f"graph input {vi.name!r} {shape} has a dim of size 0 (axis {axis}): "
-                                       "MindSpore does not run zero-sized tensors")
+                return (f"graph input {vi.name!r} {shape} has a dim of size 0 (axis {axis}), and MindSpore does not "
+                        "run zero-sized tensors in every kernel")
+    return None
 
 
 def read_json(path: Path) -> dict:
@@ -256,7 +258,6 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_names(model)
     check_value_types(model)
     check_inline_tensors(model)
-    check_input_dims(model)
     check_opsets(model)
     as_given, upgraded_from, notes, decomposed, case_dims, pad_masks = None, None, [], {}, {}, True
     as_shipped, levels, quantized, packed = None, [], {}, []
@@ -294,7 +295,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         name_nodes(model)
         as_given, upgraded_from = as_given or model, default_opset(model)
         model = upgrade(model)
-    model = infer_shapes(model, path)
+    model = infer_shapes(model, path, notes)
     name_nodes(model)
     return LoadedModel(path=path, proto=model, external_bytes=external, as_given=as_given,
                        upgraded_from=upgraded_from, notes=notes, decomposed=decomposed,
@@ -302,22 +303,36 @@ def load(path: str | os.PathLike) -> LoadedModel:
                        accuracy_levels=levels, quantized_weights=quantized, packed=packed)
 
 
+_NODE_NAME = re.compile(r"node name: (.*?)\): \[")
 _CONTRADICTION = re.compile(r"\(op_type:[^)]*\): \[\w+\] Inferred (shape and existing shape|elem type differs)[^\n]*")
 
 
-def infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
-    """ONNX shape inference. A value_info, input or output type that contradicts what a node computes is
-    refused (later stages trust declared shapes); strict inference finds those, and where it fails for another
-    reason (an op it cannot infer), the lenient one runs as before."""
-    try:
-        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, RuntimeError) as e:
-        found = _CONTRADICTION.search(str(e))
-        if found:
+def infer_shapes(model: onnx.ModelProto, path: Path, notes: list[str] | None = None) -> onnx.ModelProto:
+    """ONNX shape inference. Later stages trust declared shapes, so a declared type that contradicts what a
+    node computes is not kept: strict inference finds those. An intermediate value's declared shape is a hint
+    (onnxruntime overrides it too; onnxruntime-genai's builder writes some that contradict): it is dropped,
+    with a note. A contradicting element type, or a graph input's or output's declared shape, is refused. Where strict
+    inference fails for another reason (an op it cannot infer), the lenient one runs as before."""
+    for _ in range(len(model.graph.value_info) + 1):
+        try:
+            return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+        except (onnx.shape_inference.InferenceError, RuntimeError) as e:
+            found = _CONTRADICTION.search(str(e))
+            if not found:
+                break
             what = found.group(0)
             if "elem type" in what:  # onnx writes the element types as numbers: (16) vs (7)
                 what = re.sub(r"\((\d+)\)", lambda m: f"({_type_name(int(m.group(1)))})", what)
-            raise InputError(f"{path}: a declared type contradicts the graph: {what}") from None
+            named = _NODE_NAME.search(what)
+            node = next((n for n in model.graph.node if named and n.name == named.group(1)), None)
+            hints = [vi for vi in model.graph.value_info if node is not None and vi.name in node.output]
+            if not hints or "elem type" in what:  # (a wrong dtype is a wrong model, not a stale hint)
+                raise InputError(f"{path}: a declared type contradicts the graph: {what}") from None
+            for vi in hints:
+                model.graph.value_info.remove(vi)
+            if notes is not None:
+                notes.append(f"value_info of {', '.join(repr(vi.name) for vi in hints)} contradicts the graph "
+                             f"({what}): ignored")
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as e:

@@ -21,7 +21,8 @@ DEFAULT_TOLERANCE = {
 SUSPICIOUS_FACTOR = 100.0
 # A float32 tensor reaching this magnitude is at the end of its range (float32 ends at 3.4e38); failures no
 # larger than EDGE_ROUNDING times its magnitude are float rounding (Comparison.overflow).
-EDGE_OF_RANGE, EDGE_ROUNDING = 1e30, 1e-6
+EDGE_OF_RANGE = 1e30
+EDGE_ROUNDING = 1e-6
 
 
 def default_tolerance(precision: str) -> tuple[float, float]:
