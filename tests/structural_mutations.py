@@ -745,8 +745,11 @@ def run_mutant(runner: Runner, mutant: Mutant, work: Path) -> tuple[Outcome, lis
 
 # --- the command line: bulk runs, replays, the table --------------------------------------------------
 def _cmd_run(args) -> None:
-    lo, _, hi = args.seeds.partition(":")
-    seeds = range(int(lo), int(hi))
+    if ":" in args.seeds:
+        lo, _, hi = args.seeds.partition(":")
+        seeds = range(int(lo), int(hi))
+    else:  # a list: 3,17,40
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     if args.bad_of:  # rerun the seeds that broke the contract in an earlier run
         rows = [json.loads(ln) for ln in Path(args.bad_of).read_text().splitlines() if ln.strip()]
         seeds = sorted({r["seed"] for r in rows if r["violations"]})
@@ -837,7 +840,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="compile the mutants of a seed range, one JSON line each")
-    r.add_argument("--seeds", default="0:100", help="LO:HI")
+    r.add_argument("--seeds", default="0:100", help="LO:HI, or a list A,B,C")
     r.add_argument("--out", help="JSON lines file (appended; seeds already in it are skipped)")
     r.add_argument("--keep", help="copy the mutants that break the contract into this folder")
     r.add_argument("--bad-of", help="instead of --seeds: the seeds that broke the contract in this JSON lines file")
