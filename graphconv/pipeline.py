@@ -512,7 +512,8 @@ class Compiler:
     def _mindspore_refused(self, error: "str | GraphconvError") -> GraphconvError:
         """MindSpore refusing the network is graphconv's fault (internal), unless onnxruntime refused the model
         too (onnx.reference was the oracle): two runtimes refusing it point at the model (an invalid Reshape
-        target of -5, say, which onnx.reference's numpy reshape accepts)."""
+        target of -5, say, which onnx.reference's numpy reshape accepts); or unless a graph input is zero-sized,
+        which some MindSpore kernels refuse (frontend.load.zero_sized_inputs)."""
         if isinstance(error, GraphconvError) and not isinstance(error, InternalError):
             return error
         if self.zero_sized:
