@@ -118,7 +118,8 @@ def partition(model: onnx.ModelProto, node_scopes: dict[str, str] | None = None)
 def _piece_model(model: onnx.ModelProto, piece: Piece, inputs: dict[str, onnx.ValueInfoProto],
                  outputs: list[str]) -> onnx.ModelProto:
     typed = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.output)}
-    inits = [t for t in model.graph.initializer if t.name in set(piece.reads)]
+    reads = set(piece.reads)
+    inits = [t for t in model.graph.initializer if t.name in reads]
     graph = onnx.helper.make_graph(
         piece.nodes, f"{model.graph.name}_{piece.name}", [inputs[r] for r in piece.reads if r in inputs],
         [typed.get(o) or onnx.helper.make_empty_tensor_value_info(o) for o in outputs], inits)
@@ -162,9 +163,7 @@ def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = fro
                 for name, value in zip(outputs, sess.run(outputs, {**given, **feeds})):
                     # a copy: an output onnxruntime hands back can hold on to its session's memory arena,
                     # and with it to everything the piece allocated (an fp16 model's fp32 weight casts)
-                    env[name] = value = np.array(value, copy=True)
-                    if name in keep or name in later:
-                        saved[name] = value
+                    env[name] = saved[name] = np.array(value, copy=True)  # (every output is passed on or kept)
         except Exception as e:  # noqa: BLE001 - onnxruntime's message, in one line
             raise UnsupportedError(f"onnxruntime could not run the model's {piece.name} (the oracle runs it "
                                    f"layer by layer): {str(e).strip().splitlines()[0][:300]}") from None
