@@ -384,7 +384,8 @@ class Compiler:
                 else:
                     result = run_task("export_and_verify", {"export": task, "run": run, "twin": twin}, ws.dir,
                                       "mindspore.export", tracker)
-                st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed") if k in result})
+                st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed", "graph_seconds",
+                                                       "weights_seconds", "weights_put_by_verification_bytes") if k in result})
             except ChildError as e:
                 raise self._mindspore_refused(f"mindspore.export rejected the generated network: {e.error}") from e
         done = None

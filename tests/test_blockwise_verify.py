@@ -162,3 +162,17 @@ def test_cpu_target_runs_the_network_itself_block_by_block(tmp_path):
     assert [b["block"] for b in blocks] == ["prologue", "layers[0]", "layers[1]", "epilogue"]
     assert all(b["max_abs"] < 1e-4 for b in blocks[:-1])
     assert max(_final(report)) < 1e-4
+
+
+def test_plan_segment_is_the_source_of_each_node():
+    """Plan.segment (line offsets computed once) gives ast.get_source_segment's text for every node,
+    multi-line and non-ASCII ones too (column offsets count UTF-8 bytes)."""
+    import ast
+
+    text = ("class Net:\n    def __init__(self):\n        self.w = _param(w, 'é.weight',\n            (2, 3))\n"
+            "    def construct(self, x):\n        y = x + 'ü' * 2  # é\n        return y\n")
+    p = blockwise.Plan("Net", [], [], text, {}, {})
+    nodes = [n for n in ast.walk(ast.parse(text)) if getattr(n, "end_col_offset", None) is not None]
+    assert len(nodes) > 20
+    for n in nodes:
+        assert p.segment(n) == ast.get_source_segment(text, n)

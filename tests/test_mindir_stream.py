@@ -268,6 +268,44 @@ def test_layout_and_bounded_chunks(tmp_path):
         mindir_stream.write_weights(_graph([("a.v", [5], 7)]), tmp_path / "e3", "m", sources)
 
 
+def test_weights_put_in_any_order_give_the_same_file(tmp_path, monkeypatch):
+    """WeightsFile.put (a weight's final array, as a layer-streamed run holds it) in any order, the rest by
+    finish from the sources: the same bytes as write_weights. A put in another layout or dtype than the graph
+    declares is refused (returns False) and that weight is written from its source; a failed background write
+    is raised by finish as a StreamError."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((30, 7)).astype(np.float32)
+    v = rng.standard_normal(5).astype(np.float32)
+    src = tmp_path / "src.bin"
+    src.write_bytes(w.tobytes() + v.tobytes())
+    sources = {"z.w": mindir_stream.Source((30, 7), "float32", str(src), 0, w.nbytes),
+               "a.v": mindir_stream.Source((5,), "float32", str(src), w.nbytes, v.nbytes)}
+    declared = [("z.w", [7, 30], 1), ("a.v", [5], 1)]
+    expected = (mindir_stream.write_weights(_graph(declared), tmp_path / "ref", "m", sources, {"z.w": True})
+                / "data_0").read_bytes()
+
+    def written(puts):
+        out = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+        wf = mindir_stream.WeightsFile(_graph(declared), out, "m", sources, {"z.w": True})
+        accepted = [wf.put(name, value, transposed) for name, value, transposed in puts]
+        return accepted, (wf.finish() / "data_0").read_bytes(), wf.put_bytes
+
+    assert written([("z.w", np.ascontiguousarray(w.T), True), ("a.v", v, False)]) == ([True, True], expected, 840 + 20)
+    assert written([("a.v", v, False)]) == ([True], expected, 20)
+    assert written([("a.v", v, False), ("a.v", v * 0, False)]) == ([True, False], expected, 20)  # once only
+    refused = [("z.w", w, False), ("z.w", w.T.astype(np.float16), True), ("a.v", v[:4], False), ("q", v, False)]
+    assert written(refused) == ([False] * 4, expected, 0)
+
+    def broken(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mindir_stream, "_pwrite_all", broken)
+    wf = mindir_stream.WeightsFile(_graph(declared), tmp_path / "full", "m", sources, {"z.w": True})
+    wf.put("a.v", v, False)
+    with pytest.raises(mindir_stream.StreamError, match="writing the MindIR's weights failed: .*No space left"):
+        wf.finish()
+
+
 @pytest.fixture
 def external_llama(tmp_path):
     d = tmp_path / "model"
@@ -290,3 +328,26 @@ def test_compile_streams_large_external_weights(external_llama, tmp_path, monkey
     stages = {s["name"]: s for s in json.loads((out / "r.json").read_text())["stages"]}
     assert stages["emit"]["detail"]["streamed"] is True
     assert sorted(p.name for p in out.iterdir()) == ["m.mindir", "m_variables", "r.json"]
+
+
+@pytest.mark.parametrize("target", ["ascend", "cpu"])
+def test_layer_streamed_run_writes_the_weights_it_holds(external_llama, tmp_path, monkeypatch, target):
+    """A streamed export verified layer by layer takes each weight from the block Parameters that already
+    hold it (mindir_stream.WeightsFile.put: read and transposed once for both): the MindIR is byte for byte
+    the one written from the files alone, and it is every weight of the network."""
+    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    reports, data = {}, {}
+    for mode in (False, True):
+        out = tmp_path / f"out_{mode}"
+        out.mkdir()
+        graphconv.compile(external_llama, out / "m.mindir", target=target, report_path=out / "r.json",
+                          layer_streamed=mode)
+        reports[mode] = {s["name"]: s for s in json.loads((out / "r.json").read_text())["stages"]}
+        data[mode] = (out / "m_variables" / "data_0").read_bytes()
+        graph = mindir_stream.comparable(out / "m.mindir")
+        data[mode, "graph"] = graph
+        data[mode, "weights"] = sum(p.external_data.length for p in graph.graph.parameter)
+    assert data[True] == data[False]
+    assert data[True, "graph"] == data[False, "graph"]
+    assert "weights_put_by_verification_bytes" not in reports[False]["emit"]["detail"]
+    assert reports[True]["emit"]["detail"]["weights_put_by_verification_bytes"] == data[True, "weights"]

@@ -67,10 +67,22 @@ class Plan:
     init: dict[str, ast.stmt]  # top-level attribute -> its statement in the network's __init__
     rows: dict[tuple[str, int], ast.expr]  # (CellList attribute, index) -> the layer instance expression
     returns_tuple: bool = False
+    _starts: list[int] | None = dataclasses.field(default=None, repr=False, compare=False)
+    _bytes: bytes = dataclasses.field(default=b"", repr=False, compare=False)
 
     @property
     def layers(self) -> list[Block]:
         return [b for b in self.blocks if b.kind in ("layer", "inline")]
+
+    def segment(self, node: ast.AST) -> str:
+        """The source text of `node` (ast.get_source_segment's, which splits the whole text on every call:
+        on a 1.1B model's network that was 16 s of the layer-streamed run)."""
+        if self._starts is None:
+            self._bytes = self.text.encode()
+            self._starts = [0] + [i + 1 for i, c in enumerate(self._bytes) if c == 0x0A]
+        begin = self._starts[node.lineno - 1] + node.col_offset  # (col offsets count UTF-8 bytes)
+        end = self._starts[node.end_lineno - 1] + node.end_col_offset
+        return self._bytes[begin:end].decode()
 
 
 def _names(nodes, ctx) -> list[str]:
@@ -204,7 +216,7 @@ def plan(source_text: str, class_name: str, prefix: str | None = None) -> Plan:
 def block_source(p: Plan, k: int) -> str:
     """The Cell class `_Block<k>` for block k: bind what it uses, run its statements, return its outputs."""
     b = p.blocks[k]
-    seg = lambda node: ast.get_source_segment(p.text, node)  # noqa: E731
+    seg = p.segment
     used = [a for a in _self_attrs(b.statements) if a in p.init]
     lines = [f"class _Block{k}(nn.Cell):", "    def __init__(self, weights):", "        super().__init__(auto_prefix=False)"]
     lines += [f"        {seg(p.init[a])}" for a in used]
@@ -348,12 +360,13 @@ def _import(text: str, path: Path):
     return module
 
 
-def run_blocks(task: dict, run: dict, sources: dict) -> dict:
+def run_blocks(task: dict, run: dict, sources: dict, weights_file=None) -> dict:
     """Run the cases of `run` (graphconv.target.worker's case files) through the network of `task` block by
     block; write each case's outputs where the whole-network run writes them (out<i>) and its boundary
     values into run["block_values"][case] (keyed by generated name). Returns the blocks (name, outputs,
-    seconds, weight bytes read) and the peak resident memory seen after each block."""
-    import mindspore as ms
+    seconds, weight bytes read) and the peak resident memory seen after each block.
+    `weights_file` (a streamed MindIR's mindir_stream.WeightsFile): each block's Parameters are put into it
+    as they are set, so the weights are read and transposed once for the run and the MindIR together."""
     from mindspore import Tensor
 
     p = plan(Path(task["source"]).read_text(), task["class_name"], run.get("block_prefix"))
@@ -362,20 +375,36 @@ def run_blocks(task: dict, run: dict, sources: dict) -> dict:
     for case_path in run["cases"]:
         with np.load(case_path) as data:
             envs.append({a: Tensor(data[n]) for a, n in zip(p.args, run["input_names"])})
+    gc.freeze()  # the collections that release each block need not walk the plan and module again (~0.1 s each)
+    try:
+        return _run_blocks(p, module, envs, run, sources, weights_file, task.get("param_layouts") or {})
+    finally:
+        gc.unfreeze()
+
+
+def _run_blocks(p: Plan, module, envs: list, run: dict, sources: dict, weights_file, layouts: dict) -> dict:
+    import mindspore as ms
+
+    compiled: dict[str, object] = {}  # structure -> the Cell that runs every block of that structure
     saved = [dict() for _ in envs]
     blocks, final = [], [None] * len(envs)
-    compiled: dict[str, object] = {}  # structure -> the Cell that runs every block of that structure
     for k, b in enumerate(p.blocks):
         t0 = time.perf_counter()
         weights = _BlockWeights(sources)
         key = structure(p, k)
         reused = key in compiled
         if reused:  # its graphs are compiled: it takes this block's weights
-            cell = _take_weights(compiled[key], getattr(module, f"_Block{k}"), weights, module._param_value)
+            cell, held = _take_weights(compiled[key], getattr(module, f"_Block{k}"), weights, module._param_value)
         else:
             cell = getattr(module, f"_Block{k}")(weights)
             cell.set_train(False)
             compiled = {key: cell}  # (the previous structure's Cell is released: only one is kept)
+            held = [(q.name, bool(layouts.get(q.name)), q) for q in cell.get_parameters()]
+        t1 = time.perf_counter()
+        if weights_file is not None:
+            for name, transposed, param in held:
+                weights_file.put(name, param.asnumpy(), transposed)  # (asnumpy: a view of its memory)
+        t2 = time.perf_counter()
         for c, env in enumerate(envs):
             try:
                 out = cell(*[env[n] for n in b.inputs])
@@ -395,7 +424,7 @@ def run_blocks(task: dict, run: dict, sources: dict) -> dict:
         gc.collect()
         blocks.append({"name": b.name, "kind": b.kind, "class": b.layer_class, "outputs": b.outputs,
                        "seconds": round(time.perf_counter() - t0, 2), "weight_bytes": weights.read_bytes,
-                       "reused": reused,
+                       "reused": reused, "weights_seconds": round(t1 - t0, 2), "write_seconds": round(t2 - t1, 2),
                        "rss_after": _rss()})
     for c, out_path in enumerate(run["outputs"]):
         np.savez(out_path, **{f"out{i}": o.asnumpy() for i, o in enumerate(final[c])})
@@ -426,17 +455,19 @@ class _Recorder:
 
 def _take_weights(target, block_class, weights: _BlockWeights, param_value):
     """`target` (a compiled block of the same structure) holding block_class's weights, set one at a time
-    from their files (its Parameters pair up in order). Building the block's own Cell would make a Parameter
+    from their files (its Parameters pair up in order), and (weight name, transposed, Parameter) for each. Building the block's own Cell would make a Parameter
     of each weight, and MindSpore keeps the memory of Parameters replaced that way: three layers' worth."""
     recorder = _Recorder()
     fresh = block_class(recorder)
     theirs, ours = list(target.get_parameters()), list(fresh.get_parameters())
     if len(theirs) != len(ours) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(theirs, ours)):
         raise RuntimeError("blocks of the same structure hold different Parameters")
+    held = []
     for a, b in zip(theirs, ours):
         name, transposed = recorder.of[id(b)]
         a.set_data(param_value(weights[name], transposed))
-    return target
+        held.append((name, transposed, a))
+    return target, held
 
 
 def check(blocks: list[dict], names: dict[str, str], cases, expected: list[dict], got_files: list[str],
@@ -465,7 +496,8 @@ def check(blocks: list[dict], names: dict[str, str], cases, expected: list[dict]
                     bad = f"value {names[n]!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})"
         rows.append({"block": b["name"], "kind": b["kind"], "class": b.get("class"), "values": [names[n] for n in compared],
                      "max_abs": worst, "weight_bytes": b["weight_bytes"], "seconds": b["seconds"],
-                     "rss_after": b["rss_after"], "compiled_again": not b["reused"]})
+                     "rss_after": b["rss_after"], "compiled_again": not b["reused"],
+                     **{k: b[k] for k in ("weights_seconds", "write_seconds") if k in b}})
         if bad is not None and failure is None:
             failure = f"block {b['name']}" + (f" ({b['class']})" if b.get("class") else "") + f": {bad}"
     last = blocks[-1]

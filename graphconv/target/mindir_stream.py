@@ -188,6 +188,139 @@ def export_graph(net, *inputs, file_name: str = "network"):
 # --- the weights ----------------------------------------------------------------------------------------
 
 
+class WeightsFile:
+    """`<prefix>_variables/data_0` for `model`'s Parameters (the module docstring's layout), its offsets fixed
+    up front, so that its weights can be written in any order: `put` takes a weight's final bytes from
+    whoever already holds them (the layer-streamed verification's Parameters, graphconv.target.blockwise),
+    `finish` writes every weight not put from its source. Either way the file is byte for byte what
+    write_weights writes. Every Parameter is checked against its source before anything is written."""
+
+    def __init__(self, model, directory: Path, prefix: str, sources: dict[str, Source],
+                 transposed: dict[str, bool] | None = None, chunk_bytes: int | None = None, progress=None):
+        transposed = transposed or {}
+        if len(model.graph.map_parameter):
+            raise StreamError("MapParameters cannot be written as external data (mindspore.export refuses too)")
+        self.sources, self.chunk_bytes, self.progress = sources, chunk_bytes or CHUNK_BYTES, progress
+        self.folder = Path(directory) / f"{prefix}_variables"
+        location = f"{prefix}_variables/data_0"
+        self.entries: dict[str, tuple[int, int, np.dtype, bool, tuple]] = {}  # name -> offset, length, dtype, flip, dims
+        offset = HEADER_BYTES
+        for name, proto in sorted(((parameter_name(p.name), p) for p in model.graph.parameter), key=lambda i: i[0]):
+            if name not in sources:
+                raise StreamError(f"no values for parameter {name!r}")
+            target = numpy_dtype(MIND_IR_DTYPES.get(proto.data_type, "") or _unknown(proto))
+            dims = tuple(int(d) for d in proto.dims)
+            flip = bool(transposed.get(name))
+            _check(name, sources[name], dims, target, flip)
+            length = int(np.prod(dims, dtype=np.int64)) * target.itemsize
+            proto.ClearField("raw_data")
+            proto.external_data.location = location
+            proto.external_data.offset = offset
+            proto.external_data.length = length
+            self.entries[name] = (offset, length, target, flip, dims)
+            offset += length + (-length % ALIGN)  # (the padding: zeros, the file's holes read as zeros)
+        self.pending = set(self.entries)
+        self.put_bytes = 0
+        self._background = _Background()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.folder / "data_0", "wb")
+        self._file.write(bytes([1 if sys.byteorder == "little" else 0]) + bytes(HEADER_BYTES - 1))
+        self._file.truncate(offset)
+
+    def put(self, name: str, value: np.ndarray, transposed: bool) -> bool:
+        """Write weight `name` from `value`, its final array (`transposed`: Linear's layout), if the graph
+        stores it exactly so (same layout, dims and dtype) and it is not written yet. Returns whether it was."""
+        entry = self.entries.get(name)
+        if name not in self.pending or entry is None:
+            return False
+        offset, length, target, flip, dims = entry
+        if bool(transposed) != flip or value.dtype != target or tuple(value.shape) != dims or value.nbytes != length:
+            return False
+        self.pending.discard(name)
+        self.put_bytes += length
+        self._background.write(self._file.fileno(), value, offset, lambda: self._done(name))
+        return True
+
+    def finish(self) -> Path:
+        """Write every weight not put from its source; close the file. Returns the folder."""
+        try:
+            self._background.drain()
+            for name in sorted(self.pending):
+                offset, _, target, flip, _ = self.entries[name]
+                _write_one(self._file.fileno(), offset, self.sources[name], target, flip, self.chunk_bytes)
+                self._done(name)
+        finally:
+            self._file.close()
+        return self.folder
+
+    def _done(self, name: str) -> None:
+        self.pending.discard(name)
+        if self.progress is not None:
+            src = self.sources[name]
+            self.progress(name, src.array.nbytes if src.array is not None else src.length)
+
+
+class _Background:
+    """Writes done by one thread while the caller goes on (the layer-streamed run computes while the disk
+    takes the previous block's weights), at most BACKLOG_BYTES of arrays waiting. An array is kept alive
+    until it is written (a MindSpore Parameter's asnumpy() view holds its memory even after set_data)."""
+
+    BACKLOG_BYTES = 512 * 2**20
+
+    def __init__(self):
+        import threading
+
+        self._cond = threading.Condition()
+        self._jobs: list = []
+        self._queued = 0
+        self._error: BaseException | None = None
+        self._thread = None
+
+    def write(self, fd: int, array: np.ndarray, offset: int, done) -> None:
+        import threading
+
+        with self._cond:
+            while self._jobs and self._queued + array.nbytes > self.BACKLOG_BYTES and self._error is None:
+                self._cond.wait()
+            self._raise()
+            self._jobs.append((fd, array, offset, done))
+            self._queued += array.nbytes
+            self._cond.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mindir-weights", daemon=True)
+                self._thread.start()
+
+    def drain(self) -> None:
+        """Wait until every write is done; raise the first one's error."""
+        with self._cond:
+            while self._jobs and self._error is None:
+                self._cond.wait()
+            self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise StreamError(f"writing the MindIR's weights failed: {self._error}") from self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    self._cond.wait()
+                fd, array, offset, done = self._jobs[0]
+            try:
+                _pwrite_all(fd, _bytes_of(array), offset)
+                done()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's next write or drain
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._jobs.pop(0)
+                self._queued -= array.nbytes
+                self._cond.notify_all()
+
+
 def write_weights(model, directory: Path, prefix: str, sources: dict[str, Source],
                   transposed: dict[str, bool] | None = None, chunk_bytes: int | None = None,
                   progress=None) -> Path:
@@ -196,41 +329,7 @@ def write_weights(model, directory: Path, prefix: str, sources: dict[str, Source
     `transposed[name]`: the Parameter is the 2-D source's transpose. `progress(name, nbytes)` after each weight
     (the source bytes).
     Returns the folder."""
-    transposed = transposed or {}
-    chunk_bytes = chunk_bytes or CHUNK_BYTES
-    if len(model.graph.map_parameter):
-        raise StreamError("MapParameters cannot be written as external data (mindspore.export refuses too)")
-    folder = Path(directory) / f"{prefix}_variables"
-    folder.mkdir(parents=True, exist_ok=True)
-    location = f"{prefix}_variables/data_0"
-    params = sorted(((parameter_name(p.name), p) for p in model.graph.parameter), key=lambda item: item[0])
-    with open(folder / "data_0", "wb") as out:
-        header = bytes([1 if sys.byteorder == "little" else 0]) + bytes(HEADER_BYTES - 1)
-        out.write(header)
-        offset = HEADER_BYTES
-        for name, proto in params:
-            if name not in sources:
-                raise StreamError(f"no values for parameter {name!r}")
-            src = sources[name]
-            target = numpy_dtype(MIND_IR_DTYPES.get(proto.data_type, "") or _unknown(proto))
-            dims = tuple(int(d) for d in proto.dims)
-            flip = bool(transposed.get(name))
-            _check(name, src, dims, target, flip)
-            length = int(np.prod(dims, dtype=np.int64)) * target.itemsize
-            _write_one(out.fileno(), offset, src, target, flip, chunk_bytes)
-            proto.ClearField("raw_data")
-            proto.external_data.location = location
-            proto.external_data.offset = offset
-            proto.external_data.length = length
-            pad = -length % ALIGN
-            offset += length
-            if pad:
-                os.pwrite(out.fileno(), bytes(pad), offset)
-                offset += pad
-            if progress is not None:
-                progress(name, src.array.nbytes if src.array is not None else src.length)
-        out.truncate(offset)
-    return folder
+    return WeightsFile(model, directory, prefix, sources, transposed, chunk_bytes, progress).finish()
 
 
 def _unknown(proto) -> str:
@@ -365,22 +464,44 @@ def _copy_range(src_fd: int, src_offset: int, fd: int, offset: int, length: int,
 # --- both -------------------------------------------------------------------------------------------------
 
 
+class Writer:
+    """A split MindIR being written: the graph of `net` (built on LazyWeights) exported at once, its weights
+    file laid out (`weights`: whoever holds a weight's final bytes may `put` it), the rest written and the
+    graph saved by `finish`, named as mindspore.export names them: `<file_base>_graph.mindir` and
+    `<file_base>_variables/data_0`."""
+
+    def __init__(self, net, inputs, file_base: str | Path, sources: dict[str, Source],
+                 transposed: dict[str, bool] | None = None, chunk_bytes: int | None = None, progress=None):
+        import time
+
+        self.base = Path(file_base)
+        t0 = time.perf_counter()
+        self.model = export_graph(net, *inputs, file_name=str(self.base))
+        self.graph_seconds = round(time.perf_counter() - t0, 2)
+        self.weights = WeightsFile(self.model, self.base.parent, self.base.name, sources, transposed, chunk_bytes,
+                                   progress)
+
+    def finish(self) -> list[Path]:
+        """The weights not put written from their sources, then the graph (last: a graph file on disk means
+        its weights are complete). Returns both paths."""
+        folder = self.weights.finish()
+        graph = self.base.with_name(self.base.name + "_graph.mindir")
+        tmp = graph.with_name(graph.name + ".partial")
+        tmp.write_bytes(self.model.SerializeToString())
+        os.replace(tmp, graph)
+        return [graph, folder]
+
+
 def write(net, inputs, file_base: str | Path, sources: dict[str, Source], transposed: dict[str, bool] | None = None,
           chunk_bytes: int | None = None, progress=None, timings: dict | None = None) -> list[Path]:
-    """The split MindIR of `net` (built on LazyWeights) at `file_base`: `<file_base>_graph.mindir` and
-    `<file_base>_variables/data_0`, named as mindspore.export names them. Returns both paths; `timings`, if
-    given, receives graph_seconds (MindSpore's compile and export of the graph) and weights_seconds."""
+    """The split MindIR of `net` (built on LazyWeights) at `file_base` (Writer), every weight copied from
+    `sources`. Returns both paths; `timings`, if given, receives graph_seconds (MindSpore's compile and export
+    of the graph) and weights_seconds."""
     import time
 
-    base = Path(file_base)
-    t0 = time.perf_counter()
-    model = export_graph(net, *inputs, file_name=str(base))
+    writer = Writer(net, inputs, file_base, sources, transposed, chunk_bytes, progress)
     t1 = time.perf_counter()
-    folder = write_weights(model, base.parent, base.name, sources, transposed, chunk_bytes, progress)
-    graph = base.with_name(base.name + "_graph.mindir")
-    tmp = graph.with_name(graph.name + ".partial")
-    tmp.write_bytes(model.SerializeToString())
-    os.replace(tmp, graph)
+    files = writer.finish()
     if timings is not None:
-        timings.update(graph_seconds=round(t1 - t0, 2), weights_seconds=round(time.perf_counter() - t1, 2))
-    return [graph, folder]
+        timings.update(graph_seconds=writer.graph_seconds, weights_seconds=round(time.perf_counter() - t1, 2))
+    return files

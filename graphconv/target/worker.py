@@ -126,7 +126,7 @@ def export(task: dict) -> dict:
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     if _streams(task):
-        return _export_streamed(task)
+        return _export_streamed(task)[0]
     net, build_seconds = _build_network(task, direct=bool(task.get("direct")))
     return {**_export_built(net, task), "build_seconds": build_seconds}
 
@@ -167,9 +167,11 @@ def _streams(task: dict) -> bool:
     return bool(task.get("streamed")) and not task.get("checkpoint")
 
 
-def _export_streamed(task: dict) -> dict:
+def _export_streamed(task: dict, put_by_verification: bool = False) -> tuple[dict, object]:
     """graphconv/target/mindir_stream: the network built on lazy Parameters, its graph exported, the weights
-    copied from their files into <file_base>_variables/data_0 in bounded chunks."""
+    copied from their files into <file_base>_variables/data_0 in bounded chunks. With put_by_verification
+    the weights file is only laid out: the returned writer (else None) takes the weights the layer-streamed
+    verification holds anyway (blockwise.run_blocks), and its finish() writes the rest and the graph."""
     import mindspore as ms
     from mindspore import Tensor
 
@@ -182,16 +184,21 @@ def _export_streamed(task: dict) -> dict:
     net.set_train(False)
     t1 = time.perf_counter()
     placeholders = [Tensor(shape=spec["shape"], dtype=getattr(ms, spec["ms_dtype"])) for spec in task["inputs"]]
-    advance, external, timings = _progress_writer(task), task.get("external_weights") or {}, {}
+    advance, external = _progress_writer(task), task.get("external_weights") or {}
 
     def progress(name: str, nbytes: int) -> None:  # (the parent's tracker counts the model's own files)
         if advance is not None and name in external:
             advance(nbytes)
 
-    files = mindir_stream.write(net, placeholders, task["file_base"], _sources(task), task.get("param_layouts"),
-                                progress=progress, timings=timings)
-    return {"files": sorted(str(f) for f in files), "build_seconds": round(t1 - t0, 2),
-            "export_seconds": round(time.perf_counter() - t1, 2), "streamed": True, **timings}
+    writer = mindir_stream.Writer(net, placeholders, task["file_base"], _sources(task), task.get("param_layouts"),
+                                  progress=progress)
+    out = {"build_seconds": round(t1 - t0, 2), "streamed": True, "graph_seconds": writer.graph_seconds}
+    if put_by_verification:
+        return out, writer
+    t2 = time.perf_counter()
+    files = writer.finish()
+    return {**out, "files": sorted(str(f) for f in files), "weights_seconds": round(time.perf_counter() - t2, 2),
+            "export_seconds": round(time.perf_counter() - t1, 2)}, None
 
 
 def _export_built(net, task: dict) -> dict:
@@ -223,8 +230,9 @@ def export_and_verify(task: dict) -> dict:
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     exp, run, twin = task["export"], task["run"], task.get("twin")
+    writer = None
     if _streams(exp):  # (graphconv/target/mindir_stream) no Parameter holds a value: nothing to share
-        net, out = None, _export_streamed(exp)
+        net, (out, writer) = None, _export_streamed(exp, put_by_verification=bool(run.get("block_values")))
     else:
         net, build_seconds = _build_network(exp, direct=bool(exp.get("direct")))
         out = {**_export_built(net, exp), "build_seconds": build_seconds}
@@ -235,7 +243,7 @@ def export_and_verify(task: dict) -> dict:
             del net
             gc.collect()
             checked = twin if twin is not None else exp
-            out["verify"] = blockwise.run_blocks(checked, run, _sources(checked))
+            out["verify"] = blockwise.run_blocks(checked, run, _sources(checked), writer and writer.weights)
         elif twin is None:
             del net
             gc.collect()
@@ -252,6 +260,11 @@ def export_and_verify(task: dict) -> dict:
                              "shared_parameters": sum(1 for _ in shared)}
     except Exception as e:  # noqa: BLE001 - the parent decides (a lazy_inline refusal is retried)
         out["verify_error"] = f"{type(e).__name__}: {_first_line(str(e))}"
+    if writer is not None:  # the weights the blocks did not put (all of them if they failed), then the graph
+        t0 = time.perf_counter()
+        out["files"] = sorted(str(f) for f in writer.finish())
+        out.update(weights_put_by_verification_bytes=writer.weights.put_bytes,
+                   weights_seconds=round(time.perf_counter() - t0, 2))
     return out
 
 
