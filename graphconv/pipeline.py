@@ -277,17 +277,27 @@ class Compiler:
                                         "scopes to run it layer by layer")
         return pieces
 
-    def oracle_by_layers(self, cases, keep: set[str]) -> list[dict]:
+    def oracle_by_layers(self, cases, keep: set[str], variant=None) -> tuple[list[dict], list[dict] | None]:
         """The deferred oracle (validate): onnxruntime runs the model piece by piece (graphconv.verify.piecewise);
-        the values the layer-streamed check compares (`keep`) are kept in self.boundary_values."""
+        the values the layer-streamed check compares (`keep`) are kept in self.boundary_values. With `variant`
+        (ascend_precision_variant), that graph runs too, its pieces beside the model's of the same layer (one
+        read of the weights from disk): its outputs are returned second (else None)."""
         model, pieces = self._deferred_oracle
-        self.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces)")
+        runs = [(model, pieces, keep)]
+        variant_pieces = piecewise.partition(variant[0], self.scopes.nodes) if variant else None
+        if variant_pieces:
+            runs.append((variant[0], variant_pieces, set()))
+        self.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces"
+                           + (", with the ascend-precision variant's)" if variant_pieces else ")"))
         with self.report.stage("oracle") as st:
-            expected, self.boundary_values, rows = piecewise.run(model, pieces, cases, keep, progress=self.progress)
+            results = piecewise.run_together(runs, cases, progress=self.progress)
+            expected, self.boundary_values, rows = results[0]
             self.report.validation["oracle"] = "onnxruntime (layer by layer)"
             st.detail = {"pieces": len(rows), "largest_piece_weight_bytes": max(r["weight_bytes"] for r in rows),
                          "kept_values": len(self.boundary_values[0])}
-        return expected
+            if variant_pieces:
+                st.detail["ascend_precision_variant_pieces"] = len(results[1][2])
+        return expected, results[1][0] if variant_pieces else None
 
     def _accuracy_level_difference(self, loaded: LoadedModel, cases, expected) -> None:
         """MatMulNBits at accuracy_level 4 lets onnxruntime quantize the activations to int8, so the model as
@@ -566,24 +576,36 @@ class Compiler:
                                  "cosine": c.cosine})
         self.report.validation["precision"]["layers"] = rows
 
-    def check_ascend_precision(self, fused: onnx.ModelProto, cases, expected) -> None:
+    def ascend_precision_variant(self, fused: onnx.ModelProto) -> tuple[onnx.ModelProto, set, set] | None:
         """Where the ascend lowering computes in lower precision than the fused op's reference body (q/k/v
-        cast to fp16 around FlashAttentionScore), measure that effect separately: onnxruntime runs the fused
-        graph with bodies that round like the ascend lowering, compared at the lower precision's tolerance."""
+        cast to fp16 around FlashAttentionScore): the fused graph with bodies that round like the ascend
+        lowering, the ops that differ and the passes that make them; None where there is nothing to measure."""
+        if not self.target.measures_primitive_precision(self.opt.precision):
+            return None
         variant = opmap.fused.ascend_precision_variant(fused)
         if variant is None:
-            return
-        self.progress.info("ascend precision (fp16 casts) vs oracle")
+            return None
         used = {n.op_type for n in fused.graph.node if n.domain == opmap.fused.DOMAIN}
         variant_ops = {op for op in used if opmap.fused.FUSED_OPS[op].ascend_body}
         variant_passes = {opmap.fused.FUSED_OPS[op].producer for op in variant_ops}
         if _inputs_already_fp16(fused, variant_ops):  # (an fp16 model: the variant computes what the graph does)
             self.report.validation["ascend_precision"] = {"status": "not needed",
                                                           "why": "the fused ops' inputs are fp16 already"}
-            return
-        with self.report.stage("ascend-precision"):
-            pieces = piecewise.partition(variant, self.scopes.nodes) if self.layer_streamed else None
-            got = piecewise.run(variant, pieces, cases)[0] if pieces else reference.Oracle(variant).run(cases)
+            return None
+        return variant, variant_ops, variant_passes
+
+    def check_ascend_precision(self, variant, cases, expected, got=None) -> None:
+        """The ascend-precision variant (ascend_precision_variant) run by onnxruntime (`got`: already run, with
+        the layer-by-layer oracle) against the oracle, at the lower precision's tolerance."""
+        variant, variant_ops, variant_passes = variant
+        self.progress.info("ascend precision (fp16 casts) vs oracle")
+        with self.report.stage("ascend-precision") as st:
+            if got is not None:
+                st.detail = {"run": "with the oracle, piece by piece"}
+            elif self.layer_streamed and (pieces := piecewise.partition(variant, self.scopes.nodes)):
+                got = piecewise.run(variant, pieces, cases)[0]
+            else:
+                got = reference.Oracle(variant).run(cases)
             atol, rtol = compare.default_tolerance("float16")
             results, failures, beyond = [], [], []
             for case, exp, act in zip(cases, expected, got):
@@ -691,8 +713,9 @@ class Compiler:
             # One MindSpore child exports and runs the cases (graphconv/worker.export_and_verify).
             run = self._case_run(twin, cases, ws)
             block_plan = self._block_plan(twin_net or net, twin_task or task, run, model, ws)
+            variant, variant_got = self.ascend_precision_variant(fused), None
             if expected is None:  # the oracle runs layer by layer, keeping the values at the block boundaries
-                expected = self.oracle_by_layers(cases, set(self.block_names.values()))
+                expected, variant_got = self.oracle_by_layers(cases, set(self.block_names.values()), variant)
             files, done = self.emit(task, ws, checkpoint, run=run, twin=twin_task)
             mindir = self._mindir(files)
             self.report.census = census.primitive_census(mindir)
@@ -713,8 +736,8 @@ class Compiler:
                 checked = mindir = self._mindir(files)
                 self.report.census = census.primitive_census(mindir)
                 self.verify(checked, twin, cases, expected, net.output_names, ws, run=run, done=done)
-            if self.target.measures_primitive_precision(self.opt.precision):
-                self.check_ascend_precision(fused, cases, expected)
+            if variant is not None:
+                self.check_ascend_precision(variant, cases, expected, variant_got)
             if self.opt.precision != "fp32" and block_plan is not None:
                 self.report.warnings.append("no per-layer precision profile: it runs the whole network, and this "
                                             "one is verified layer by layer")

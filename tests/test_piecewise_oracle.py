@@ -123,3 +123,44 @@ def test_layer_streamed_compile_uses_the_layer_by_layer_oracle(tmp_path):
     assert ([o["max_abs"] for c in streamed.validation["cases"] for o in c["outputs"]]
             == [o["max_abs"] for c in whole.validation["cases"] for o in c["outputs"]])
     assert any("onnxsim's output is not run on its own" in w for w in streamed.warnings)
+
+
+def test_run_together_interleaves_and_gives_each_models_numbers():
+    """run_together runs two models of the same layers piece by piece, the second's pieces beside the
+    first's of the same name (the tiny Llama and a variant whose layer-1 output is scaled, so the numbers
+    differ): each gets exactly what it gets alone."""
+    model = load(TINY).proto
+    scopes = layers.record_scopes(model).nodes
+    variant = type(model)()
+    variant.CopyFrom(model)
+    out = variant.graph.output[0].name
+    producer = next(n for n in variant.graph.node if out in n.output)
+    producer.output[list(producer.output).index(out)] = out + "_unscaled"
+    variant.graph.initializer.append(numpy_helper.from_array(np.array(2.0, np.float32), "two"))
+    variant.graph.node.append(helper.make_node("Mul", [out + "_unscaled", "two"], [out]))
+    cases = reference.make_cases(model)
+    pieces, variant_pieces = piecewise.partition(model, scopes), piecewise.partition(variant, scopes)
+    alone = [piecewise.run(m, p, cases)[0] for m, p in ((model, pieces), (variant, variant_pieces))]
+    together = piecewise.run_together([(model, pieces, set()), (variant, variant_pieces, set())], cases)
+    for a, (t, _, rows) in zip(alone, together):
+        assert [r["piece"] for r in rows] == ["prologue", "model.layers[0]", "model.layers[1]", "epilogue"]
+        for x, y in zip(a, t):
+            assert np.array_equal(x[out], y[out])
+    assert np.allclose(together[1][0][0][out], 2 * together[0][0][0][out])
+
+
+def test_layer_streamed_ascend_compile_runs_the_precision_variant_with_the_oracle(tmp_path):
+    """On ascend the fp16-FlashAttention variant runs in the oracle's pass (its pieces beside the model's),
+    and measures what the whole-network compile's separate run measures."""
+    path, _, _ = _scale_model(tmp_path, layers_=2)
+    streamed = graphconv.compile(path, tmp_path / "s.mindir", target="ascend", layer_streamed=True)
+    whole = graphconv.compile(path, tmp_path / "w.mindir", target="ascend", layer_streamed=False)
+    oracle = next(s for s in streamed.stages if s.name == "oracle")
+    assert oracle.detail["ascend_precision_variant_pieces"] == 4  # prologue, 2 layers, epilogue
+    check = next(s for s in streamed.stages if s.name == "ascend-precision")
+    assert check.detail == {"run": "with the oracle, piece by piece"}
+    got = streamed.validation["ascend_precision"]
+    ref = whole.validation["ascend_precision"]
+    assert got["status"] == ref["status"] and len(got["outputs"]) == len(ref["outputs"]) == 2
+    for a, b in zip(got["outputs"], ref["outputs"]):
+        assert a["max_abs"] == b["max_abs"] and a["max_abs"] > 0

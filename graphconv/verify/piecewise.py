@@ -139,26 +139,59 @@ def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = fro
 
     `model` holds its big weights as external references (read in place, never loaded): each piece maps
     only its own and unmaps them before the next."""
-    from graphconv.verify import reference
+    return run_together([(model, pieces, keep)], cases, progress)[0]
 
-    bare, refs = weights.stripped(model)
-    declared = {i.name: i for i in bare.graph.input}
-    graph_outputs = [o.name for o in model.graph.output]
-    envs = [dict(c.inputs) for c in cases]
-    kept: list[dict[str, np.ndarray]] = [{} for _ in cases]
-    rows = []
-    tracker = progress.track("oracle (layer by layer)", len(pieces), "pieces") if progress else None
-    for k, piece in enumerate(pieces):
+
+def run_together(runs: list[tuple[onnx.ModelProto, list[Piece], set[str]]], cases, progress=None) -> list[tuple]:
+    """`run` for several models of the same layers (the model and its ascend-precision variant), their
+    pieces interleaved by name (each run's pieces still in its own order): a layer's weights are read from
+    disk once for all of them, the later runs finding them in the page cache. One (outputs, kept, rows) per run."""
+    runners = [_Runner(model, pieces, cases, keep) for model, pieces, keep in runs]
+    tracker = progress.track("oracle (layer by layer)", sum(len(r.pieces) for r in runners), "pieces") \
+        if progress else None
+
+    def advance(r: _Runner, count: int) -> None:
+        for _ in range(count):
+            r.step()
+            if tracker:
+                tracker.update(sum(q.next for q in runners))
+
+    for piece in runners[0].pieces:
+        for r in runners:  # each run up to its piece of that name, if it has one (the first: that piece)
+            names = [q.name for q in r.pieces[r.next:]]
+            if piece.name in names:
+                advance(r, names.index(piece.name) + 1)
+    for r in runners:
+        advance(r, len(r.pieces) - r.next)
+    return [r.results() for r in runners]
+
+
+class _Runner:
+    """One model run piece by piece over the cases (`run`): `step` runs the next piece."""
+
+    def __init__(self, model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str]):
+        self.pieces, self.keep, self.next = pieces, keep, 0
+        self.bare, self.refs = weights.stripped(model)
+        self.declared = {i.name: i for i in self.bare.graph.input}
+        self.graph_outputs = [o.name for o in model.graph.output]
+        self.envs = [dict(c.inputs) for c in cases]
+        self.kept: list[dict[str, np.ndarray]] = [{} for _ in cases]
+        self.rows: list[dict] = []
+
+    def step(self) -> None:
+        from graphconv.verify import reference
+
+        k, piece, envs = self.next, self.pieces[self.next], self.envs
         t0 = time.perf_counter()
-        later = {r for p in pieces[k + 1:] for r in p.reads} | set(graph_outputs)
-        outputs = [o for n in piece.nodes for o in n.output if o and (o in later or o in keep)]
-        feeds = {r: weights.read(refs[r]) for r in piece.reads if r in refs}
-        inputs = {r: declared[r] for r in piece.reads if r in declared}
+        later = {r for p in self.pieces[k + 1:] for r in p.reads} | set(self.graph_outputs)
+        outputs = [o for n in piece.nodes for o in n.output if o and (o in later or o in self.keep)]
+        feeds = {r: weights.read(self.refs[r]) for r in piece.reads if r in self.refs}
+        inputs = {r: self.declared[r] for r in piece.reads if r in self.declared}
         inputs.update({r: _value_info(r, envs[0][r]) for r in piece.reads if r not in inputs and r in envs[0]})
-        sub = _piece_model(bare, piece, inputs, outputs)
+        sub = _piece_model(self.bare, piece, inputs, outputs)
         try:
             sess = reference.ort_session(sub.SerializeToString())
-            for env, saved in zip(envs, kept):
+            for env, saved in zip(envs, self.kept):
                 given = {r: env[r] for r in piece.reads if r in env}
                 for name, value in zip(outputs, sess.run(outputs, {**given, **feeds})):
                     # a copy: an output onnxruntime hands back can hold on to its session's memory arena,
@@ -173,9 +206,10 @@ def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = fro
         for env in envs:  # values no later piece reads
             for name in [n for n in env if n not in later]:
                 del env[name]
-        rows.append({"piece": piece.name, "nodes": len(piece.nodes), "weight_bytes": mapped,
-                     "seconds": round(time.perf_counter() - t0, 3)})
-        if tracker:
-            tracker.update(k + 1)
-    outputs = [{o: env[o] for o in graph_outputs} for env in envs]
-    return outputs, kept, rows
+        self.rows.append({"piece": piece.name, "nodes": len(piece.nodes), "weight_bytes": mapped,
+                          "seconds": round(time.perf_counter() - t0, 3)})
+        self.next += 1
+
+    def results(self) -> tuple:
+        outputs = [{o: env[o] for o in self.graph_outputs} for env in self.envs]
+        return outputs, self.kept, self.rows
