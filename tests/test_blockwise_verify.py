@@ -46,8 +46,10 @@ def test_tiny_llama_layer_streamed_matches_whole_network(tmp_path):
     assert [b["class"] for b in blocks[1:3]] == ["LlamaDecoderLayer"] * 2
     for b in blocks[1:3]:  # each layer's output (the residual stream) is compared with onnxruntime's
         assert len(b["values"]) == 1 and 0 <= b["max_abs"] < 1e-4
-    # the layer blocks read only their own layer's weights, the same amount each
+    # the layer blocks read only their own layer's weights, the same amount each, every one of them asked
+    # of the kernel ahead (blockwise.weight_names)
     assert blocks[1]["weight_bytes"] == blocks[2]["weight_bytes"] > 0
+    assert all(b["not_read_ahead"] == [] for b in blocks[:-1])
     # layer 1 runs on layer 0's compiled Cell with its own weights swapped in (blockwise.structure): its
     # output agreeing with onnxruntime's shows the swap took effect
     assert [b["compiled_again"] for b in blocks[1:3]] == [True, False]
@@ -95,6 +97,7 @@ def test_compile_scale_synthetic_model(tmp_path):
     assert all(b["kind"] == "inline" for b in layers)
     assert all(len(b["values"]) >= 1 and b["max_abs"] < 1e-4 for b in layers)  # layer outputs have ONNX names
     assert layers[1]["weight_bytes"] == layers[2]["weight_bytes"] > 0
+    assert all(b["not_read_ahead"] == [] for b in blocks[:-1])  # every weight read was asked ahead
     # layer 0 exports a shape the others read and the last layer's residual add is the epilogue's: layers 1
     # and 2 share a structure, and layer 2 runs on layer 1's compiled Cell with its own weights
     assert [b["compiled_again"] for b in layers] == [True, True, False, True]

@@ -30,6 +30,7 @@ import ast
 import dataclasses
 import gc
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -260,6 +261,35 @@ def structure(p: Plan, k: int) -> str:
     return ast.dump(tree)
 
 
+def weight_names(p: Plan, k: int) -> set[str]:
+    """The string constants of block k's weight bindings (its `_param(weights, '<weight>', ...)` statements and
+    its layer instance's `<LayerClass>(weights, ('<weight>', ...))`): every weight it reads is among them."""
+    b = p.blocks[k]
+    nodes = [p.init[a] for a in _self_attrs(b.statements) if a in p.init]
+    if b.kind == "layer":
+        nodes.append(p.rows[b.layer])
+    return {c.value for n in nodes for c in ast.walk(n) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+
+
+def _read_ahead(sources: dict, names: set[str]) -> None:
+    """Ask the kernel to start reading these weights' file ranges into the page cache (posix_fadvise
+    WILLNEED: it returns at once), so that the next block's reads overlap this block's transposes and run."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for name in names:
+        src = sources.get(name)
+        if src is None or src.path is None or not src.length:
+            continue
+        try:
+            fd = os.open(src.path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, src.offset, src.length, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+        except OSError:  # a hint only
+            pass
+
+
 def module_source(p: Plan) -> str:
     """The generated module (its layer classes without lazy_inline: they run directly) with every block class."""
     text = p.text.replace("\nLAZY_INLINE = True\n", "\nLAZY_INLINE = False\n", 1)
@@ -324,9 +354,11 @@ class _BlockWeights:
     def __init__(self, sources: dict):
         self.sources = sources
         self.read_bytes = 0
+        self.read: list[str] = []
 
     def __getitem__(self, name: str) -> np.ndarray:
         src = self.sources[name]
+        self.read.append(name)
         if src.array is not None:
             return src.array
         count = int(np.prod(src.shape, dtype=np.int64))
@@ -390,6 +422,8 @@ def _run_blocks(p: Plan, module, envs: list, run: dict, sources: dict, weights_f
     blocks, final = [], [None] * len(envs)
     for k, b in enumerate(p.blocks):
         t0 = time.perf_counter()
+        if k + 1 < len(p.blocks):
+            _read_ahead(sources, weight_names(p, k + 1) if k else weight_names(p, 0) | weight_names(p, 1))
         weights = _BlockWeights(sources)
         key = structure(p, k)
         reused = key in compiled
@@ -425,6 +459,7 @@ def _run_blocks(p: Plan, module, envs: list, run: dict, sources: dict, weights_f
         blocks.append({"name": b.name, "kind": b.kind, "class": b.layer_class, "outputs": b.outputs,
                        "seconds": round(time.perf_counter() - t0, 2), "weight_bytes": weights.read_bytes,
                        "reused": reused, "weights_seconds": round(t1 - t0, 2), "write_seconds": round(t2 - t1, 2),
+                       "not_read_ahead": sorted(set(weights.read) - weight_names(p, k)),
                        "rss_after": _rss()})
     for c, out_path in enumerate(run["outputs"]):
         np.savez(out_path, **{f"out{i}": o.asnumpy() for i, o in enumerate(final[c])})
@@ -497,7 +532,7 @@ def check(blocks: list[dict], names: dict[str, str], cases, expected: list[dict]
         rows.append({"block": b["name"], "kind": b["kind"], "class": b.get("class"), "values": [names[n] for n in compared],
                      "max_abs": worst, "weight_bytes": b["weight_bytes"], "seconds": b["seconds"],
                      "rss_after": b["rss_after"], "compiled_again": not b["reused"],
-                     **{k: b[k] for k in ("weights_seconds", "write_seconds") if k in b}})
+                     **{k: b[k] for k in ("weights_seconds", "write_seconds", "not_read_ahead") if k in b}})
         if bad is not None and failure is None:
             failure = f"block {b['name']}" + (f" ({b['class']})" if b.get("class") else "") + f": {bad}"
     last = blocks[-1]
