@@ -15,6 +15,11 @@ kernels). Blocks that are the same up to renaming (`structure`: a model's layers
 once per input shape, which takes each block's weights in turn (Parameter.set_data): the first layer's graph
 compile serves them all (measured on the 1.1B benchmark model: ~1.2 s per layer instead of ~2.7 s).
 
+The run is also the streamed MindIR's weight writer (mindir_stream.WeightsFile): each block's Parameters,
+once set, are put into the MindIR's data file (by a background thread, while the block runs), so the
+weights are read from disk and transposed once for both. The next block's weights are asked of the kernel
+ahead (posix_fadvise WILLNEED), so that their reading overlaps this block's work.
+
 The reference: onnxruntime runs the model one layer at a time (graphconv.verify.piecewise), keeping the
 ONNX values the block boundaries correspond to; where the oracle could not be cut into layers, it runs the
 model once with those values added as graph outputs (`oracle_values`).
