@@ -525,3 +525,43 @@ def test_merged_weight_of_external_sources_is_made_when_spilled(tmp_path, monkey
     assert isinstance(spilled, ir.ExternalTensor) and moved >= spilled.nbytes
     src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
     np.testing.assert_array_equal(spilled.numpy(), np.concatenate([src["wg"], src["wu"]], axis=1))
+
+
+def test_a_spilled_merged_weight_is_remade_from_its_sources_in_process(tmp_path, monkeypatch):
+    """weights.read of a spilled merged weight makes it again from its sources (the pages a layer-by-layer
+    run has just read) instead of reading the spill: the same array. If a source changed since the spill,
+    the remade array differs from the spilled bytes and the spill is read."""
+    from graphconv.frontend import weights
+    from graphconv.frontend.load import load
+
+    original = _mlp_graph()
+    path = tmp_path / "mlp.onnx"
+    saved = onnx.ModelProto()
+    saved.CopyFrom(original)
+    onnx.save(saved, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="mlp.onnx.data", size_threshold=0)
+    m = ir.from_proto(load(path).proto)
+    passes.PassManager("fuse-swiglu").run(m)
+    monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 0)
+    spill = weights.SpillFile(tmp_path / "spill.bin")
+    weights.spill_new_tensors(m, spill)
+    t = m.graph.initializers["wg_gate_up"].const_value
+    ref = [t.path, t.offset, t.length, t.dtype.numpy().name, list(t.shape)]
+    src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    expected = np.concatenate([src["wg"], src["wu"]], axis=1)
+    got = weights.read(ref)
+    assert not isinstance(got, np.memmap)  # remade, not mapped from the spill
+    np.testing.assert_array_equal(got, expected)
+    def changed():  # what a remake would give had a source changed since the spill
+        return np.zeros_like(expected)
+
+    spill._remakes.append(changed)
+    weights._REMAKE[(str(t.path), t.offset)] = changed
+    again = weights.read(ref)
+    assert isinstance(again, np.memmap)  # the remade one (zeros) is not the spilled copy: the copy is read
+    np.testing.assert_array_equal(again, expected)
+    del spill, changed
+    import gc
+
+    gc.collect()
+    assert (str(t.path), t.offset) not in weights._REMAKE  # the remakes went with their spill file

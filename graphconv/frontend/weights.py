@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -80,9 +81,21 @@ def take_over_external(model: onnx.ModelProto, base_dir: Path) -> None:
             t.data_location = onnx.TensorProto.DEFAULT
 
 
+# (spill file path, offset) -> how to make that spilled weight again from its sources (SpillFile.external_tensor's
+# `remake`). Weak: an entry goes with its SpillFile (a compile's), which holds the function.
+_REMAKE: "weakref.WeakValueDictionary[tuple[str, int], object]" = weakref.WeakValueDictionary()
+
+
 def read(ref: WeightRef | list, mmap: bool = True) -> np.ndarray:
-    """The tensor's values: a read-only memory map (default) or a fresh array read from the file."""
+    """The tensor's values: a read-only memory map (default) or a fresh array read from the file. A weight a
+    pass made and spilled with a `remake` is made again instead (its sources are the pages a layer-by-layer
+    run has just read: cheaper than reading the spill file from disk); it is the same array."""
     path, offset, length, dtype, shape = ref.as_list() if isinstance(ref, WeightRef) else ref
+    remake = _REMAKE.get((str(path), int(offset)))
+    if remake is not None:
+        array = remake()
+        if _same_as_spilled(array, path, offset, length, dtype, shape):
+            return array
     dt = _dtype_by_name(dtype)
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if count == 0:
@@ -92,6 +105,21 @@ def read(ref: WeightRef | list, mmap: bool = True) -> np.ndarray:
     with open(path, "rb") as f:
         f.seek(offset)
         return np.fromfile(f, dtype=dt, count=count).reshape(shape)
+
+
+def _same_as_spilled(array: np.ndarray, path, offset: int, length: int, dtype: str, shape) -> bool:
+    """A remade weight is its spilled copy: dtype, shape, and its first and last bytes (a guard against a
+    source changed since the spill: then the copy is read)."""
+    if array.dtype.name != dtype or list(array.shape) != list(shape) or array.nbytes != length or not length:
+        return False
+    raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+    k = min(64, length)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        head = f.read(k)
+        f.seek(offset + length - k)
+        tail = f.read(k)
+    return head == raw[:k].tobytes() and tail == raw[-k:].tobytes()
 
 
 def to_array(t: onnx.TensorProto) -> np.ndarray:
@@ -159,6 +187,7 @@ class SpillFile:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._remakes: list = []  # the functions weights._REMAKE refers to, alive as long as this file
 
     def _append(self, array: np.ndarray) -> tuple[int, int]:
         array = np.ascontiguousarray(array)
@@ -179,8 +208,14 @@ class SpillFile:
             t.external_data.add(key=k, value=v)
         return t
 
-    def external_tensor(self, name: str, array: np.ndarray) -> ir.ExternalTensor:
+    def external_tensor(self, name: str, array: np.ndarray, remake=None) -> ir.ExternalTensor:
+        """`remake()`, if given, returns `array` again from its sources: `read` in this process calls it
+        instead of reading the spilled copy (a merged gate/up weight, whose sources a layer-by-layer run of
+        the graph before the passes has just read)."""
         offset, length = self._append(array)
+        if remake is not None:
+            self._remakes.append(remake)
+            _REMAKE[(str(self.path), offset)] = remake
         return ir.ExternalTensor(str(self.path), offset, length, ir.DataType.from_numpy(array.dtype),
                                  shape=ir.Shape(array.shape), name=name)
 
@@ -196,9 +231,20 @@ def spill_new_tensors(model: ir.Model, spill: SpillFile) -> int:
         t = value.const_value
         if t is None or isinstance(t, ir.ExternalTensor) or t.nbytes < SPILL_MIN_BYTES:
             continue
-        value.const_value = spill.external_tensor(value.name, t.numpy())
+        remake = _remake_of(t) if isinstance(t, ir.LazyTensor) else None
+        value.const_value = spill.external_tensor(value.name, t.numpy(), remake)
         moved += t.nbytes
     return moved
+
+
+def _remake_of(lazy: ir.LazyTensor):
+    """A function computing the lazy tensor's array again (passes.match.made_weight's: from its sources)."""
+    make = lazy._func  # (onnx-ir keeps no public handle on it)
+
+    def remake() -> np.ndarray:
+        return make().numpy()
+
+    return remake
 
 
 def save_self_contained(model: onnx.ModelProto, path: Path) -> list[Path]:
