@@ -588,3 +588,29 @@ def test_cpu_bundle_runs_route_a_and_passes_its_own_comparison(built_cpu, tmp_pa
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmp = _run_compare(directory, tmp_path / "run")
     assert cmp.returncode == 0, cmp.stdout + cmp.stderr
+
+
+@pytest.mark.parametrize("layer_streamed", [False, True])
+def test_streamed_cpu_bundle_runs_route_a(tmp_path, monkeypatch, layer_streamed):
+    """A bundle of a model whose weights are streamed into the MindIR (past emit.STREAM_MIN_BYTES, lowered so
+    the tiny Llama qualifies; its checkpoint copied from the MindIR's data file): the split MindIR and its
+    _variables folder are in the bundle, route A loads and runs it on CPU, and it passes its own comparison."""
+    from graphconv.target import emit
+
+    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    d = tmp_path / "ext"
+    d.mkdir()
+    onnx.save(onnx.load(MODEL), d / "tiny_llama.onnx", save_as_external_data=True, location="tiny_llama.onnx.data",
+              size_threshold=1024)
+    report = graphconv.compile(d / "tiny_llama.onnx", tmp_path / "tiny_llama.mindir", target="cpu",
+                               bundle=tmp_path / "bundle", layer_streamed=layer_streamed)
+    assert report.status == "verified"
+    assert next(s for s in report.stages if s.name == "emit").detail["streamed"] is True
+    directory = tmp_path / "bundle"
+    assert deploy.check_bundle(directory) == []
+    assert (directory / "source" / "network.ckpt").stat().st_size > 100_000
+    proc = subprocess.run([sys.executable, str(directory / "mindspore/infer_mindspore.py"), "--device", "CPU",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=directory.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cmp = _run_compare(directory, tmp_path / "run")
+    assert cmp.returncode == 0, cmp.stdout + cmp.stderr

@@ -351,3 +351,83 @@ def test_layer_streamed_run_writes_the_weights_it_holds(external_llama, tmp_path
     assert data[True, "graph"] == data[False, "graph"]
     assert "weights_put_by_verification_bytes" not in reports[False]["emit"]["detail"]
     assert reports[True]["emit"]["detail"]["weights_put_by_verification_bytes"] == data[True, "weights"]
+
+
+@pytest.mark.parametrize("layer_streamed", [False, True])
+def test_streamed_export_writes_the_checkpoint_mindspore_writes(external_llama, tmp_path, monkeypatch,
+                                                                layer_streamed):
+    """--emit-source of a streamed export: network.ckpt is copied from the MindIR's data file
+    (mindir_stream.write_checkpoint), byte for byte the file mindspore.save_checkpoint writes for the
+    network built with its weights (the unstreamed export), and mindspore.load_checkpoint reads it back."""
+    outs = {}
+    for streamed in (False, True):
+        monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0 if streamed else 1 << 40)
+        out = tmp_path / f"out_{streamed}"
+        out.mkdir()
+        graphconv.compile(external_llama, out / "m.mindir", target="ascend", report_path=out / "r.json",
+                          emit_source=out / "src", layer_streamed=layer_streamed)
+        emit_stage = next(s for s in json.loads((out / "r.json").read_text())["stages"] if s["name"] == "emit")
+        assert emit_stage["detail"].get("streamed", False) is streamed
+        outs[streamed] = (out / "src" / "network.ckpt").read_bytes()
+    assert len(outs[True]) > 100_000 and outs[True] == outs[False]
+    code = textwrap.dedent(f"""
+        import mindspore as ms, numpy as np
+        a = ms.load_checkpoint({str(tmp_path / "out_True" / "src" / "network.ckpt")!r})
+        b = ms.load_checkpoint({str(tmp_path / "out_False" / "src" / "network.ckpt")!r})
+        assert sorted(a) == sorted(b) and len(a) > 5
+        assert all(np.array_equal(a[k].asnumpy(), b[k].asnumpy()) for k in a)
+        print("ok", len(a))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
+
+
+_SLICED_CKPT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn, Parameter, Tensor
+    from mindspore.train import serialization
+    from graphconv.target import mindir_stream
+    from graphconv.verify import census
+    serialization.SLICE_SIZE = 1  # KiB: Parameters past 1 KiB are written in slices
+    mindir_stream.CKPT_SLICE_BYTES = 1024
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((300, 7)).astype(np.float32)  # 8,400 bytes: 9 slices
+    v = rng.standard_normal(5).astype(np.float16)
+    empty = np.zeros((0, 4), np.float32)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter(Tensor(np.ascontiguousarray(w.T)), name="z.w")  # stored transposed
+            self.v = Parameter(Tensor(v), name="a.v")
+            self.e = Parameter(Tensor(empty), name="e")  # not in the graph: made from its source
+
+    tmp = Path(sys.argv[1]).parent
+    ms.save_checkpoint(Net(), str(tmp / "ref.ckpt"))
+    (tmp / "src.bin").write_bytes(w.tobytes() + v.tobytes())
+    sources = {"z.w": mindir_stream.Source((300, 7), "float32", str(tmp / "src.bin"), 0, w.nbytes),
+               "a.v": mindir_stream.Source((5,), "float16", str(tmp / "src.bin"), w.nbytes, v.nbytes),
+               "e": mindir_stream.Source.of_array(empty)}
+    model = census.mind_ir_pb2().ModelProto()
+    model.graph.parameter.add(name="1:z.w", dims=[7, 300], data_type=1)
+    model.graph.parameter.add(name="1:a.v", dims=[5], data_type=10)
+    wf = mindir_stream.WeightsFile(model, tmp / "mindir", "m", sources, {"z.w": True})
+    wf.finish()
+    params = [("z.w", "float32", (7, 300)), ("a.v", "float16", (5,)), ("e", "float32", (0, 4))]
+    mindir_stream.write_checkpoint(tmp / "ours.ckpt", params, wf, {"z.w": True})
+    loaded = ms.load_checkpoint(str(tmp / "ours.ckpt"))
+    print("RESULT " + json.dumps({"same": (tmp / "ours.ckpt").read_bytes() == (tmp / "ref.ckpt").read_bytes(),
+                                  "size": (tmp / "ours.ckpt").stat().st_size, "loaded": sorted(loaded),
+                                  "w": bool(np.array_equal(loaded["z.w"].asnumpy(), w.T))}))
+""")
+
+
+def test_checkpoint_slices_are_mindspores(tmp_path):
+    """write_checkpoint at a lowered slice size (a Parameter in 9 slices), an fp16 one and an empty one not in
+    the graph: byte for byte mindspore.save_checkpoint's file at the same SLICE_SIZE, and it loads."""
+    got = _child(_SLICED_CKPT, tmp_path / "arg", tmp_path)
+    assert got["same"] and got["size"] > 8400 and got["w"]
+    assert got["loaded"] == ["a.v", "z.w"]  # (an empty Parameter writes no value, in both)

@@ -80,7 +80,7 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
         "folded_npz": str(folded_npz) if folded_npz else None,
         "param_names": [p.name for p in net.params], "inputs": placeholders(model),
         "param_layouts": {p.name: p.transposed for p in net.params},
-        # graphconv/target/worker._export_streamed (unless a checkpoint is asked for: it needs the values)
+        # graphconv/target/worker._export_streamed (a checkpoint asked for is copied from the MindIR's weights)
         "streamed": bool(external) and param_bytes > STREAM_MIN_BYTES,
     }
     return net, task

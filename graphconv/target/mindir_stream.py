@@ -32,6 +32,14 @@ mindspore/core/load_mindir/load_model.cc; and experiments with mindspore.export 
 - the loader reads each data_N whole into memory and keeps it until the load ends, then copies every tensor
   out of it: loading a split MindIR holds twice its weight bytes (what mindspore.load costs, not this writer).
 
+The checkpoint (`--emit-source`, `--bundle`: network.ckpt), as mindspore.save_checkpoint 2.10 writes it
+(serialization.py `_exec_save`, `_write_parameter_bytes_data`; checkpoint.proto): one serialized `Checkpoint`
+message per slice of each Parameter, in the network's parameter order, concatenated (protobuf merges them
+into one repeated `value`): `Value {tag = name; tensor = TensorProto {dims (unpacked int64s), tensor_type
+("Float32", str(mindspore dtype)), tensor_content}}`, a slice being 512 MiB of the Parameter's bytes (SLICE_SIZE
+KiB * 1024); an empty Parameter writes nothing. `write_checkpoint` copies each Parameter's bytes from the
+MindIR's data_0 (already in the Parameter's layout and dtype), so the two hold the same values.
+
 Layout changes are applied on the way: a Parameter stored transposed (Linear's [out, in] layout,
 graphconv/target/lowering.dense_weights) is read as strips of whole source columns or blocks of whole source
 rows (whichever makes the larger reads and writes) and transposed in memory one strip at a time; a
@@ -464,6 +472,91 @@ def _copy_range(src_fd: int, src_offset: int, fd: int, offset: int, length: int,
 # --- both -------------------------------------------------------------------------------------------------
 
 
+CKPT_SLICE_BYTES = 512 * 1024 * 1024  # mindspore.train.serialization SLICE_SIZE (KiB) * 1024
+_CKPT_TYPES = {"float16": "Float16", "bfloat16": "BFloat16", "float32": "Float32", "float64": "Float64",
+               "int8": "Int8", "uint8": "UInt8", "int16": "Int16", "uint16": "UInt16", "int32": "Int32",
+               "uint32": "UInt32", "int64": "Int64", "uint64": "UInt64", "bool": "Bool"}
+
+
+def _numpy_name(ms_dtype) -> str:
+    """A MindSpore dtype's numpy name (Float32 -> float32, BFloat16 -> bfloat16, Bool -> bool)."""
+    by_ms = {v: k for k, v in _CKPT_TYPES.items()}
+    return by_ms.get(str(ms_dtype), str(ms_dtype).lower())
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _ckpt_slice_header(name: str, dims: tuple, tensor_type: str, content_bytes: int) -> bytes:
+    """The bytes of one serialized Checkpoint{value: [Value{tag, tensor}]} up to (not including) the
+    tensor_content's `content_bytes` bytes, the last field of each message (the module docstring)."""
+    tensor_head = b"".join(_varint(1 << 3 | 0) + _varint(int(d)) for d in dims)
+    tensor_head += _field(2, tensor_type.encode()) + _varint(3 << 3 | 2) + _varint(content_bytes)
+    tensor_len = len(tensor_head) + content_bytes
+    value_head = _field(1, name.encode()) + _varint(2 << 3 | 2) + _varint(tensor_len) + tensor_head
+    return _varint(1 << 3 | 2) + _varint(len(value_head) + content_bytes) + value_head
+
+
+def write_checkpoint(path: str | Path, parameters: list[tuple[str, str, tuple]], weights: "WeightsFile",
+                     transposed: dict[str, bool]) -> Path:
+    """`path` as mindspore.save_checkpoint writes the network's Parameters (`parameters`: name, numpy dtype,
+    shape, in the network's order), each one's bytes copied from the finished MindIR data file `weights`
+    (in the kernel, like a plain weight copy); a Parameter the graph does not hold (an unused one) is
+    converted from its source in memory. Written to a .partial file, then renamed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    data = weights.folder / "data_0"
+    with open(data, "rb", buffering=0) as src, open(tmp, "wb", buffering=0) as out:
+        pos = 0
+        for name, dtype, shape in parameters:
+            tensor_type = _CKPT_TYPES.get(dtype)
+            if tensor_type is None:
+                raise StreamError(f"parameter {name!r}: a checkpoint of dtype {dtype} is not written")
+            entry = weights.entries.get(name)
+            if entry is not None and (entry[2].name != dtype or entry[4] != tuple(shape)):
+                raise StreamError(f"parameter {name!r}: the MindIR holds {entry[2].name}{list(entry[4])}, the "
+                                  f"network {dtype}{list(shape)}")
+            if entry is None:
+                own = _materialized(weights.sources[name], numpy_dtype(dtype), bool(transposed.get(name)))
+                raw = memoryview(_bytes_of(own))
+            for start in range(0, entry[1] if entry else len(raw), CKPT_SLICE_BYTES):
+                n = min(CKPT_SLICE_BYTES, (entry[1] if entry else len(raw)) - start)
+                header = _ckpt_slice_header(name, shape, tensor_type, n)
+                _pwrite_all(out.fileno(), header, pos)
+                pos += len(header)
+                if entry:
+                    _copy_range(src.fileno(), entry[0] + start, out.fileno(), pos, n, CHUNK_BYTES)
+                else:
+                    _pwrite_all(out.fileno(), raw[start:start + n], pos)
+                pos += n
+        out.truncate(pos)
+    os.replace(tmp, path)
+    return path
+
+
+def _materialized(src: Source, target: np.dtype, flip: bool) -> np.ndarray:
+    """A Parameter's whole array from its source (the layout and dtype conversions of _write_one)."""
+    if src.array is not None:
+        arr = np.asarray(src.array)
+    else:
+        with open(src.path, "rb", buffering=0) as f:
+            arr = _read(f.fileno(), src.offset, src.length // numpy_dtype(src.dtype).itemsize,
+                        numpy_dtype(src.dtype)).reshape(src.shape)
+    arr = _cast(arr, target)
+    return np.ascontiguousarray(arr.T if flip else arr)
+
+
 class Writer:
     """A split MindIR being written: the graph of `net` (built on LazyWeights) exported at once, its weights
     file laid out (`weights`: whoever holds a weight's final bytes may `put` it), the rest written and the
@@ -475,16 +568,21 @@ class Writer:
         import time
 
         self.base = Path(file_base)
+        # every Parameter in the order mindspore.save_checkpoint writes them: name, numpy dtype, shape
+        self.parameters = [(q.name, _numpy_name(q.dtype), tuple(int(d) for d in q.shape)) for q in net.get_parameters()]
+        self.transposed = transposed or {}
         t0 = time.perf_counter()
         self.model = export_graph(net, *inputs, file_name=str(self.base))
         self.graph_seconds = round(time.perf_counter() - t0, 2)
         self.weights = WeightsFile(self.model, self.base.parent, self.base.name, sources, transposed, chunk_bytes,
                                    progress)
 
-    def finish(self) -> list[Path]:
+    def finish(self, checkpoint: str | Path | None = None) -> list[Path]:
         """The weights not put written from their sources, then the graph (last: a graph file on disk means
-        its weights are complete). Returns both paths."""
+        its weights are complete), and `checkpoint` if asked (write_checkpoint). Returns the MindIR's paths."""
         folder = self.weights.finish()
+        if checkpoint:
+            write_checkpoint(checkpoint, self.parameters, self.weights, self.transposed)
         graph = self.base.with_name(self.base.name + "_graph.mindir")
         tmp = graph.with_name(graph.name + ".partial")
         tmp.write_bytes(self.model.SerializeToString())

@@ -163,8 +163,8 @@ def _sources(task: dict) -> dict:
 
 
 def _streams(task: dict) -> bool:
-    """Whether the export is streamed (emit.prepare decides; a checkpoint needs the values: then not)."""
-    return bool(task.get("streamed")) and not task.get("checkpoint")
+    """Whether the export is streamed (emit.prepare decides; a checkpoint is then copied from the MindIR)."""
+    return bool(task.get("streamed"))
 
 
 def _export_streamed(task: dict, put_by_verification: bool = False) -> tuple[dict, object]:
@@ -177,8 +177,6 @@ def _export_streamed(task: dict, put_by_verification: bool = False) -> tuple[dic
 
     from graphconv.target import mindir_stream
 
-    if task.get("checkpoint"):
-        raise RuntimeError("a streamed export writes no checkpoint (its Parameters hold no values)")
     t0 = time.perf_counter()
     net = _import_network(task["source"], task["class_name"], bool(task.get("direct")))(mindir_stream.LazyWeights())
     net.set_train(False)
@@ -196,7 +194,7 @@ def _export_streamed(task: dict, put_by_verification: bool = False) -> tuple[dic
     if put_by_verification:
         return out, writer
     t2 = time.perf_counter()
-    files = writer.finish()
+    files = writer.finish(task.get("checkpoint"))
     return {**out, "files": sorted(str(f) for f in files), "weights_seconds": round(time.perf_counter() - t2, 2),
             "export_seconds": round(time.perf_counter() - t1, 2)}, None
 
@@ -262,7 +260,7 @@ def export_and_verify(task: dict) -> dict:
         out["verify_error"] = f"{type(e).__name__}: {_first_line(str(e))}"
     if writer is not None:  # the weights the blocks did not put (all of them if they failed), then the graph
         t0 = time.perf_counter()
-        out["files"] = sorted(str(f) for f in writer.finish())
+        out["files"] = sorted(str(f) for f in writer.finish(exp.get("checkpoint")))
         out.update(weights_put_by_verification_bytes=writer.weights.put_bytes,
                    weights_seconds=round(time.perf_counter() - t0, 2))
     return out
