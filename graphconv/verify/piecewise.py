@@ -156,13 +156,17 @@ def run_together(runs: list[tuple[onnx.ModelProto, list[Piece], set[str]]], case
             if tracker:
                 tracker.update(sum(q.next for q in runners))
 
-    for piece in runners[0].pieces:
-        for r in runners:  # each run up to its piece of that name, if it has one (the first: that piece)
-            names = [q.name for q in r.pieces[r.next:]]
-            if piece.name in names:
-                advance(r, names.index(piece.name) + 1)
-    for r in runners:
-        advance(r, len(r.pieces) - r.next)
+    gc.freeze()  # the collection after each piece need not walk the compile's graphs again
+    try:
+        for piece in runners[0].pieces:
+            for r in runners:  # each run up to its piece of that name, if it has one (the first: that piece)
+                names = [q.name for q in r.pieces[r.next:]]
+                if piece.name in names:
+                    advance(r, names.index(piece.name) + 1)
+        for r in runners:
+            advance(r, len(r.pieces) - r.next)
+    finally:
+        gc.unfreeze()
     return [r.results() for r in runners]
 
 
