@@ -425,10 +425,11 @@ def _run_blocks(p: Plan, module, envs: list, run: dict, sources: dict, weights_f
     compiled: dict[str, object] = {}  # structure -> the Cell that runs every block of that structure
     saved = [dict() for _ in envs]
     blocks, final = [], [None] * len(envs)
+    announced = [weight_names(p, k) for k in range(len(p.blocks))]
     for k, b in enumerate(p.blocks):
         t0 = time.perf_counter()
         if k + 1 < len(p.blocks):
-            _read_ahead(sources, weight_names(p, k + 1) if k else weight_names(p, 0) | weight_names(p, 1))
+            _read_ahead(sources, announced[k + 1] if k else announced[0] | announced[1])
         weights = _BlockWeights(sources)
         key = structure(p, k)
         reused = key in compiled
@@ -464,7 +465,7 @@ def _run_blocks(p: Plan, module, envs: list, run: dict, sources: dict, weights_f
         blocks.append({"name": b.name, "kind": b.kind, "class": b.layer_class, "outputs": b.outputs,
                        "seconds": round(time.perf_counter() - t0, 2), "weight_bytes": weights.read_bytes,
                        "reused": reused, "weights_seconds": round(t1 - t0, 2), "write_seconds": round(t2 - t1, 2),
-                       "not_read_ahead": sorted(set(weights.read) - weight_names(p, k)),
+                       "not_read_ahead": sorted(set(weights.read) - announced[k]),
                        "rss_after": _rss()})
     for c, out_path in enumerate(run["outputs"]):
         np.savez(out_path, **{f"out{i}": o.asnumpy() for i, o in enumerate(final[c])})
@@ -495,8 +496,9 @@ class _Recorder:
 
 def _take_weights(target, block_class, weights: _BlockWeights, param_value):
     """`target` (a compiled block of the same structure) holding block_class's weights, set one at a time
-    from their files (its Parameters pair up in order), and (weight name, transposed, Parameter) for each. Building the block's own Cell would make a Parameter
-    of each weight, and MindSpore keeps the memory of Parameters replaced that way: three layers' worth."""
+    from their files (its Parameters pair up in order), and (weight name, transposed, Parameter) for each.
+    Building the block's own Cell would make a Parameter of each weight, and MindSpore keeps the memory of
+    Parameters replaced that way: three layers' worth."""
     recorder = _Recorder()
     fresh = block_class(recorder)
     theirs, ours = list(target.get_parameters()), list(fresh.get_parameters())
