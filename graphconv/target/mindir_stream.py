@@ -361,9 +361,7 @@ def _check(name: str, src: Source, dims: tuple, target: np.dtype, flip: bool) ->
 
 def _write_one(fd: int, offset: int, src: Source, target: np.dtype, flip: bool, chunk_bytes: int) -> None:
     if src.array is not None:  # small (inline or folded): converted whole
-        arr = _cast(np.asarray(src.array), target)
-        arr = np.ascontiguousarray(arr.T if flip else arr)
-        _pwrite_all(fd, _bytes_of(arr), offset)
+        _pwrite_all(fd, _bytes_of(_materialized(src, target, flip)), offset)
         return
     if src.length == 0:
         return
@@ -527,15 +525,15 @@ def write_checkpoint(path: str | Path, parameters: list[tuple[str, str, tuple]],
             if entry is not None and (entry[2].name != dtype or entry[4] != tuple(shape)):
                 raise StreamError(f"parameter {name!r}: the MindIR holds {entry[2].name}{list(entry[4])}, the "
                                   f"network {dtype}{list(shape)}")
-            if entry is None:
-                own = _materialized(weights.sources[name], numpy_dtype(dtype), bool(transposed.get(name)))
-                raw = memoryview(_bytes_of(own))
-            for start in range(0, entry[1] if entry else len(raw), CKPT_SLICE_BYTES):
-                n = min(CKPT_SLICE_BYTES, (entry[1] if entry else len(raw)) - start)
+            raw = None if entry is not None else memoryview(_bytes_of(
+                _materialized(weights.sources[name], numpy_dtype(dtype), bool(transposed.get(name)))))
+            length = entry[1] if raw is None else len(raw)
+            for start in range(0, length, CKPT_SLICE_BYTES):
+                n = min(CKPT_SLICE_BYTES, length - start)
                 header = _ckpt_slice_header(name, shape, tensor_type, n)
                 _pwrite_all(out.fileno(), header, pos)
                 pos += len(header)
-                if entry:
+                if raw is None:
                     _copy_range(src.fileno(), entry[0] + start, out.fileno(), pos, n, CHUNK_BYTES)
                 else:
                     _pwrite_all(out.fileno(), raw[start:start + n], pos)
@@ -546,7 +544,8 @@ def write_checkpoint(path: str | Path, parameters: list[tuple[str, str, tuple]],
 
 
 def _materialized(src: Source, target: np.dtype, flip: bool) -> np.ndarray:
-    """A Parameter's whole array from its source (the layout and dtype conversions of _write_one)."""
+    """A Parameter's whole array from its source, cast and transposed as the graph stores it (_write_one
+    converts small sources so, large ones chunk by chunk)."""
     if src.array is not None:
         arr = np.asarray(src.array)
     else:
