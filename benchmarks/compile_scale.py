@@ -40,7 +40,7 @@ What it does, in one run:
 
 Targets (printed as PASS/MISS), issue 17's: wall(c) <= 2 x (wall(a) + wall(o)), and peak RSS(c) <= 4 GiB + the
 largest layer's weights. Before it builds anything it checks for 2.2 x the weight bytes of free disk (the
-model and one MindIR) plus the merged gate/up copies graphconv spills while it compiles.
+model and one MindIR; graphconv writes its merged gate/up weights nowhere: they are made from their parts).
 
 Run (from the repository root):
 
@@ -78,7 +78,7 @@ ALIGN = 4096  # offsets of the weights in the data file (page aligned, as onnx's
 CHUNK = 64 * 2**20
 WALL_TARGET = 2.0  # wall(c) / (wall(a) + wall(o)): the read-and-write floor plus onnxruntime layer by layer
 RSS_BASE = 4 * 2**30  # peak RSS(c) <= RSS_BASE + the largest layer's weights
-DISK_FACTOR = 2.2  # free disk needed: the model and one MindIR (x weights), plus graphconv's spilled copies
+DISK_FACTOR = 2.2  # free disk needed: the model and one MindIR (x weights), and a margin
 # (a') and (b) hold the weights in memory: run where this x the weights fits in 80 % of the available memory
 MS_FLOOR_FACTOR, ONNXSIM_FACTOR = 1.5, 3.1  # (measured on the 1.1B: 1.25 and 3.1, plus a margin)
 # --init scaled: these matrices are drawn with std 0.02 / sqrt(2 * layers), GPT-2's and Megatron-LM's init for
@@ -1128,22 +1128,18 @@ def config_from(args: argparse.Namespace) -> Config:
 
 def prepare_workdir(args: argparse.Namespace, weight_bytes: int) -> tuple[Path, bool]:
     """The workdir and whether this script created it; exits if it is not empty or the disk is too full
-    (4x the weights; 8x for --from-transformers --keep, which keeps both models)."""
+    (DISK_FACTOR x the weights; twice that for --from-transformers --keep, which keeps both models)."""
     if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
         raise SystemExit(f"compile_scale: --workdir {args.workdir} is not empty")
     probe = args.workdir if args.workdir is not None else Path(tempfile.gettempdir())
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    cfg = config_from(args)
-    # the model, one MindIR at a time (each stage's output is deleted before the next), and the merged
-    # gate/up weights graphconv's fuse-swiglu makes and spills into its private directory while it compiles
-    merged = 2 * cfg.hidden * cfg.intermediate * cfg.layers / cfg.n_params()
-    factor = (DISK_FACTOR + merged) * (2 if args.from_transformers and args.keep else 1)
+    # the model and one MindIR at a time (each stage's output is deleted before the next)
+    factor = DISK_FACTOR * (2 if args.from_transformers and args.keep else 1)
     if free < factor * weight_bytes:
         raise SystemExit(f"compile_scale: {free / 1e9:.1f} GB free on {probe}, need {factor:.2f}x the weights = "
-                         f"{factor * weight_bytes / 1e9:.1f} GB ({DISK_FACTOR} + {merged:.2f} for graphconv's merged "
-                         "gate/up copies); free space or pass --workdir elsewhere")
+                         f"{factor * weight_bytes / 1e9:.1f} GB; free space or pass --workdir elsewhere")
     if args.workdir is None:
         return Path(tempfile.mkdtemp(prefix="compile_scale-")), True
     created = not args.workdir.exists()

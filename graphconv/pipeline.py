@@ -344,8 +344,8 @@ class Compiler:
             self.report.fusions = self.pass_manager.run(ir_model, after_each=after_each)
             self.report.coverage = self.pass_manager.coverage
             self.report.skipped_fusions = passes.skipped_fusions(self.pass_manager)
-            if self.streaming:
-                st.detail = {"spilled_bytes": spilled}
+            if self.streaming:  # (merged weights of weights in files are written nowhere: made from their parts)
+                st.detail = {"spilled_bytes": spilled, "concatenated_bytes": self.spill(ws).concatenated_bytes}
             fused = opmap.fused.attach_functions(ir.to_proto(ir_model))
             fused = onnx.shape_inference.infer_shapes(fused, data_prop=True)
             st.nodes_after = len(fused.graph.node)

@@ -101,8 +101,7 @@ class SwigluFusion(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, wg, wu, bg=None, bu=None, shape=None, gate_3d=None, **_):
         graph = self._graph
         w_name = match.unique_initializer_name(graph, f"{wg.name}_gate_up")
-        w = match.made_weight(w_name, lambda: np.concatenate([match.const_value(wg), match.const_value(wu)], axis=1),
-                              [wg, wu], axis=1)  # [gate ; up] along the output dim
+        w = match.concatenated(w_name, [wg, wu], axis=1)  # [gate ; up] along the output dim
         h = op.MatMul(x, op.initializer(w, name=w_name))
         record_made(graph, w_name, [wg.name, wu.name], "concat axis 1", made_by="fuse-swiglu")
         self._sources += [wg, wu]
@@ -167,8 +166,7 @@ class SwigluGemmFusion(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, wg, wu, bg=None, bu=None, **_):
         graph = self._graph
         w_name = match.unique_initializer_name(graph, f"{wg.name}_gate_up")
-        w = match.made_weight(w_name, lambda: np.concatenate([match.const_value(wg), match.const_value(wu)], axis=0),
-                              [wg, wu], axis=0)  # [gate ; up] output rows
+        w = match.concatenated(w_name, [wg, wu], axis=0)  # [gate ; up] output rows
         args = [x, op.initializer(w, name=w_name)]
         record_made(graph, w_name, [wg.name, wu.name], "concat axis 0", made_by="fuse-swiglu")
         self._sources += [wg, wu]

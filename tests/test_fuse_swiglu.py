@@ -5,6 +5,7 @@ twin verifies."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -503,65 +504,74 @@ def test_real_export_geglu_is_refused_with_the_reason(arch, export_cache, tmp_pa
     assert report.fusions["fuse-swiglu"] == 0 and "Swiglu" not in report.census
 
 
-def test_merged_weight_of_external_sources_is_made_when_spilled(tmp_path, monkeypatch):
-    """A model whose weights stay in files: the merged [gate ; up] weight is not computed by the pass (a
-    pass over 32 layers would hold them all) but by the spill after it, one weight at a time, from the
-    sources' files (passes.match.made_weight); the spilled bytes are the concatenation."""
+def _external_mlp(tmp_path, monkeypatch, dtype=TensorProto.FLOAT):
+    """_mlp_graph saved with every weight in mlp.onnx.data, loaded as a compile loads it (none read into the
+    proto, though they are small)."""
     from graphconv.frontend import weights
     from graphconv.frontend.load import load
 
-    original = _mlp_graph()
+    monkeypatch.setattr(weights, "INLINE_MAX_BYTES", 0)
+
+    original = _mlp_graph(dtype=dtype)
     path = tmp_path / "mlp.onnx"
     saved = onnx.ModelProto()
     saved.CopyFrom(original)  # (saving moves the tensors out of the proto it is given)
     onnx.save(saved, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
               location="mlp.onnx.data", size_threshold=0)
-    m = ir.from_proto(load(path).proto)
+    return original, ir.from_proto(load(path).proto)
+
+
+def test_merged_weight_of_external_sources_is_written_nowhere(tmp_path, monkeypatch):
+    """A model whose weights stay in files: the merged [gate ; up] weight is not computed by the pass (a pass
+    over 32 layers would hold them all) nor written by the spill after it (0.43 x a Llama's weights): its
+    ref names its parts, and every reader makes it from them, in this process (ConcatenatedTensor.numpy,
+    weights.read of the proto's ref) and in the export child (the ref's list form)."""
+    from graphconv.frontend import weights
+    from graphconv.target.mindir_stream import Source
+
+    original, m = _external_mlp(tmp_path, monkeypatch)
     passes.PassManager("fuse-swiglu").run(m)
     assert isinstance(m.graph.initializers["wg_gate_up"].const_value, ir.LazyTensor)
     monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 0)  # (this one is small)
-    moved = weights.spill_new_tensors(m, weights.SpillFile(tmp_path / "spill.bin"))
-    spilled = m.graph.initializers["wg_gate_up"].const_value
-    assert isinstance(spilled, ir.ExternalTensor) and moved >= spilled.nbytes
-    src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
-    np.testing.assert_array_equal(spilled.numpy(), np.concatenate([src["wg"], src["wu"]], axis=1))
-
-
-def test_a_spilled_merged_weight_is_remade_from_its_sources_in_process(tmp_path, monkeypatch):
-    """weights.read of a spilled merged weight makes it again from its sources (the pages a layer-by-layer
-    run has just read) instead of reading the spill: the same array. If a source changed since the spill,
-    the remade array differs from the spilled bytes and the spill is read."""
-    from graphconv.frontend import weights
-    from graphconv.frontend.load import load
-
-    original = _mlp_graph()
-    path = tmp_path / "mlp.onnx"
-    saved = onnx.ModelProto()
-    saved.CopyFrom(original)
-    onnx.save(saved, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="mlp.onnx.data", size_threshold=0)
-    m = ir.from_proto(load(path).proto)
-    passes.PassManager("fuse-swiglu").run(m)
-    monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 0)
     spill = weights.SpillFile(tmp_path / "spill.bin")
-    weights.spill_new_tensors(m, spill)
-    t = m.graph.initializers["wg_gate_up"].const_value
-    ref = [t.path, t.offset, t.length, t.dtype.numpy().name, list(t.shape)]
+    assert weights.spill_new_tensors(m, spill) == 0
+    made = m.graph.initializers["wg_gate_up"].const_value
+    assert isinstance(made, weights.ConcatenatedTensor) and spill.concatenated_bytes == made.nbytes > 0
+    assert not spill.path.exists() and not spill.unwritten.exists()
     src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
     expected = np.concatenate([src["wg"], src["wu"]], axis=1)
-    got = weights.read(ref)
-    assert not isinstance(got, np.memmap)  # remade, not mapped from the spill
-    np.testing.assert_array_equal(got, expected)
-    def changed():  # what a remake would give had a source changed since the spill
-        return np.zeros_like(expected)
-
-    spill._remakes.append(changed)
-    weights._REMAKE[(str(t.path), t.offset)] = changed
-    again = weights.read(ref)
-    assert isinstance(again, np.memmap)  # the remade one (zeros) is not the spilled copy: the copy is read
-    np.testing.assert_array_equal(again, expected)
-    del spill, changed
+    np.testing.assert_array_equal(made.numpy(), expected)
+    proto = next(t for t in ir.to_proto(m).graph.initializer if t.name == "wg_gate_up")
+    ref = weights.weight_ref(proto)
+    assert [p.shape for p in ref.parts] == [src["wg"].shape, src["wu"].shape] and ref.axis == 1
+    np.testing.assert_array_equal(weights.read(ref), expected)
+    as_json = json.loads(json.dumps(ref.as_list()))  # (what the export child is given)
+    np.testing.assert_array_equal(weights.read(as_json, mmap=False), expected)
+    np.testing.assert_array_equal(Source.of_ref(as_json).read(), expected)
+    with pytest.raises(FileNotFoundError):  # a reader that ignores the parts fails: it reads no zeros
+        weights.read(as_json[:5])
+    del spill
     import gc
 
     gc.collect()
-    assert (str(t.path), t.offset) not in weights._REMAKE  # the remakes went with their spill file
+    assert weights.weight_ref(proto).parts == ()  # the parts went with their spill file
+
+
+@pytest.mark.parametrize("case", ["in memory", "bfloat16"])
+def test_merged_weight_of_bfloat16_or_in_memory_sources_is_spilled(tmp_path, monkeypatch, case):
+    """Where a source is in no file, or the merged weight's bytes are not its sources' (bfloat16 sources are
+    made float32), the spill writes it."""
+    from graphconv.frontend import weights
+
+    original, m = _external_mlp(tmp_path, monkeypatch, TensorProto.BFLOAT16 if case == "bfloat16" else TensorProto.FLOAT)
+    if case == "in memory":
+        m.graph.initializers["wu"].const_value = ir.tensor(numpy_helper.to_array(
+            next(t for t in original.graph.initializer if t.name == "wu")), name="wu")
+    passes.PassManager("fuse-swiglu").run(m)
+    monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 0)
+    spill = weights.SpillFile(tmp_path / "spill.bin")
+    moved = weights.spill_new_tensors(m, spill)
+    t = m.graph.initializers["wg_gate_up"].const_value
+    assert type(t) is ir.ExternalTensor and moved >= t.nbytes and spill.concatenated_bytes == 0
+    src = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in original.graph.initializer}
+    np.testing.assert_array_equal(t.numpy(), np.concatenate([src["wg"], src["wu"]], axis=1))

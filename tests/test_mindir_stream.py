@@ -315,6 +315,36 @@ def external_llama(tmp_path):
     return d / "model.onnx"
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("flip", [False, True])
+def test_concatenated_sources_are_written_from_their_parts(tmp_path, axis, flip):
+    """Without MindSpore: a weight that is two others concatenated (a merged gate/up weight, which the spill
+    writes nowhere) is written from its parts, at any chunk size, as the concatenation itself is written
+    (one after the other where the target holds them so: axis 0, or axis 1 transposed; else made whole);
+    fp32 sources into an fp16 Parameter."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((6, 10)).astype(np.float32)
+    b = rng.standard_normal((6, 10) if axis == 1 else (4, 10)).astype(np.float32)
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"\0" * 3 + a.tobytes() + b.tobytes())
+    parts = (mindir_stream.Source(a.shape, "float32", str(src), 3, a.nbytes),
+             mindir_stream.Source(b.shape, "float32", str(src), 3 + a.nbytes, b.nbytes))
+    whole = np.concatenate([a, b], axis=axis)
+    concatenated = mindir_stream.Source(whole.shape, "float32", str(tmp_path / "nothing.bin"), 0, whole.nbytes,
+                                        parts=parts, axis=axis)
+    assert np.array_equal(concatenated.read(), whole) and concatenated.files() == list(parts)
+    dims = list(whole.shape[::-1] if flip else whole.shape)
+    files = []
+    for chunk in (8, 1 << 20):
+        for name, source in (("w", concatenated), ("w", mindir_stream.Source.of_array(whole))):
+            folder = mindir_stream.write_weights(_graph([(name, dims, 10)]), tmp_path / f"c{chunk}{len(files)}", "m",
+                                                 {name: source}, {name: flip}, chunk)
+            files.append((folder / "data_0").read_bytes())
+    assert len(set(files)) == 1
+    got = np.frombuffer(files[0][64:64 + whole.size * 2], np.float16).reshape(dims)
+    assert np.array_equal(got, (whole.T if flip else whole).astype(np.float16))
+
+
 @pytest.mark.parametrize("target", ["ascend", "cpu"])
 def test_compile_streams_large_external_weights(external_llama, tmp_path, monkeypatch, target):
     """The compile takes the streamed writer for external weights past emit.STREAM_MIN_BYTES (lowered so the
@@ -334,23 +364,36 @@ def test_compile_streams_large_external_weights(external_llama, tmp_path, monkey
 def test_layer_streamed_run_writes_the_weights_it_holds(external_llama, tmp_path, monkeypatch, target):
     """A streamed export verified layer by layer takes each weight from the block Parameters that already
     hold it (mindir_stream.WeightsFile.put: read and transposed once for both): the MindIR is byte for byte
-    the one written from the files alone, and it is every weight of the network."""
+    the one written from the files alone, and it is every weight of the network. With the merged gate/up
+    weights made from their parts (weights.SPILL_MIN_BYTES lowered: the tiny model's qualify), both ways
+    give the file again: the same bytes as when the merged weights were in memory."""
+    from graphconv.frontend import weights
+
     monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
-    reports, data = {}, {}
-    for mode in (False, True):
-        out = tmp_path / f"out_{mode}"
-        out.mkdir()
-        graphconv.compile(external_llama, out / "m.mindir", target=target, report_path=out / "r.json",
-                          layer_streamed=mode)
-        reports[mode] = {s["name"]: s for s in json.loads((out / "r.json").read_text())["stages"]}
-        data[mode] = (out / "m_variables" / "data_0").read_bytes()
-        graph = mindir_stream.comparable(out / "m.mindir")
-        data[mode, "graph"] = graph
-        data[mode, "weights"] = sum(p.external_data.length for p in graph.graph.parameter)
-    assert data[True] == data[False]
-    assert data[True, "graph"] == data[False, "graph"]
-    assert "weights_put_by_verification_bytes" not in reports[False]["emit"]["detail"]
-    assert reports[True]["emit"]["detail"]["weights_put_by_verification_bytes"] == data[True, "weights"]
+    reports, data, graphs, put = {}, {}, {}, {}
+    for merged_from_parts in (False, True):
+        if merged_from_parts:
+            monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 4096)
+        for mode in (False, True):
+            key = (merged_from_parts, mode)
+            out = tmp_path / f"out_{merged_from_parts}_{mode}"
+            out.mkdir()
+            report = graphconv.compile(external_llama, out / "m.mindir", target=target, report_path=out / "r.json",
+                                       layer_streamed=mode)
+            assert report.status == "verified"
+            reports[key] = {s["name"]: s for s in json.loads((out / "r.json").read_text())["stages"]}
+            data[key] = (out / "m_variables" / "data_0").read_bytes()
+            graphs[key] = mindir_stream.comparable(out / "m.mindir")
+            put[key] = sum(p.external_data.length for p in graphs[key].graph.parameter)
+    assert reports[True, True]["passes"]["detail"]["concatenated_bytes"] == 2 * 64 * 256 * 4
+    assert reports[False, True]["passes"]["detail"]["concatenated_bytes"] == 0
+    for key in [(False, True), (True, False), (True, True)]:
+        assert data[key] == data[False, False], key
+        assert graphs[key] == graphs[False, False], key
+    for merged_from_parts in (False, True):
+        detail = {mode: reports[merged_from_parts, mode]["emit"]["detail"] for mode in (False, True)}
+        assert "weights_put_by_verification_bytes" not in detail[False]
+        assert detail[True]["weights_put_by_verification_bytes"] == put[merged_from_parts, True]
 
 
 @pytest.mark.parametrize("layer_streamed", [False, True])

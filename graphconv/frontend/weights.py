@@ -8,9 +8,10 @@ hold a second copy). Instead:
   and the passes (onnx-ir ExternalTensor, memory-mapped) work on them as usual;
 - onnxruntime and onnx.reference run such a model *stripped*: every external initializer becomes a graph
   input, fed with a read-only memory map of its bytes (no copy: the pages are the file's), see `feeds`;
-- new weights that a pass or the precision stage makes (merged gate/up, fp16 copies) are appended to one
-  file in the compile's private directory by `SpillFile` and referenced like the others, so no stage keeps
-  them in memory for the next;
+- new weights that a pass or the precision stage makes (fp16 copies) are appended to one file in the
+  compile's private directory by `SpillFile` and referenced like the others, so no stage keeps them in
+  memory for the next. A weight that is other weights concatenated (merged gate/up: 0.43 x a Llama's
+  weights) is written nowhere: its ref lists its parts, and every reader here makes it from them;
 - the MindSpore export child reads each weight by itself (`read`) right before it becomes a Parameter.
 
 ORT refuses external data given by absolute path or through a symlink out of the model's folder (measured
@@ -34,7 +35,8 @@ _ALIGN = 4096
 
 @dataclasses.dataclass(frozen=True)
 class WeightRef:
-    """Where one tensor's bytes are: an absolute file path, an offset and a length."""
+    """Where one tensor's bytes are: an absolute file path, an offset and a length. A concatenated weight
+    (`parts`, along `axis`) has a path and offset that name it but hold no bytes (SpillFile.concatenated)."""
 
     name: str
     path: str
@@ -42,9 +44,23 @@ class WeightRef:
     length: int
     dtype: str  # numpy dtype name (bfloat16 via ml_dtypes)
     shape: tuple[int, ...]
+    parts: tuple["WeightRef", ...] = ()
+    axis: int = 0
 
     def as_list(self) -> list:
-        return [self.path, self.offset, self.length, self.dtype, list(self.shape)]
+        """[path, offset, length, dtype, shape] (+ {"axis", "parts"} for a concatenated one): JSON for the
+        export child."""
+        out = [self.path, self.offset, self.length, self.dtype, list(self.shape)]
+        if self.parts:
+            out.append({"axis": self.axis, "parts": [p.as_list() for p in self.parts]})
+        return out
+
+    @classmethod
+    def of_list(cls, ref: list, name: str = "") -> "WeightRef":
+        path, offset, length, dtype, shape = ref[:5]
+        made = ref[5] if len(ref) > 5 else {}
+        return cls(name, str(path), int(offset), int(length), dtype, tuple(int(d) for d in shape),
+                   tuple(cls.of_list(p) for p in made.get("parts", ())), int(made.get("axis", 0)))
 
 
 def _np_dtype(data_type: int) -> np.dtype:
@@ -81,45 +97,31 @@ def take_over_external(model: onnx.ModelProto, base_dir: Path) -> None:
             t.data_location = onnx.TensorProto.DEFAULT
 
 
-# (spill file path, offset) -> how to make that spilled weight again from its sources (SpillFile.external_tensor's
-# `remake`). Weak: an entry goes with its SpillFile (a compile's), which holds the function.
-_REMAKE: "weakref.WeakValueDictionary[tuple[str, int], object]" = weakref.WeakValueDictionary()
+# (spill file path, offset) -> the parts of a concatenated weight named there (SpillFile.concatenated). Weak:
+# an entry goes with its SpillFile (a compile's), which holds the parts.
+_CONCATENATED: "weakref.WeakValueDictionary[tuple[str, int], _Parts]" = weakref.WeakValueDictionary()
+
+
+class _Parts:
+    def __init__(self, parts: tuple[WeightRef, ...], axis: int):
+        self.parts, self.axis = parts, axis
 
 
 def read(ref: WeightRef | list, mmap: bool = True) -> np.ndarray:
-    """The tensor's values: a read-only memory map (default) or a fresh array read from the file. A weight a
-    pass made and spilled with a `remake` is made again instead (its sources are the pages a layer-by-layer
-    run has just read: cheaper than reading the spill file from disk); it is the same array."""
-    path, offset, length, dtype, shape = ref.as_list() if isinstance(ref, WeightRef) else ref
-    remake = _REMAKE.get((str(path), int(offset)))
-    if remake is not None:
-        array = remake()
-        if _same_as_spilled(array, path, offset, length, dtype, shape):
-            return array
-    dt = _dtype_by_name(dtype)
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    """The tensor's values: a read-only memory map (default) or a fresh array read from the file. A
+    concatenated weight is made from its parts (a fresh array)."""
+    ref = ref if isinstance(ref, WeightRef) else WeightRef.of_list(ref)
+    if ref.parts:
+        return np.concatenate([read(p, mmap) for p in ref.parts], axis=ref.axis)
+    dt = _dtype_by_name(ref.dtype)
+    count = int(np.prod(ref.shape, dtype=np.int64)) if ref.shape else 1
     if count == 0:
-        return np.zeros(shape, dt)
+        return np.zeros(ref.shape, dt)
     if mmap:
-        return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=tuple(shape))
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return np.fromfile(f, dtype=dt, count=count).reshape(shape)
-
-
-def _same_as_spilled(array: np.ndarray, path, offset: int, length: int, dtype: str, shape) -> bool:
-    """A remade weight is its spilled copy: dtype, shape, and its first and last bytes (a guard against a
-    source changed since the spill: then the copy is read)."""
-    if array.dtype.name != dtype or list(array.shape) != list(shape) or array.nbytes != length or not length:
-        return False
-    raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-    k = min(64, length)
-    with open(path, "rb") as f:
-        f.seek(offset)
-        head = f.read(k)
-        f.seek(offset + length - k)
-        tail = f.read(k)
-    return head == raw[:k].tobytes() and tail == raw[-k:].tobytes()
+        return np.memmap(ref.path, dtype=dt, mode="r", offset=ref.offset, shape=tuple(ref.shape))
+    with open(ref.path, "rb") as f:
+        f.seek(ref.offset)
+        return np.fromfile(f, dtype=dt, count=count).reshape(ref.shape)
 
 
 def to_array(t: onnx.TensorProto) -> np.ndarray:
@@ -132,9 +134,10 @@ def weight_ref(t: onnx.TensorProto) -> WeightRef:
     info = ExternalDataInfo(t)
     dtype = _np_dtype(t.data_type)
     count = int(np.prod(list(t.dims), dtype=np.int64))
+    made = _CONCATENATED.get((info.location, info.offset or 0))
     return WeightRef(t.name, info.location, info.offset or 0,
                      info.length if info.length is not None else count * dtype.itemsize, dtype.name,
-                     tuple(int(d) for d in t.dims))
+                     tuple(int(d) for d in t.dims), made.parts if made else (), made.axis if made else 0)
 
 
 def _dtype_by_name(name: str) -> np.dtype:
@@ -183,11 +186,17 @@ def restore(simplified: onnx.ModelProto, original: onnx.ModelProto, refs: dict[s
 
 class SpillFile:
     """Appends new weights to one file in the compile's private directory; returns external TensorProtos /
-    onnx-ir ExternalTensors that reference them, so the values can leave memory."""
+    onnx-ir ExternalTensors that reference them, so the values can leave memory. A concatenation of weights
+    in files is only named (`concatenated`)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._remakes: list = []  # the functions weights._REMAKE refers to, alive as long as this file
+        # Concatenated weights are named in this file, which is never created: a reader that does not make
+        # them from their parts fails on it instead of reading anything else.
+        self.unwritten = self.path.with_name(self.path.name + ".concatenated")
+        self._next_unwritten = 0
+        self._parts: list[_Parts] = []  # what _CONCATENATED refers to, alive as long as this file
+        self.concatenated_bytes = 0
 
     def _append(self, array: np.ndarray) -> tuple[int, int]:
         array = np.ascontiguousarray(array)
@@ -208,16 +217,51 @@ class SpillFile:
             t.external_data.add(key=k, value=v)
         return t
 
-    def external_tensor(self, name: str, array: np.ndarray, remake=None) -> ir.ExternalTensor:
-        """`remake()`, if given, returns `array` again from its sources: `read` in this process calls it
-        instead of reading the spilled copy (a merged gate/up weight, whose sources a layer-by-layer run of
-        the graph before the passes has just read)."""
+    def external_tensor(self, name: str, array: np.ndarray) -> ir.ExternalTensor:
         offset, length = self._append(array)
-        if remake is not None:
-            self._remakes.append(remake)
-            _REMAKE[(str(self.path), offset)] = remake
         return ir.ExternalTensor(str(self.path), offset, length, ir.DataType.from_numpy(array.dtype),
                                  shape=ir.Shape(array.shape), name=name)
+
+    def concatenated(self, name: str, parts: list[WeightRef], axis: int) -> "ConcatenatedTensor":
+        """A tensor that is `parts` concatenated along `axis`, written nowhere: its proto names a place in
+        `unwritten`, and weight_ref of that proto gives the parts."""
+        first = parts[0]
+        shape = list(first.shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        length = sum(p.length for p in parts)
+        offset = self._next_unwritten
+        self._next_unwritten += length + (-length) % _ALIGN
+        made = _Parts(tuple(parts), axis)
+        self._parts.append(made)
+        _CONCATENATED[(str(self.unwritten), offset)] = made
+        self.concatenated_bytes += length
+        return ConcatenatedTensor(str(self.unwritten), offset, length, ir.DataType.from_numpy(_dtype_by_name(first.dtype)),
+                                  shape=ir.Shape(shape), name=name)
+
+
+class ConcatenatedTensor(ir.ExternalTensor):
+    """SpillFile.concatenated's tensor: an external tensor whose values are made from its parts when read."""
+
+    def ref(self) -> WeightRef:
+        made = _CONCATENATED[(self.path, self.offset)]
+        return WeightRef(self.name or "", self.path, self.offset, self.length, self.dtype.numpy().name,
+                         tuple(int(d) for d in self.shape), made.parts, made.axis)
+
+    def numpy(self) -> np.ndarray:
+        return read(self.ref())
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype)
+
+    def tobytes(self) -> bytes:
+        return np.ascontiguousarray(self.numpy()).tobytes()
+
+    def tofile(self, file) -> None:  # (onnx-ir's save copies an external tensor's file range)
+        file.write(self.tobytes())
+
+    def release(self) -> None:
+        pass
 
 
 # In-memory tensors at least this big are spilled after the passes (smaller ones are cheap to keep).
@@ -225,26 +269,41 @@ SPILL_MIN_BYTES = 1 << 20
 
 
 def spill_new_tensors(model: ir.Model, spill: SpillFile) -> int:
-    """Move every large in-memory initializer a pass created to the spill file; returns the bytes moved."""
+    """Move every large in-memory initializer a pass created to the spill file (a concatenation of weights
+    in files is only named there: SpillFile.concatenated); returns the bytes written."""
     moved = 0
     for value in model.graph.initializers.values():
         t = value.const_value
         if t is None or isinstance(t, ir.ExternalTensor) or t.nbytes < SPILL_MIN_BYTES:
             continue
-        remake = _remake_of(t) if isinstance(t, ir.LazyTensor) else None
-        value.const_value = spill.external_tensor(value.name, t.numpy(), remake)
+        parts = _parts_in_files(t)
+        if parts:
+            value.const_value = spill.concatenated(value.name, parts, t.axis)
+            continue
+        value.const_value = spill.external_tensor(value.name, t.numpy())
         moved += t.nbytes
     return moved
 
 
-def _remake_of(lazy: ir.LazyTensor):
-    """A function computing the lazy tensor's array again (passes.match.made_weight's: from its sources)."""
-    make = lazy._func  # (onnx-ir keeps no public handle on it)
+def _parts_in_files(t) -> list[WeightRef] | None:
+    """The refs of a passes.match.Concatenated tensor's sources, if each is in a file in the made dtype
+    (a bfloat16 source is made float32: then the bytes are not its)."""
+    from passes.match import Concatenated
 
-    def remake() -> np.ndarray:
-        return make().numpy()
-
-    return remake
+    if not isinstance(t, Concatenated):
+        return None
+    parts = []
+    for v in t.sources:
+        c = v.const_value
+        if not isinstance(c, ir.ExternalTensor) or c.dtype != t.dtype:
+            return None
+        if isinstance(c, ConcatenatedTensor):
+            parts.append(c.ref())
+            continue
+        parts.append(WeightRef(v.name or "", str(c.path), c.offset or 0,
+                               c.length if c.length is not None else c.nbytes, c.dtype.numpy().name,
+                               tuple(int(d) for d in c.shape)))
+    return parts
 
 
 def save_self_contained(model: onnx.ModelProto, path: Path) -> list[Path]:
@@ -255,8 +314,20 @@ def save_self_contained(model: onnx.ModelProto, path: Path) -> list[Path]:
         onnx.save(model, str(path))
         return [path]
     data = path.with_name(path.name + ".data")
-    ir.save(ir.from_proto(model), path, external_data=data.name)
+    ir.save(to_ir(model), path, external_data=data.name)
     return [path, data]
+
+
+def to_ir(model: onnx.ModelProto) -> ir.Model:
+    """ir.from_proto, with the concatenated weights (SpillFile.concatenated) as tensors that make their values
+    from their parts (ir.from_proto would make external tensors of a file that does not exist)."""
+    out = ir.from_proto(model)
+    for value in out.graph.initializers.values():
+        t = value.const_value
+        if isinstance(t, ir.ExternalTensor) and (str(t.location), t.offset or 0) in _CONCATENATED:
+            value.const_value = ConcatenatedTensor(str(t.location), t.offset or 0, t.length, t.dtype, shape=t.shape,
+                                                   name=t.name)
+    return out
 
 
 def release_mapped(model: ir.Model) -> None:

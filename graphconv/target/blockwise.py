@@ -282,17 +282,17 @@ def _read_ahead(sources: dict, names: set[str]) -> None:
     if not hasattr(os, "posix_fadvise"):
         return
     for name in names:
-        src = sources.get(name)
-        if src is None or src.path is None or not src.length:
-            continue
-        try:
-            fd = os.open(src.path, os.O_RDONLY)
+        for src in sources[name].files() if name in sources else ():
+            if not src.length:
+                continue
             try:
-                os.posix_fadvise(fd, src.offset, src.length, os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(fd)
-        except OSError:  # a hint only
-            pass
+                fd = os.open(src.path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, src.offset, src.length, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+            except OSError:  # a hint only
+                pass
 
 
 def module_source(p: Plan) -> str:
@@ -366,18 +366,9 @@ class _BlockWeights:
         self.read.append(name)
         if src.array is not None:
             return src.array
-        count = int(np.prod(src.shape, dtype=np.int64))
-        with open(src.path, "rb") as f:
-            f.seek(src.offset)
-            array = np.fromfile(f, dtype=np.dtype(src.dtype) if src.dtype != "bfloat16" else _bf16(), count=count)
+        array = src.read()
         self.read_bytes += array.nbytes
-        return array.reshape(src.shape)
-
-
-def _bf16():
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
+        return array
 
 
 def _rss() -> int:

@@ -39,7 +39,7 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
     export task (the caller adds file_base and checkpoint). With `names` (recorded on the loaded model,
     graphconv.frontend.param_names), Parameters carry the model's own names and <name>.names.json maps each to its
     source initializer and transform; without, they keep the ONNX initializer names."""
-    ir_model = ir.from_proto(model)
+    ir_model = weights.to_ir(model)
     origins = {}
     if names is not None:
         origins = names.assign(list(ir_model.graph.initializers),

@@ -77,8 +77,9 @@ class StreamError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Source:
     """Where one Parameter's values are: `length` bytes at `offset` of the file `path` (an ONNX external data
-    file, the compile's spill file, the weights file emit writes) or, for small ones, `array`. `shape` and
-    `dtype` (numpy name) are the source's, before any layout change."""
+    file, the compile's spill file, the weights file emit writes), or `parts` concatenated along `axis` (a
+    merged gate/up weight: graphconv.frontend.weights.SpillFile.concatenated; its path holds nothing), or,
+    for small ones, `array`. `shape` and `dtype` (numpy name) are the source's, before any layout change."""
 
     shape: tuple[int, ...]
     dtype: str
@@ -86,6 +87,8 @@ class Source:
     offset: int = 0
     length: int = 0
     array: np.ndarray | None = None
+    parts: tuple["Source", ...] = ()
+    axis: int = 0
 
     @classmethod
     def of_array(cls, array: np.ndarray) -> "Source":
@@ -95,8 +98,27 @@ class Source:
     @classmethod
     def of_ref(cls, ref) -> "Source":
         """From a graphconv.frontend.weights.WeightRef or its as_list() form."""
-        path, offset, length, dtype, shape = ref.as_list() if hasattr(ref, "as_list") else ref
-        return cls(tuple(int(d) for d in shape), dtype, str(path), int(offset), int(length))
+        ref = ref.as_list() if hasattr(ref, "as_list") else ref
+        path, offset, length, dtype, shape = ref[:5]
+        made = ref[5] if len(ref) > 5 else {}
+        return cls(tuple(int(d) for d in shape), dtype, str(path), int(offset), int(length),
+                   parts=tuple(cls.of_ref(r) for r in made.get("parts", ())), axis=int(made.get("axis", 0)))
+
+    def files(self) -> list["Source"]:
+        """The Sources whose bytes are in a file: this one, or its parts'."""
+        if self.parts:
+            return [f for p in self.parts for f in p.files()]
+        return [self] if self.array is None and self.path is not None else []
+
+    def read(self) -> np.ndarray:
+        """The whole array, in the source's shape and dtype (a fresh array)."""
+        if self.array is not None:
+            return np.asarray(self.array)
+        if self.parts:
+            return np.concatenate([p.read() for p in self.parts], axis=self.axis)
+        dtype = numpy_dtype(self.dtype)
+        with open(self.path, "rb", buffering=0) as f:
+            return _read(f.fileno(), self.offset, self.length // dtype.itemsize, dtype).reshape(self.shape)
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -360,6 +382,9 @@ def _check(name: str, src: Source, dims: tuple, target: np.dtype, flip: bool) ->
 
 
 def _write_one(fd: int, offset: int, src: Source, target: np.dtype, flip: bool, chunk_bytes: int) -> None:
+    if src.parts:
+        _write_parts(fd, offset, src, target, flip, chunk_bytes)
+        return
     if src.array is not None:  # small (inline or folded): converted whole
         _pwrite_all(fd, _bytes_of(_materialized(src, target, flip)), offset)
         return
@@ -378,6 +403,18 @@ def _write_one(fd: int, offset: int, src: Source, target: np.dtype, flip: bool, 
                 _pwrite_all(fd, _bytes_of(_cast(block, target)), offset + start * target.itemsize)
         else:
             _write_transposed(f.fileno(), src, source_dtype, fd, offset, target, chunk_bytes)
+
+
+def _write_parts(fd: int, offset: int, src: Source, target: np.dtype, flip: bool, chunk_bytes: int) -> None:
+    """A concatenated source. Where the target holds its parts one after the other (joined along the first
+    axis, or a 2-D one along the second and transposed: merged gate/up as a Linear weight), each part is
+    written as a source of its own; otherwise the whole weight is made in memory (one weight: bounded)."""
+    if (src.axis % len(src.shape) == 0 and not flip) or (flip and len(src.shape) == 2 and src.axis % 2 == 1):
+        for part in src.parts:
+            _write_one(fd, offset, part, target, flip, chunk_bytes)
+            offset += int(np.prod(part.shape, dtype=np.int64)) * target.itemsize
+        return
+    _pwrite_all(fd, _bytes_of(_materialized(src, target, flip)), offset)
 
 
 def _write_transposed(src_fd: int, src: Source, source_dtype: np.dtype, fd: int, offset: int,
@@ -546,13 +583,7 @@ def write_checkpoint(path: str | Path, parameters: list[tuple[str, str, tuple]],
 def _materialized(src: Source, target: np.dtype, flip: bool) -> np.ndarray:
     """A Parameter's whole array from its source, cast and transposed as the graph stores it (_write_one
     converts small sources so, large ones chunk by chunk)."""
-    if src.array is not None:
-        arr = np.asarray(src.array)
-    else:
-        with open(src.path, "rb", buffering=0) as f:
-            arr = _read(f.fileno(), src.offset, src.length // numpy_dtype(src.dtype).itemsize,
-                        numpy_dtype(src.dtype)).reshape(src.shape)
-    arr = _cast(arr, target)
+    arr = _cast(src.read(), target)
     return np.ascontiguousarray(arr.T if flip else arr)
 
 
