@@ -101,6 +101,11 @@ def test_compile_scale_synthetic_model(tmp_path):
     # layer 0 exports a shape the others read and the last layer's residual add is the epilogue's: layers 1
     # and 2 share a structure, and layer 2 runs on layer 1's compiled Cell with its own weights
     assert [b["compiled_again"] for b in layers] == [True, True, False, True]
+    # layer 2's weights were read and transposed by a second thread while layer 1 ran (blockwise._Prefetch):
+    # the 6 of a Llama layer's 8 that are in files (q, k, v, o, the merged gate/up,
+    # down; the two RMSNorm gammas are small, in memory); the blocks compiled for their own structure build
+    # their Parameters themselves
+    assert [b["weights_prepared_ahead"] for b in layers] == [0, 0, 6, 0]
     assert _final(streamed) == _final(whole)
 
 
