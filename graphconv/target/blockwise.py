@@ -135,7 +135,11 @@ def _weight_layer(stmt: ast.stmt, prefix: str | None) -> int | None:
 def _split_inline(stmts: list[ast.stmt], owner: dict[str, int]) -> list[tuple[int | None, list[ast.stmt]]]:
     """Statements of layers left inline (no Cell class), cut where the layer of the weights they read changes:
     a statement reading no layer's weight stays with the one before it, except after the last one that reads
-    one (the epilogue: the last residual add, the final norm, the head)."""
+    one (the epilogue: the last residual add, the final norm, the head). Then, so that every layer has one
+    structure (one compiled Cell for all: `run_blocks`): the first layer's statements that read only values
+    from before it (a shape or mask the exporter computes once and every layer reads) go before it, and the
+    last layer keeps as many of the statements after it as the layer before it ends with (its residual add),
+    where they read its values. Any cut runs the same statements in the same order."""
     keys = []
     for stmt in stmts:
         ks = [owner[a] for a in _self_attrs([stmt]) if a in owner]
@@ -149,7 +153,50 @@ def _split_inline(stmts: list[ast.stmt], owner: dict[str, int]) -> list[tuple[in
             out[-1][1].append(stmt)
         else:
             out.append((k, [stmt]))
+    layers = [i for i, (k, _) in enumerate(out) if k is not None]
+    if len(layers) >= 2:
+        _hoist_into_prologue(out, layers[0], keys_of=dict(zip(map(id, stmts), keys)))
+        layers = [i for i, (k, _) in enumerate(out) if k is not None]
+        _keep_layer_tail(out, layers[-2], layers[-1], keys_of=dict(zip(map(id, stmts), keys)))
     return out
+
+
+def _hoist_into_prologue(out: list, first: int, keys_of: dict) -> None:
+    """Move the first layer's weightless statements that read nothing it makes into the code before it."""
+    made, kept, hoisted = set(), [], []
+    for stmt in out[first][1]:
+        if keys_of[id(stmt)] is None and not set(_names([stmt], ast.Load)) & made:
+            hoisted.append(stmt)
+        else:
+            kept.append(stmt)
+            made.update(_names([stmt], ast.Store))
+    if not hoisted:
+        return
+    out[first] = (out[first][0], kept)
+    if first > 0 and out[first - 1][0] is None:
+        out[first - 1][1].extend(hoisted)
+    else:
+        out.insert(first, (None, hoisted))
+
+
+def _keep_layer_tail(out: list, before: int, last: int, keys_of: dict) -> None:
+    """Give the last layer the statements after it that the layer before it ends with (as many, each reading
+    a value the last layer makes)."""
+    tail = 0
+    for stmt in reversed(out[before][1]):
+        if keys_of[id(stmt)] is not None:
+            break
+        tail += 1
+    if not tail or last + 1 >= len(out) or out[last + 1][0] is not None:
+        return
+    made = set(_names(out[last][1], ast.Store))
+    rest = out[last + 1][1]
+    moved = 0
+    while moved < min(tail, len(rest) - 1) and set(_names([rest[moved]], ast.Load)) & made:
+        made.update(_names([rest[moved]], ast.Store))
+        moved += 1
+    out[last][1].extend(rest[:moved])
+    del rest[:moved]
 
 
 def plan(source_text: str, class_name: str, prefix: str | None = None) -> Plan:
@@ -214,9 +261,28 @@ def plan(source_text: str, class_name: str, prefix: str | None = None) -> Plan:
         made = _names(b.statements, ast.Store)
         later = {n for c in blocks[k + 1:] for n in c.inputs}
         b.outputs = [n for n in made if n in later]
+    _mirror_outputs(blocks)
     last = blocks[-1].statements[-1]
     returns_tuple = isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple)
     return Plan(class_name, args, blocks, source_text, attrs, rows, returns_tuple)
+
+
+def _mirror_outputs(blocks: list[Block]) -> None:
+    """The last inline layer also returns what the layer before it returns at the same statements (the
+    residual stream, which only the next layer reads), so that both have one structure."""
+    inline = [b for b in blocks if b.kind == "inline"]
+    if len(inline) < 2 or len(inline[-2].statements) != len(inline[-1].statements):
+        return
+    prev, last = inline[-2], inline[-1]
+    where = {n: i for i, stmt in enumerate(prev.statements) for n in _names([stmt], ast.Store)}
+    mirrored = []
+    for n in prev.outputs:
+        stored = _names([last.statements[where[n]]], ast.Store)
+        if len(stored) != 1:
+            return
+        mirrored.append(stored[0])
+    if set(last.outputs) <= set(mirrored):
+        last.outputs = mirrored
 
 
 def block_source(p: Plan, k: int) -> str:
