@@ -13,6 +13,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.frontend import weights
+
 # The float dtypes MindSpore's fused primitives take.
 FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 STANDARD_DOMAINS = ("", "ai.onnx")
@@ -60,21 +62,13 @@ def made_weight(name: str, make, sources: list[ir.Value], axis: int = 0) -> ir.T
     return ir.LazyTensor(compute, dtype=ir.DataType.from_numpy(dtype), shape=ir.Shape(shape), name=name)
 
 
-class Concatenated(ir.LazyTensor):
-    """A made weight that is its sources concatenated along `axis` (merged gate/up): where every source is
-    in a file, the spill records how to make it instead of writing it (graphconv.frontend.weights)."""
-
-    def __init__(self, make, sources: list[ir.Value], axis: int, **kwargs):
-        super().__init__(make, **kwargs)
-        self.sources, self.axis = list(sources), axis
-
-
 def concatenated(name: str, sources: list[ir.Value], axis: int) -> ir.TensorProtocol:
-    """made_weight of np.concatenate(sources' values, axis)."""
+    """made_weight of np.concatenate(sources' values, axis), marked as such (weights.Concatenated: where every
+    source is in a file, the spill after the pass only names it)."""
     made = made_weight(name, lambda: np.concatenate([const_value(v) for v in sources], axis=axis), sources, axis)
     if not isinstance(made, ir.LazyTensor):
         return made
-    return Concatenated(made._func, sources, axis, dtype=made.dtype, shape=made.shape, name=name)
+    return weights.Concatenated(made._func, sources, axis, dtype=made.dtype, shape=made.shape, name=name)
 
 
 def const_value(value: ir.Value | None) -> np.ndarray | None:

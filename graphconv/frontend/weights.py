@@ -285,11 +285,18 @@ def spill_new_tensors(model: ir.Model, spill: SpillFile) -> int:
     return moved
 
 
-def _parts_in_files(t) -> list[WeightRef] | None:
-    """The refs of a passes.match.Concatenated tensor's sources, if each is in a file in the made dtype
-    (a bfloat16 source is made float32: then the bytes are not its)."""
-    from passes.match import Concatenated
+class Concatenated(ir.LazyTensor):
+    """A weight a pass makes that is its `sources` (ir.Values) concatenated along `axis` (merged gate/up,
+    passes.match.concatenated): where every source is in a file, the spill only names it (SpillFile.concatenated)."""
 
+    def __init__(self, make, sources: list, axis: int, **kwargs):
+        super().__init__(make, **kwargs)
+        self.sources, self.axis = list(sources), axis
+
+
+def _parts_in_files(t) -> list[WeightRef] | None:
+    """The refs of a Concatenated tensor's sources, if each is in a file in the made dtype (a bfloat16 source
+    is made float32: then the bytes are not its)."""
     if not isinstance(t, Concatenated):
         return None
     parts = []

@@ -155,9 +155,10 @@ def _split_inline(stmts: list[ast.stmt], owner: dict[str, int]) -> list[tuple[in
             out.append((k, [stmt]))
     layers = [i for i, (k, _) in enumerate(out) if k is not None]
     if len(layers) >= 2:
-        _hoist_into_prologue(out, layers[0], keys_of=dict(zip(map(id, stmts), keys)))
+        keys_of = dict(zip(map(id, stmts), keys))
+        _hoist_into_prologue(out, layers[0], keys_of)
         layers = [i for i, (k, _) in enumerate(out) if k is not None]
-        _keep_layer_tail(out, layers[-2], layers[-1], keys_of=dict(zip(map(id, stmts), keys)))
+        _keep_layer_tail(out, layers[-2], layers[-1], keys_of)
     return out
 
 
@@ -173,7 +174,7 @@ def _hoist_into_prologue(out: list, first: int, keys_of: dict) -> None:
     if not hoisted:
         return
     out[first] = (out[first][0], kept)
-    if first > 0 and out[first - 1][0] is None:
+    if first > 0:  # (the code before the first layer)
         out[first - 1][1].extend(hoisted)
     else:
         out.insert(first, (None, hoisted))
