@@ -297,8 +297,8 @@ class Compiler:
                          "kept_values": len(self.boundary_values[0])}
             if variant_pieces:
                 st.detail["ascend_precision_variant_pieces"] = len(results[1][2])
-                # weights a pass made, made again from the pages the model's piece has just read (weights.read)
-                st.detail["variant_weights_remade"] = sum(r["weights_remade"] for r in results[1][2])
+                # merged weights, made from the pages the model's piece has just read (weights.read)
+                st.detail["variant_weights_made_from_parts"] = sum(r["weights_made_from_parts"] for r in results[1][2])
         return expected, results[1][0] if variant_pieces else None
 
     def _accuracy_level_difference(self, loaded: LoadedModel, cases, expected) -> None:

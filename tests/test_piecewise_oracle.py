@@ -149,14 +149,19 @@ def test_run_together_interleaves_and_gives_each_models_numbers():
     assert np.allclose(together[1][0][0][out], 2 * together[0][0][0][out])
 
 
-def test_layer_streamed_ascend_compile_runs_the_precision_variant_with_the_oracle(tmp_path):
+def test_layer_streamed_ascend_compile_runs_the_precision_variant_with_the_oracle(tmp_path, monkeypatch):
     """On ascend the fp16-FlashAttention variant runs in the oracle's pass (its pieces beside the model's),
-    and measures what the whole-network compile's separate run measures."""
+    and measures what the whole-network compile's separate run measures. Its merged gate/up weights (the
+    tiny ones made to qualify: weights.SPILL_MIN_BYTES) are made from their parts as its pieces run."""
+    from graphconv.frontend import weights
+
+    monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 4096)
     path, _, _ = _scale_model(tmp_path, layers_=2)
     streamed = graphconv.compile(path, tmp_path / "s.mindir", target="ascend", layer_streamed=True)
     whole = graphconv.compile(path, tmp_path / "w.mindir", target="ascend", layer_streamed=False)
     oracle = next(s for s in streamed.stages if s.name == "oracle")
     assert oracle.detail["ascend_precision_variant_pieces"] == 4  # prologue, 2 layers, epilogue
+    assert oracle.detail["variant_weights_made_from_parts"] == 2  # one merged gate/up per layer
     check = next(s for s in streamed.stages if s.name == "ascend-precision")
     assert check.detail == {"run": "with the oracle, piece by piece"}
     got = streamed.validation["ascend_precision"]

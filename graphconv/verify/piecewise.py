@@ -205,14 +205,14 @@ class _Runner:
             raise UnsupportedError(f"onnxruntime could not run the model's {piece.name} (the oracle runs it "
                                    f"layer by layer): {str(e).strip().splitlines()[0][:300]}") from None
         mapped = sum(f.nbytes for f in feeds.values())
-        remade = sum(not isinstance(f, np.memmap) for f in feeds.values())  # (weights.read: made from sources)
+        made = sum(bool(self.refs[r].parts) for r in feeds)  # (weights.read concatenated their parts)
         del sess, feeds
         gc.collect()
         for env in envs:  # values no later piece reads
             for name in [n for n in env if n not in later]:
                 del env[name]
         self.rows.append({"piece": piece.name, "nodes": len(piece.nodes), "weight_bytes": mapped,
-                          "weights_remade": remade, "seconds": round(time.perf_counter() - t0, 3)})
+                          "weights_made_from_parts": made, "seconds": round(time.perf_counter() - t0, 3)})
         self.next += 1
 
     def results(self) -> tuple:
