@@ -62,8 +62,8 @@ def test_compile_reads_weights_in_place_and_verifies(external_llama, tmp_path):
 def test_weights_made_by_passes_leave_memory(external_llama, tmp_path, monkeypatch, precision):
     """fuse-swiglu's merged gate/up weights leave memory after the passes (threshold lowered so the tiny
     model's qualify): made of weights in the model's file, they are written nowhere, only named with their
-    parts; --precision fp16's casts of them are spilled. The compile still verifies, and --save-fused
-    writes the merged weights' values: its model runs and gives the original's outputs."""
+    parts. The compile still verifies (with --precision fp16 too, which casts them), and --save-fused writes
+    the merged weights' values: its model runs and gives the original's outputs."""
     import onnxruntime as ort
 
     monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 4096)
