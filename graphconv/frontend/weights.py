@@ -243,8 +243,8 @@ class ConcatenatedTensor(ir.ExternalTensor):
     """SpillFile.concatenated's tensor: an external tensor whose values are made from its parts when read."""
 
     def ref(self) -> WeightRef:
-        made = _CONCATENATED[(self.path, self.offset)]
-        return WeightRef(self.name or "", self.path, self.offset, self.length, self.dtype.numpy().name,
+        made = _CONCATENATED[(str(self.location), self.offset)]  # (the key weight_ref looks up: the proto's)
+        return WeightRef(self.name or "", str(self.location), self.offset, self.length, self.dtype.numpy().name,
                          tuple(int(d) for d in self.shape), made.parts, made.axis)
 
     def numpy(self) -> np.ndarray:

@@ -98,11 +98,11 @@ class Source:
     @classmethod
     def of_ref(cls, ref) -> "Source":
         """From a graphconv.frontend.weights.WeightRef or its as_list() form."""
-        ref = ref.as_list() if hasattr(ref, "as_list") else ref
-        path, offset, length, dtype, shape = ref[:5]
-        made = ref[5] if len(ref) > 5 else {}
-        return cls(tuple(int(d) for d in shape), dtype, str(path), int(offset), int(length),
-                   parts=tuple(cls.of_ref(r) for r in made.get("parts", ())), axis=int(made.get("axis", 0)))
+        from graphconv.frontend.weights import WeightRef
+
+        ref = ref if isinstance(ref, WeightRef) else WeightRef.of_list(ref)
+        return cls(ref.shape, ref.dtype, ref.path, ref.offset, ref.length,
+                   parts=tuple(cls.of_ref(r) for r in ref.parts), axis=ref.axis)
 
     def files(self) -> list["Source"]:
         """The Sources whose bytes are in a file: this one, or its parts'."""
