@@ -422,18 +422,25 @@ def build_model(cfg: Config, model_dir: Path, seed: int, gamma: str = "ones",
 # --selfcheck: the graph against a plain numpy Llama forward, with onnxruntime at two shapes
 
 
-def load_weights(data_path: Path, manifest: list[dict]) -> dict[str, np.ndarray]:
+def read_weight(data_path: Path, entry: dict) -> np.ndarray:
+    """One weight of the manifest, read from the data file in its stored dtype."""
+    dtype = np.dtype(entry.get("dtype", "float32"))
     with open(data_path, "rb") as f:
-        out = {}
-        for w in manifest:
-            f.seek(w["offset"])
-            out[w["name"]] = np.fromfile(f, np.float32, w["length"] // 4).reshape(w["shape"])
-    return out
+        f.seek(entry["offset"])
+        return np.fromfile(f, dtype, entry["length"] // dtype.itemsize).reshape(entry["shape"])
 
 
-def numpy_llama(cfg: Config, w: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
-    """Llama forward (transformers' LlamaForCausalLM, no cache, causal mask), in float64."""
-    w = {k: v.astype(np.float64) for k, v in w.items()}
+def load_weights(data_path: Path, manifest: list[dict]) -> dict[str, np.ndarray]:
+    return {w["name"]: read_weight(data_path, w) for w in manifest}
+
+
+def numpy_llama(cfg: Config, weight, ids: np.ndarray) -> np.ndarray:
+    """Llama forward (transformers' LlamaForCausalLM, no cache, causal mask), in float64. `weight(name)` gives
+    each weight (any float dtype; used in float64) when the forward reaches it, so that a 7B needs one layer's
+    weights at a time."""
+    def w_(name: str) -> np.ndarray:
+        return np.asarray(weight(name), np.float64)
+
     b, s = ids.shape
     hd, half, n_rep = cfg.head_dim, cfg.head_dim // 2, cfg.heads // cfg.kv_heads
     inv_freq = 1.0 / (cfg.theta ** (np.arange(0, hd, 2) / hd))
@@ -451,24 +458,24 @@ def numpy_llama(cfg: Config, w: dict[str, np.ndarray], ids: np.ndarray) -> np.nd
     def split(x, n):
         return x.reshape(b, s, n, hd).transpose(0, 2, 1, 3)
 
-    x = w["model.embed_tokens.weight"][ids]
+    x = w_("model.embed_tokens.weight")[ids]
     for i in range(cfg.layers):
         p = f"model.layers.{i}."
-        hs = rms(x, w[p + "input_layernorm.weight"])
-        q = split(hs @ w[p + "self_attn.q_proj.weight"], cfg.heads)
-        k = split(hs @ w[p + "self_attn.k_proj.weight"], cfg.kv_heads)
-        v = split(hs @ w[p + "self_attn.v_proj.weight"], cfg.kv_heads)
+        hs = rms(x, w_(p + "input_layernorm.weight"))
+        q = split(hs @ w_(p + "self_attn.q_proj.weight"), cfg.heads)
+        k = split(hs @ w_(p + "self_attn.k_proj.weight"), cfg.kv_heads)
+        v = split(hs @ w_(p + "self_attn.v_proj.weight"), cfg.kv_heads)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = np.repeat(k, n_rep, axis=1), np.repeat(v, n_rep, axis=1)  # repeat_kv
         scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd) + mask
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         attn = (probs @ v).transpose(0, 2, 1, 3).reshape(b, s, cfg.hidden)
-        x = x + attn @ w[p + "self_attn.o_proj.weight"]
-        hs = rms(x, w[p + "post_attention_layernorm.weight"])
-        gate = hs @ w[p + "mlp.gate_proj.weight"]
-        x = x + (gate / (1 + np.exp(-gate)) * (hs @ w[p + "mlp.up_proj.weight"])) @ w[p + "mlp.down_proj.weight"]
-    return rms(x, w["model.norm.weight"]) @ w["lm_head.weight"]
+        x = x + attn @ w_(p + "self_attn.o_proj.weight")
+        hs = rms(x, w_(p + "post_attention_layernorm.weight"))
+        gate = hs @ w_(p + "mlp.gate_proj.weight")
+        x = x + (gate / (1 + np.exp(-gate)) * (hs @ w_(p + "mlp.up_proj.weight"))) @ w_(p + "mlp.down_proj.weight")
+    return rms(x, w_("model.norm.weight")) @ w_("lm_head.weight")
 
 
 def all_values_as_outputs(path: Path, out_path: Path) -> dict[str, list]:
@@ -501,7 +508,7 @@ def selfcheck(seed: int) -> bool:
             for batch, seq in ((1, 7), (3, 13)):
                 ids = rng.integers(0, cfg.vocab, (batch, seq), dtype=np.int64)
                 values = dict(zip(names, sess.run(names, {"input_ids": ids})))
-                got, want = values["logits"], numpy_llama(cfg, weights, ids)
+                got, want = values["logits"], numpy_llama(cfg, weights.__getitem__, ids)
                 err = float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")
                 good = got.shape == (batch, seq, cfg.vocab) and err <= 1e-5 * max(1.0, float(np.abs(want).max()))
                 dims = {"batch": batch, "seq": seq}

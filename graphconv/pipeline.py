@@ -13,10 +13,12 @@ import dataclasses
 import importlib.metadata
 import resource
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 
 import onnx_ir as ir
 
@@ -33,6 +35,49 @@ from graphconv.frontend.load import LoadedModel, load, zero_sized_inputs
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report
 from graphconv.workspace import Workspace
+
+# the layer-by-layer oracle runs beside the MindSpore child while the weights take at most this share of the
+# available memory (Compiler._oracle_beside_emit)
+OVERLAP_MEMORY_SHARE = 0.25
+
+
+class _Overlap:
+    """`call(*args, beside=self, **kwargs)` (Compiler.emit) in a thread while the `with` body (the oracle)
+    runs, when `enabled`; else after the body, as before. Leaving the body by an exception sets `cancel`
+    (emit's child is killed) and waits for the thread; `result()` gives the call's value or raises its error."""
+
+    def __init__(self, enabled: bool, call, *args, **kwargs):
+        self.enabled, self.call, self.args, self.kwargs = enabled, call, args, kwargs
+        self.cancel, self.oracle_done = threading.Event(), threading.Event()
+        self._value = self._error = self._thread = None
+
+    def _run(self) -> None:
+        try:
+            self._value = self.call(*self.args, beside=self, **self.kwargs)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread by result()
+            self._error = e
+
+    def __enter__(self) -> "_Overlap":
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, name="emit", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        self.oracle_done.set()
+        if self._thread is None:
+            if exc_type is None:
+                self._value = self.call(*self.args, **self.kwargs)
+            return
+        if exc_type is not None:
+            self.cancel.set()
+        self._thread.join()
+
+    def result(self):
+        if self._error is not None:
+            raise self._error
+        return self._value
+
 
 @dataclasses.dataclass
 class CompileOptions:
@@ -378,11 +423,14 @@ class Compiler:
         return net, task
 
     def emit(self, task: dict, ws: Workspace, checkpoint: bool = False, run: dict | None = None,
-             twin: dict | None = None) -> tuple[list[Path], dict | None]:
+             twin: dict | None = None, beside=None) -> tuple[list[Path], dict | None]:
         """mindspore.export in a child; with `run` (the verification cases) the same child then runs them, on
         the MindIR (cpu target) or on the cpu twin task `twin` built from the exported network's Parameters
-        (graphconv/worker.export_and_verify). Returns the files and that run's result (None without run)."""
-        self.progress.info("emit (mindspore.export)" + (" and the verification run, in one process" if run else ""))
+        (graphconv/worker.export_and_verify). Returns the files and that run's result (None without run).
+        `beside` (an _Overlap): called from its thread while the oracle runs; its progress line waits for the
+        oracle's to end, and the child is killed when the oracle fails."""
+        self.progress.info("emit (mindspore.export)" + (" and the verification run, in one process" if run else "")
+                           + (", beside the oracle" if beside else ""))
         with self.report.stage("emit") as st:
             out_dir = ws.path("out")
             out_dir.mkdir()
@@ -390,12 +438,18 @@ class Compiler:
                     "checkpoint": str(ws.path("network.ckpt")) if checkpoint else None}
             tracker = self._weights_tracker(task)
             st.detail = {"weights_read_from_files_bytes": tracker.total if tracker else 0}
+            cancel = None
+            if beside is not None:
+                cancel = beside.cancel
+                st.detail["beside_oracle"] = True
+                if tracker is not None:
+                    tracker.hold = beside.oracle_done
             try:
                 if run is None:
-                    result = run_task("export", task, ws.dir, "mindspore.export", tracker)
+                    result = run_task("export", task, ws.dir, "mindspore.export", tracker, cancel)
                 else:
                     result = run_task("export_and_verify", {"export": task, "run": run, "twin": twin}, ws.dir,
-                                      "mindspore.export", tracker)
+                                      "mindspore.export", tracker, cancel)
                 st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed", "graph_seconds",
                                                        "weights_seconds", "weights_put_by_verification_bytes") if k in result})
             except ChildError as e:
@@ -534,6 +588,17 @@ class Compiler:
         if self.ort_refused:
             return UnsupportedError(f"{str(error).splitlines()[0][:300]}; {self.ort_refused}")
         return error if isinstance(error, GraphconvError) else InternalError(error)
+
+    def _oracle_beside_emit(self, task: dict) -> bool:
+        """Whether the layer-by-layer oracle (onnxruntime, in this process) runs while the MindSpore child
+        exports and runs the blocks: the two are independent until verify_blocks compares their values, and
+        on 2 cores the child's start-up (MindSpore's import, the graph export, the first compiles: single-
+        threaded) leaves the oracle a core. Both read every weight: only while the weights take at most
+        OVERLAP_MEMORY_SHARE of the available memory do they stay in the page cache from one read to the other
+        (beside both processes' working sets); past that the two would read the disk twice and compete for it
+        (a 7B), and they run one after the other, as before."""
+        external = sum(ref[2] for ref in task.get("external_weights", {}).values())
+        return external <= OVERLAP_MEMORY_SHARE * psutil.virtual_memory().available
 
     def _weights_tracker(self, task: dict):
         """Progress of a MindSpore child reading the weights that stay in files (graphconv.frontend.weights), or None."""
@@ -717,8 +782,12 @@ class Compiler:
             block_plan = self._block_plan(twin_net or net, twin_task or task, run, model, ws)
             variant, variant_got = self.ascend_precision_variant(fused), None
             if expected is None:  # the oracle runs layer by layer, keeping the values at the block boundaries
-                expected, variant_got = self.oracle_by_layers(cases, set(self.block_names.values()), variant)
-            files, done = self.emit(task, ws, checkpoint, run=run, twin=twin_task)
+                with _Overlap(self._oracle_beside_emit(task), self.emit, task, ws, checkpoint, run=run,
+                              twin=twin_task) as emitting:
+                    expected, variant_got = self.oracle_by_layers(cases, set(self.block_names.values()), variant)
+                files, done = emitting.result()
+            else:
+                files, done = self.emit(task, ws, checkpoint, run=run, twin=twin_task)
             mindir = self._mindir(files)
             self.report.census = census.primitive_census(mindir)
             checked = None if twin_task is not None else mindir

@@ -52,13 +52,16 @@ class Progress:
 
 
 class Tracker:
-    """done / total of one long step, printed at most twice a second, with rate and ETA."""
+    """done / total of one long step, printed at most twice a second, with rate and ETA. `hold` (a
+    threading.Event, or None): the line is not printed until it is set, for a step that runs beside another
+    whose own line is on the terminal meanwhile (the rate still counts from the first unit done)."""
 
     def __init__(self, progress: Progress, label: str, total: float, unit: str):
         self.progress, self.label, self.total, self.unit = progress, label, max(total, 1), unit
         self._start = time.perf_counter()
         self._last = 0.0
         self.done = 0.0
+        self.hold = None
 
     def update(self, done: float) -> None:
         now = time.perf_counter()
@@ -66,7 +69,8 @@ class Tracker:
             self._start = now - 1e-3  # the rate counts from the first unit done (not from a child's start-up)
         finished_before = self.done >= self.total
         self.done = done
-        if self.progress.quiet or finished_before or (now - self._last < 0.5 and done < self.total):
+        held = self.hold is not None and not self.hold.is_set()
+        if self.progress.quiet or held or finished_before or (now - self._last < 0.5 and done < self.total):
             return
         self._last = now
         elapsed = now - self._start

@@ -1,17 +1,22 @@
 """The layer-by-layer oracle (graphconv/verify/piecewise.py): onnxruntime runs a model one piece at a time
 (prologue, each layer, epilogue) with only that piece's weights mapped. The pieces come from the model's
 structure (weight names, exporter scopes), and the outputs must be exactly onnxruntime's on the whole model:
-the same nodes on the same kernels."""
+the same nodes on the same kernels. In a compile it runs beside the MindSpore child (pipeline._Overlap)."""
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
+from graphconv import pipeline
 from graphconv.frontend import weights
 from graphconv.frontend.load import load
 from graphconv.target import layers
@@ -169,3 +174,62 @@ def test_layer_streamed_ascend_compile_runs_the_precision_variant_with_the_oracl
     assert got["status"] == ref["status"] and len(got["outputs"]) == len(ref["outputs"]) == 2
     for a, b in zip(got["outputs"], ref["outputs"]):
         assert a["max_abs"] == b["max_abs"] and a["max_abs"] > 0
+
+
+def _stage(report, name):
+    return next(s for s in report.stages if s.name == name)
+
+
+def _numbers(report):
+    return ([o["max_abs"] for c in report.validation["cases"] for o in c["outputs"]],
+            [b.get("max_abs") for b in report.validation["layer_streamed"]["blocks"]])
+
+
+def test_oracle_runs_beside_the_child_with_the_numbers_of_one_after_the_other(tmp_path, monkeypatch):
+    """In layer-streamed mode the oracle runs while the MindSpore child exports and runs the blocks
+    (pipeline._Overlap; the two are independent until the blocks' values are compared): the same numbers as
+    one after the other, the oracle's stage inside the child's."""
+    path, _, _ = _scale_model(tmp_path, layers_=2)
+    beside = graphconv.compile(path, tmp_path / "b.mindir", target="ascend", layer_streamed=True)
+    monkeypatch.setattr(pipeline.Compiler, "_oracle_beside_emit", lambda self, task: False)
+    after = graphconv.compile(path, tmp_path / "a.mindir", target="ascend", layer_streamed=True)
+    assert beside.status == after.status == "verified"
+    emit, oracle = _stage(beside, "emit"), _stage(beside, "oracle")
+    assert emit.detail["beside_oracle"] is True
+    assert emit.started <= oracle.started < emit.started + emit.seconds  # the oracle ran while the child did
+    assert "beside_oracle" not in _stage(after, "emit").detail
+    assert _stage(after, "oracle").started + _stage(after, "oracle").seconds <= _stage(after, "emit").started + 0.01
+    cases, blocks = _numbers(beside)
+    assert (cases, blocks) == _numbers(after) and len(blocks) == 4  # prologue, 2 layers, epilogue
+    assert sum(b is not None for b in blocks) >= 3  # boundaries compared (the epilogue's: the final outputs)
+    assert beside.validation["ascend_precision"]["outputs"] == after.validation["ascend_precision"]["outputs"]
+
+
+def _workers() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True)
+            if "graphconv.target.worker" in " ".join(p.cmdline())]
+
+
+def test_a_failing_oracle_kills_the_child_and_leaves_no_output(tmp_path, monkeypatch):
+    """The oracle fails while the child exports or runs blocks: the child is killed and reaped before the
+    compile returns, and nothing is left in the output folder."""
+    path, _, _ = _scale_model(tmp_path, layers_=2)
+    seen = threading.Event()
+
+    def broken_oracle(*args, **kwargs):
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if _workers():
+                seen.set()
+                break
+            time.sleep(0.05)
+        raise RuntimeError("the oracle broke")
+
+    monkeypatch.setattr(piecewise, "run_together", broken_oracle)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(RuntimeError, match="the oracle broke"):
+        graphconv.compile(path, out / "m.mindir", target="ascend", layer_streamed=True)
+    assert seen.is_set()
+    assert _workers() == []  # killed (and reaped) before the compile returned
+    assert list(out.iterdir()) == []  # no MindIR, no variables, no private folder

@@ -51,11 +51,17 @@ def _start(args: list[str], workdir: Path, log, stdin, stdout) -> subprocess.Pop
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
 
 
-def _wait(proc: subprocess.Popen, done, progress_path: Path, tracker) -> None:
+class Cancelled(Exception):
+    """The task was called off from another thread (`cancel` set): its child is killed."""
+
+
+def _wait(proc: subprocess.Popen, done, progress_path: Path, tracker, cancel=None) -> None:
     """Poll `done(seconds)` until it is true, passing the child's progress file to `tracker` meanwhile. An
-    interrupt kills the child: it must not go on writing."""
+    interrupt, or `cancel` (a threading.Event) set, kills the child: it must not go on writing."""
     try:
         while not done(0.25):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("called off")
             if tracker is not None:
                 _report_progress(progress_path, tracker)
     except BaseException:
@@ -92,10 +98,11 @@ def _report_progress(path: Path, tracker) -> None:
     tracker.update(done)
 
 
-def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> dict:
+def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None, cancel=None) -> dict:
     """Runs the task in a new child with cwd=workdir; returns the worker's result dict or raises
     ChildError/InternalError. With a graphconv.progress.Tracker the child reports how far it is (bytes of
-    weights read) through a small file the parent polls."""
+    weights read) through a small file the parent polls. Run from a thread, `cancel` (a threading.Event) set
+    by another thread kills the child and raises Cancelled."""
     n = len(list(workdir.glob("task-*.json")))
     task_path = workdir / f"task-{n}-{kind}.json"
     result_path = workdir / f"task-{n}-{kind}.result.json"
@@ -105,7 +112,7 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> 
     task_path.write_text(json.dumps({**task, **extra, "kind": kind, "result": str(result_path)}))
     with open(log_path, "wb") as log:
         proc = _start([str(task_path)], workdir, log, subprocess.DEVNULL, log)
-        _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker)
+        _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker, cancel)
     if not result_path.exists():
         raise _died(label, proc.returncode, log_path)
     return _outcome(json.loads(result_path.read_text()), label)
