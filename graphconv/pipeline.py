@@ -29,7 +29,7 @@ from graphconv.frontend.contrib import quant
 from graphconv.target import blockwise, emit, layers, lowering, mindir_stream, targets
 from graphconv.verify import census, compare, piecewise, reference
 from passes import precision
-from graphconv.target.child import ChildError, run_task
+from graphconv.target.child import ChildError, Warm, run_task
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.frontend.load import LoadedModel, load, zero_sized_inputs
 from graphconv.progress import SILENT, Progress
@@ -179,6 +179,7 @@ class Compiler:
         self.layer_streamed = False
         self._deferred_oracle: tuple[onnx.ModelProto, list] | None = None  # (model, pieces) in layer-streamed mode
         self.block_names: dict[str, str] = {}
+        self._warm: Warm | None = None  # the emit stage's child, started with the compile (run)
         self.zero_sized: str | None = None
         self.ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
         self.pad_masks = True
@@ -438,6 +439,7 @@ class Compiler:
                     "checkpoint": str(ws.path("network.ckpt")) if checkpoint else None}
             tracker = self._weights_tracker(task)
             st.detail = {"weights_read_from_files_bytes": tracker.total if tracker else 0}
+            warm_free = self._warm is not None and not self._warm.taken
             cancel = None
             if beside is not None:
                 cancel = beside.cancel
@@ -446,10 +448,11 @@ class Compiler:
                     tracker.hold = beside.oracle_done
             try:
                 if run is None:
-                    result = run_task("export", task, ws.dir, "mindspore.export", tracker, cancel)
+                    result = run_task("export", task, ws.dir, "mindspore.export", tracker, cancel, self._warm)
                 else:
                     result = run_task("export_and_verify", {"export": task, "run": run, "twin": twin}, ws.dir,
-                                      "mindspore.export", tracker, cancel)
+                                      "mindspore.export", tracker, cancel, self._warm)
+                st.detail["child_started_with_compile"] = warm_free and self._warm.taken
                 st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed", "graph_seconds",
                                                        "weights_seconds", "weights_put_by_verification_bytes") if k in result})
             except ChildError as e:
@@ -730,7 +733,8 @@ class Compiler:
             from graphconv import deploy
 
             deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
-        with Workspace(self.output) as ws:
+        # the MindSpore child of the emit stage starts now: its import overlaps the stages before it
+        with Workspace(self.output) as ws, Warm(ws.dir) as self._warm:
             try:
                 self._run_in(loaded, ws)
             except VerificationError as e:

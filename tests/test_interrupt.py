@@ -1,8 +1,10 @@
-"""A compile killed during export leaves nothing at the output path; the next run removes its temporary files."""
+"""A compile killed during export leaves nothing at the output path; the next run removes its temporary files.
+The export's child, started with the compile (graphconv.target.child.Warm), goes when it is not needed."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +12,8 @@ import time
 
 import pytest
 
+import graphconv
+from graphconv.target import child
 from models import EXAMPLES_DIR
 
 
@@ -37,3 +41,50 @@ def test_killed_during_export(tmp_path, sig):
                     str(tmp_path / "other.mindir"), "--no-verify", "--no-simplify", "-q"], check=True)
     assert list(tmp_path.glob(".graphconv-tmp-*")) == []
     assert not out.exists()
+
+
+def test_the_emit_child_started_with_the_compile_takes_the_export(tmp_path):
+    """The MindSpore child starts with the compile (child.Warm: its import overlaps the passes), and the emit
+    stage's task goes to it."""
+    report = graphconv.compile(EXAMPLES_DIR / "tiny_llama.onnx", tmp_path / "m.mindir", simplify=False)
+    assert report.status == "verified"
+    assert next(s for s in report.stages if s.name == "emit").detail["child_started_with_compile"] is True
+
+
+def test_a_warm_child_given_no_task_goes(tmp_path):
+    with child.Warm(tmp_path) as warm:
+        proc = warm.proc
+    assert proc.returncode == 0  # its stdin closed before any task came: it ends by itself
+    assert (tmp_path / "task-warm.log").exists()
+
+
+def test_a_dead_warm_child_is_replaced_by_a_new_one(tmp_path):
+    """A warm child that died before its task came is not given it: run_task starts a child as it would
+    without one, and the task is done."""
+    src = tmp_path / "in.onnx"
+    shutil.copy(EXAMPLES_DIR / "tiny_llama.onnx", src)
+    with child.Warm(tmp_path) as warm:
+        warm.proc.kill()
+        warm.proc.wait()
+        result = child.run_task("simplify", {"input": str(src), "output": str(tmp_path / "out.onnx")}, tmp_path,
+                                "onnxsim", warm=warm)
+        assert not warm.taken
+    assert result["ok"] and result["nodes"] > 0 and (tmp_path / "out.onnx").exists()
+
+
+def test_a_compile_failing_before_its_emit_leaves_no_child(tmp_path, monkeypatch):
+    """The warm child is told to go (or killed) when the compile fails before it was given its task."""
+    import psutil
+
+    from graphconv import pipeline
+    from graphconv.errors import UnsupportedError
+
+    def refuse(self, *args, **kwargs):
+        assert not self._warm.taken and self._warm.proc.poll() is None  # it runs while the passes would
+        raise UnsupportedError("refused by the test")
+
+    monkeypatch.setattr(pipeline.Compiler, "fuse", refuse)
+    with pytest.raises(UnsupportedError, match="refused by the test"):
+        graphconv.compile(EXAMPLES_DIR / "tiny_llama.onnx", tmp_path / "m.mindir", simplify=False)
+    assert [p for p in psutil.Process().children(recursive=True) if "graphconv.target.worker" in " ".join(p.cmdline())] == []
+    assert list(tmp_path.iterdir()) == []

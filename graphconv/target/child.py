@@ -98,11 +98,12 @@ def _report_progress(path: Path, tracker) -> None:
     tracker.update(done)
 
 
-def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None, cancel=None) -> dict:
+def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None, cancel=None, warm=None) -> dict:
     """Runs the task in a new child with cwd=workdir; returns the worker's result dict or raises
     ChildError/InternalError. With a graphconv.progress.Tracker the child reports how far it is (bytes of
     weights read) through a small file the parent polls. Run from a thread, `cancel` (a threading.Event) set
-    by another thread kills the child and raises Cancelled."""
+    by another thread kills the child and raises Cancelled. `warm` (a Warm started in workdir): its child
+    takes the task, unless it was taken or has died."""
     n = len(list(workdir.glob("task-*.json")))
     task_path = workdir / f"task-{n}-{kind}.json"
     result_path = workdir / f"task-{n}-{kind}.result.json"
@@ -110,12 +111,56 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None, can
     progress_path = workdir / f"task-{n}-{kind}.progress"
     extra = {"progress_file": str(progress_path)} if tracker is not None else {}
     task_path.write_text(json.dumps({**task, **extra, "kind": kind, "result": str(result_path)}))
-    with open(log_path, "wb") as log:
-        proc = _start([str(task_path)], workdir, log, subprocess.DEVNULL, log)
+    proc = warm.take(task_path) if warm is not None else None
+    if proc is not None:
+        log_path = warm.log_path
         _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker, cancel)
+    else:
+        with open(log_path, "wb") as log:
+            proc = _start([str(task_path)], workdir, log, subprocess.DEVNULL, log)
+            _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker, cancel)
     if not result_path.exists():
         raise _died(label, proc.returncode, log_path)
     return _outcome(json.loads(result_path.read_text()), label)
+
+
+class Warm:
+    """A worker started before its task is known (`python -m graphconv.target.worker --warm`): it imports
+    MindSpore (3.4 s) while the compile runs its own stages, then takes one task (run_task's `warm`). A
+    context manager: on leaving, a child that took no task is told to go (its stdin closed), or killed."""
+
+    def __init__(self, workdir: Path):
+        self.log_path = workdir / "task-warm.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in __exit__
+        self.proc = _start(["--warm"], workdir, self._log, subprocess.PIPE, self._log)
+        self.taken = False
+
+    def take(self, task_path: Path) -> subprocess.Popen | None:
+        """The child, told its task; None when it was taken already or has died (the caller starts one)."""
+        if self.taken or self.proc.poll() is not None:
+            return None
+        self.taken = True
+        try:
+            self.proc.stdin.write(f"{task_path}\n".encode())
+            self.proc.stdin.close()
+        except OSError:  # it died meanwhile
+            return None
+        return self.proc
+
+    def __enter__(self) -> "Warm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.taken:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:  # a task interrupted (run_task kills its child), or one that will not go
+            self.proc.kill()
+        self.proc.wait()
+        self._log.close()
 
 
 class Server:
