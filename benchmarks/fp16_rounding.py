@@ -13,8 +13,10 @@ a compile makes:
 - X: the exact values: compile_scale.numpy_llama in float64 on the same fp16 weights, one layer at a time;
 
 and prints, per case, max abs, mean abs, cosine and the comparison rule's verdict at fp16's default tolerance
-(graphconv.verify.compare) for R against X, E against X and E against R. Where R itself fails the rule
-against X, no network that rounds at other places than onnxruntime can be expected to pass it against R.
+(graphconv.verify.compare; "A vs B": B is the reference) for X vs R (what a network computing the exact values
+would get from the compile's verification), E vs R (what graphconv's gets), and R vs X, E vs X (how far each
+is from the exact values). Where X fails the rule against R, the rule at that tolerance cannot be met by a
+network that rounds at other places than onnxruntime does, however exact.
 
 Run (from the repository root; --size 7b needs ~14 GB of disk for the model and ~1 GB per case of memory):
 
@@ -127,9 +129,10 @@ def main(argv: list[str]) -> int:
         log(f"float64 forward in {time.perf_counter() - t0:.1f}s")
         rows = []
         for k, case in enumerate(cases):
-            rows += [row("onnxruntime fp16 vs exact", case, oracle[k], exact[k]),
-                     row("graphconv vs exact", case, compiled[k], exact[k]),
-                     row("graphconv vs onnxruntime", case, compiled[k], oracle[k])]
+            rows += [row("exact vs onnxruntime", case, exact[k], oracle[k]),
+                     row("graphconv vs onnxruntime", case, compiled[k], oracle[k]),
+                     row("onnxruntime vs exact", case, oracle[k], exact[k]),
+                     row("graphconv vs exact", case, compiled[k], exact[k])]
         print(f"fp16_rounding --size {args.size}: hidden {cfg.hidden}, layers {cfg.layers}; graphconv compile exit "
               f"{compile_info['exit_code']} ({compile_info['status']}); rule at fp16's default tolerance")
         print(f"{'pair':<28} {'case':<24} {'max abs':>9} {'mean abs':>9} {'cosine':>10} {'over tol':>14}  rule")
