@@ -345,6 +345,28 @@ def test_concatenated_sources_are_written_from_their_parts(tmp_path, axis, flip)
     assert np.array_equal(got, (whole.T if flip else whole).astype(np.float16))
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_read_transposed_is_the_transpose_of_read(tmp_path, axis, dtype):
+    """Source.read_transposed (the layer-streamed run's prefetch): read().T, tiles copied from a memory map of
+    the file at an unaligned offset, over edges that are no multiple of the 128-tile, and a merged weight's
+    parts each into their own rows (axis 1) or columns (axis 0) of the transpose."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((300, 200)).astype(dtype)
+    b = rng.standard_normal((300, 70) if axis % 2 else (130, 200)).astype(dtype)
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"\0" * 5 + a.tobytes() + b.tobytes())
+    parts = (mindir_stream.Source(a.shape, dtype, str(src), 5, a.nbytes),
+             mindir_stream.Source(b.shape, dtype, str(src), 5 + a.nbytes, b.nbytes))
+    whole = np.concatenate([a, b], axis=axis)
+    merged = mindir_stream.Source(whole.shape, dtype, str(tmp_path / "nothing.bin"), 0, whole.nbytes, parts=parts,
+                                  axis=axis)
+    for source, want in ((parts[0], a), (merged, whole), (mindir_stream.Source.of_array(b), b)):
+        got = source.read_transposed()
+        assert got.flags.c_contiguous and got.dtype == want.dtype
+        assert np.array_equal(got, want.T) and np.array_equal(got, source.read().T)
+
+
 @pytest.mark.parametrize("target", ["ascend", "cpu"])
 def test_compile_streams_large_external_weights(external_llama, tmp_path, monkeypatch, target):
     """The compile takes the streamed writer for external weights past emit.STREAM_MIN_BYTES (lowered so the

@@ -481,16 +481,13 @@ class _Prefetch:
         self._thread.start()
 
     def _run(self, sources: dict, names: list[str], layouts: dict) -> None:
-        from graphconv.target.mindir_stream import _transpose
-
         try:
             for name in names:
                 src = sources.get(name)
                 if src is None or src.array is not None:
                     continue
                 flip = bool(layouts.get(name))
-                array = src.read()
-                self._result[name, flip] = _transpose(array) if flip and array.ndim == 2 else array
+                self._result[name, flip] = src.read_transposed() if flip and len(src.shape) == 2 else src.read()
         except BaseException as e:  # noqa: BLE001 - raised in the block loop's thread
             self._error = e
 

@@ -120,6 +120,27 @@ class Source:
         with open(self.path, "rb", buffering=0) as f:
             return _read(f.fileno(), self.offset, self.length // dtype.itemsize, dtype).reshape(self.shape)
 
+    def read_transposed(self) -> np.ndarray:
+        """The 2-D source's transpose (a fresh C-order array): read().T without read()'s copies. Tiles are
+        transposed straight from a read-only memory map of the file, and a merged weight's parts each into
+        their own rows or columns (no concatenation). On the 1.1B's layers (176 MB, in the page cache) the
+        read copy and the concatenation cost up to 0.5 s of kernel time per layer; the map ~0.03 s."""
+        out = np.empty(self.shape[::-1], numpy_dtype(self.dtype))
+        self._transpose_into(out)
+        return out
+
+    def _transpose_into(self, out: np.ndarray) -> None:
+        if self.parts:
+            at, axis = 0, self.axis % 2
+            for part in self.parts:  # concatenated along `axis`: along the other one in the transpose
+                n = part.shape[axis]
+                part._transpose_into(out[at:at + n] if axis == 1 else out[:, at:at + n])
+                at += n
+        elif self.array is not None:
+            _transpose_tiles(np.asarray(self.array), out)
+        else:  # (unmapped when it goes, on return: the file's pages leave this process's RSS)
+            _transpose_tiles(np.memmap(self.path, numpy_dtype(self.dtype), "r", self.offset, self.shape), out)
+
 
 def numpy_dtype(name: str) -> np.dtype:
     """numpy dtype by name; bfloat16 through ml_dtypes."""
@@ -449,13 +470,18 @@ def _write_transposed(src_fd: int, src: Source, source_dtype: np.dtype, fd: int,
 
 
 def _transpose(block: np.ndarray) -> np.ndarray:
-    """block.T in C order, copied in 128 x 128 tiles (numpy's strided .T copy of a large block is ~3x slower;
-    opmap/helpers._param does the same)."""
+    """block.T in C order (a fresh array)."""
     out = np.empty(block.shape[::-1], block.dtype)
+    _transpose_tiles(block, out)
+    return out
+
+
+def _transpose_tiles(block: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = block.T, copied in 128 x 128 tiles (numpy's strided .T copy of a large block is ~3x slower;
+    opmap/helpers._param does the same)."""
     for i in range(0, block.shape[0], 128):
         for j in range(0, block.shape[1], 128):
             out[j:j + 128, i:i + 128] = block[i:i + 128, j:j + 128].T
-    return out
 
 
 def _read(fd: int, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
