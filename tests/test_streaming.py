@@ -106,3 +106,27 @@ def test_progress_is_silent_off_a_terminal_and_can_be_forced(external_llama, tmp
     assert forced.returncode == 0
     assert "emit (mindspore.export)" in forced.stderr
     assert "weights into MindSpore:" in forced.stderr and "ETA" in forced.stderr
+
+
+def test_a_held_progress_line_waits_for_its_event_and_keeps_its_rate():
+    """A tracker whose step runs beside another step's line (the emit child beside the oracle) prints nothing
+    while `hold` is unset; once set, its line counts the rate from the first unit done, not from the release."""
+    import io
+    import threading
+    import time
+
+    from graphconv.progress import Progress
+
+    stream = io.StringIO()
+    tracker = Progress(stream=stream).track("weights into MindSpore", 100, unit="")
+    tracker.hold = threading.Event()
+    tracker.update(10)
+    time.sleep(0.6)
+    tracker.update(50)
+    assert stream.getvalue() == ""
+    tracker.hold.set()
+    tracker.update(60)
+    line = stream.getvalue().strip()
+    assert line.startswith("weights into MindSpore: 60 / 100 (60%)")
+    rate = float(line.split(", ")[1].split("/s")[0].replace(",", ""))
+    assert rate < 200  # 60 units over >= 0.6 s; counted from the release it would be thousands per second
