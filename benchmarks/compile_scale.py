@@ -7,7 +7,8 @@ What it does, in one run:
    float32 [batch, seq, vocab]) with onnx.helper only, spelled the way PyTorch's dynamo exporter spells it
    (decomposed RMSNorm, rotate_half RoPE, repeat_kv GQA, causal mask through Trilu/Where, SiLU as
    x * Sigmoid(x)), with a value_info (symbolic "batch"/"seq" shapes) for every intermediate value as
-   dynamo writes, so graphconv's fusion passes see what they see in real exports. The random weights
+   dynamo writes, and each node's module stack as dynamo's `namespace` metadata (--scopes none: without it),
+   so graphconv's fusion passes and layer grouping see what they see in real exports. The random weights
    (seeded; fp32, or fp16 with --dtype fp16, the graph then computing in fp16 as transformers' fp16 exports do;
    N(0, 0.02) matrices, o_proj/down_proj N(0, 0.02 / sqrt(2 * layers)) unless --init plain; norm gammas
    1 + N(0, 0.02) like a trained checkpoint, or ones with --gamma ones)
@@ -45,7 +46,7 @@ model and one MindIR; graphconv writes its merged gate/up weights nowhere: they 
 Run (from the repository root):
 
     .venv/bin/python benchmarks/compile_scale.py [--size small|default|7b] [--dtype fp32|fp16]
-                                                 [--init scaled|plain] [--atol A --rtol R]
+                                                 [--init scaled|plain] [--scopes dynamo|none] [--atol A --rtol R]
                                                  [--workdir DIR] [--keep] [--json] [--from-transformers]
     .venv/bin/python benchmarks/compile_scale.py --selfcheck   # tiny models: onnxruntime vs numpy
 
@@ -206,7 +207,9 @@ class WeightWriter:
 class GraphBuilder:
     """Nodes with unique output and node names, small constants stored inline, and a value_info entry
     (elem type and shape, symbolic dims "batch"/"seq") for every node output, as the dynamo exporter writes:
-    without them shape inference cannot tell that Range(0, seq) has `seq` elements."""
+    without them shape inference cannot tell that Range(0, seq) has `seq` elements. Each node made while
+    `scope` is set (the module stack, ": LlamaForCausalLM/model: LlamaModel/model.layers.0: LlamaDecoderLayer")
+    carries it as dynamo's `namespace` metadata, which graphconv reads to find the layers (layers.record_scopes)."""
 
     def __init__(self, float_elem: int = 1):
         self.float_elem = float_elem  # the model's float type (TensorProto FLOAT or FLOAT16)
@@ -214,6 +217,7 @@ class GraphBuilder:
         self.initializers: list = []
         self.value_info: list = []
         self._used: dict[str, int] = {}
+        self.scope = ""
 
     def _fresh(self, hint: str) -> str:
         n = self._used.get(hint, 0)
@@ -228,7 +232,10 @@ class GraphBuilder:
 
         elem = self.float_elem if elem is None else elem
         out = output or self._fresh(hint)
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"node_{out}", **attrs))
+        node = helper.make_node(op_type, inputs, [out], name=f"node_{out}", **attrs)
+        if self.scope:
+            helper.set_metadata_props(node, {"namespace": f"{self.scope}/{out}: aten.{op_type.lower()}"})
+        self.nodes.append(node)
         if not output:
             self.value_info.append(helper.make_tensor_value_info(out, elem, shape))
         return out
@@ -279,6 +286,8 @@ def build_graph(cfg: Config, writer: WeightWriter):
     c_zero, c_half, c_one = g.const("s0", i64(0)), g.const("s_half", i64(half)), g.const("s1", i64(1))
     c_max = g.const("s_max", i64(2**63 - 1))
 
+    top = ": LlamaForCausalLM/model: LlamaModel"
+    g.scope = top
     # batch and seq at run time, read once from input_ids
     batch = g.op("Shape", ["input_ids"], "batch_1d", [1], INT64, start=0, end=1)
     seq = g.op("Shape", ["input_ids"], "seq_1d", [1], INT64, start=1, end=2)
@@ -381,11 +390,15 @@ def build_graph(cfg: Config, writer: WeightWriter):
         return g.op("Add", [x, down], f"{t}_residual_mlp", [B, S, h])
 
     embed = weight("model.embed_tokens.weight", (cfg.vocab, h))
+    g.scope = f"{top}/model.embed_tokens: Embedding"
     x = g.op("Gather", [embed, "input_ids"], "embedding", [B, S, h], axis=0)
     for i in range(cfg.layers):
+        g.scope = f"{top}/model.layers.{i}: LlamaDecoderLayer"
         x = attention(x, f"model.layers.{i}.", f"l{i}")
         x = mlp(x, f"model.layers.{i}.", f"l{i}")
+    g.scope = f"{top}/model.norm: LlamaRMSNorm"
     x = rmsnorm(x, "model.norm.weight", "final_norm")
+    g.scope = ": LlamaForCausalLM/lm_head: Linear"
     g.op("MatMul", [x, weight("lm_head.weight", (h, cfg.vocab))], "lm_head", [B, S, cfg.vocab], output="logits")
 
     assert [w.name for w in weights] == [n for n, _, _ in cfg.weights()], "weights out of file order"
@@ -397,9 +410,10 @@ def build_graph(cfg: Config, writer: WeightWriter):
 
 
 def build_model(cfg: Config, model_dir: Path, seed: int, gamma: str = "ones",
-                dtype: str = "fp32", init: str = "scaled") -> tuple[Path, list[dict]]:
+                dtype: str = "fp32", init: str = "scaled", scopes: bool = True) -> tuple[Path, list[dict]]:
     """Writes model_dir/model.onnx and model_dir/model.onnx.data; returns the .onnx path and the weight
-    manifest (name, shape, offset, length in the data file)."""
+    manifest (name, shape, offset, length in the data file). scopes=False: no node carries dynamo's module
+    stack (an exporter that writes none: graphconv then finds the layers by their weights alone)."""
     import onnx
     from onnx import helper
 
@@ -408,6 +422,9 @@ def build_model(cfg: Config, model_dir: Path, seed: int, gamma: str = "ones",
                           0.02 / math.sqrt(2 * cfg.layers) if init == "scaled" else 0.02)
     try:
         graph = build_graph(cfg, writer)
+        if not scopes:
+            for node in graph.node:
+                del node.metadata_props[:]
     finally:
         writer.close()
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10,
@@ -1013,7 +1030,9 @@ def summarize(cfg: Config, size: str, gamma: str, dtype: str, weight_bytes: int,
                       "validation_max_abs": cases, "validation_mode": (rep.get("validation") or {}).get("mode"),
                       "fusions": rep.get("fusions"), "skipped_fusions": rep.get("skipped_fusions"),
                       "report_peak_rss_bytes": rep.get("peak_rss_bytes"), "warnings": rep.get("warnings", []),
-                      "ascend_precision": ((rep.get("validation") or {}).get("ascend_precision") or {}).get("status")},
+                      "ascend_precision": ((rep.get("validation") or {}).get("ascend_precision") or {}).get("status"),
+                      "layers": next((st["detail"].get("layers") for st in rep.get("stages", [])
+                                      if st["name"] == "lower" and st.get("detail")), None)},
         "ratios": ratios, "targets_met": targets,
     }
 
@@ -1069,7 +1088,10 @@ def print_summary(s: dict) -> None:
         print(f"(o) load {o['load_s']:.2f}s, {o['pieces']} pieces run in {o['run_s']:.2f}s, largest {mib(o['largest_piece_bytes'])}")
     else:
         print(f"(o) FAILED: {o['stderr_tail']}")
-    print(f"(c) status {c['status']} ({c['validation_mode']}), exit code {c['exit_code']}"
+    grouping = c.get("layers") or {}
+    print(f"(c) status {c['status']} ({c['validation_mode']}), exit code {c['exit_code']}, layers in a Cell class: "
+          f"{grouping.get('grouped', 0)} of {grouping.get('layers', 0)}"
+          + (f" ({grouping['reason']})" if grouping.get("reason") else "")
           + (f", error: {c['error']}" if c.get("error") else ""))
     print(f"    {c.get('command', '')}")
     print("    stage              seconds   peak RSS (tree)")
@@ -1113,6 +1135,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--gamma", choices=("ones", "random"), default="random",
                     help="norm gammas: random = 1 + N(0, 0.02) like a trained checkpoint (default), or ones "
                          "(onnxsim then drops the x * 1 and fuse-rmsnorm finds no gamma Mul)")
+    ap.add_argument("--scopes", choices=("dynamo", "none"), default="dynamo",
+                    help="dynamo (default): every node carries its module stack as dynamo's `namespace` metadata, "
+                         "as a real export does (graphconv then emits the layers as one Cell class); none: no "
+                         "node does (the layers stay inline, each its own statements)")
     ap.add_argument("--workdir", type=Path, help="empty or new directory (default: a new one under /tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir (model, MindIRs, logs, report)")
     ap.add_argument("--json", action="store_true", help="also print the numbers as JSON")
@@ -1182,7 +1208,8 @@ def main(argv: list[str]) -> int:
     try:
         log(f"workdir {work}; building {cfg.n_params() / 1e6:,.1f}M parameters ({weight_bytes / 1e9:.2f} GB)")
         t0 = time.perf_counter()
-        model_path, manifest = build_model(cfg, work / "model", args.seed, args.gamma, args.dtype, args.init)
+        model_path, manifest = build_model(cfg, work / "model", args.seed, args.gamma, args.dtype, args.init,
+                                           args.scopes == "dynamo")
         build_s = time.perf_counter() - t0
         log(f"built {model_path} in {build_s:.1f}s")
 

@@ -77,16 +77,22 @@ def test_broken_layer_is_named(tmp_path, monkeypatch):
         _compile(TINY, tmp_path / "b.mindir", layer_streamed=True)
 
 
-def test_compile_scale_synthetic_model(tmp_path):
-    """The benchmark's generator (benchmarks/compile_scale.py) at a tiny size: TorchScript-free onnx.helper
-    names, external weights; layer-streamed and whole-network give the same outputs."""
+def _scale_model(tmp_path, scopes: bool):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import compile_scale
     finally:
         sys.path.pop(0)
     cfg = compile_scale.Config(hidden=64, layers=4, intermediate=128, heads=4, kv_heads=2, vocab=128)
-    path, _ = compile_scale.build_model(cfg, tmp_path / "model", seed=0, gamma="random")
+    path, _ = compile_scale.build_model(cfg, tmp_path / "model", seed=0, gamma="random", scopes=scopes)
+    return path, cfg
+
+
+def test_compile_scale_synthetic_model(tmp_path):
+    """The benchmark's generator (benchmarks/compile_scale.py) at a tiny size, without dynamo's scopes
+    (onnx.helper names only, as an exporter that writes no module stack), external weights; layer-streamed
+    and whole-network give the same outputs."""
+    path, cfg = _scale_model(tmp_path, scopes=False)
     whole = _compile(path, tmp_path / "w.mindir", layer_streamed=False)
     streamed = _compile(path, tmp_path / "s.mindir", layer_streamed=True)
     blocks = streamed.validation["layer_streamed"]["blocks"]
@@ -107,6 +113,27 @@ def test_compile_scale_synthetic_model(tmp_path):
     # down; the two RMSNorm gammas are small, in memory); the first, compiled for its structure, builds its
     # Parameters itself
     assert [b["weights_prepared_ahead"] for b in layers] == [0, 6, 6, 6]
+    assert _final(streamed) == _final(whole)
+
+
+def test_compile_scale_model_with_dynamos_scopes_runs_its_layer_class(tmp_path):
+    """The same generator with each node's module stack as dynamo writes it (`namespace` metadata): the four
+    decoder layers become one Cell class (codegen's layers), and the layer-streamed run takes each layer as
+    one call of that class: compiled once, the later layers' weights read ahead, each layer's output
+    compared with onnxruntime's, the final outputs those of the whole-network run."""
+    path, cfg = _scale_model(tmp_path, scopes=True)
+    whole = _compile(path, tmp_path / "w.mindir", layer_streamed=False)
+    streamed = _compile(path, tmp_path / "s.mindir", layer_streamed=True)
+    grouping = next(s for s in streamed.stages if s.name == "lower").detail["layers"]
+    assert (grouping["grouped"], grouping["classes"]) == (cfg.layers, 1)
+    blocks = streamed.validation["layer_streamed"]["blocks"]
+    assert [b["block"] for b in blocks] == ["prologue"] + [f"layers[{k}]" for k in range(cfg.layers)] + ["epilogue"]
+    layers = blocks[1:-1]
+    assert all(b["kind"] == "layer" and b["class"] == "LlamaDecoderLayer" for b in layers)
+    assert all(b["values"] == [f"l{k}_residual_mlp"] and b["max_abs"] < 1e-4 for k, b in enumerate(layers))
+    assert [b["compiled_again"] for b in layers] == [True, False, False, False]
+    assert [b["weights_prepared_ahead"] for b in layers] == [0, 6, 6, 6]
+    assert all(b["not_read_ahead"] == [] for b in blocks[:-1])
     assert _final(streamed) == _final(whole)
 
 
