@@ -43,13 +43,15 @@ OVERLAP_MEMORY_SHARE = 0.25
 
 class _Overlap:
     """`call(*args, beside=self, **kwargs)` (Compiler.emit) in a thread while the `with` body (the oracle)
-    runs, when `enabled`; else after the body, as before. Leaving the body by an exception sets `cancel`
-    (emit's child is killed) and waits for the thread; `result()` gives the call's value or raises its error."""
+    runs, when `enabled`; else `result()` makes the call after the body, as before. Leaving the body by an
+    exception sets `cancel` (emit's child is killed) and waits for the thread; `result()` gives the call's
+    value or raises its error."""
 
     def __init__(self, enabled: bool, call, *args, **kwargs):
-        self.enabled, self.call, self.args, self.kwargs = enabled, call, args, kwargs
+        self.call, self.args, self.kwargs = call, args, kwargs
         self.cancel, self.oracle_done = threading.Event(), threading.Event()
-        self._value = self._error = self._thread = None
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, name="emit", daemon=True) if enabled else None
 
     def _run(self) -> None:
         try:
@@ -58,22 +60,20 @@ class _Overlap:
             self._error = e
 
     def __enter__(self) -> "_Overlap":
-        if self.enabled:
-            self._thread = threading.Thread(target=self._run, name="emit", daemon=True)
+        if self._thread is not None:
             self._thread.start()
         return self
 
     def __exit__(self, exc_type, *_) -> None:
         self.oracle_done.set()
-        if self._thread is None:
-            if exc_type is None:
-                self._value = self.call(*self.args, **self.kwargs)
-            return
-        if exc_type is not None:
-            self.cancel.set()
-        self._thread.join()
+        if self._thread is not None:
+            if exc_type is not None:
+                self.cancel.set()
+            self._thread.join()
 
     def result(self):
+        if self._thread is None:
+            return self.call(*self.args, **self.kwargs)
         if self._error is not None:
             raise self._error
         return self._value
@@ -600,12 +600,11 @@ class Compiler:
         OVERLAP_MEMORY_SHARE of the available memory do they stay in the page cache from one read to the other
         (beside both processes' working sets); past that the two would read the disk twice and compete for it
         (a 7B), and they run one after the other, as before."""
-        external = sum(ref[2] for ref in task.get("external_weights", {}).values())
-        return external <= OVERLAP_MEMORY_SHARE * psutil.virtual_memory().available
+        return _external_bytes(task) <= OVERLAP_MEMORY_SHARE * psutil.virtual_memory().available
 
     def _weights_tracker(self, task: dict):
         """Progress of a MindSpore child reading the weights that stay in files (graphconv.frontend.weights), or None."""
-        external = sum(ref[2] for ref in task.get("external_weights", {}).values())
+        external = _external_bytes(task)
         return self.progress.track("weights into MindSpore", external) if external else None
 
     def apply_precision(self, fused: onnx.ModelProto, ws: Workspace) -> onnx.ModelProto:
@@ -900,6 +899,11 @@ class Compiler:
             moves = {**moves, tmp: Path(self.opt.report_path)}
         if moves:
             ws.commit(moves)
+
+
+def _external_bytes(task: dict) -> int:
+    """The bytes of the weights an emit task's child reads from their files."""
+    return sum(ref[2] for ref in task.get("external_weights", {}).values())
 
 
 def _cpu_run_error(what: str, error: str, model: onnx.ModelProto) -> GraphconvError:
