@@ -4,6 +4,7 @@ tasks (the ONNX backend, which runs thousands of small networks)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -112,13 +113,13 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None, can
     extra = {"progress_file": str(progress_path)} if tracker is not None else {}
     task_path.write_text(json.dumps({**task, **extra, "kind": kind, "result": str(result_path)}))
     proc = warm.take(task_path) if warm is not None else None
-    if proc is not None:
-        log_path = warm.log_path
-        _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker, cancel)
-    else:
-        with open(log_path, "wb") as log:
+    with contextlib.ExitStack() as stack:
+        if proc is None:
+            log = stack.enter_context(open(log_path, "wb"))
             proc = _start([str(task_path)], workdir, log, subprocess.DEVNULL, log)
-            _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker, cancel)
+        else:
+            log_path = warm.log_path
+        _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker, cancel)
     if not result_path.exists():
         raise _died(label, proc.returncode, log_path)
     return _outcome(json.loads(result_path.read_text()), label)
@@ -127,7 +128,8 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None, can
 class Warm:
     """A worker started before its task is known (`python -m graphconv.target.worker --warm`): it imports
     MindSpore (3.4 s) while the compile runs its own stages, then takes one task (run_task's `warm`). A
-    context manager: on leaving, a child that took no task is told to go (its stdin closed), or killed."""
+    context manager: on leaving, a child that took no task is killed (it holds nothing; waiting for its import
+    to end would only delay the compile's error)."""
 
     def __init__(self, workdir: Path):
         self.log_path = workdir / "task-warm.log"
@@ -151,15 +153,11 @@ class Warm:
         return self
 
     def __exit__(self, *exc) -> None:
-        if not self.taken:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if self.proc.poll() is None:  # a task interrupted (run_task kills its child), or one that will not go
+        if self.proc.poll() is None:  # given no task, or its task interrupted (run_task kills its child then)
             self.proc.kill()
         self.proc.wait()
+        if not self.taken:
+            self.proc.stdin.close()
         self._log.close()
 
 
