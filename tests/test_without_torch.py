@@ -3,6 +3,7 @@ one line what to install. Simulated by an import hook that refuses torch and tra
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,3 +63,35 @@ def test_export_and_matrix_name_what_to_install(no_torch_env, tmp_path, args):
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-2000:]
     assert "needs torch" in lines[0] and "pip install -e '.[torch]'" in lines[0]
     assert not (tmp_path / "x.onnx").exists()
+
+
+RECORD_TORCH = '''
+import atexit, os, sys
+
+
+def _record():
+    with open(os.path.join(os.environ["GRAPHCONV_TEST_RECORD"], f"{os.getpid()}.txt"), "w") as f:
+        f.write(str("torch" in sys.modules))
+
+
+atexit.register(_record)
+'''
+
+
+def test_a_compile_with_torch_installed_does_not_import_it(tmp_path):
+    """onnxruntime.tools' __init__ imports torch when it is installed (2.5 s of a compile): the symbolic shape
+    inference that the loader and refine-shapes use is loaded without it."""
+    pytest.importorskip("torch")
+    hook, record = tmp_path / "hook", tmp_path / "record"
+    hook.mkdir()
+    record.mkdir()
+    (hook / "sitecustomize.py").write_text(RECORD_TORCH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)]), "GRAPHCONV_TEST_RECORD": str(record)}
+    proc = subprocess.Popen([sys.executable, "-m", "graphconv", "compile", str(EXAMPLE), "-o", str(tmp_path / "m.mindir"),
+                             "-q", "--report", str(tmp_path / "r.json")], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["fusions"]["refine-shapes"] is not None and report["fusions"]["fuse-rope"] > 0  # (it ran)
+    assert (record / f"{proc.pid}.txt").read_text() == "False"
