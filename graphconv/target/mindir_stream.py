@@ -299,6 +299,7 @@ class WeightsFile:
             for name in sorted(self.pending):
                 offset, _, target, flip, _ = self.entries[name]
                 _write_one(self._file.fileno(), offset, self.sources[name], target, flip, self.chunk_bytes)
+                drop_written(self._file.fileno())
                 self._done(name)
         finally:
             self._file.close()
@@ -360,6 +361,7 @@ class _Background:
                 fd, array, offset, done = self._jobs[0]
             try:
                 _pwrite_all(fd, _bytes_of(array), offset)
+                drop_written(fd)
                 done()
             except BaseException as e:  # noqa: BLE001 - handed to the caller's next write or drain
                 with self._cond:
@@ -509,6 +511,18 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
     view, done = memoryview(data).cast("B"), 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)
+
+
+def drop_written(fd: int) -> None:
+    """Ask the kernel to write the file's dirty pages out now and to drop those already written from the page
+    cache (posix_fadvise DONTNEED over the whole file), as the compile_scale floor does. Measured on this
+    machine (ext4, 24 GiB): 25 pwrites of 176 MiB into one file took 8.2-12.7 s of kernel time without it and
+    1.7-2.5 s with it, called after each write; called on each written range alone it saved nothing."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:  # a hint only
+            pass
 
 
 def _copy_range(src_fd: int, src_offset: int, fd: int, offset: int, length: int, chunk_bytes: int) -> None:
