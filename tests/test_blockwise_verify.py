@@ -103,16 +103,16 @@ def test_compile_scale_synthetic_model(tmp_path):
     assert all(b["kind"] == "inline" for b in layers)
     assert all(len(b["values"]) >= 1 and b["max_abs"] < 1e-4 for b in layers)  # layer outputs have ONNX names
     assert layers[1]["weight_bytes"] == layers[2]["weight_bytes"] > 0
-    assert all(b["not_read_ahead"] == [] for b in blocks[:-1])  # every weight read was asked ahead
+    assert all(b["not_read_ahead"] == [] for b in blocks)  # every weight read was asked ahead
     # the shapes and the mask the exporter computes once in layer 0 for every layer go to the prologue, and the
     # last layer keeps its residual add (blockwise._split_inline): every layer has one structure, and layers
     # 1-3 run on layer 0's compiled Cell with their own weights
     assert [b["compiled_again"] for b in layers] == [True, False, False, False]
-    # each later layer's weights were read and transposed by a second thread while the one before it ran
-    # (blockwise._Prefetch): the 6 of a Llama layer's 8 that are in files (q, k, v, o, the merged gate/up,
-    # down; the two RMSNorm gammas are small, in memory); the first, compiled for its structure, builds its
-    # Parameters itself
-    assert [b["weights_prepared_ahead"] for b in layers] == [0, 6, 6, 6]
+    # each block's weights in files were read and transposed by a second thread while the block before it ran
+    # (the prologue's while the graph exported; blockwise._Prefetch): the embedding; the 6 of a Llama layer's
+    # 8 that are in files (q, k, v, o, the merged gate/up, down; the two RMSNorm gammas are small, in
+    # memory); the head. A block compiled for its structure takes them as its Parameters too.
+    assert [b["weights_prepared_ahead"] for b in blocks] == [1, 6, 6, 6, 6, 1]
     assert _final(streamed) == _final(whole)
 
 
@@ -132,8 +132,8 @@ def test_compile_scale_model_with_dynamos_scopes_runs_its_layer_class(tmp_path):
     assert all(b["kind"] == "layer" and b["class"] == "LlamaDecoderLayer" for b in layers)
     assert all(b["values"] == [f"l{k}_residual_mlp"] and b["max_abs"] < 1e-4 for k, b in enumerate(layers))
     assert [b["compiled_again"] for b in layers] == [True, False, False, False]
-    assert [b["weights_prepared_ahead"] for b in layers] == [0, 6, 6, 6]
-    assert all(b["not_read_ahead"] == [] for b in blocks[:-1])
+    assert [b["weights_prepared_ahead"] for b in blocks] == [1, 6, 6, 6, 6, 1]
+    assert all(b["not_read_ahead"] == [] for b in blocks)
     assert _final(streamed) == _final(whole)
 
 

@@ -422,14 +422,20 @@ def oracle_values(model, names: list[str], cases) -> list[dict[str, np.ndarray]]
 class _BlockWeights:
     """The weights one block asks for, read from their files when asked (graphconv.target.mindir_stream.Source),
     as the generated `_param` (opmap/helpers.py) expects them: the source array, in the source's dtype.
-    `prepared`: arrays already in their Parameter's layout, by (name, transposed) (_Prefetch's)."""
+    `prepared`: arrays already in their Parameter's layout, by (name, transposed) (_Prefetch's); a block Cell
+    built anew takes them through `_param`'s shared_parameter hook (`param`: the generated module's _param)."""
 
-    def __init__(self, sources: dict, prepared: dict | None = None):
+    def __init__(self, sources: dict, prepared: dict | None = None, param=None):
         self.sources = sources
         self.prepared = prepared or {}
+        self.param = param
         self.read_bytes = 0
         self.read: list[str] = []
         self.taken_prepared = 0
+
+    def shared_parameter(self, name, shape, dtype, transposed):
+        ready = self.take_prepared(name, transposed) if self.param is not None else None
+        return None if ready is None else self.param({name: ready}, name, shape, dtype, False)
 
     def take_prepared(self, name: str, transposed: bool) -> np.ndarray | None:
         array = self.prepared.pop((name, bool(transposed)), None)
@@ -468,9 +474,10 @@ def _import(text: str, path: Path):
 
 class _Prefetch:
     """Block k's weights read and put in their Parameters' layout (transposed) by a second thread while the
-    block before it runs. Measured in MindSpore 2.10 on 2 cores, 7B-sized dense layers: in fp16, 2.25 s of
-    runs and 0.28 s of transposes took 2.20 s together (the run leaves a core idle); in fp32, 0.80 s and
-    0.62 s took 1.38 s (it saves only the waits for the disk). The 7B fp16 layer went from 2.1 s to 1.5 s."""
+    block before it runs (the first block's: while the child exports the graph). Measured in MindSpore 2.10
+    on 2 cores, 7B-sized dense layers: in fp16, 2.25 s of runs and 0.28 s of transposes took 2.20 s together
+    (the run leaves a core idle); in fp32, 0.80 s and 0.62 s took 1.38 s (it saves only the waits for the
+    disk). The 7B fp16 layer went from 2.1 s to 1.5 s."""
 
     def __init__(self, k: int, sources: dict, names: set[str], layouts: dict):
         import threading
@@ -498,43 +505,54 @@ class _Prefetch:
         return self._result
 
 
-def run_blocks(task: dict, run: dict, sources: dict, weights_file=None) -> dict:
-    """Run the cases of `run` (graphconv.target.worker's case files) through the network of `task` block by
-    block; write each case's outputs where the whole-network run writes them (out<i>) and its boundary
-    values into run["block_values"][case] (keyed by generated name). Returns the blocks (name, outputs,
-    seconds, weight bytes read) and the peak resident memory seen after each block.
+class Prepared:
+    """What run_blocks needs before its first block, made while the child still exports the graph: the plan,
+    the block classes' module, the cases as Tensors, and the first block's weights being read ahead."""
+
+    def __init__(self, task: dict, run: dict, sources: dict):
+        from mindspore import Tensor
+
+        self.plan = p = plan(Path(task["source"]).read_text(), task["class_name"], run.get("block_prefix"))
+        self.module = _import(module_source(p), Path(run["block_module"]))
+        self.envs = []
+        for case_path in run["cases"]:
+            with np.load(case_path) as data:
+                self.envs.append({a: Tensor(data[n]) for a, n in zip(p.args, run["input_names"])})
+        self.run, self.sources, self.layouts = run, sources, task.get("param_layouts") or {}
+        self.announced = [weight_names(p, k) for k in range(len(p.blocks))]
+        _read_ahead(sources, self.announced[0] | (self.announced[1] if len(p.blocks) > 1 else set()))
+        self.first = _Prefetch(0, sources, self.announced[0], self.layouts)
+
+
+def run_blocks(prepared: Prepared, weights_file=None) -> dict:
+    """Run the cases of the run (graphconv.target.worker's case files) through the network of the task
+    (Prepared's) block by block; write each case's outputs where the whole-network run writes them (out<i>)
+    and its boundary values into run["block_values"][case] (keyed by generated name). Returns the blocks
+    (name, outputs, seconds, weight bytes read) and the peak resident memory seen after each block.
     `weights_file` (a streamed MindIR's mindir_stream.WeightsFile): each block's Parameters are put into it
     as they are set, so the weights are read and transposed once for the run and the MindIR together."""
-    from mindspore import Tensor
-
-    p = plan(Path(task["source"]).read_text(), task["class_name"], run.get("block_prefix"))
-    module = _import(module_source(p), Path(run["block_module"]))
-    envs = []
-    for case_path in run["cases"]:
-        with np.load(case_path) as data:
-            envs.append({a: Tensor(data[n]) for a, n in zip(p.args, run["input_names"])})
     gc.freeze()  # the collections that release each block need not walk the plan and module again (~0.1 s each)
     try:
-        return _run_blocks(p, module, envs, run, sources, weights_file, task.get("param_layouts") or {})
+        return _run_blocks(prepared, weights_file)
     finally:
         gc.unfreeze()
 
 
-def _run_blocks(p: Plan, module, envs: list, run: dict, sources: dict, weights_file, layouts: dict) -> dict:
+def _run_blocks(prepared: Prepared, weights_file) -> dict:
     import mindspore as ms
 
+    p, module, envs, run, sources = prepared.plan, prepared.module, prepared.envs, prepared.run, prepared.sources
+    layouts, announced = prepared.layouts, prepared.announced
     compiled: dict[str, object] = {}  # structure -> the Cell that runs every block of that structure
     saved = [dict() for _ in envs]
     blocks, final = [], [None] * len(envs)
-    announced = [weight_names(p, k) for k in range(len(p.blocks))]
     structures = [structure(p, k) for k in range(len(p.blocks))]
-    prefetch = None
+    prefetch = prepared.first
     for k, b in enumerate(p.blocks):
         t0 = time.perf_counter()
         if k + 1 < len(p.blocks):
-            _read_ahead(sources, announced[k + 1] if k else announced[0] | announced[1])
-        weights = _BlockWeights(sources, prefetch.result() if prefetch is not None and prefetch.k == k else None)
-        prefetch = None
+            _read_ahead(sources, announced[k + 1])
+        weights = _BlockWeights(sources, prefetch.result(), module._param)
         key = structures[k]
         reused = key in compiled
         if reused:  # its graphs are compiled: it takes this block's weights
@@ -544,8 +562,8 @@ def _run_blocks(p: Plan, module, envs: list, run: dict, sources: dict, weights_f
             cell.set_train(False)
             compiled = {key: cell}  # (the previous structure's Cell is released: only one is kept)
             held = [(q.name, bool(layouts.get(q.name)), q) for q in cell.get_parameters()]
-        if k + 1 < len(p.blocks) and structures[k + 1] == key:  # the next block takes this Cell's Parameters
-            prefetch = _Prefetch(k + 1, sources, announced[k + 1], layouts)
+        # the next block's weights, read and transposed while this one runs
+        prefetch = _Prefetch(k + 1, sources, announced[k + 1], layouts) if k + 1 < len(p.blocks) else None
         t1 = time.perf_counter()
         if weights_file is not None:
             for name, transposed, param in held:
@@ -653,7 +671,8 @@ def check(blocks: list[dict], names: dict[str, str], cases, expected: list[dict]
             failure = f"block {b['name']}" + (f" ({b['class']})" if b.get("class") else "") + f": {bad}"
     last = blocks[-1]
     rows.append({"block": last["name"], "kind": last["kind"], "class": last.get("class"), "values": ["(the network's outputs)"],
-                 "weight_bytes": last["weight_bytes"], "seconds": last["seconds"], "rss_after": last["rss_after"]})
+                 "weight_bytes": last["weight_bytes"], "seconds": last["seconds"], "rss_after": last["rss_after"],
+                 **{k: last[k] for k in ("weights_seconds", "weights_prepared_ahead", "not_read_ahead") if k in last}})
     return rows, failure
 
 

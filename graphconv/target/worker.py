@@ -228,20 +228,27 @@ def export_and_verify(task: dict) -> dict:
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     exp, run, twin = task["export"], task["run"], task.get("twin")
-    writer = None
+    writer, blocks = None, None
+    if run.get("block_values"):  # layer-streamed: the first block's weights are read while the graph exports
+        from graphconv.target import blockwise
+
+        checked = twin if twin is not None else exp
+        try:
+            blocks = blockwise.Prepared(checked, run, _sources(checked))
+        except Exception as e:  # noqa: BLE001 - reported as the verification's error, after the export
+            blocks = e
     if _streams(exp):  # (graphconv/target/mindir_stream) no Parameter holds a value: nothing to share
         net, (out, writer) = None, _export_streamed(exp, put_by_verification=bool(run.get("block_values")))
     else:
         net, build_seconds = _build_network(exp, direct=bool(exp.get("direct")))
         out = {**_export_built(net, exp), "build_seconds": build_seconds}
     try:
-        if run.get("block_values"):  # layer-streamed (graphconv/target/blockwise): one block's weights at a time
-            from graphconv.target import blockwise
-
+        if isinstance(blocks, Exception):
+            raise blocks
+        if blocks is not None:  # layer-streamed (graphconv/target/blockwise): one block's weights at a time
             del net
             gc.collect()
-            checked = twin if twin is not None else exp
-            out["verify"] = blockwise.run_blocks(checked, run, _sources(checked), writer and writer.weights)
+            out["verify"] = blockwise.run_blocks(blocks, writer and writer.weights)
         elif twin is None:
             del net
             gc.collect()
