@@ -13,6 +13,9 @@ pair.
 
 from __future__ import annotations
 
+import mmap
+import os
+
 import numpy as np
 import onnx_ir as ir
 
@@ -24,15 +27,49 @@ _FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.Data
 _GENERATED_PREFIXES = ("val_", "onnx::", "_")  # names exporters make up: a state_dict name is kept instead
 
 
+def _sampled(shape: tuple) -> tuple[list, list]:
+    """The elements a fingerprint reads: the four corners and a few diagonal elements (W[i, i] is W^T[i, i])."""
+    rows, cols = shape
+    n = min(rows, cols)
+    return [(0, 0), (0, cols - 1), (rows - 1, 0), (rows - 1, cols - 1)], \
+        [(i, i) for i in sorted({0, n // 3, n // 2, 2 * n // 3, n - 1})]
+
+
 def _fingerprint(arr: np.ndarray) -> tuple:
     """Equal for a tensor and its transpose, exactly, and read from a dozen elements (a memory-mapped weight
     is not read whole: a 7B model's would be 13 GB): the shapes, the dtype, the four corners as a multiset
-    and a few diagonal elements (W[i, i] is W^T[i, i])."""
-    rows, cols = arr.shape
-    corners = sorted(float(x) for x in (arr[0, 0], arr[0, -1], arr[-1, 0], arr[-1, -1]))
-    n = min(rows, cols)
-    diagonal = tuple(float(arr[i, i]) for i in sorted({0, n // 3, n // 2, 2 * n // 3, n - 1}))
-    return tuple(sorted(arr.shape)), str(arr.dtype), tuple(corners), diagonal
+    and a few diagonal elements."""
+    corners, diagonal = _sampled(arr.shape)
+    return (tuple(sorted(arr.shape)), str(arr.dtype), tuple(sorted(float(arr[ij]) for ij in corners)),
+            tuple(float(arr[ij]) for ij in diagonal))
+
+
+def _ask_ahead(tensors: list) -> None:
+    """Ask the kernel to read the pages the fingerprints of these weights touch, all at once (posix_fadvise
+    WILLNEED): from a file not in the page cache, a page at a time took 2.3 s on the 1.1B benchmark model's
+    155 weights (each a disk round trip), against 0.05 s once cached."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    by_path: dict[str, list] = {}
+    for t in tensors:
+        if isinstance(t, ir.ExternalTensor) and t.path:
+            by_path.setdefault(str(t.path), []).append(t)
+    page = mmap.PAGESIZE
+    for path, ts in by_path.items():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            for t in ts:
+                cols, size = t.shape[1], t.dtype.itemsize
+                for i, j in sum(_sampled(tuple(t.shape)), []):
+                    at = (t.offset or 0) + int((i * cols + j) * size)
+                    os.posix_fadvise(fd, at - at % page, page, os.POSIX_FADV_WILLNEED)
+        except OSError:  # a hint only
+            pass
+        finally:
+            os.close(fd)
 
 
 def _release(t) -> None:
@@ -59,13 +96,19 @@ def _rank(value: ir.Value) -> tuple[int, str]:
 def tie_weights(model: ir.Model) -> int:
     """Replace duplicate and transposed-duplicate 2-D initializers; returns how many were removed."""
     graph = model.graph
-    groups: dict[tuple, list[ir.Value]] = {}
     graph_inputs = {v.name for v in graph.inputs}
+    by_shape: dict[tuple, list[ir.Value]] = {}  # (a weight no other one could equal is not read at all)
     for value in list(graph.initializers.values()):
         t = value.const_value
         if (t is None or value.name in graph_inputs or value.is_graph_output() or len(t.shape) != 2
                 or t.dtype not in _FLOATS or t.size < MIN_ELEMENTS):
             continue
+        by_shape.setdefault((tuple(sorted(t.shape)), t.dtype), []).append(value)
+    candidates = [v for values in by_shape.values() if len(values) > 1 for v in values]
+    _ask_ahead([v.const_value for v in candidates])
+    groups: dict[tuple, list[ir.Value]] = {}
+    for value in candidates:
+        t = value.const_value
         groups.setdefault(_fingerprint(t.numpy()), []).append(value)
         _release(t)
     removed = 0
