@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv.frontend import param_names, weights
+from graphconv.frontend import param_names, readahead, weights
 from graphconv.frontend.contrib import quant
 from graphconv.target import blockwise, emit, layers, lowering, mindir_stream, targets
 from graphconv.verify import census, compare, piecewise, reference
@@ -180,6 +180,7 @@ class Compiler:
         self._deferred_oracle: tuple[onnx.ModelProto, list] | None = None  # (model, pieces) in layer-streamed mode
         self.block_names: dict[str, str] = {}
         self._warm: Warm | None = None  # the emit stage's child, started with the compile (run)
+        self._ahead: readahead.Readahead | None = None  # the weights read into the page cache (run)
         self.zero_sized: str | None = None
         self.ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
         self.pad_masks = True
@@ -336,11 +337,14 @@ class Compiler:
         self.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces"
                            + (", with the ascend-precision variant's)" if variant_pieces else ")"))
         with self.report.stage("oracle") as st:
+            asked_ahead = self._ahead.asked if self._ahead is not None else None  # (graphconv.frontend.readahead)
             results = piecewise.run_together(runs, cases, progress=self.progress)
             expected, self.boundary_values, rows = results[0]
             self.report.validation["oracle"] = "onnxruntime (layer by layer)"
             st.detail = {"pieces": len(rows), "largest_piece_weight_bytes": max(r["weight_bytes"] for r in rows),
                          "kept_values": len(self.boundary_values[0])}
+            if asked_ahead:
+                st.detail["weights_asked_of_the_disk_before_bytes"] = asked_ahead
             if variant_pieces:
                 st.detail["ascend_precision_variant_pieces"] = len(results[1][2])
                 # merged weights, made from the pages the model's piece has just read (weights.read)
@@ -600,7 +604,7 @@ class Compiler:
         OVERLAP_MEMORY_SHARE of the available memory do they stay in the page cache from one read to the other
         (beside both processes' working sets); past that the two would read the disk twice and compete for it
         (a 7B), and they run one after the other, as before."""
-        return _external_bytes(task) <= OVERLAP_MEMORY_SHARE * psutil.virtual_memory().available
+        return _fits_page_cache(_external_bytes(task))
 
     def _weights_tracker(self, task: dict):
         """Progress of a MindSpore child reading the weights that stay in files (graphconv.frontend.weights), or None."""
@@ -732,8 +736,9 @@ class Compiler:
             from graphconv import deploy
 
             deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
-        # the MindSpore child of the emit stage starts now: its import overlaps the stages before it
-        with Workspace(self.output) as ws, Warm(ws.dir) as self._warm:
+        # the MindSpore child of the emit stage starts now: its import overlaps the stages before it; so does
+        # the reading of the weights from disk, which the oracle and that child read after the lowering
+        with Workspace(self.output) as ws, Warm(ws.dir) as self._warm, self._readahead(loaded) as self._ahead:
             try:
                 self._run_in(loaded, ws)
             except VerificationError as e:
@@ -742,6 +747,17 @@ class Compiler:
                 self._commit(ws, {}, report_only=True)
                 raise
         return self.report
+
+    def _readahead(self, loaded: LoadedModel) -> readahead.Readahead:
+        """The weight files read into the page cache from now on (graphconv.frontend.readahead), when the
+        compile reads them layer by layer twice and they fit the page cache; else a Readahead of nothing."""
+        ranges = []
+        if self.layer_streamed and self.opt.verify and _fits_page_cache(loaded.external_bytes):
+            ranges = readahead.file_ranges(weights.external_refs(loaded.proto).values())
+            load_stage = next(st for st in self.report.stages if st.name == "load")
+            load_stage.detail = {**(load_stage.detail or {}),
+                                 "weights_read_ahead_bytes": sum(end - begin for _, begin, end in ranges)}
+        return readahead.Readahead(ranges)
 
     def spill(self, ws: Workspace) -> weights.SpillFile | None:
         """The file in the private directory that holds weights this compile makes (one per run); None when
@@ -899,6 +915,11 @@ class Compiler:
             moves = {**moves, tmp: Path(self.opt.report_path)}
         if moves:
             ws.commit(moves)
+
+
+def _fits_page_cache(nbytes: int) -> bool:
+    """Whether weights of this size stay in the page cache between two reads of them (OVERLAP_MEMORY_SHARE)."""
+    return nbytes <= OVERLAP_MEMORY_SHARE * psutil.virtual_memory().available
 
 
 def _external_bytes(task: dict) -> int:

@@ -114,6 +114,13 @@ def test_compile_scale_synthetic_model(tmp_path):
     # memory); the head. A block compiled for its structure takes them as its Parameters too.
     assert [b["weights_prepared_ahead"] for b in blocks] == [1, 6, 6, 6, 6, 1]
     assert _final(streamed) == _final(whole)
+    # the layer-streamed compile, which reads the weights twice after the passes, asked the kernel for the
+    # whole weights file from its start (graphconv/frontend/readahead); the whole-network one did not
+    load = [next(s for s in r.stages if s.name == "load").detail for r in (whole, streamed)]
+    assert "weights_read_ahead_bytes" not in load[0]
+    data_file = sum(f.stat().st_size for f in path.parent.iterdir() if f.suffix != ".onnx")
+    # (the ranges close the gaps between weights: alignment, and the small tensors load read into the model)
+    assert load[1]["external_weight_bytes"] <= load[1]["weights_read_ahead_bytes"] <= data_file
 
 
 def test_compile_scale_model_with_dynamos_scopes_runs_its_layer_class(tmp_path):

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphconv.frontend import readahead
 from graphconv.target.codegen import py_name
 from graphconv.target.layers import _strip, layer_of
 
@@ -344,8 +345,9 @@ def weight_names(p: Plan, k: int) -> set[str]:
 
 
 def _read_ahead(sources: dict, names: set[str]) -> None:
-    """Ask the kernel to start reading these weights' file ranges into the page cache (posix_fadvise
-    WILLNEED: it returns at once), so that the next block's reads overlap this block's transposes and run."""
+    """Ask the kernel to start reading these weights' file ranges into the page cache (readahead.ask: posix_fadvise
+    WILLNEED, 1 MiB per call, as the kernel reads no more of one), so that the next block's reads overlap this
+    block's transposes and run."""
     if not hasattr(os, "posix_fadvise"):
         return
     for name in names:
@@ -355,7 +357,7 @@ def _read_ahead(sources: dict, names: set[str]) -> None:
             try:
                 fd = os.open(src.path, os.O_RDONLY)
                 try:
-                    os.posix_fadvise(fd, src.offset, src.length, os.POSIX_FADV_WILLNEED)
+                    readahead.ask(fd, src.offset, src.length)
                 finally:
                     os.close(fd)
             except OSError:  # a hint only
