@@ -180,6 +180,7 @@ class Compiler:
         self._deferred_oracle: tuple[onnx.ModelProto, list] | None = None  # (model, pieces) in layer-streamed mode
         self.block_names: dict[str, str] = {}
         self._warm: Warm | None = None  # the emit stage's child, started with the compile (run)
+        self._ahead_ranges: list[tuple[str, int, int]] = []  # the weight files to read ahead (load)
         self._ahead: readahead.Readahead | None = None  # the weights read into the page cache (run)
         self.zero_sized: str | None = None
         self.ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
@@ -204,6 +205,11 @@ class Compiler:
             st.nodes_after = len(loaded.proto.graph.node)
             if loaded.external_bytes:
                 st.detail = {"external_weight_bytes": loaded.external_bytes, "weights": "read in place"}
+            # the weight files the layer-streamed stages read twice after the passes, asked of the disk from the
+            # compile's start (run) while they fit the page cache (graphconv.frontend.readahead)
+            if self.layer_streamed and self.opt.verify and _fits_page_cache(loaded.external_bytes):
+                self._ahead_ranges = readahead.file_ranges(weights.external_refs(loaded.proto).values())
+                st.detail["weights_read_ahead_bytes"] = sum(n for _, _, n in self._ahead_ranges)
             if loaded.upgraded_from is not None:
                 st.detail["upgraded_from_opset"] = loaded.upgraded_from
                 self.report.warnings.append(
@@ -738,7 +744,8 @@ class Compiler:
             deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
         # the MindSpore child of the emit stage starts now: its import overlaps the stages before it; so does
         # the reading of the weights from disk, which the oracle and that child read after the lowering
-        with Workspace(self.output) as ws, Warm(ws.dir) as self._warm, self._readahead(loaded) as self._ahead:
+        with Workspace(self.output) as ws, Warm(ws.dir) as self._warm, \
+                readahead.Readahead(self._ahead_ranges) as self._ahead:
             try:
                 self._run_in(loaded, ws)
             except VerificationError as e:
@@ -747,17 +754,6 @@ class Compiler:
                 self._commit(ws, {}, report_only=True)
                 raise
         return self.report
-
-    def _readahead(self, loaded: LoadedModel) -> readahead.Readahead:
-        """The weight files read into the page cache from now on (graphconv.frontend.readahead), when the
-        compile reads them layer by layer twice and they fit the page cache; else a Readahead of nothing."""
-        ranges = []
-        if self.layer_streamed and self.opt.verify and _fits_page_cache(loaded.external_bytes):
-            ranges = readahead.file_ranges(weights.external_refs(loaded.proto).values())
-            load_stage = next(st for st in self.report.stages if st.name == "load")
-            load_stage.detail = {**(load_stage.detail or {}),
-                                 "weights_read_ahead_bytes": sum(end - begin for _, begin, end in ranges)}
-        return readahead.Readahead(ranges)
 
     def spill(self, ws: Workspace) -> weights.SpillFile | None:
         """The file in the private directory that holds weights this compile makes (one per run); None when

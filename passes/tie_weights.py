@@ -14,11 +14,11 @@ pair.
 from __future__ import annotations
 
 import mmap
-import os
 
 import numpy as np
 import onnx_ir as ir
 
+from graphconv.frontend import readahead
 from passes.manager import register_pass
 
 # Weights smaller than this are not worth a Transpose node (and small constants repeat by chance).
@@ -48,28 +48,14 @@ def _ask_ahead(tensors: list) -> None:
     """Ask the kernel to read the pages the fingerprints of these weights touch, all at once (posix_fadvise
     WILLNEED): from a file not in the page cache, a page at a time took 2.3 s on the 1.1B benchmark model's
     155 weights (each a disk round trip), against 0.05 s once cached."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    by_path: dict[str, list] = {}
+    page, pages = mmap.PAGESIZE, []
     for t in tensors:
         if isinstance(t, ir.ExternalTensor) and t.path:
-            by_path.setdefault(str(t.path), []).append(t)
-    page = mmap.PAGESIZE
-    for path, ts in by_path.items():
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            for t in ts:
-                cols, size = t.shape[1], t.dtype.itemsize
-                for i, j in sum(_sampled(tuple(t.shape)), []):
-                    at = (t.offset or 0) + int((i * cols + j) * size)
-                    os.posix_fadvise(fd, at - at % page, page, os.POSIX_FADV_WILLNEED)
-        except OSError:  # a hint only
-            pass
-        finally:
-            os.close(fd)
+            cols, size = t.shape[1], t.dtype.itemsize
+            for i, j in sum(_sampled(tuple(t.shape)), []):
+                at = (t.offset or 0) + int((i * cols + j) * size)
+                pages.append((t.path, at - at % page, page))
+    readahead.ask_files(pages)
 
 
 def _release(t) -> None:

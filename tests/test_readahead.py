@@ -46,18 +46,30 @@ def test_readahead_asks_every_byte_then_stops_with_the_compile(monkeypatch, tmp_
         ahead._thread.join()
     assert ahead.asked == 3 * readahead.CHUNK_BYTES and len(asked) == 3
     # left early: the thread stops between two chunks and is joined on the way out
-    gate, calls = threading.Event(), []
+    gate, started, calls = threading.Event(), threading.Event(), []
 
     def slow(fd, offset, length, advice):
         calls.append(offset)
+        started.set()
         gate.wait()
 
     monkeypatch.setattr(os, "posix_fadvise", slow)
     with readahead.Readahead([(str(path), 0, 1000 * readahead.CHUNK_BYTES)]) as ahead:
-        while not calls:
-            pass
+        assert started.wait(10)
         gate.set()
     assert not ahead._thread.is_alive() and len(calls) < 1000
     # nothing to read: no thread
     with readahead.Readahead([]) as ahead:
         assert not ahead._thread.is_alive()
+
+
+def test_ask_files_opens_each_file_once_and_passes_over_one_it_cannot_open(monkeypatch, tmp_path):
+    a = tmp_path / "a.bin"
+    a.write_bytes(b"\0" * 64)
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, flags: opened.append(str(path)) or real_open(path, flags))
+    asked = _recording(monkeypatch)
+    n = readahead.ask_files([(a, 0, 4096), (tmp_path / "missing.bin", 0, 4096), (a, 8192, 4096), (a, 0, 0)])
+    assert n == 8192 and [(o, length) for o, length, _ in asked] == [(0, 4096), (8192, 4096)]
+    assert opened == [str(a), str(tmp_path / "missing.bin")]

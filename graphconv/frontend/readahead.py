@@ -38,8 +38,33 @@ def ask(fd: int, offset: int, length: int, stop: threading.Event | None = None) 
     return at - offset
 
 
+def ask_files(ranges, stop: threading.Event | None = None) -> int:
+    """Ask the kernel for these (path, offset, length) ranges (`ask`), each file opened once; a file that
+    cannot be opened or advised is passed over (a hint only). Until `stop` is set. Returns the bytes asked for."""
+    if not hasattr(os, "posix_fadvise"):
+        return 0
+    by_path: dict[str, list[tuple[int, int]]] = {}
+    for path, offset, length in ranges:
+        if length > 0:
+            by_path.setdefault(str(path), []).append((offset, length))
+    asked = 0
+    for path, spans in by_path.items():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            for offset, length in spans:
+                asked += ask(fd, offset, length, stop)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return asked
+
+
 def file_ranges(refs) -> list[tuple[str, int, int]]:
-    """(path, offset, end) per file, in file order, covering these weight refs (graphconv.frontend.weights.
+    """(path, offset, length) per file, in file order, covering these weight refs (graphconv.frontend.weights.
     WeightRef) with their gaps closed: one sequential read per file."""
     spans: dict[str, list[int]] = {}
     for ref in refs:
@@ -47,7 +72,7 @@ def file_ranges(refs) -> list[tuple[str, int, int]]:
             continue
         span = spans.setdefault(ref.path, [ref.offset, ref.offset + ref.length])
         span[0], span[1] = min(span[0], ref.offset), max(span[1], ref.offset + ref.length)
-    return [(path, begin, end) for path, (begin, end) in spans.items()]
+    return [(path, begin, end - begin) for path, (begin, end) in spans.items()]
 
 
 class Readahead:
@@ -70,16 +95,5 @@ class Readahead:
             self._thread.join()
 
     def _run(self) -> None:
-        for path, begin, end in self.ranges:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                self.asked += ask(fd, begin, end - begin, self._stop)
-            except OSError:  # a hint only
-                pass
-            finally:
-                os.close(fd)
-            if self._stop.is_set():
-                return
+        for one in self.ranges:  # (a file at a time: `asked` grows as it goes)
+            self.asked += ask_files([one], self._stop)

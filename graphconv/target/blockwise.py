@@ -35,7 +35,6 @@ import ast
 import dataclasses
 import gc
 import json
-import os
 import resource
 import time
 from pathlib import Path
@@ -345,23 +344,11 @@ def weight_names(p: Plan, k: int) -> set[str]:
 
 
 def _read_ahead(sources: dict, names: set[str]) -> None:
-    """Ask the kernel to start reading these weights' file ranges into the page cache (readahead.ask: posix_fadvise
-    WILLNEED, 1 MiB per call, as the kernel reads no more of one), so that the next block's reads overlap this
-    block's transposes and run."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    for name in names:
-        for src in sources[name].files() if name in sources else ():
-            if not src.length:
-                continue
-            try:
-                fd = os.open(src.path, os.O_RDONLY)
-                try:
-                    readahead.ask(fd, src.offset, src.length)
-                finally:
-                    os.close(fd)
-            except OSError:  # a hint only
-                pass
+    """Ask the kernel to start reading these weights' file ranges into the page cache (readahead.ask_files:
+    posix_fadvise WILLNEED, 1 MiB per call, as the kernel reads no more of one), so that the next block's reads
+    overlap this block's transposes and run."""
+    readahead.ask_files((src.path, src.offset, src.length)
+                        for name in names if name in sources for src in sources[name].files())
 
 
 def module_source(p: Plan) -> str:
@@ -522,7 +509,7 @@ class Prepared:
                 self.envs.append({a: Tensor(data[n]) for a, n in zip(p.args, run["input_names"])})
         self.run, self.sources, self.layouts = run, sources, task.get("param_layouts") or {}
         self.announced = [weight_names(p, k) for k in range(len(p.blocks))]
-        _read_ahead(sources, self.announced[0] | (self.announced[1] if len(p.blocks) > 1 else set()))
+        _read_ahead(sources, self.announced[0])  # (run_blocks asks for each next block's as it starts a block)
         self.first = _Prefetch(0, sources, self.announced[0], self.layouts)
 
 

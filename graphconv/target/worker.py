@@ -228,7 +228,7 @@ def export_and_verify(task: dict) -> dict:
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     exp, run, twin = task["export"], task["run"], task.get("twin")
-    writer, blocks = None, None
+    writer, blocks, blocks_error = None, None, None
     if run.get("block_values"):  # layer-streamed: the first block's weights are read while the graph exports
         from graphconv.target import blockwise
 
@@ -236,15 +236,15 @@ def export_and_verify(task: dict) -> dict:
         try:
             blocks = blockwise.Prepared(checked, run, _sources(checked))
         except Exception as e:  # noqa: BLE001 - reported as the verification's error, after the export
-            blocks = e
+            blocks_error = e
     if _streams(exp):  # (graphconv/target/mindir_stream) no Parameter holds a value: nothing to share
         net, (out, writer) = None, _export_streamed(exp, put_by_verification=bool(run.get("block_values")))
     else:
         net, build_seconds = _build_network(exp, direct=bool(exp.get("direct")))
         out = {**_export_built(net, exp), "build_seconds": build_seconds}
     try:
-        if isinstance(blocks, Exception):
-            raise blocks
+        if blocks_error is not None:
+            raise blocks_error
         if blocks is not None:  # layer-streamed (graphconv/target/blockwise): one block's weights at a time
             del net
             gc.collect()
