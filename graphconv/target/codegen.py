@@ -259,6 +259,7 @@ def render(program: Program, helper_module, lazy_inline: bool = True) -> str:
         "import numpy as np",
         "import mindspore as ms",
         "from mindspore import Parameter, Tensor, nn, ops",
+        "from mindspore.common.initializer import Zero, initializer",
         "",
         "",
         inspect.getsource(helper_module._param_value).rstrip(),
