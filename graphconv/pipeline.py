@@ -463,6 +463,8 @@ class Compiler:
                     result = run_task("export_and_verify", {"export": task, "run": run, "twin": twin}, ws.dir,
                                       "mindspore.export", tracker, cancel, self._warm)
                 st.detail["child_started_with_compile"] = warm_free and self._warm.taken
+                if "warm_up" in result:  # (graphconv.target.worker._warm_up: its seconds, or the error it met)
+                    st.detail["child_warm_up"] = result["warm_up"]
                 st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed", "graph_seconds",
                                                        "weights_seconds", "weights_put_by_verification_bytes") if k in result})
             except ChildError as e:
