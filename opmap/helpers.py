@@ -18,8 +18,8 @@ def _param_value(array, transposed=False):
         for i in range(0, source.shape[0], 128):
             for j in range(0, source.shape[1], 128):
                 array[j:j + 128, i:i + 128] = source[i:i + 128, j:j + 128].T
-    # Tensor(array) copies and Parameter copies again; from_numpy shares the array's memory, so building
-    # a large weight holds two copies at a time instead of three (bfloat16 and read-only arrays excepted).
+    # Tensor(array) copies; from_numpy shares the array's memory (bfloat16 and read-only arrays excepted), and
+    # _param's Parameter keeps that Tensor's memory: a weight is built without a copy of its own.
     shareable = array.flags.c_contiguous and array.flags.writeable and array.dtype.name != "bfloat16"
     return Tensor.from_numpy(array) if shareable else Tensor(array)
 

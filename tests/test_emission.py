@@ -154,3 +154,57 @@ def test_record_scopes_reads_dynamo_metadata_and_torchscript_names():
     assert scopes.classes["model.model.layers.3"] == "LlamaDecoderLayer"
     assert layers.layer_of(scopes.get("node_relu_3")) == ("model.model.layers", 3)
     assert isinstance(model, onnx.ModelProto)
+
+
+_PARAM_CHILD = """
+import json, sys
+import numpy as np
+import ml_dtypes
+from graphconv.target import codegen
+from graphconv.target.emission import Block, Program
+from opmap import helpers
+
+# the generated module's preamble (its imports, _param_value, _param), run as the network runs it
+preamble = codegen.render(Program("Network", Block()), helpers).split("class Network")[0]
+env = {}
+exec(compile(preamble, "network.py", "exec"), env)
+ms, _param = env["ms"], env["_param"]
+a = np.arange(12, dtype=np.float32).reshape(3, 4)
+plain = _param({"w": a}, "w", (3, 4), ms.float32)
+flipped = _param({"w": a}, "w", (4, 3), ms.float32, transposed=True)
+frozen = a.copy()
+frozen.flags.writeable = False
+copied = _param({"w": frozen}, "w", (3, 4), ms.float32)
+b16 = _param({"w": a.astype(ml_dtypes.bfloat16)}, "w", (3, 4), ms.bfloat16)
+zeros = _param(None, "w", (3, 4), ms.float32)
+print("RESULT " + json.dumps({
+    "plain_equal": bool(np.array_equal(plain.asnumpy(), a)), "plain_shares": bool(np.shares_memory(plain.asnumpy(), a)),
+    "flipped_equal": bool(np.array_equal(flipped.asnumpy(), a.T)),
+    "frozen_equal": bool(np.array_equal(copied.asnumpy(), a)), "frozen_shares": bool(np.shares_memory(copied.asnumpy(), frozen)),
+    "b16_equal": bool(np.array_equal(b16.asnumpy().astype(np.float32), a)),
+    "zeros": bool(not zeros.asnumpy().any()) and list(zeros.shape) == [3, 4],
+    "names": [p.name for p in (plain, flipped, copied, b16, zeros)],
+    "requires_grad": [p.requires_grad for p in (plain, b16)]}))
+"""
+
+
+def test_generated_param_holds_the_weights_own_memory(tmp_path):
+    """The generated `_param` (opmap/helpers.py, as codegen writes it into network.py) gives each Parameter
+    its weight's values, and a writeable float weight's own memory (no copy: Parameter(tensor) would copy
+    it); a read-only or bfloat16 array is copied once; without weights the Parameter is zeros."""
+    import json
+    import subprocess
+    import sys
+
+    from graphconv.target.child import child_env
+
+    script = tmp_path / "param_child.py"
+    script.write_text(_PARAM_CHILD)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    got = json.loads(lines[-1][len("RESULT "):])
+    assert got == {"plain_equal": True, "plain_shares": True, "flipped_equal": True, "frozen_equal": True,
+                   "frozen_shares": False, "b16_equal": True, "zeros": True, "names": ["w"] * 5,
+                   "requires_grad": [True, True]}
