@@ -219,3 +219,28 @@ def test_plan_segment_is_the_source_of_each_node():
     assert len(nodes) > 20
     for n in nodes:
         assert p.segment(n) == ast.get_source_segment(text, n)
+
+
+def test_blocks_that_cannot_be_prepared_fail_the_compile_after_the_export(tmp_path, monkeypatch):
+    """The child prepares the layer-streamed run (blockwise.Prepared: the plan, the block classes' module)
+    before it exports the graph; an error there waits for the export and is reported as the run's error:
+    a one-line compile error naming it, and nothing written at the output."""
+    from graphconv import pipeline
+    from graphconv.errors import GraphconvError
+
+    block_plan = pipeline.Compiler._block_plan
+
+    def unwritable_module(self, net, task, run, model, ws):
+        plan = block_plan(self, net, task, run, model, ws)
+        run["block_module"] = str(tmp_path / "no such folder" / "blocks.py")  # Prepared cannot write it
+        return plan
+
+    monkeypatch.setattr(pipeline.Compiler, "_block_plan", unwritable_module)
+    with pytest.raises(GraphconvError) as caught:
+        _compile(TINY, tmp_path / "m.mindir", layer_streamed=True)
+    message = str(caught.value)
+    # (verify-blocks' message: the emit stage, the export, ended well; an error before the export would fail
+    # the export task itself, "mindspore.export rejected the generated network")
+    assert "layer-streamed run did not run" in message and "FileNotFoundError" in message
+    assert "\n" not in message
+    assert not (tmp_path / "m.mindir").exists() and not list(tmp_path.glob("m_variables"))
