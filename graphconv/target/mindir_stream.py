@@ -200,13 +200,21 @@ def comparable(graph_file: Path):
     """The MindIR graph's ModelProto without what two runs of mindspore.export already differ in (measured:
     the compile_phase attribute carries a run id, the primitives table comes in hash order), and each external
     data location reduced to its file name (the folder's name follows the MindIR's): two MindIRs of one
-    network, exported or streamed, compare equal (the tests and benchmarks/mindir_stream.py)."""
+    network, exported or streamed, compare equal (the tests and benchmarks/mindir_stream.py).
+    Also left out: the order of a graph's or function's attributes, and a layer function's
+    `lazy_inline_order_clone` flag. Both differed between compiles of the same network in
+    tests/test_mindir_stream.py's layer-streamed runs (the flag was set in some runs and absent in others,
+    in 1 of 6 to 4 of 7 runs); what makes MindSpore set it is not established."""
     from graphconv.verify import census
 
     model = census.mind_ir_pb2().ModelProto.FromString(Path(graph_file).read_bytes())
     for attr in model.graph.attribute:
         if attr.name == "compile_phase":
             attr.s = b""
+    for graph in [model.graph, *model.functions]:  # named attributes: their order means nothing
+        attrs = sorted((a for a in graph.attribute if a.name != "lazy_inline_order_clone"), key=lambda a: a.name)
+        del graph.attribute[:]
+        graph.attribute.extend(attrs)
     prims = sorted(model.primitives, key=lambda p: p.SerializeToString())
     del model.primitives[:]
     model.primitives.extend(prims)
