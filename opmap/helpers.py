@@ -27,13 +27,14 @@ def _param_value(array, transposed=False):
 def _param(weights, name, shape, dtype, transposed=False):
     """A Parameter named like the ONNX initializer; zeros when no weights are given (then load a .ckpt)."""
     if weights is None:
-        return Parameter(ops.zeros(shape, dtype), name=name, requires_grad=dtype in (ms.float16, ms.bfloat16, ms.float32))
-    # (graphconv's verification builds the cpu twin from the exported network's Parameters)
-    shared = getattr(weights, "shared_parameter", None)
-    found = shared(name, shape, dtype, transposed) if shared is not None else None
-    if found is not None:
-        return found
-    value = _param_value(weights[name], transposed)
+        value = ops.zeros(shape, dtype)
+    else:
+        # (graphconv's verification builds the cpu twin from the exported network's Parameters)
+        shared = getattr(weights, "shared_parameter", None)
+        found = shared(name, shape, dtype, transposed) if shared is not None else None
+        if found is not None:
+            return found
+        value = _param_value(weights[name], transposed)
     # Parameter(value) would copy value (mindspore 2.10 shares a Tensor only at a reference count no call from
     # here has); a lazily initialized Parameter given value by set_data holds value's own memory: one copy
     # less while the network is built, and 0.3-0.9 s less per 250 MB weight.
