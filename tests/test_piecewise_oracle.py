@@ -5,6 +5,7 @@ the same nodes on the same kernels. In a compile it runs beside the MindSpore ch
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -188,11 +189,27 @@ def _numbers(report):
 def test_oracle_runs_beside_the_child_with_the_numbers_of_one_after_the_other(tmp_path, monkeypatch):
     """In layer-streamed mode the oracle runs while the MindSpore child exports and runs the blocks
     (pipeline._Overlap; the two are independent until the blocks' values are compared): the same numbers as
-    one after the other, the oracle's stage inside the child's."""
+    one after the other, the oracle's stage inside the child's. Beside the child, the oracle runs in a thread
+    of its own at ORACLE_NICE lower priority (pipeline._yielding_the_cores: the child is the critical path);
+    the compile's own thread keeps its priority."""
     path, _, _ = _scale_model(tmp_path, layers_=2)
+    niceness = []  # (the thread the oracle ran in, its nice value)
+    run_together = piecewise.run_together
+
+    def recording(*args, **kwargs):
+        niceness.append((threading.get_ident(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return run_together(*args, **kwargs)
+
+    monkeypatch.setattr(piecewise, "run_together", recording)
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     beside = graphconv.compile(path, tmp_path / "b.mindir", target="ascend", layer_streamed=True)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
     monkeypatch.setattr(pipeline.Compiler, "_oracle_beside_emit", lambda self, task: False)
     after = graphconv.compile(path, tmp_path / "a.mindir", target="ascend", layer_streamed=True)
+    assert [n for _, n in niceness] == [min(19, own + pipeline.ORACLE_NICE), own]
+    assert niceness[0][0] != threading.get_ident() and niceness[1][0] == threading.get_ident()
+    assert _stage(beside, "oracle").detail["beside_emit_at_nice"] == pipeline.ORACLE_NICE
+    assert "beside_emit_at_nice" not in _stage(after, "oracle").detail
     assert beside.status == after.status == "verified"
     emit, oracle = _stage(beside, "emit"), _stage(beside, "oracle")
     assert emit.detail["beside_oracle"] is True
