@@ -1,3 +1,3 @@
-from graphconv.cli import main
+from graphconv.cli import run
 
-main()
+run()
