@@ -523,5 +523,19 @@ def main(argv: list[str]) -> int:
     return 0 if result["ok"] else 1
 
 
+def _end(code: int) -> None:
+    """The process's work is done (the result written, or the last reply sent): end it without the
+    interpreter's teardown, which the parent waits for (it reads the result once the child has exited):
+    MindSpore's took 1.1-1.2 s after the 1.1B benchmark model's export_and_verify task, 0.1 s without it
+    (2 runs each). Nothing is pending: every file the task writes is closed before its result is, and
+    the result (or reply) is flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    _end(main(sys.argv))
