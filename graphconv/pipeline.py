@@ -50,8 +50,9 @@ def _yielding_the_cores(call):
     """call() in a thread of its own whose scheduling priority is ORACLE_NICE lower, its value returned or
     its error raised. The layer-by-layer oracle beside the emit: on 2 cores the two compete for the CPU, and
     the MindSpore child is the one the compile waits for (the oracle finished first, 6-8 s against the emit's
-    13-16 s on the 1.1B benchmark). Yielding, the oracle takes 9-11 s and the emit 12-13 s; the compile took
-    17.5-19.6 s against 19.2-22.5 s (4 interleaved pairs). On Linux a nice value is a thread's, and the
+    13-16 s on the 1.1B benchmark). Yielding, the oracle takes 9-12 s and the emit 12-14 s; the compile took
+    17.5-19.6 s against 19.2-22.5 s in 4 interleaved pairs, and 20.2-21.0 s against 20.0-23.3 s in 3 more (the
+    host was slower then). On Linux a nice value is a thread's, and the
     threads it starts (onnxruntime's pools) inherit it: a thread of its own, so that the caller's thread (a
     user's, through the Python API) keeps its priority; unprivileged, a thread cannot take a lowered
     priority back. Elsewhere call() runs as it is."""
