@@ -521,10 +521,7 @@ def run() -> None:
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()  # (CPython's own exit path runs these the same way)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can be said
-            pass
-    os._exit(code)
+    from graphconv.target.worker import exit_without_teardown
+
+    exit_without_teardown(code)
 

@@ -90,7 +90,11 @@ class _Overlap:
         self.cancel, self.oracle_done = threading.Event(), threading.Event()
         self._value = self._error = None
         self._thread = threading.Thread(target=self._run, name="emit", daemon=True) if enabled else None
-        self.overlapping = enabled  # (the body then runs beside the call)
+
+    @property
+    def overlapping(self) -> bool:
+        """Whether the body runs beside the call."""
+        return self._thread is not None
 
     def _run(self) -> None:
         try:

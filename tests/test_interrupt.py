@@ -65,7 +65,7 @@ def test_a_warm_child_given_no_task_goes(tmp_path):
 
 
 def test_a_child_ends_without_the_teardown_once_its_result_is_written(tmp_path):
-    """worker._end: the parent waits for its child's exit, and MindSpore's teardown took 1.1-1.2 s of it; the
+    """worker.exit_without_teardown: the parent waits for its child's exit, and MindSpore's teardown took 1.1-1.2 s of it; the
     child ends as soon as its result is written (an object a module holds is never finalized), exit code and
     result as before."""
     src = tmp_path / "in.onnx"
