@@ -817,18 +817,25 @@ def measure_rw_floor(work: Path, data_path: Path | None, manifest: list[dict]) -
     return m
 
 
+def layer_boundaries(model) -> list[tuple[str, list[str]]]:
+    """Where the layer-by-layer oracle cuts a model this generator built: after the embedding and after each
+    layer's residual stream (build_graph names them), then the outputs."""
+    made = {o for n in model.graph.node for o in n.output}
+    layers = sorted(int(o[1:].split("_")[0]) for o in made if o.startswith("l") and o.endswith("_residual_mlp"))
+    return [("prologue", ["embedding"])] + [(f"layer {k}", [f"l{k}_residual_mlp"]) for k in layers] + [("epilogue", [])]
+
+
 def child_ort_layers(model_path: str) -> None:
     """Runs in the (o) subprocess: onnxruntime runs the model on the reference inputs a compile makes (two
     shapes), one layer at a time (graphconv.verify.piecewise: each layer's weights mapped only while it runs)."""
     sys.path.insert(0, str(REPO))
     from graphconv.frontend.load import load
-    from graphconv.target import layers
     from graphconv.verify import piecewise, reference
 
     t0 = time.perf_counter()
     model = load(Path(model_path)).proto
     cases = reference.make_cases(model)
-    pieces = piecewise.partition(model, layers.record_scopes(model).nodes)
+    pieces = piecewise.cut(model, layer_boundaries(model))
     t1 = time.perf_counter()
     _, _, rows = piecewise.run(model, pieces, cases)
     print(json.dumps({"load_s": t1 - t0, "run_s": time.perf_counter() - t1, "pieces": len(rows),

@@ -51,12 +51,11 @@ def log(msg: str) -> None:
 def oracle_outputs(model_path: Path):
     """The compile's reference cases and onnxruntime's logits for them, layer by layer (the compile's oracle)."""
     from graphconv.frontend.load import load
-    from graphconv.target import layers
     from graphconv.verify import piecewise, reference
 
     model = load(model_path).proto
     cases = reference.make_cases(model)
-    pieces = piecewise.partition(model, layers.record_scopes(model).nodes)
+    pieces = piecewise.cut(model, compile_scale.layer_boundaries(model))
     expected, _, _ = piecewise.run(model, pieces, cases)
     return cases, [e["logits"] for e in expected]
 

@@ -90,7 +90,7 @@ _WORKER = """
 import sys
 from mindspore.train import serialization
 serialization.TOTAL_SAVE = 0
-from graphconv.target import worker
+from graphconv.runtime import worker
 if worker.main([None, sys.argv[1]]):
     sys.exit(1)
 """
@@ -108,7 +108,7 @@ np.save(sys.argv[2], cell(Tensor(ids)).asnumpy())
 
 
 def normalized(graph_file: Path) -> bytes:
-    from graphconv.target import mindir_stream
+    from graphconv.runtime import mindir_stream
 
     return mindir_stream.comparable(graph_file).SerializeToString()
 
@@ -132,12 +132,14 @@ def prepare_task(model_path: Path, ws, precision: str, target: str) -> dict:
     from graphconv.progress import SILENT
 
     c = Compiler(model_path, CompileOptions(output=ws.output_path, precision=precision, target=target), SILENT)
+    from graphconv.frontend import weights
+
     loaded = c.load()
-    fused = c.fuse(c.simplify(loaded, ws), None, None, ws)
+    spill = weights.SpillFile(ws.path("made-weights.bin")) if loaded.model.external_bytes else None
+    fused = c.fuse(c.simplify(loaded.model, ws), None, None, spill)
     if precision != "fp32":
-        fused = c.apply_precision(fused, ws)
-    _, task = c.lower(c.target.network_graph(fused, opmap.fused.inline_fused(fused)), ws)
-    return task
+        fused = c.apply_precision(fused, spill)
+    return c.lower(c.target.network_graph(fused, opmap.fused.inline_fused(fused)), loaded, ws).task
 
 
 def main() -> int:
@@ -154,7 +156,7 @@ def main() -> int:
     if opt.load and opt.target != "cpu":
         ap.error("--load needs --target cpu")
 
-    from graphconv.target.child import child_env
+    from graphconv.runtime.child import child_env
     from graphconv.workspace import Workspace
 
     cfg = compile_scale.SIZES[opt.size]

@@ -6,11 +6,9 @@ Every failure ends in one line on stderr and the contract's exit code (1 bad inp
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import sys
-import threading
 import traceback
 import warnings
 from pathlib import Path
@@ -505,11 +503,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def run() -> None:
     """The `graphconv` command (its console script, and `python -m graphconv`): main(), then the process ends
-    without the interpreter's teardown. A compile leaves ~1,400 modules (onnx, onnxruntime, sympy, the
-    rewriter) and their objects, whose release took 0.6-0.9 s after main had returned on the 1.1B benchmark
-    model (3 runs; 0.06-0.12 s without it). Exit handlers still run (atexit: the ONNX backend's clean-up) and
-    threads that are not daemons are waited for; everything graphconv writes is in place, and its children
-    are reaped, before main returns. main() itself ends in SystemExit as before (in-process callers, tests)."""
+    as graphconv.runtime.scheduling.end says (without the interpreter's teardown, by default). main() itself
+    ends in SystemExit (in-process callers, tests)."""
     try:
         main()
         code = 0
@@ -517,11 +512,6 @@ def run() -> None:
         if isinstance(e.code, str):  # (click's, or a library's, message instead of a number)
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # (CPython's own exit path runs these the same way)
-    from graphconv.target.worker import exit_without_teardown
+    from graphconv.runtime import scheduling
 
-    exit_without_teardown(code)
-
+    scheduling.end(code)

@@ -9,7 +9,7 @@ per new token, present.* fed back as past_key_values.* and a 1 appended to the m
 eos is finished: it is fed the pad id from then on (its mask keeps growing, as transformers' generate does)
 and its sequence ends at the eos. The loop ends when every row is finished or max_new_tokens were made.
 
-MindSpore runs in a child process (graphconv.target.worker's "generate" task: both GraphCells loaded once,
+MindSpore runs in a child process (graphconv.runtime.worker's "generate" task: both GraphCells loaded once,
 the whole loop there); this parent checks the arguments and, with check=True, replays the same token feed
 through onnxruntime on the ONNX pair and compares every step's logits (the last position's) on the rows still
 generating: max_abs beyond the tolerance, or an argmax that differs from the token MindSpore chose (unless
@@ -33,7 +33,7 @@ import numpy as np
 from graphconv.errors import InputError, VerificationError
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
-from graphconv.target import greedy
+from graphconv.runtime import greedy
 
 DEVICES = ("auto", "ascend", "cpu")
 ATOL = 1e-4
@@ -201,7 +201,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     """Greedy decoding of the prompts `input_ids` (a list of token-id lists; one list is one prompt) with the
     compiled pair in `gen_dir`. Raises InputError (bad input, exit 1) or, with check, VerificationError
     (exit 2; the result is attached as `.result`)."""
-    from graphconv.target.child import run_task
+    from graphconv.runtime.child import run_task
     from graphconv.workspace import Workspace
 
     progress = progress or SILENT

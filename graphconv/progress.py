@@ -7,8 +7,10 @@ CI log gets the report, not the chatter); GRAPHCONV_PROGRESS=1 turns it on anywa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import time
 
 
@@ -31,6 +33,7 @@ class Progress:
         self.quiet = quiet
         self.stream = stream or sys.stderr
         self._t0 = time.perf_counter()
+        self._holds: dict[int, threading.Event] = {}  # thread -> the event its new trackers wait for (held)
 
     @classmethod
     def for_cli(cls, quiet: bool) -> "Progress":
@@ -48,7 +51,19 @@ class Progress:
             print(f"warning: {message}", file=self.stream, flush=True)
 
     def track(self, label: str, total: float, unit: str = "B") -> "Tracker":
-        return Tracker(self, label, total, unit)
+        tracker = Tracker(self, label, total, unit)
+        tracker.hold = self._holds.get(threading.get_ident())
+        return tracker
+
+    @contextlib.contextmanager
+    def held(self, until: threading.Event):
+        """The lines of trackers this thread starts in the body wait until `until` is set (a step running
+        beside another whose own line is on the terminal meanwhile)."""
+        self._holds[threading.get_ident()] = until
+        try:
+            yield
+        finally:
+            self._holds.pop(threading.get_ident(), None)
 
 
 class Tracker:

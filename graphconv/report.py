@@ -44,6 +44,8 @@ class Report:
     exit_code: int = 0
     error: str | None = None
     peak_rss_bytes: int | None = None
+    # when work ran: the switches of graphconv/runtime/scheduling.py and what they did in this run
+    scheduling: dict = dataclasses.field(default_factory=dict)
 
     def stage(self, name: str) -> "_StageTimer":
         """Context manager that appends a Stage and times it."""
@@ -124,6 +126,27 @@ class Report:
         if self.peak_rss_bytes:
             lines.append(f"  peak RSS: {self.peak_rss_bytes / 2**20:.0f} MiB")
         return "\n".join(lines)
+
+
+def model_info(model) -> dict:
+    """The report's `model`: inputs and outputs with their symbolic dims, opset imports, node count."""
+    from graphconv.verify import reference
+
+    return {
+        "inputs": [s.as_dict() for s in reference.input_specs(model)],
+        "outputs": reference.output_specs(model),
+        "opset_imports": {(i.domain or "ai.onnx"): i.version for i in model.opset_import},
+        "nodes": len(model.graph.node),
+    }
+
+
+def op_histogram(model) -> dict[str, int]:
+    """op type (domain::op outside the default domain) -> nodes of the main graph."""
+    hist: dict[str, int] = {}
+    for n in model.graph.node:
+        key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        hist[key] = hist.get(key, 0) + 1
+    return dict(sorted(hist.items()))
 
 
 class _StageTimer:

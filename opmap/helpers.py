@@ -25,19 +25,19 @@ def _param_value(array, transposed=False):
 
 
 def _param(weights, name, shape, dtype, transposed=False):
-    """A Parameter named like the ONNX initializer; zeros when no weights are given (then load a .ckpt)."""
+    """A Parameter named like the ONNX initializer; zeros when no weights are given (then load a .ckpt).
+    `weights` maps each name to the initializer's array (transposed here where the Parameter is stored
+    transposed), or to a ready Parameter, which is used as it is."""
     if weights is None:
         value = ops.zeros(shape, dtype)
     else:
-        # (graphconv's verification builds the cpu twin from the exported network's Parameters)
-        shared = getattr(weights, "shared_parameter", None)
-        found = shared(name, shape, dtype, transposed) if shared is not None else None
-        if found is not None:
-            return found
-        value = _param_value(weights[name], transposed)
+        value = weights[name]
+        if isinstance(value, Parameter):
+            return value
+        value = _param_value(value, transposed)
     # Parameter(value) would copy value (mindspore 2.10 shares a Tensor only at a reference count no call from
     # here has); a lazily initialized Parameter given value by set_data holds value's own memory: one copy
-    # less while the network is built, and 0.3-0.9 s less per 250 MB weight.
+    # less while the network is built.
     param = Parameter(initializer(Zero(), value.shape, value.dtype), name=name,
                       requires_grad=value.dtype in (ms.float16, ms.bfloat16, ms.float32))
     param.set_data(value)

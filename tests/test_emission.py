@@ -103,7 +103,7 @@ def _layered(n_layers: int, odd: int | None = None) -> tuple[Program, dict[str, 
 
 def test_identical_layers_become_one_class_and_shared_work_is_done_once():
     program, scopes = _layered(3)
-    summary = layers.group(program, scopes)
+    summary = layers.group(program, scopes).summary
     assert summary["layers"] == 3 and summary["classes"] == 1 and summary["grouped"] == 3
     assert summary["merged_shared_nodes"] == 2  # the mask of layers 1 and 2 is layer 0's
     (cell,) = program.cells
@@ -122,7 +122,7 @@ def test_identical_layers_become_one_class_and_shared_work_is_done_once():
 
 def test_a_layer_that_differs_stays_inline():
     program, scopes = _layered(3, odd=1)
-    summary = layers.group(program, scopes)
+    summary = layers.group(program, scopes).summary
     assert summary["grouped"] == 2 and summary["inline"] == [1]
     assert any(n.kind == "call" and n.target == "ops.neg" for n in program.body.nodes)
 
@@ -133,7 +133,7 @@ def test_without_scopes_or_layer_weights_nothing_is_grouped():
         return [b.call("ops.dense", x, AttrValue(Attr("w", (4, 4), "float32", value=np.zeros((4, 4), np.float32))))]
 
     program = _program(build)
-    summary = layers.group(program, layers.Scopes())
+    summary = layers.group(program, layers.Scopes()).summary
     assert summary["grouped"] == 0 and "no node has a layer index" in summary["reason"]
     assert not program.cells
 
@@ -196,7 +196,7 @@ def test_generated_param_holds_the_weights_own_memory(tmp_path):
     import subprocess
     import sys
 
-    from graphconv.target.child import child_env
+    from graphconv.runtime.child import child_env
 
     script = tmp_path / "param_child.py"
     script.write_text(_PARAM_CHILD)

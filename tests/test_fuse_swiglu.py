@@ -527,7 +527,7 @@ def test_merged_weight_of_external_sources_is_written_nowhere(tmp_path, monkeypa
     ref names its parts, and every reader makes it from them, in this process (ConcatenatedTensor.numpy,
     weights.read of the proto's ref) and in the export child (the ref's list form)."""
     from graphconv.frontend import weights
-    from graphconv.target.mindir_stream import Source
+    from graphconv.runtime.mindir_stream import Source
 
     original, m = _external_mlp(tmp_path, monkeypatch)
     passes.PassManager("fuse-swiglu").run(m)

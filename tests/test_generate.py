@@ -279,7 +279,7 @@ def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tm
     import inspect
 
     from graphconv.pair import compile_pair
-    from graphconv.target import greedy
+    from graphconv.runtime import greedy
 
     _, out, gen = llama_gen
     bundle = tmp_path / "bundle"

@@ -13,7 +13,7 @@ or other residue of Python checks. What broke it (mindspore 2.10):
   length, which that re-inference cannot follow: the nodes after it keep the first call's shapes and the
   second shape fails in a Reshape (or silently returns the first shape's size).
 
-The MindIR runs in a fresh MindSpore child (graphconv.target.worker's run_mindir with "plain": true).
+The MindIR runs in a fresh MindSpore child (graphconv.runtime.worker's run_mindir with "plain": true).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import graphconv
 from graphconv.target import emit
 from graphconv.verify import compare, reference
 from graphconv.verify.census import primitive_census
-from graphconv.target.child import run_task
+from graphconv.runtime.child import run_task
 from graphconv.errors import UnsupportedError
 
 # Primitives that Python checks and fallbacks compile into: an `if ...: raise` (raise, and JoinedStr for its

@@ -97,12 +97,15 @@ def test_the_walk_sees_imports():
 # The layers of the data path, lowest first: a module imports only from its own layer or below (a lazy import
 # inside a function counts). Package prefixes; the longest match wins.
 LAYERS = [
-    ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace"),  # shared contracts
+    ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace",
+     "graphconv.options"),                            # shared contracts
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
-     "graphconv.verify.dims"),                        # the oracle's side of verification
-    ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the MindSpore target
-    ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.deploy", "graphconv.report",
+     "graphconv.verify.dims", "graphconv.verify.outputs"),  # the oracle's side of verification
+    ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the compiler to MindSpore
+    ("graphconv.runtime",),                           # what runs compiled programs: MindSpore children
+    ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.verify.precision_checks",
+     "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
     ("graphconv.pipeline", "graphconv.generation"),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
@@ -141,3 +144,33 @@ def test_the_compile_path_imports_no_test_zoo_and_no_torch():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             found += [f"{name} imports {n}" for n in names if n.split(".")[0] in ("models", "torch", "transformers")]
     assert not found, "; ".join(found)
+
+
+# What the compiler must not import: it writes programs; graphconv/runtime runs them (processes, threads,
+# signals, the MindSpore children).
+_PROCESS_MACHINERY = ("subprocess", "threading", "signal", "multiprocessing", "concurrent", "select", "atexit",
+                      "graphconv.runtime")
+
+
+def test_the_compiler_imports_no_process_thread_or_signal_machinery():
+    found = []
+    for name, path in _modules().items():
+        if not name.startswith("graphconv.target"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{name} imports {n}" for n in names
+                      if any(n == m or n.startswith(m + ".") for m in _PROCESS_MACHINERY)]
+    assert not found, "; ".join(found)
+
+
+def test_no_module_reads_generated_code_with_ast():
+    """Code generation renders the partition into block classes (graphconv/target/partition.py); nothing that
+    writes, runs or schedules generated code parses it back. (ast elsewhere reads other things: dim
+    expressions, graphconv's own source for the bundle's scripts.)"""
+    near_generated = ("graphconv.target", "graphconv.runtime", "graphconv.pipeline", "graphconv.scheduling")
+    readers = [name for name, path in _modules().items() if name.startswith(near_generated)
+               and any("ast" in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""])
+                       for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom)))]
+    assert not readers, "modules importing ast: " + ", ".join(readers)

@@ -1,4 +1,4 @@
-"""The streamed MindIR writer (graphconv/target/mindir_stream.py) against what mindspore.export writes.
+"""The streamed MindIR writer (graphconv/runtime/mindir_stream.py) against what mindspore.export writes.
 
 mindspore.export splits the weights off into <name>_variables/data_0 only past 1 GiB (TOTAL_SAVE); the
 children here lower that threshold to 0, so the same small networks are written both ways and compared: the
@@ -21,8 +21,9 @@ import pytest
 import graphconv
 from graphconv.frontend import param_names
 from graphconv.frontend.load import load
-from graphconv.target import emit, layers, mindir_stream
-from graphconv.target.child import child_env
+from graphconv.target import emit, layers
+from graphconv.runtime import mindir_stream
+from graphconv.runtime.child import child_env
 from graphconv.verify import census
 from models import EXAMPLES_DIR
 
@@ -31,16 +32,16 @@ _EXPORT = textwrap.dedent("""
     import json, sys
     from mindspore.train import serialization
     serialization.TOTAL_SAVE = 0
-    from graphconv.target import worker
-    print("RESULT " + json.dumps(worker.export(json.load(open(sys.argv[1])))))
+    from graphconv.runtime import export_tasks
+    print("RESULT " + json.dumps(export_tasks.export(json.load(open(sys.argv[1])))))
 """)
 
 # Load each MindIR and run the cases through GraphCell (graphconv's own run task: dynamic set_inputs).
 _RUN = textwrap.dedent("""
     import json, sys
-    from graphconv.target import worker
+    from graphconv.runtime import run_tasks
     for task in json.load(open(sys.argv[1])):
-        worker.run_mindir(task)
+        run_tasks.run_mindir(task)
     print("RESULT {}")
 """)
 
@@ -126,7 +127,7 @@ _CASTS = textwrap.dedent("""
     import mindspore as ms
     from mindspore import nn, ops, Parameter, Tensor
     from mindspore.train import serialization
-    from graphconv.target import mindir_stream
+    from graphconv.runtime import mindir_stream
     serialization.TOTAL_SAVE = 0
     ms.set_device("CPU"); ms.set_context(mode=ms.GRAPH_MODE)
     spec = json.load(open(sys.argv[1]))
@@ -153,8 +154,8 @@ _CASTS = textwrap.dedent("""
     exported.set_train(False)
     x = Tensor(shape=[None, spec["n_in"]], dtype=ms.float32)
     ms.export(exported, x, file_name=spec["dir"] + "/exported/net", file_format="MINDIR")
-    lazy = mindir_stream.LazyWeights()
-    streamed = Net(lambda p: lazy.shared_parameter(p["name"], p["shape"], DT[p["dtype"]], p["transposed"]))
+    lazy = mindir_stream.LazyWeights({p["name"]: (p["shape"], p["dtype"]) for p in spec["params"]})
+    streamed = Net(lambda p: lazy[p["name"]])
     streamed.set_train(False)
     sources = {n: mindir_stream.Source.of_ref(r) if isinstance(r, list) else
                mindir_stream.Source.of_array(np.load(spec["arrays"])[r]) for n, r in spec["sources"].items()}
@@ -454,7 +455,7 @@ _SLICED_CKPT = textwrap.dedent("""
     import mindspore as ms
     from mindspore import nn, Parameter, Tensor
     from mindspore.train import serialization
-    from graphconv.target import mindir_stream
+    from graphconv.runtime import mindir_stream
     from graphconv.verify import census
     serialization.SLICE_SIZE = 1  # KiB: Parameters past 1 KiB are written in slices
     mindir_stream.CKPT_SLICE_BYTES = 1024

@@ -29,7 +29,7 @@ from fusion_utils import assert_same_numerics, fuse, fused_nodes, mindir_primiti
 from graphconv.errors import UnsupportedError
 from graphconv.pipeline import analyze_fusions
 from graphconv.target import lowering
-from graphconv.target.runner import run_isolating_crashes
+from graphconv.runtime.runner import run_isolating_crashes
 from graphconv.tools import conformance
 
 # --- 1. onnx's node tests ------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 exported to MindIR with the symbolic dims kept dynamic, run at TWO concrete shapes and compared with onnxruntime
 (or, for a case whose `reference` says why onnxruntime has no kernel for it, with onnx.reference).
 
-All models run in one MindSpore child process (graphconv.target.runner.run_models), built once per module; each case
+All models run in one MindSpore child process (graphconv.runtime.runner.run_models), built once per module; each case
 is then one parametrized test that looks up its result. CASES is the coverage table: every case names the op
 it covers and the opset it imports, and `test_every_handler_has_a_case` fails when a registered
 (op_type, since_version) has no case here. REFUSALS are graphs the lowering must reject with a clear
@@ -28,7 +28,7 @@ from opmap import fused
 from graphconv.target import lowering
 from graphconv.verify.compare import compare
 from graphconv.errors import GraphconvError, UnsupportedError
-from graphconv.target.runner import RunResult, run_isolating_crashes
+from graphconv.runtime.runner import RunResult, run_isolating_crashes
 
 F32, F16, I64, I32, U8, BOOL = np.float32, np.float16, np.int64, np.int32, np.uint8, np.bool_
 OPSET = 17

@@ -1,7 +1,8 @@
 """The layer-by-layer oracle (graphconv/verify/piecewise.py): onnxruntime runs a model one piece at a time
-(prologue, each layer, epilogue) with only that piece's weights mapped. The pieces come from the model's
-structure (weight names, exporter scopes), and the outputs must be exactly onnxruntime's on the whole model:
-the same nodes on the same kernels. In a compile it runs beside the MindSpore child (pipeline._Overlap)."""
+(prologue, each layer, epilogue) with only that piece's weights mapped. The pieces are cut at the values the
+compiled network's blocks pass on (graphconv/target/partition.py), and the outputs must be exactly
+onnxruntime's on the whole model: the same nodes on the same kernels. In a compile it runs beside the
+MindSpore child (graphconv/runtime/scheduling.both)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-from graphconv import pipeline
 from graphconv.frontend import weights
 from graphconv.frontend.load import load
-from graphconv.target import layers
+from graphconv.runtime import scheduling
+from graphconv.target import layers, lowering
 from graphconv.verify import piecewise, reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,19 +35,28 @@ def _whole_and_pieces(model, pieces):
     return whole, got, kept, rows
 
 
+def _block_boundaries(model):
+    """The boundaries the compile cuts the oracle at: the lowered network's blocks and the ONNX names of the
+    values they pass on."""
+    import onnx_ir as ir
+
+    net, _ = lowering.lower(ir.from_proto(model), scopes=layers.record_scopes(model))
+    return [(b.name, names) for b, names in zip(net.partition.blocks, net.partition.onnx_boundaries())]
+
+
 def test_tiny_llama_runs_in_its_layers_with_onnxruntimes_numbers():
-    """The shipped tiny Llama (dynamo export, 2 decoder layers: models/examples/make_examples.py): its
-    transposed weights are anonymous (val_N), so the layers come from the exporter's scopes."""
+    """The shipped tiny Llama (dynamo export, 2 decoder layers: models/examples/make_examples.py), cut where
+    its lowered network's blocks are: a prologue, one piece per layer, an epilogue."""
     model = load(TINY).proto
-    pieces = piecewise.partition(model, layers.record_scopes(model).nodes)
-    assert [p.name for p in pieces] == ["prologue", "model.layers[0]", "model.layers[1]", "epilogue"]
+    pieces = piecewise.cut(model, _block_boundaries(model))
+    assert [p.name for p in pieces] == ["prologue", "layers[0]", "layers[1]", "epilogue"]
     whole, got, kept, rows = _whole_and_pieces(model, pieces)
     for w, g in zip(whole, got):
         assert set(w) == set(g) == {"output"}
         assert np.array_equal(w["output"], g["output"])
     # what the layers pass on is kept: the residual stream after layer 0 is read by layer 1
     assert any(name in kept[0] for name in pieces[2].reads)
-    assert sum(len(p.nodes) for p in pieces) == len(model.graph.node)
+    assert sum(len(p.nodes) for p in pieces) == len(model.graph.node)  # (no dead node in this graph)
 
 
 def _scale_model(tmp_path, layers_=3):
@@ -65,8 +75,10 @@ def test_external_weights_are_mapped_one_layer_at_a_time(tmp_path):
     layer's weights and nothing else; the lm_head and the final norm are the epilogue's."""
     path, manifest, cfg = _scale_model(tmp_path)
     model = load(path).proto
-    pieces = piecewise.partition(model)
-    assert [p.name for p in pieces] == ["prologue"] + [f"model.layers[{k}]" for k in range(cfg.layers)] + ["epilogue"]
+    # the generator's names: the embedding, then each layer's residual stream (benchmarks/compile_scale.py)
+    boundaries = [("prologue", ["embedding"])] + [(f"layer {k}", [f"l{k}_residual_mlp"]) for k in range(cfg.layers)]
+    pieces = piecewise.cut(model, boundaries + [("epilogue", [])])
+    assert [p.name for p in pieces] == ["prologue"] + [f"layer {k}" for k in range(cfg.layers)] + ["epilogue"]
     whole, got, _, rows = _whole_and_pieces(model, pieces)
     for w, g in zip(whole, got):
         assert np.array_equal(w["logits"], g["logits"])
@@ -101,19 +113,24 @@ def test_values_read_across_layers_and_subgraphs():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
         [numpy_helper.from_array(v, k) for k, v in w.items()] + [numpy_helper.from_array(np.array(0, np.float32), "zero")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    pieces = piecewise.partition(model)
+    pieces = piecewise.cut(model, [("prologue", ["mask"]), ("layers[0]", ["h0b"]), ("layers[1]", ["y"])])
     assert [p.name for p in pieces] == ["prologue", "layers[0]", "layers[1]"]
+    assert [n.name for n in pieces[1].nodes] == ["l0_proj", "l0_sum", "l0_cond", "l0_if"]
     assert "mask" in pieces[1].reads  # (through the If's then-branch)
     whole, got, _, _ = _whole_and_pieces(model, pieces)
     for a, b in zip(whole, got):
         assert np.array_equal(a["y"], b["y"])
 
 
-def test_a_model_without_layers_runs_whole():
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+def test_a_model_not_cut_by_the_boundaries_runs_whole():
+    """Boundaries the model does not hold by name (values only the lowering made) join their piece to the
+    next; with fewer than two pieces left the model runs whole."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    assert piecewise.partition(helper.make_model(graph)) is None
+    model = helper.make_model(graph)
+    assert piecewise.cut(model, [("prologue", ["not in the model"]), ("epilogue", [])]) is None
+    assert [p.name for p in piecewise.cut(model, [("prologue", ["r"]), ("epilogue", [])])] == ["prologue", "epilogue"]
 
 
 def test_layer_streamed_compile_uses_the_layer_by_layer_oracle(tmp_path):
@@ -136,7 +153,7 @@ def test_run_together_interleaves_and_gives_each_models_numbers():
     first's of the same name (the tiny Llama and a variant whose layer-1 output is scaled, so the numbers
     differ): each gets exactly what it gets alone."""
     model = load(TINY).proto
-    scopes = layers.record_scopes(model).nodes
+    boundaries = _block_boundaries(model)
     variant = type(model)()
     variant.CopyFrom(model)
     out = variant.graph.output[0].name
@@ -145,11 +162,11 @@ def test_run_together_interleaves_and_gives_each_models_numbers():
     variant.graph.initializer.append(numpy_helper.from_array(np.array(2.0, np.float32), "two"))
     variant.graph.node.append(helper.make_node("Mul", [out + "_unscaled", "two"], [out]))
     cases = reference.make_cases(model)
-    pieces, variant_pieces = piecewise.partition(model, scopes), piecewise.partition(variant, scopes)
+    pieces, variant_pieces = piecewise.cut(model, boundaries), piecewise.cut(variant, boundaries)
     alone = [piecewise.run(m, p, cases)[0] for m, p in ((model, pieces), (variant, variant_pieces))]
     together = piecewise.run_together([(model, pieces, set()), (variant, variant_pieces, set())], cases)
     for a, (t, _, rows) in zip(alone, together):
-        assert [r["piece"] for r in rows] == ["prologue", "model.layers[0]", "model.layers[1]", "epilogue"]
+        assert [r["piece"] for r in rows] == ["prologue", "layers[0]", "layers[1]", "epilogue"]
         for x, y in zip(a, t):
             assert np.array_equal(x[out], y[out])
     assert np.allclose(together[1][0][0][out], 2 * together[0][0][0][out])
@@ -169,7 +186,7 @@ def test_layer_streamed_ascend_compile_runs_the_precision_variant_with_the_oracl
     assert oracle.detail["ascend_precision_variant_pieces"] == 4  # prologue, 2 layers, epilogue
     assert oracle.detail["variant_weights_made_from_parts"] == 2  # one merged gate/up per layer
     check = next(s for s in streamed.stages if s.name == "ascend-precision")
-    assert check.detail == {"run": "with the oracle, piece by piece"}
+    assert check.detail == {"run": "with the oracle"}
     got = streamed.validation["ascend_precision"]
     ref = whole.validation["ascend_precision"]
     assert got["status"] == ref["status"] and len(got["outputs"]) == len(ref["outputs"]) == 2
@@ -188,10 +205,10 @@ def _numbers(report):
 
 def test_oracle_runs_beside_the_child_with_the_numbers_of_one_after_the_other(tmp_path, monkeypatch):
     """In layer-streamed mode the oracle runs while the MindSpore child exports and runs the blocks
-    (pipeline._Overlap; the two are independent until the blocks' values are compared): the same numbers as
-    one after the other, the oracle's stage inside the child's. Beside the child, the oracle runs in a thread
-    of its own at ORACLE_NICE lower priority (pipeline._yielding_the_cores: the child is the critical path);
-    the compile's own thread keeps its priority."""
+    (scheduling.both; the two are independent until the blocks' values are compared): the same numbers as
+    one after the other (GRAPHCONV_SCHEDULING=-oracle_beside_emit), the oracle's stage inside the child's.
+    Beside the child, the oracle runs in a thread of its own at ORACLE_NICE lower priority (the child is the
+    critical path); the compile's own thread keeps its priority."""
     path, _, _ = _scale_model(tmp_path, layers_=2)
     niceness = []  # (the thread the oracle ran in, its nice value)
     run_together = piecewise.run_together
@@ -204,17 +221,15 @@ def test_oracle_runs_beside_the_child_with_the_numbers_of_one_after_the_other(tm
     own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     beside = graphconv.compile(path, tmp_path / "b.mindir", target="ascend", layer_streamed=True)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
-    monkeypatch.setattr(pipeline.Compiler, "_oracle_beside_emit", lambda self, task: False)
+    monkeypatch.setenv(scheduling.ENV, "-oracle_beside_emit")
     after = graphconv.compile(path, tmp_path / "a.mindir", target="ascend", layer_streamed=True)
-    assert [n for _, n in niceness] == [min(19, own + pipeline.ORACLE_NICE), own]
+    assert [n for _, n in niceness] == [min(19, own + scheduling.ORACLE_NICE), own]
     assert niceness[0][0] != threading.get_ident() and niceness[1][0] == threading.get_ident()
-    assert _stage(beside, "oracle").detail["beside_emit_at_nice"] == pipeline.ORACLE_NICE
-    assert "beside_emit_at_nice" not in _stage(after, "oracle").detail
+    assert beside.scheduling["oracle"] == f"beside the emit, at nice +{scheduling.ORACLE_NICE}"
+    assert after.scheduling["oracle"] == "before the emit"
     assert beside.status == after.status == "verified"
     emit, oracle = _stage(beside, "emit"), _stage(beside, "oracle")
-    assert emit.detail["beside_oracle"] is True
     assert emit.started <= oracle.started < emit.started + emit.seconds  # the oracle ran while the child did
-    assert "beside_oracle" not in _stage(after, "emit").detail
     assert _stage(after, "oracle").started + _stage(after, "oracle").seconds <= _stage(after, "emit").started + 0.01
     cases, blocks = _numbers(beside)
     assert (cases, blocks) == _numbers(after) and len(blocks) == 4  # prologue, 2 layers, epilogue
@@ -224,7 +239,7 @@ def test_oracle_runs_beside_the_child_with_the_numbers_of_one_after_the_other(tm
 
 def _workers() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)
-            if "graphconv.target.worker" in " ".join(p.cmdline())}
+            if "graphconv.runtime.worker" in " ".join(p.cmdline())}
 
 
 def test_a_failing_oracle_kills_the_child_and_leaves_no_output(tmp_path, monkeypatch):

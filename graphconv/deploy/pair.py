@@ -1,7 +1,7 @@
 """The deploy bundle of a generation pair (`graphconv compile EXPORT_DIR -o GEN_DIR --bundle DIR`): each graph's
 own bundle (DIR/prefill/, DIR/decode/: MindIR, ONNX, reference cases, the MindSpore, Lite and ATC routes,
 written by the one-graph writer), plus at the top generation.json and generate_mindspore.py, a greedy
-generation script for an Ascend host whose loop is graphconv's own (graphconv/target/greedy.py's source,
+generation script for an Ascend host whose loop is graphconv's own (graphconv/runtime/greedy.py's source,
 copied, so the script needs numpy and MindSpore only), and a README."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from graphconv.deploy.scripts import fill, template
-from graphconv.target import greedy
+from graphconv.runtime import greedy
 
 
 def generate_script(inputs: dict[str, list[dict]]) -> str:

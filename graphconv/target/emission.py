@@ -24,12 +24,15 @@ import numpy as np
 
 
 class Value:
-    """A value of the emitted program. `hint` is the name the code generator starts from."""
+    """A value of the emitted program. `hint` is the name the code generator starts from; `onnx_name` the ONNX
+    value it holds, set by the lowering (None for values the lowering made on the way): the block-by-block
+    verification compares a block's outputs with onnxruntime's values of these names."""
 
-    __slots__ = ("producer", "index", "hint", "__weakref__")
+    __slots__ = ("producer", "index", "hint", "onnx_name", "__weakref__")
 
-    def __init__(self, producer: "Node | None" = None, index: int = 0, hint: str | None = None):
-        self.producer, self.index, self.hint = producer, index, hint
+    def __init__(self, producer: "Node | None" = None, index: int = 0, hint: str | None = None,
+                 onnx_name: str | None = None):
+        self.producer, self.index, self.hint, self.onnx_name = producer, index, hint, onnx_name
 
     def __repr__(self) -> str:
         what = self.producer.target if self.producer is not None else "input"

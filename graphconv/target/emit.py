@@ -1,6 +1,6 @@
 """Emit stage helpers: lower a model and write what the export child needs into a directory.
 
-`prepare()` is shared by the compile pipeline and by graphconv.target.runner (batches of small models, used by
+`prepare()` is shared by the compile pipeline and by graphconv.runtime.runner (batches of small models, used by
 the op tests and the ONNX backend), so both export exactly the same way.
 """
 
@@ -13,7 +13,7 @@ import onnx
 import onnx_ir as ir
 
 from graphconv.frontend import param_names, weights
-from graphconv.target import lowering, mindir_stream, node_context
+from graphconv.target import codegen, lowering, node_context
 from graphconv.verify import reference
 
 # Weights above this size go to an external data file (the child maps them lazily).
@@ -72,14 +72,14 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
     if folded:
         folded_npz = directory / f"{name}.folded.npz"
         np.savez(folded_npz, **folded)
-    param_bytes = sum(int(np.prod(p.shape, dtype=np.int64)) * mindir_stream.numpy_dtype(p.dtype).itemsize
-                      for p in net.params)
+    param_bytes = net.param_bytes
     task = {
         "source": str(source), "class_name": net.class_name, "weights_onnx": str(weights_file),
         "external_weights": external,
         "folded_npz": str(folded_npz) if folded_npz else None,
         "param_names": [p.name for p in net.params], "inputs": placeholders(model),
         "param_layouts": {p.name: p.transposed for p in net.params},
+        "param_shapes": {p.name: [list(p.shape), p.dtype] for p in net.params},
         # graphconv/target/worker._export_streamed (a checkpoint asked for is copied from the MindIR's weights)
         "streamed": bool(external) and param_bytes > STREAM_MIN_BYTES,
     }
@@ -96,3 +96,23 @@ def _rename_initializers(graph: ir.Graph, renames: dict[str, str]) -> None:
         v.name = renames[n]
         if v.const_value is not None:
             v.const_value.name = v.name
+
+
+def write_blocks(net: lowering.LoweredNetwork, directory: Path, stem: str) -> dict:
+    """The network's blocks (graphconv/target/partition.py) as a module `<stem>_blocks.py` of Cell classes
+    (codegen.render_blocks), and the plan the block-by-block run follows (Partition.plan)."""
+    from opmap import helpers
+
+    module = directory / f"{stem}_blocks.py"
+    module.write_text(codegen.render_blocks(net.program, net.partition, helpers))
+    return net.partition.plan(str(module))
+
+
+def without_lazy_inline(net: lowering.LoweredNetwork, task: dict, directory: Path) -> dict:
+    """The export task of the same network with its layer classes written without lazy_inline (MindSpore's CPU
+    refuses some lazy_inline layer graphs): its source rendered again beside the first."""
+    from opmap import helpers
+
+    source = directory / f"{Path(task['source']).stem}_inlined.py"
+    source.write_text(codegen.render(net.program, helpers, lazy_inline=False))
+    return {**task, "source": str(source)}

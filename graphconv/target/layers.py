@@ -24,6 +24,7 @@ import re
 
 import onnx
 
+from graphconv.target import partition
 from graphconv.target.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
 
 _INDEXED = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?[A-Za-z_][\w]*)\.(?P<index>\d+)(?:\.|$)")
@@ -91,15 +92,20 @@ def _param_path(v: Value) -> str | None:
     return None
 
 
-def _assign(nodes: list[Node], scopes: Scopes) -> tuple[str | None, dict[int, int | None]]:
+def _assign(nodes: list[Node], scopes: Scopes, policy: str = "readers") -> tuple[str | None, dict[int, int | None]]:
     """The layer list's prefix and each top-level node's layer index (None: outside the layers).
 
     The IR nodes one ONNX node was lowered to (one origin) stay together. An origin's layer is its ONNX
     node's module scope, else the layer of a weight it reads (a weight with a model name but no layer index,
-    `bert.embeddings.LayerNorm.weight`, places it outside); an origin with neither (a node a pass made)
-    belongs with what reads it — its first reader's layer (the next layer's input norm reads the previous
-    layer's output but is the next layer's), outside if something outside reads it — and one nothing
-    placed reads takes its producers' last layer."""
+    `bert.embeddings.LayerNorm.weight`, places it outside): the evidence. An origin with neither (a node a
+    pass made, or any node of an exporter that records no scopes) can sit anywhere between the layer of what
+    it reads and the layer of what reads it; `policy` picks:
+      - "readers": with what reads it — its first reader's layer (a decomposed norm's first ops, which read the
+        previous layer's output, are the next layer's), outside if something outside reads it;
+      - "producers": with the evidence it reads — the last layer among its producers placed by evidence (a
+        residual add of a layer's output projection is that layer's), else as "readers".
+    An origin nothing placed reads takes its producers' last layer. `group` tries both and keeps the one under
+    which the most layers share a structure."""
     groups: dict[str, list[Node]] = {}
     for node in nodes:  # (an inlined fused-op body, `<fused node>::<op>_<k>`, is its fused node's)
         groups.setdefault(_group(node.origin), []).append(node)
@@ -129,6 +135,14 @@ def _assign(nodes: list[Node], scopes: Scopes) -> tuple[str | None, dict[int, in
         elif where is not None or origin in scopes or origin in named_weights:
             placed[origin] = None  # the exporter placed it (or its weights) outside the layer list
     origin_of = {id(o): _group(n.origin) for n in nodes for o in n.outputs}
+    if policy == "producers":
+        evidence = {o: k for o, k in placed.items() if k is not None}
+        for origin, members in groups.items():
+            if origin not in placed:
+                ks = [evidence[src] for n in members for v in n.inputs()
+                      if (src := origin_of.get(id(v))) in evidence and src != origin]
+                if ks:
+                    placed[origin] = max(ks)
     readers: dict[str, set[str]] = {}
     for node in nodes:
         for v in node.inputs():
@@ -156,7 +170,7 @@ def _group(origin: str) -> str:
 def _hoist(nodes: list[Node], layer: dict[int, int | None]) -> None:
     """Work that several layers share moves out of them. A layer node is *invariant* when it reads no value
     a non-invariant layer node computes and no weight of its own layer (only inputs, outside values,
-    constants, shared weights). After merge_identical made the layers' identical copies of such work one,
+    constants, shared weights, weights no layer's name claims). After merge_identical made the layers' identical copies of such work one,
     an invariant node that another layer or an outside node reads, and the invariant nodes feeding it, are
     computed before the layers."""
     attr_layers: dict[int, set] = {}
@@ -174,8 +188,11 @@ def _hoist(nodes: list[Node], layer: dict[int, int | None]) -> None:
             producer[id(o)] = node
         if k is None:
             continue
+        # (a weight only this layer reads pins the node to it when its name says it is a layer's: the rotary
+        # inverse frequencies an exporter names `inv_freq` are read in whichever layer reads cos/sin first)
         own_weight = any(isinstance(v, AttrValue) and (v.attr.param is not None or v.attr.as_parameter)
-                         and len(attr_layers.get(id(v.attr), ())) == 1 for v in node.inputs())
+                         and len(attr_layers.get(id(v.attr), ())) == 1
+                         and (v.attr.param is None or layer_of(_param_path(v)) is not None) for v in node.inputs())
         callee = any(id(o) in callees for o in node.outputs)
         if node.kind != "if" and not own_weight and not callee and \
                 not any(id(v) in variant_values for v in node.inputs()):
@@ -339,15 +356,40 @@ def _strip(hint: str | None, prefix: str, index: int) -> str | None:
     return stripped or hint
 
 
-def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
-    """Group the program's repeated layers (this module's docstring); returns the summary for the report."""
-    scopes = scopes or Scopes()
-    nodes = program.body.nodes
-    prefix, layer = _assign(nodes, scopes)
+@dataclasses.dataclass
+class Grouping:
+    """What `group` found: the summary for the report, and the partition into blocks (None when the program
+    has no layers, or they cannot be cut out of it)."""
+
+    summary: dict
+    partition: "partition.Partition | None" = None
+
+
+@dataclasses.dataclass
+class _Cut:
+    """The program's nodes cut into prologue, layers and epilogue under one placement policy (`_cut`)."""
+
+    policy: str
+    prefix: str
+    pro: list[Node]
+    epi: list[Node]
+    candidates: list[_Layer]
+    by_signature: dict[tuple, list[_Layer]]
+    min_layers: int
+
+    def classed(self, c: _Layer) -> bool:
+        return len(self.by_signature[c.signature]) >= self.min_layers
+
+    @property
+    def grouped(self) -> int:
+        return sum(1 for c in self.candidates if self.classed(c))
+
+
+def _cut(program: Program, nodes: list[Node], scopes: Scopes, policy: str, min_layers: int) -> _Cut | dict:
+    """The cut under `policy` (_assign), or the summary saying why there is none."""
+    prefix, layer = _assign(nodes, scopes, policy)
     if prefix is None:
         return {"grouped": 0, "reason": "no node has a layer index (no module scopes or layer weights)"}
-    merged = merge_identical(program.body)  # each layer's copy of the same mask conversion becomes one
-    nodes = program.body.nodes
     _hoist(nodes, layer)
     # order: what needs no layer, the layers in index order, then the rest; refuse if that breaks a dependency
     produced_by: dict[int, int | None] = {}
@@ -376,8 +418,7 @@ def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
                     "reason": "a node outside the layers sits between two of them"}
     uses_outside: dict[int, set] = {}  # value id -> the layers (or None) reading it
     attr_users: dict[int, set] = {}
-    everything = pro + [n for k in indices for n in per[k]] + epi
-    for n in everything:
+    for n in order:
         where = layer[id(n)]
         for v in n.inputs():
             uses_outside.setdefault(id(v), set()).add(where)
@@ -400,15 +441,33 @@ def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
     by_signature: dict[tuple, list[_Layer]] = {}
     for c in candidates:
         by_signature.setdefault(c.signature, []).append(c)
+    return _Cut(policy, prefix, pro, epi, candidates, by_signature, min_layers)
+
+
+def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> Grouping:
+    """Group the program's repeated layers (this module's docstring) and cut it into blocks (partition.py)."""
+    scopes = scopes or Scopes()
+    merged = merge_identical(program.body)  # each layer's copy of the same mask conversion becomes one
+    nodes = program.body.nodes
+    cut: _Cut | dict | None = None
+    for policy in ("readers", "producers"):
+        tried = _cut(program, nodes, scopes, policy, min_layers)
+        if cut is None or (isinstance(tried, _Cut) and (not isinstance(cut, _Cut) or tried.grouped > cut.grouped)):
+            cut = tried
+    if not isinstance(cut, _Cut):
+        return Grouping(cut)
+    prefix = cut.prefix
+    pro, epi = cut.pro, cut.epi
     body: list[Node] = list(pro)
+    blocks = [partition.Block("prologue", "prologue", list(pro))] if pro else []
     classes: dict[tuple, tuple[CellClass, str, list]] = {}
     mapping: dict[int, Value] = {}
-    for c in candidates:
-        members = by_signature[c.signature]
-        if len(members) < min_layers:
+    for c in cut.candidates:
+        if not cut.classed(c):
             for n in c.nodes:
                 _substitute_node(n, mapping)
             body += c.nodes
+            blocks.append(partition.Block("inline", f"{prefix}.{c.index}", list(c.nodes)))
             continue
         if c.signature not in classes:
             classes[c.signature] = _make_class(program, c, prefix, len(classes), scopes)
@@ -419,12 +478,17 @@ def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
         for old, new in zip(c.outputs, call.outputs):
             new.hint = _strip(old.hint, prefix, c.index) if old.hint else None
             new.hint = f"{list_attr}_{c.index}_{new.hint or 'out'}"
+            new.onnx_name = old.onnx_name
             mapping[id(old)] = new
         instances.append(c.attrs)
         body.append(call)
+        blocks.append(partition.Block("layer", f"{list_attr}[{len(instances) - 1}]", [call], layer_class=cell.name,
+                                      instance=(list_attr, len(instances) - 1),
+                                      weights=[a for a in c.attrs if partition.is_weight(a)]))
     for n in epi:
         _substitute_node(n, mapping)
     body += epi
+    blocks.append(partition.Block("epilogue", "epilogue", list(epi)))
     program.body.nodes = body
     program.body.outputs = [mapping.get(id(v), v) for v in program.body.outputs]
     used = {id(v.attr) for n in program.body.walk() for v in n.inputs() if isinstance(v, AttrValue)}
@@ -433,11 +497,11 @@ def group(program: Program, scopes: Scopes | None, min_layers: int = 2) -> dict:
     for cell, list_attr, instances in classes.values():
         program.instances.append((cell, list_attr, instances))
     grouped = sum(len(inst) for _, _, inst in classes.values())
-    summary = {"prefix": prefix, "layers": len(indices), "classes": len(classes), "grouped": grouped,
-               "merged_shared_nodes": len(merged)}
-    if grouped < len(indices):
-        summary["inline"] = [c.index for c in candidates if len(by_signature[c.signature]) < min_layers]
-    return summary
+    summary = {"prefix": prefix, "layers": len(cut.candidates), "classes": len(classes), "grouped": grouped,
+               "merged_shared_nodes": len(merged), "placed_by": cut.policy}
+    if grouped < len(cut.candidates):
+        summary["inline"] = [c.index for c in cut.candidates if not cut.classed(c)]
+    return Grouping(summary, partition.build(program.body.inputs, program.body.outputs, blocks))
 
 
 def _make_class(program: Program, first: _Layer, prefix: str, number: int,

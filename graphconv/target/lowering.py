@@ -19,9 +19,10 @@ import onnx_ir as ir
 import opmap
 from opmap import helpers as helper_lib, refusals
 from graphconv.target import codegen, layers
+from graphconv.target import partition as partition_
 from graphconv.target.codegen import py_name
 from graphconv.target.constant_fold import FOLD_MAX_ELEMENTS, evaluate, foldable
-from graphconv.target.emission import Attr, AttrValue, Block, Builder, Program, Value
+from graphconv.target.emission import Attr, AttrValue, Block, Builder, Program, Ref, Value
 from graphconv.errors import UnsupportedError
 from graphconv.target.node_context import NodeContext, Operand
 
@@ -42,6 +43,11 @@ class ParamSpec:
     def __post_init__(self):
         self.name = self.name or self.onnx_name
 
+    @property
+    def nbytes(self) -> int:
+        itemsize = 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
+        return int(np.prod(self.shape, dtype=np.int64)) * itemsize
+
 
 @dataclasses.dataclass
 class LoweredNetwork:
@@ -53,6 +59,11 @@ class LoweredNetwork:
     op_histogram: dict[str, int]
     program: Program | None = None  # the emission IR the source was written from
     layers: dict | None = None  # the repeated-layer grouping (graphconv/target/layers.py), for the report
+    partition: "partition_.Partition | None" = None  # prologue, layers, epilogue (graphconv/target/partition.py)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.nbytes for p in self.params)
 
 
 class Lowering:
@@ -163,7 +174,7 @@ class Lowering:
     # --- the walk -----------------------------------------------------------------------------------
     def run(self) -> LoweredNetwork:
         for v in self.graph.inputs:
-            arg = Value(hint=v.name)
+            arg = Value(hint=v.name, onnx_name=v.name)
             self.body.inputs.append(arg)
             self.operands[v] = Operand(value=arg)
         for v in self.graph.initializers.values():
@@ -175,6 +186,7 @@ class Lowering:
             self.lower_node(node)
         self.body.outputs = [self.value_of(v) for v in self.graph.outputs]
         program = Program(self.class_name, self.body, self.attrs, self.helpers)
+        codegen.eliminate_dead(program.body)  # (before the partition, whose blocks hold the body's nodes)
         grouping = layers.group(program, self.scopes)
         return LoweredNetwork(
             source=codegen.render(program, helper_lib, self.lazy_inline),
@@ -184,7 +196,8 @@ class Lowering:
             params=self.params,
             op_histogram=dict(sorted(self.histogram.items())),
             program=program,
-            layers=grouping,
+            layers=grouping.summary,
+            partition=grouping.partition,
         )
 
     def lower_node(self, node: ir.Node) -> None:
@@ -217,6 +230,8 @@ class Lowering:
                 raise TypeError(f"the {node.op_type} handler returned {type(item).__name__}, not an emission Value")
             if item.producer is not None and item.hint is None:
                 item.hint = value.name  # the ONNX name names the variable
+            if item.onnx_name is None and not isinstance(item, (Ref, AttrValue)):
+                item.onnx_name = value.name  # (an Identity's output holds its input's value: the first name stays)
             self.operands[value] = Operand(value=item)
         for value in node.outputs[len(results):]:
             if value.name and (value.uses() or value.is_graph_output()):

@@ -8,8 +8,8 @@
 
 Everything goes through the compile pipeline's stages: `graphconv.frontend.load.load` (the model is written to a
 private folder first), `graphconv.target.lowering` via `graphconv.target.emit.prepare`, `mindspore.export` to MindIR, and the
-MindIR is loaded into an `nn.GraphCell` and run on CPU, by graphconv.target.worker's tasks in one long-lived child
-process (graphconv.target.child.Server: MindSpore can abort from C++); a crash fails that run and the next run starts
+MindIR is loaded into an `nn.GraphCell` and run on CPU, by graphconv.runtime.worker's tasks in one long-lived child
+process (graphconv.runtime.child.Server: MindSpore can abort from C++); a crash fails that run and the next run starts
 a new child.
 
 Two things a backend has to decide that `graphconv compile` does not:
@@ -26,7 +26,7 @@ Two things a backend has to decide that `graphconv compile` does not:
   with constant inputs, If with a constant condition) so that ONNX shape inference sees its results.
 
 Compiled networks are cached per (model, bound values): a suite never pays the same compile twice.
-`run_batch` is the batch form the conformance command uses (graphconv.target.runner.run_models: one MindSpore child
+`run_batch` is the batch form the conformance command uses (graphconv.runtime.runner.run_models: one MindSpore child
 for many models).
 """
 
@@ -48,7 +48,7 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 
 from graphconv.frontend import load
 from graphconv.target import constant_fold, emit, lowering, node_context
-from graphconv.target.child import ChildError, Server
+from graphconv.runtime.child import ChildError, Server
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
 
 MIN_OPSET, MAX_OPSET = load.MIN_OPSET, load.MAX_OPSET
@@ -321,7 +321,7 @@ class _Network:
 
 
 class _State:
-    """Per-process caches: loaded models, compiled networks, the MindSpore child (a graphconv.target.worker server)."""
+    """Per-process caches: loaded models, compiled networks, the MindSpore child (a graphconv.runtime.worker server)."""
 
     def __init__(self):
         self.root: Path | None = None
@@ -515,7 +515,7 @@ def prepare_case(model: onnx.ModelProto, data_sets: list[list[np.ndarray]], work
 
 
 def run_batch(items: list[tuple[onnx.ModelProto, list[list[np.ndarray]]]], workdir: Path) -> list[BatchResult]:
-    """For each (model, data sets): the backend's preparation, then one graphconv.target.runner.run_models child for
+    """For each (model, data sets): the backend's preparation, then one graphconv.runtime.runner.run_models child for
     the whole batch (bisected when MindSpore aborts, so a crash is pinned on its model)."""
     results: list[BatchResult | None] = [None] * len(items)
     runnable, index, bound_of = [], [], {}
@@ -534,7 +534,7 @@ def run_batch(items: list[tuple[onnx.ModelProto, list[list[np.ndarray]]]], workd
         runnable.append((specialised, feeds))
         index.append(k)
         bound_of[k] = bound
-    from graphconv.target.runner import run_isolating_crashes
+    from graphconv.runtime.runner import run_isolating_crashes
 
     for k, res in zip(index, run_isolating_crashes(runnable) if runnable else []):
         results[k] = BatchResult(res.outputs, res.error, bound=bound_of[k], source=res.source)

@@ -3,7 +3,7 @@
 The onnx wheel ships the node-test generators (onnx.backend.test.case.node): each case is a one-op model (or
 its function body, the `_expanded` variants) with input data sets and expected outputs. Every case is run:
 the backend's preparation (load, upgrade below opset 13, compile-time inputs), then batches of models in one
-MindSpore child each (graphconv.target.runner.run_models; a batch whose child aborts is bisected so the crash is
+MindSpore child each (graphconv.runtime.runner.run_models; a batch whose child aborts is bisected so the crash is
 pinned on one case). Each output is checked like onnx's own runner does, with graphconv.verify.compare: same
 shape, same dtype, then |a - b| <= atol + rtol * |ref| with the case's own tolerances (onnx's default 1e-3 /
 1e-7 where a case gives none); integers and bools exactly; NaN/inf in kind. bfloat16 outputs get

@@ -20,7 +20,7 @@ import onnx_ir as ir
 import opmap.fused
 import passes.precision
 import passes
-from graphconv.target import runner
+from graphconv.runtime import runner
 from graphconv.verify import compare, reference
 from graphconv.errors import InputError, InternalError
 from graphconv.frontend.load import load

@@ -2,18 +2,16 @@
 
 A model's weights, fed to onnxruntime as memory maps (graphconv.frontend.weights), become resident page by
 page as the run reads them, and stay resident until the maps are closed: one run of a 7B model holds all
-27 GB. Here the graph is cut into *pieces*, one per layer plus a prologue and an epilogue; each piece runs as
-a model of its own over every case, with only its weights mapped, and is released (session and maps) before
-the next. The pieces' values that later pieces read are kept between them (activations of the reference
-cases: kilobytes to megabytes). The outputs are the model's: the same nodes run, in the same order, on the
-same kernels, with the same inputs.
+27 GB. Here the graph is cut into *pieces*, one per block of the compiled network (graphconv/target/
+partition.py: the prologue, each layer, the epilogue); each piece runs as a model of its own over every case,
+with only its weights mapped, and is released (session and maps) before the next. The pieces' values that
+later pieces read are kept between them (activations of the reference cases: kilobytes to megabytes). The
+outputs are the model's: the same nodes run, in the same order, on the same kernels, with the same inputs.
 
-The cut (`partition`): a node's layer is the largest layer index among the weights it reads (a name with an
-indexed module path, `model.layers.3.mlp.up_proj.weight`; or its exporter scope) and the layers of the nodes
-whose outputs it reads. The rule is monotone along every edge, so each piece reads only graph inputs, its
-own weights and earlier pieces' values. A node that reads a weight outside the layers (the final norm, the
-lm_head) after the layers began goes to the epilogue, and so does everything after it. Nodes before any
-layer (the embedding, the masks, rotary tables) are the prologue.
+The cut (`cut`) is at the values the blocks pass on, by their ONNX names: piece k is every node needed for
+block k's values that no earlier piece computed. So the pieces are the blocks, and each piece keeps the values
+the block-by-block run compares. A block whose values the model does not hold by those names (a value only the
+lowering made) is joined to the next piece.
 """
 
 from __future__ import annotations
@@ -27,17 +25,11 @@ import onnx
 
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
-from graphconv.target.layers import layer_of
-
-
-# An initializer this large (or one in an external data file) is a weight; smaller ones (shapes, scalars)
-# say nothing about where a node belongs.
-WEIGHT_ELEMENTS = 1024
 
 
 @dataclasses.dataclass
 class Piece:
-    name: str  # prologue | <layer list>[<index>] | epilogue
+    name: str  # the block's: prologue | <layer list>[<index>] | <layer path> | epilogue
     nodes: list[onnx.NodeProto]
     reads: list[str]  # values it reads that it does not make (graph inputs, weights, earlier pieces' values)
     makes: set[str]
@@ -65,54 +57,32 @@ def _reads(node: onnx.NodeProto) -> list[str]:
     return [i for i in node.input if i] + sorted(_subgraph_reads(node))
 
 
-def partition(model: onnx.ModelProto, node_scopes: dict[str, str] | None = None) -> list[Piece] | None:
-    """The pieces of `model`'s graph in run order, or None when fewer than two layers are found (the model
-    then runs whole). `node_scopes`: node name -> exporter module path (graphconv.target.layers.Scopes)."""
-    ordinal: dict[tuple[str, int], int] = {}
-
-    def layer(name: str | None) -> int | None:
-        key = layer_of(name)
-        if key is None:
-            return None
-        return ordinal.setdefault(key, len(ordinal))
-
-    initializers = {t.name for t in model.graph.initializer}
-    big = set(weights.external_refs(model)) | {t.name for t in model.graph.initializer
-                                               if np.prod(t.dims, dtype=np.int64) >= WEIGHT_ELEMENTS}
-    scopes = node_scopes or {}
-    for node in model.graph.node:  # the layers, numbered in order of appearance
-        for r in _reads(node):
-            if r in big:
-                layer(r)
-        layer(scopes.get(node.name))
-    last = len(ordinal) - 1
-    level: dict[str, float] = {}  # value -> its layer ordinal (-1: prologue, inf: epilogue)
-    assigned: list[tuple[float, onnx.NodeProto]] = []
-    for node in model.graph.node:
-        reads = _reads(node)
-        own = [layer(r) for r in reads if r in big]
-        scope = layer(scopes.get(node.name))
-        before = max((level.get(r, -1) for r in reads if r not in initializers), default=-1)
-        k = max([before] + [o for o in own + [scope] if o is not None])
-        if before == last >= 0 and scope is None and any(o is None for o in own):
-            k = float("inf")  # a weight outside the layers, read after the last one: the epilogue
-        for o in node.output:
-            level[o] = k
-        assigned.append((k, node))
-    if len(ordinal) < 2 or any(o.name not in level for o in model.graph.output):
-        return None
-    names = {v: f"{p}[{i}]" for (p, i), v in ordinal.items()}
-    groups: dict[float, list[onnx.NodeProto]] = {}
-    for k, node in assigned:
-        groups.setdefault(k, []).append(node)
-    pieces = []
-    for k in sorted(groups):
-        nodes = groups[k]
+def cut(model: onnx.ModelProto, boundaries: list[tuple[str, list[str]]]) -> list[Piece] | None:
+    """The pieces of `model`'s graph in run order: per (block name, ONNX names of the values it passes on), the
+    nodes those values need that no earlier piece computed; the last piece computes the graph's outputs (its
+    name is the last block's). None when fewer than two pieces have nodes (the model then runs whole)."""
+    producer = {o: k for k, n in enumerate(model.graph.node) for o in n.output if o}
+    taken: set[int] = set()
+    pieces: list[Piece] = []
+    targets = [(name, values) for name, values in boundaries[:-1]]
+    targets.append((boundaries[-1][0] if boundaries else "epilogue", [o.name for o in model.graph.output]))
+    for name, values in targets:
+        members: set[int] = set()
+        stack = [v for v in values if v in producer]
+        while stack:
+            k = producer.get(stack.pop())
+            if k is None or k in taken or k in members:
+                continue
+            members.add(k)
+            stack.extend(_reads(model.graph.node[k]))
+        if not members:
+            continue
+        taken |= members
+        nodes = [model.graph.node[k] for k in sorted(members)]
         makes = {o for n in nodes for o in n.output if o}
         reads = list(dict.fromkeys(r for n in nodes for r in _reads(n) if r not in makes))
-        name = "prologue" if k < 0 else "epilogue" if k == float("inf") else names[int(k)]
         pieces.append(Piece(name, nodes, reads, makes))
-    return pieces
+    return pieces if len(pieces) >= 2 else None
 
 
 def _piece_model(model: onnx.ModelProto, piece: Piece, inputs: dict[str, onnx.ValueInfoProto],

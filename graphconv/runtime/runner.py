@@ -2,7 +2,7 @@
 
 The full pipeline pays a MindSpore start-up per compile; op tests and the ONNX backend run hundreds of
 one-op models, so they go through here: same lowering (graphconv.target.emit.prepare), same export and GraphCell
-execution (graphconv.target.worker), one child for the whole batch.
+execution (graphconv.runtime.worker), one child for the whole batch.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from graphconv.target import emit
-from graphconv.target.child import run_task
+from graphconv.runtime.child import run_task
 from graphconv.errors import GraphconvError, InternalError
 
 

@@ -1,4 +1,4 @@
-"""The parent side of graphconv.target.worker: start the child, hand it tasks, and turn every way it can end into a
+"""The parent side of graphconv.runtime.worker: start the child, hand it tasks, and turn every way it can end into a
 result or an error. `run_task`: one task, one process (a compile's stages); `Server`: one process for many
 tasks (the ONNX backend, which runs thousands of small networks)."""
 
@@ -10,6 +10,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from graphconv.errors import InternalError
@@ -46,23 +47,35 @@ def _die_with_parent() -> None:
 
 
 def _start(args: list[str], workdir: Path, log, stdin, stdout) -> subprocess.Popen:
-    """`python -m graphconv.target.worker ARGS` with cwd=workdir (MindSpore drops files in the cwd), errors to `log`."""
-    return subprocess.Popen([sys.executable, "-m", "graphconv.target.worker", *args], cwd=workdir, env=child_env(),
+    """`python -m graphconv.runtime.worker ARGS` with cwd=workdir (MindSpore drops files in the cwd), errors to `log`."""
+    return subprocess.Popen([sys.executable, "-m", "graphconv.runtime.worker", *args], cwd=workdir, env=child_env(),
                             stdin=stdin, stdout=stdout, stderr=log,
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
 
 
-class Cancelled(Exception):
-    """The task was called off from another thread (`cancel` set): its child is killed."""
+# The one-shot children running for each working directory (a compile's private directory), so that another
+# thread can kill them (kill_children: the oracle beside the emit failed); the directories whose children are
+# called off; and the spare child started for a directory (`children`).
+_running: dict[str, set[subprocess.Popen]] = {}
+_called_off: set[str] = set()
+_spares: dict[str, "Warm"] = {}
+_lock = threading.Lock()
 
 
-def _wait(proc: subprocess.Popen, done, progress_path: Path, tracker, cancel=None) -> None:
+def kill_children(workdir: Path) -> None:
+    """Kill the one-shot children running for `workdir`, and any started for it later within its `children`
+    block (their tasks fail as a dead child's do)."""
+    with _lock:
+        _called_off.add(str(workdir))
+        for proc in _running.get(str(workdir), ()):
+            proc.kill()
+
+
+def _wait(proc: subprocess.Popen, done, progress_path: Path, tracker) -> None:
     """Poll `done(seconds)` until it is true, passing the child's progress file to `tracker` meanwhile. An
-    interrupt, or `cancel` (a threading.Event) set, kills the child: it must not go on writing."""
+    interrupt kills the child: it must not go on writing."""
     try:
         while not done(0.25):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("called off")
             if tracker is not None:
                 _report_progress(progress_path, tracker)
     except BaseException:
@@ -99,12 +112,11 @@ def _report_progress(path: Path, tracker) -> None:
     tracker.update(done)
 
 
-def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None, cancel=None, warm=None) -> dict:
-    """Runs the task in a new child with cwd=workdir; returns the worker's result dict or raises
-    ChildError/InternalError. With a graphconv.progress.Tracker the child reports how far it is (bytes of
-    weights read) through a small file the parent polls. Run from a thread, `cancel` (a threading.Event) set
-    by another thread kills the child and raises Cancelled. `warm` (a Warm started in workdir): its child
-    takes the task, unless it was taken or has died."""
+def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> dict:
+    """Runs the task in a child with cwd=workdir (the spare started for workdir and this kind of task, if one
+    is waiting: `spare`; else a new one); returns the worker's result dict or raises ChildError/InternalError.
+    With a graphconv.progress.Tracker the child reports how far it is (bytes of weights read) through a small
+    file the parent polls."""
     n = len(list(workdir.glob("task-*.json")))
     task_path = workdir / f"task-{n}-{kind}.json"
     result_path = workdir / f"task-{n}-{kind}.result.json"
@@ -112,34 +124,67 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None, can
     progress_path = workdir / f"task-{n}-{kind}.progress"
     extra = {"progress_file": str(progress_path)} if tracker is not None else {}
     task_path.write_text(json.dumps({**task, **extra, "kind": kind, "result": str(result_path)}))
-    proc = warm.take(task_path) if warm is not None else None
+    with _lock:
+        warm = _spares.get(str(workdir))
+    proc = warm.take(kind, task_path) if warm is not None else None
     with contextlib.ExitStack() as stack:
         if proc is None:
             log = stack.enter_context(open(log_path, "wb"))
             proc = _start([str(task_path)], workdir, log, subprocess.DEVNULL, log)
         else:
             log_path = warm.log_path
-        _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker, cancel)
+        with _lock:
+            _running.setdefault(str(workdir), set()).add(proc)
+            if str(workdir) in _called_off:
+                proc.kill()
+        try:
+            _wait(proc, lambda seconds: _exited(proc, seconds), progress_path, tracker)
+        finally:
+            with _lock:
+                _running[str(workdir)].discard(proc)
     if not result_path.exists():
         raise _died(label, proc.returncode, log_path)
     return _outcome(json.loads(result_path.read_text()), label)
 
 
-class Warm:
-    """A worker started before its task is known (`python -m graphconv.target.worker --warm`): it imports
-    MindSpore (3.4 s) while the compile runs its own stages, then takes one task (run_task's `warm`). A
-    context manager: on leaving, a child that took no task is killed (it holds nothing; waiting for its import
-    to end would only delay the compile's error)."""
+@contextlib.contextmanager
+def children(workdir: Path, spare_for: tuple[str, ...] = ()):
+    """The children a compile runs in `workdir`, for the `with` body: with `spare_for`, a child started now
+    takes the first task of one of those kinds (the Warm given to the body; killed on leaving if no task took
+    it)."""
+    key = str(workdir)
+    with contextlib.ExitStack() as stack:
+        warm = None
+        if spare_for:
+            warm = stack.enter_context(Warm(workdir, spare_for))
+            with _lock:
+                _spares[key] = warm
+        try:
+            yield warm
+        finally:
+            with _lock:
+                _spares.pop(key, None)
+                _called_off.discard(key)
+                _running.pop(key, None)
 
-    def __init__(self, workdir: Path):
+
+class Warm:
+    """A worker started before its task is known (`python -m graphconv.runtime.worker --warm`): it warms up
+    (graphconv.runtime.scheduling.warm_up) while the compile runs its own stages, then takes one task of
+    `kinds`. A context manager: on leaving, a child that took no task is killed (it holds nothing; waiting for
+    its import to end would only delay the compile's error)."""
+
+    def __init__(self, workdir: Path, kinds: tuple[str, ...]):
+        self.kinds = kinds
         self.log_path = workdir / "task-warm.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in __exit__
         self.proc = _start(["--warm"], workdir, self._log, subprocess.PIPE, self._log)
         self.taken = False
 
-    def take(self, task_path: Path) -> subprocess.Popen | None:
-        """The child, told its task; None when it was taken already or has died (the caller starts one)."""
-        if self.taken or self.proc.poll() is not None:
+    def take(self, kind: str, task_path: Path) -> subprocess.Popen | None:
+        """The child, told its task; None when the task is of another kind, or it was taken already, or has
+        died (the caller starts one)."""
+        if kind not in self.kinds or self.taken or self.proc.poll() is not None:
             return None
         self.taken = True
         try:
@@ -162,9 +207,9 @@ class Warm:
 
 
 class Server:
-    """One long-lived child (`python -m graphconv.target.worker --serve`) that does task after task: one JSON task a
+    """One long-lived child (`python -m graphconv.runtime.worker --serve`) that does task after task: one JSON task a
     line on its stdin, one result line on its stdout. Started by the first request; a crash fails that request
-    and the next one starts a new child; a child that asks to retire (graphconv.target.worker.serve) is replaced."""
+    and the next one starts a new child; a child that asks to retire (graphconv.runtime.worker.serve) is replaced."""
 
     def __init__(self, workdir: Path, log_name: str = "worker-server.log"):
         self.workdir = workdir

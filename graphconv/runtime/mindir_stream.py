@@ -167,27 +167,29 @@ def parameter_name(proto_name: str) -> str:
 
 
 class LazyWeights:
-    """What the generated network's `_param` (opmap/helpers.py) is given instead of the weights: every
-    Parameter comes from `shared_parameter`, a lazily initialized one of the right name, shape and dtype whose
-    memory MindSpore never touches while it compiles and exports the graph. Reading a value is an error."""
+    """What the generated network's `_param` (opmap/helpers.py) is given instead of the weights: for each name
+    a lazily initialized Parameter of the network's shape and dtype (`shapes`: name -> (shape, numpy dtype
+    name), the emit task's param_shapes), whose memory MindSpore never touches while it compiles and exports
+    the graph."""
 
-    def __init__(self):
+    def __init__(self, shapes: dict):
+        self.shapes = shapes
         self.made = {}
 
-    def shared_parameter(self, name, shape, dtype, transposed):
+    def __getitem__(self, name):
         import mindspore as ms
         from mindspore import Parameter
         from mindspore.common.initializer import Zero, initializer
 
-        key = (name, bool(transposed))
-        if key not in self.made:
+        if name not in self.shapes:
+            raise StreamError(f"the streamed export asked for weight {name!r}, which the network does not declare")
+        if name not in self.made:
+            shape, dtype = self.shapes[name]
+            ms_dtype = ms.bool_ if dtype == "bool" else getattr(ms, dtype)
             # requires_grad as _param sets it (it is part of the exported graph's parameter info)
-            self.made[key] = Parameter(initializer(Zero(), tuple(shape), dtype), name=name,
-                                       requires_grad=dtype in (ms.float16, ms.bfloat16, ms.float32))
-        return self.made[key]
-
-    def __getitem__(self, name):
-        raise StreamError(f"the streamed export read the value of weight {name!r}")
+            self.made[name] = Parameter(initializer(Zero(), tuple(shape), ms_dtype), name=name,
+                                        requires_grad=ms_dtype in (ms.float16, ms.bfloat16, ms.float32))
+        return self.made[name]
 
 
 class _GraphReady(Exception):
@@ -250,7 +252,7 @@ def export_graph(net, *inputs, file_name: str = "network"):
 class WeightsFile:
     """`<prefix>_variables/data_0` for `model`'s Parameters (the module docstring's layout), its offsets fixed
     up front, so that its weights can be written in any order: `put` takes a weight's final bytes from
-    whoever already holds them (the layer-streamed verification's Parameters, graphconv.target.blockwise),
+    whoever already holds them (the layer-streamed verification's Parameters, graphconv.runtime.blocks),
     `finish` writes every weight not put from its source. Either way the file is byte for byte what
     write_weights writes. Every Parameter is checked against its source before anything is written."""
 

@@ -1,5 +1,5 @@
 """Greedy decoding over a prefill + decode pair, written once for `graphconv generate` (graphconv/target/
-worker.generate, in the MindSpore child) and for the pair bundle's generate_mindspore.py (graphconv/deploy/
+generate_task.generate, in the MindSpore child) and for the pair bundle's generate_mindspore.py (graphconv/deploy/
 pair.py copies this module's source into the script, so the bundle needs numpy and MindSpore only).
 
 Imports nothing but numpy: the two graphs come in as callables, so the loop does not know MindSpore.

@@ -1,0 +1,83 @@
+"""The child process: everything that can abort the interpreter from C++ (onnxsim, MindSpore) runs here.
+
+A task is a JSON dict whose "kind" names a function of TASKS (the export tasks, the run tasks, generation);
+its result is {"ok": true, ...} or {"ok": false, "error": "..."}. `python -m graphconv.runtime.worker TASK.json`
+does one task and writes the result to the task's "result" file; `--warm` first warms up (graphconv.runtime.
+scheduling.warm_up), then reads the task file's path on stdin; `--serve` does one task per stdin line and
+writes one result line to stdout each. A crash leaves no result; the parent (graphconv.runtime.child) turns
+that into a clean error. The working directory is the run's private temporary directory, so files that
+MindSpore drops in the cwd (rank_0/, kernel_meta/) stay in it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from graphconv.runtime import scheduling
+from graphconv.runtime.network import first_line
+
+# kind -> (module of graphconv.runtime, function): imported when a task of that kind comes
+TASKS = {
+    "simplify": ("export_tasks", "simplify"),
+    "export": ("export_tasks", "export"),
+    "export_and_verify": ("export_tasks", "export_and_verify"),
+    "run_mindir": ("run_tasks", "run_mindir"),
+    "run_network": ("run_tasks", "run_network"),
+    "export_and_run": ("run_tasks", "export_and_run"),
+    "generate": ("generate_task", "generate"),
+}
+
+
+def handle(task: dict) -> dict:
+    """The task done, as its result."""
+    try:
+        module, function = TASKS[task["kind"]]
+        return {"ok": True, **getattr(importlib.import_module(f"graphconv.runtime.{module}"), function)(task)}
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides what it means
+        return {"ok": False, "error": f"{type(e).__name__}: {first_line(str(e))}",
+                "traceback": traceback.format_exc()}
+
+
+def serve() -> int:
+    """Tasks from stdin, one JSON line each, until it closes; one result line each on stdout. A result with
+    "retire": true is the last (run_tasks.RETIRE_AFTER): the parent starts a new server for the next task."""
+    from graphconv.runtime import run_tasks
+
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what MindSpore (or anything else) prints goes to the log, not between the results
+    for line in sys.stdin:
+        result = handle(json.loads(line))
+        retire = run_tasks.loads() >= run_tasks.RETIRE_AFTER
+        replies.write(json.dumps({**result, "retire": True} if retire else result) + "\n")
+        replies.flush()
+        if retire:
+            break
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:] == ["--serve"]:
+        return serve()
+    warmed = None
+    if argv[1:] == ["--warm"]:  # graphconv.runtime.child.Warm: warmed up before the task's path comes
+        warmed = scheduling.warm_up()
+        line = sys.stdin.readline().strip()
+        if not line:  # the compile needed no task (it failed before)
+            return 0
+        argv = [argv[0], line]
+    task = json.loads(Path(argv[1]).read_text())
+    result_path = Path(task["result"])
+    result = handle(task) if warmed is None else {**handle(task), "warm_up": warmed}
+    tmp = result_path.with_suffix(".partial")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    scheduling.end(main(sys.argv))

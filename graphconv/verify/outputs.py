@@ -1,0 +1,91 @@
+"""The compiled network's numbers against the oracle's, by the comparison rule (verify/compare.py): the outputs
+of every case (`compare_outputs`), and, in the block-by-block run, the values every block passed on
+(`compare_blocks`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from graphconv.verify import compare, reference
+
+
+@dataclasses.dataclass
+class OutputCheck:
+    cases: list[dict]  # per case: name, input shapes, per output its comparison
+    failures: list[str]
+    overflowed: bool  # every failure is both sides overflowing (nothing can be verified on these inputs)
+
+
+def compare_outputs(cases, expected: list[dict], out_files: list[str], output_names: list[str],
+                    tolerance) -> OutputCheck:
+    """Each case's outputs (the child's out<i> files, in graph-output order) against the oracle's;
+    `tolerance(reference)` gives (atol, rtol)."""
+    results, failures, overflows = [], [], []
+    for case, exp, out_file in zip(cases, expected, out_files):
+        with np.load(out_file) as got:
+            outs = []
+            for i, name in enumerate(output_names):
+                ref = exp[name]
+                atol, rtol = tolerance(ref)
+                c = compare.compare(reference.typed(got[f"out{i}"]), ref, atol, rtol, case.valid_positions(ref))
+                outs.append({"name": name, "shape": list(ref.shape), **c.as_dict()})
+                if not c.ok:
+                    failures.append(f"output {name!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})")
+                    overflows.append(c.overflow)
+        results.append({"name": case.name, "inputs": {k: list(v.shape) for k, v in case.inputs.items()},
+                        "outputs": outs})
+    return OutputCheck(results, failures, bool(failures) and all(overflows))
+
+
+def compare_blocks(blocks: list[dict], onnx_names: dict[str, str], cases, expected: list[dict],
+                   got_files: list[str], tolerance) -> tuple[list[dict], str | None]:
+    """Each block's boundary values (by number, `onnx_names`: number -> ONNX name) against onnxruntime's values
+    of those ONNX names, in block order: a row per block (max abs over the cases of the values compared)
+    and the first failure (None if none)."""
+    got = []
+    for f in got_files:
+        with np.load(f) as data:
+            got.append({k: data[k] for k in data.files})
+    rows, failure = [], None
+    for b in blocks[:-1]:
+        compared = [str(i) for i in b["outputs"] if str(i) in onnx_names and onnx_names[str(i)] in expected[0]]
+        worst, bad = 0.0, None
+        for case, exp, act in zip(cases, expected, got):
+            for i in compared:
+                if i not in act:
+                    continue
+                ref = exp[onnx_names[i]]
+                c = compare.compare(act[i], ref, *tolerance(ref), case.valid_positions(ref))
+                worst = max(worst, c.max_abs)
+                if not c.ok and bad is None:
+                    bad = f"value {onnx_names[i]!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})"
+        rows.append({**_row(b), "values": [onnx_names[i] for i in compared], "max_abs": worst})
+        if bad is not None and failure is None:
+            failure = f"block {b['name']}" + (f" ({b['class']})" if b.get("class") else "") + f": {bad}"
+    rows.append({**_row(blocks[-1]), "values": ["(the network's outputs)"]})
+    return rows, failure
+
+
+def _row(b: dict) -> dict:
+    return {"block": b["name"], "kind": b["kind"], "class": b.get("class"), "weight_bytes": b["weight_bytes"],
+            "seconds": b["seconds"], "rss_after": b["rss_after"], "compiled_again": not b["reused"],
+            **{k: b[k] for k in ("weights_seconds", "write_seconds", "weights_read_ahead") if k in b}}
+
+
+def oracle_values(model, names: list[str], cases) -> list[dict[str, np.ndarray]]:
+    """onnxruntime's values of `names` (and the graph's outputs) for every case: one run of `model` with them
+    added as graph outputs (their types from the graph's value_info where known; onnxruntime infers the rest)."""
+    import onnx
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    typed = {vi.name: vi for vi in exposed.graph.value_info}
+    present = {o.name for o in exposed.graph.output}
+    made = {o for n in exposed.graph.node for o in n.output}
+    for n in names:
+        if n not in present and n in made:
+            exposed.graph.output.append(typed.get(n) or onnx.helper.make_empty_tensor_value_info(n))
+            present.add(n)
+    return reference.Oracle(exposed).run(cases)

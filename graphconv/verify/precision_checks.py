@@ -1,0 +1,145 @@
+"""What a compile measures about precision beside its main check: the fused primitives' own lower precision on
+Ascend (`ascend_variant`, `check_ascend_variant`: q/k/v cast to fp16 around FlashAttentionScore), the error
+of a low-precision network at every norm output (`profile`), and how far a model whose MatMulNBits lets
+onnxruntime quantize activations is from the op's exact semantics (`accuracy_level_difference`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+
+import opmap.fused
+from passes import precision
+from graphconv.errors import VerificationError
+from graphconv.verify import compare, reference
+
+
+@dataclasses.dataclass
+class AscendVariant:
+    """The fused graph with bodies that round like the ascend lowering, the ops that differ, the passes that
+    make them."""
+
+    model: onnx.ModelProto
+    ops: set[str]
+    passes: set[str]
+
+
+def _inputs_already_fp16(fused: onnx.ModelProto, ops: set[str]) -> bool:
+    """Whether every node of the fused ops `ops` whose ascend lowering computes in fp16 already gets fp16 data
+    inputs (its mask aside): its ascend-precision body then rounds nothing its reference body does not."""
+    g = fused.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.input) + list(g.output)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    small = {t.name: t for t in g.initializer if not t.external_data}
+    small.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
+
+    def fp16(name: str) -> bool:  # an fp16 value, or a constant fp16 holds exactly (the rewriter's 0.0 shift)
+        if name in small:
+            v = onnx.numpy_helper.to_array(small[name])
+            return v.dtype.kind == "f" and bool(np.array_equal(v.astype(np.float16).astype(v.dtype), v))
+        return types.get(name) == onnx.TensorProto.FLOAT16
+
+    nodes = [n for n in g.node if n.domain == opmap.fused.DOMAIN and n.op_type in ops]
+    return bool(nodes) and all(
+        opmap.fused.FUSED_OPS[n.op_type].ascend_compute == "fp16"
+        and all(fp16(name) for i, name in enumerate(n.input) if name and i not in opmap.fused.FUSED_OPS[n.op_type].as_is_inputs)
+        for n in nodes)
+
+
+def ascend_variant(fused: onnx.ModelProto) -> tuple[AscendVariant | None, dict | None]:
+    """Where the ascend lowering computes in lower precision than the fused op's reference body: the variant
+    to run (else None), and what the report says when there is nothing to measure (else None)."""
+    variant = opmap.fused.ascend_precision_variant(fused)
+    if variant is None:
+        return None, None
+    used = {n.op_type for n in fused.graph.node if n.domain == opmap.fused.DOMAIN}
+    ops = {op for op in used if opmap.fused.FUSED_OPS[op].ascend_body}
+    if _inputs_already_fp16(fused, ops):  # (an fp16 model: the variant computes what the graph does)
+        return None, {"status": "not needed", "why": "the fused ops' inputs are fp16 already"}
+    return AscendVariant(variant, ops, {opmap.fused.FUSED_OPS[op].producer for op in ops}), None
+
+
+def check_ascend_variant(variant: AscendVariant, cases, expected, got) -> tuple[dict, str | None]:
+    """The variant's outputs (`got`, run by onnxruntime) against the oracle at fp16's tolerance: the report's
+    ascend_precision section and a warning (values beyond fp16 tolerance, within 100x of it); beyond 100x
+    (not the rounding of fp16 inputs: an overflow, say) is a VerificationError."""
+    atol, rtol = compare.default_tolerance("float16")
+    results, failures, beyond = [], [], []
+    for case, exp, act in zip(cases, expected, got):
+        for name, ref in exp.items():
+            c = compare.compare(act[name], ref, atol, rtol, case.valid_positions(ref))
+            results.append({"case": case.name, "name": name, **c.as_dict()})
+            if not c.ok:
+                text = f"output {name!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})"
+                (failures if c.suspicious else beyond).append(text)
+    status = "failed" if beyond else "exceeds fp16 tolerance" if failures else "ok"
+    section = {"precision": "float16", "atol": atol, "rtol": rtol, "outputs": results, "status": status}
+    if beyond:
+        raise VerificationError("the ascend lowering's fp16 casts exceed fp16 tolerance: " + "; ".join(beyond))
+    warning = None
+    if failures:
+        # Within 100x (the comparison rule's "suspicious"): what fp16 inputs do to a deep model (a 32-layer 7B: a
+        # few logits in 10^5). The user is told, and how to keep the computation in fp32.
+        warning = ("the fp16 inputs the ascend lowering gives " + ", ".join(sorted(variant.ops)) + " (Ascend has no "
+                   "fp32 form) move values beyond fp16 tolerance, within 100x of it: " + "; ".join(failures)
+                   + "; --disable-passes " + ",".join(sorted(variant.passes)) + " keeps them in fp32")
+    return section, warning
+
+
+_NORM_OPS = {"mindspore::RmsNorm", "mindspore::LayerNorm", "LayerNormalization", "RMSNormalization"}
+_MATMUL_OPS = {"MatMul", "Gemm", "Conv"}
+
+
+def checkpoints(fused: onnx.ModelProto, model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(value, op) pairs where the precision profile measures error: the outputs of normalization nodes of
+    the fused graph (else of matmuls) that the compiled model also holds, in graph order, then the outputs."""
+    known = {o for n in model.graph.node for o in n.output}
+    picked = []
+    for ops in (_NORM_OPS, _MATMUL_OPS):
+        for n in fused.graph.node:
+            key = precision.op_key(n)
+            if key in ops and n.output and n.output[0] in known:
+                picked.append((n.output[0], key))
+        if picked:
+            break
+    return picked + [(o.name, "output") for o in model.graph.output]
+
+
+def profile(model, fused, twin, case, workdir, tolerance: tuple[float, float]) -> list[dict]:
+    """Per-layer error growth: the error of the low-precision network (`twin`, run by MindSpore) against the
+    fp32 oracle at every normalization output (two per transformer layer; matmul outputs for models without
+    norms)."""
+    from graphconv.verify import debug
+
+    names = checkpoints(fused, model)
+    if not names:
+        return []
+    expected, got, _ = debug.trace(model, twin, case, [n for n, _ in names], workdir)
+    rows = []
+    for name, op in names:
+        if name in expected and name in got:
+            c = compare.compare(got[name], expected[name], *tolerance)
+            rows.append({"value": name, "op": op, "max_abs": c.max_abs, "mean_abs": c.mean_abs, "cosine": c.cosine})
+    return rows
+
+
+def accuracy_level_difference(loaded, cases, expected) -> tuple[dict, str]:
+    """MatMulNBits at accuracy_level 4 lets onnxruntime quantize the activations to int8, so the model as
+    given only approximates the op; the oracle ran it at level 0 (graphconv.frontend.load). How far the model
+    as given is from that reference (worst case over the reference shapes), and the warning saying so."""
+    got = reference.Oracle(loaded.as_shipped).run(cases)
+    diff: dict[str, dict] = {}
+    for case, exp, act in zip(cases, expected, got):
+        for name, ref in exp.items():
+            c = compare.compare(act[name], ref, valid=case.valid_positions(ref))
+            d = diff.setdefault(name, {"max_abs": 0.0, "mean_abs": 0.0, "cosine": 1.0})
+            d["max_abs"], d["mean_abs"] = max(d["max_abs"], c.max_abs), max(d["mean_abs"], c.mean_abs)
+            d["cosine"] = min(d["cosine"], c.cosine)
+    levels = ", ".join(map(str, loaded.accuracy_levels))
+    worst = max((d["max_abs"] for d in diff.values()), default=0.0)
+    return {f"accuracy_level_{levels}_vs_0": diff}, (
+        f"MatMulNBits accuracy_level {levels}: onnxruntime may quantize the activations there; the oracle runs "
+        f"the model at accuracy_level 0 (the op's exact semantics), from which the model as given differs by "
+        f"max abs {worst:.3g}")
