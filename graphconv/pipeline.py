@@ -322,6 +322,8 @@ class Compiler:
         self.progress.info("validate (reference outputs)")
         with self.report.stage("validate") as st:
             oracle_model = as_given if as_given is not None else original
+            if self.layer_streamed and not self.opt.verify_each:
+                oracle_model = self._exact_products(oracle_model)
             pieces = self._oracle_pieces(oracle_model)
             if pieces is not None:
                 # Run once the block boundaries are known (oracle_by_layers), with their values kept.
@@ -343,6 +345,8 @@ class Compiler:
                                        "if some of these dims are related, give --dim NAME=A,B for each free one "
                                        "or --inputs") from None
             self.report.validation["oracle"] = oracle.name
+            if oracle.exact:
+                self.report.validation["oracle_exact"] = reference.exact_note(oracle.exact)
             if oracle.fallback_reason:
                 self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
                 self.ort_refused = oracle.fallback_reason
@@ -361,6 +365,14 @@ class Compiler:
                             "compiling the unsimplified model")
                         return expected, original
         return expected, simplified
+
+    def _exact_products(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """`model` with its integer products exact (reference.exact_integer_products), for the layer-by-layer
+        oracle, which runs in onnxruntime what it is given; the report says so."""
+        model, counts = reference.exact_integer_products(model)
+        if counts:
+            self.report.validation["oracle_exact"] = reference.exact_note(counts)
+        return model
 
     def _oracle_pieces(self, model: onnx.ModelProto) -> list[piecewise.Piece] | None:
         """The pieces the oracle runs one at a time in layer-streamed mode (None: it runs the model whole, as
@@ -382,9 +394,10 @@ class Compiler:
         MindSpore child runs meanwhile, and the oracle yields it the cores (_yielding_the_cores)."""
         model, pieces = self._deferred_oracle
         runs = [(model, pieces, keep)]
-        variant_pieces = piecewise.partition(variant[0], self.scopes.nodes) if variant else None
+        variant_model = reference.exact_integer_products(variant[0])[0] if variant else None
+        variant_pieces = piecewise.partition(variant_model, self.scopes.nodes) if variant else None
         if variant_pieces:
-            runs.append((variant[0], variant_pieces, set()))
+            runs.append((variant_model, variant_pieces, set()))
         self.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces"
                            + (", with the ascend-precision variant's)" if variant_pieces else ")"))
         with self.report.stage("oracle") as st:
@@ -733,10 +746,10 @@ class Compiler:
         with self.report.stage("ascend-precision") as st:
             if got is not None:
                 st.detail = {"run": "with the oracle, piece by piece"}
-            elif self.layer_streamed and (pieces := piecewise.partition(variant, self.scopes.nodes)):
-                got = piecewise.run(variant, pieces, cases)[0]
-            else:
-                got = reference.Oracle(variant).run(cases)
+            else:  # piece by piece: its integer products exact, as reference.Oracle runs them
+                exact = reference.exact_integer_products(variant)[0] if self.layer_streamed else None
+                pieces = piecewise.partition(exact, self.scopes.nodes) if exact is not None else None
+                got = piecewise.run(exact, pieces, cases)[0] if pieces else reference.Oracle(variant).run(cases)
             atol, rtol = compare.default_tolerance("float16")
             results, failures, beyond = [], [], []
             for case, exp, act in zip(cases, expected, got):
