@@ -133,9 +133,9 @@ def _centered(rw, value: str, zp: str, per_row: bool = False, rank: int | None =
     return rw.op("Sub", x, rw.op("Cast", zp, to=INT32))
 
 
-def _matmul(rw, a: str, b: str, a_zp: str, b_zp: str) -> str:
+def _matmul(rw, a: str, b: str, a_zp: str, b_zp: str, a_per_row: bool = True) -> str:
     """The int32 product of MatMulInteger's operands: A per tensor or per row, B per tensor or per column."""
-    return rw.op("MatMul", _centered(rw, a, a_zp, per_row=True), _centered(rw, b, b_zp))
+    return rw.op("MatMul", _centered(rw, a, a_zp, per_row=a_per_row), _centered(rw, b, b_zp))
 
 
 def _conv(rw, x: str, w: str, x_zp: str, w_zp: str) -> str | None:
@@ -229,7 +229,7 @@ def dynamic_quantize_matmul(rw) -> bool | None:
     if rw.opset < 11:  # (DynamicQuantizeLinear is opset 11)
         return False
     a_q, a_scale, a_zp = rw.op("DynamicQuantizeLinear", rw.input(0), outputs=3)
-    acc = _matmul(rw, a_q, rw.input(1), a_zp, rw.input(3))
+    acc = _matmul(rw, a_q, rw.input(1), a_zp, rw.input(3), a_per_row=False)  # (a scalar zero point)
     _scaled(rw, acc, rw.op("Mul", a_scale, rw.input(2)), rw.input(4))
     return None
 
