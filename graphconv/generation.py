@@ -263,14 +263,17 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
 
 def _oracle_session(path: Path):
     """onnxruntime on the graph as the compile's oracle ran it (graphconv.frontend.load: as given, except
-    MatMulNBits at accuracy_level 0, the op's exact semantics), and the memory-mapped weights to feed."""
+    MatMulNBits at accuracy_level 0, the op's exact semantics; integer products exact, as
+    reference.exact_integer_products writes them), and the memory-mapped weights to feed."""
     import onnxruntime as ort
 
     from graphconv.frontend import load, weights
+    from graphconv.verify import reference
 
     loaded = load.load(path)
     model = loaded.as_given if loaded.as_given is not None else loaded.proto
     bare, refs = weights.stripped(model)
+    bare = reference.exact_integer_products(bare)[0]
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(bare.SerializeToString(), opts, providers=["CPUExecutionProvider"])

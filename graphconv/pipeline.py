@@ -186,6 +186,8 @@ class Compiler:
                                        "if some of these dims are related, give --dim NAME=A,B for each free one "
                                        "or --inputs") from None
             self.report.validation["oracle"] = oracle.name
+            if oracle.exact:
+                self.report.validation["oracle_exact"] = reference.exact_note(oracle.exact)
             if oracle.fallback_reason:
                 self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
             checked = Validated(simplified, expected, oracle_model, oracle.fallback_reason)
@@ -308,18 +310,24 @@ class Compiler:
         boundaries = [(b.name, names) for b, names in zip(partition.blocks, partition.onnx_boundaries())] \
             if partition is not None else []
         keep = {n for _, names in boundaries for n in names}
-        pieces = piecewise.cut(checked.oracle_model, boundaries) if boundaries else None
+        # (onnxruntime runs what it is given: integer products made exact first, reference.exact_integer_products)
+        model, exact = reference.exact_integer_products(checked.oracle_model)
+        if exact:
+            self.report.validation["oracle_exact"] = reference.exact_note(exact)
+        variant = dataclasses.replace(variant, model=reference.exact_integer_products(variant.model)[0]) \
+            if variant else None
+        pieces = piecewise.cut(model, boundaries) if boundaries else None
         if pieces is None:
             if partition is not None:
                 self.report.warnings.append("the oracle runs the model whole: it holds none of the values the "
                                             "compiled network's blocks pass on")
             self.progress.info("oracle (onnxruntime, the whole model)")
             with self.report.stage("oracle"):
-                expected = outputs.oracle_values(checked.oracle_model, sorted(keep), cases)
+                expected = outputs.oracle_values(model, sorted(keep), cases)
                 self.report.validation["oracle"] = "onnxruntime"
                 got = reference.Oracle(variant.model).run(cases) if variant else None
             return OracleValues(expected, expected, got)
-        runs = [(checked.oracle_model, pieces, keep)]
+        runs = [(model, pieces, keep)]
         variant_pieces = piecewise.cut(variant.model, boundaries) if variant else None
         if variant_pieces:
             runs.append((variant.model, variant_pieces, set()))

@@ -99,6 +99,8 @@ class Report:
         if self.validation:
             v = self.validation
             lines.append(f"  validation: {v.get('status')} (oracle {v.get('oracle')}, checked {v.get('checked', '-')})")
+            if v.get("oracle_exact"):
+                lines.append(f"    {v['oracle_exact']}")
             for case in v.get("cases", []):
                 for out in case.get("outputs", []):
                     flag = "ok" if out["ok"] else "FAIL"

@@ -1,6 +1,8 @@
 """com.microsoft MatMulNBits and GatherBlockQuantized: decomposed on load into standard ONNX that keeps the
 packed uint8 weights and dequantizes them in the graph (graphconv/frontend/contrib/quant.py). onnxruntime
-runs the contrib graph at accuracy_level 0 (its exact semantics) and the decomposition; they must agree."""
+runs the contrib graph at accuracy_level 0 (its exact semantics) and the decomposition; they must agree. The
+integer matmuls (MatMulIntegerToFloat, DynamicQuantizeMatMul) are also checked against numpy's exact products:
+the oracle computes them in int32 (graphconv/verify/integer_products.py), not with onnxruntime's u8s8 kernel."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import contrib
 from graphconv.frontend.contrib import quant
-from graphconv.verify import reference
+from graphconv.verify import compare, reference
 from tests.contrib_utils import compile_verified, decomposition_matches, model
 
 RNG = np.random.default_rng(0)
@@ -162,29 +164,66 @@ def test_matmul_nbits_compiles_packed_and_verifies_against_accuracy_level_0(tmp_
 # --- integer matmuls and com.microsoft (De)QuantizeLinear -------------------------------------------------
 
 def _int_matmul_model(op: str, per_column: bool):
+    """The model and its constants; B's column 0 is all 127, so a row of A at 255 (uint8, or A's maximum when
+    DynamicQuantizeMatMul quantizes it) makes pairs of products beyond int16 (onnxruntime's u8s8 kernel
+    saturates there on x86 without VNNI)."""
     k, n = 32, 16
-    b = numpy_helper.from_array(RNG.integers(-128, 128, (k, n)).astype(np.int8), "b")
-    b_scale = numpy_helper.from_array(RNG.uniform(0.01, 0.05, n if per_column else ()).astype(np.float32), "b_scale")
-    b_zp = numpy_helper.from_array(RNG.integers(-3, 3, n if per_column else ()).astype(np.int8), "b_zp")
-    bias = numpy_helper.from_array(RNG.standard_normal(n).astype(np.float32), "bias")
-    inits = [b, b_scale, b_zp, bias]
+    b = RNG.integers(-128, 128, (k, n)).astype(np.int8)
+    b[:, 0] = 127
+    values = {"b": b, "b_scale": RNG.uniform(0.01, 0.05, n if per_column else ()).astype(np.float32),
+              "b_zp": RNG.integers(-3, 3, n if per_column else ()).astype(np.int8),
+              "bias": RNG.standard_normal(n).astype(np.float32)}
     if op == "DynamicQuantizeMatMul":
         a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", k])
         node = helper.make_node(op, ["a", "b", "b_scale", "b_zp", "bias"], ["y"], domain="com.microsoft")
     else:
         a = helper.make_tensor_value_info("a", TensorProto.UINT8, ["batch", k])
-        inits += [numpy_helper.from_array(np.float32(0.02), "a_scale"), numpy_helper.from_array(np.uint8(120), "a_zp")]
+        values.update(a_scale=np.float32(0.02), a_zp=np.uint8(120))
         node = helper.make_node(op, ["a", "b", "a_scale", "b_scale", "a_zp", "b_zp", "bias"], ["y"],
                                 domain="com.microsoft")
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n])
-    return model([node], [a], [y], inits)
+    return model([node], [a], [y], [numpy_helper.from_array(v, name) for name, v in values.items()]), values
+
+
+def _dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
+    """DynamicQuantizeLinear in numpy, float32 throughout (the ONNX definition)."""
+    lo, hi = min(np.float32(0), x.min()), max(np.float32(0), x.max())
+    scale = np.float32((hi - lo) / np.float32(255))
+    zp = np.uint8(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
+    return np.clip(np.rint(x / scale) + zp, 0, 255).astype(np.uint8), scale, zp
+
+
+def _int_matmul_exact(op: str, v: dict, a: np.ndarray) -> np.ndarray:
+    """numpy: the int64 product of the centered operands, converted to float32, times the float32 scale
+    product, plus the bias."""
+    if op == "DynamicQuantizeMatMul":
+        q, a_scale, a_zp = _dynamic_quantize(a)
+    else:
+        q, a_scale, a_zp = a, v["a_scale"], v["a_zp"]
+    acc = (q.astype(np.int64) - int(a_zp)) @ (v["b"].astype(np.int64) - v["b_zp"].astype(np.int64))
+    return acc.astype(np.float32) * (np.float32(a_scale) * v["b_scale"]) + v["bias"]
 
 
 @pytest.mark.parametrize("op", ["MatMulIntegerToFloat", "DynamicQuantizeMatMul"])
 @pytest.mark.parametrize("per_column", [False, True])
 def test_integer_matmuls_decompose_exactly(op, per_column):
-    _, counts = decomposition_matches(_int_matmul_model(op, per_column))
+    """The contrib op, its decomposition (both run by the oracle) and numpy's exact computation agree."""
+    m, values = _int_matmul_model(op, per_column)
+    rng = np.random.default_rng(7)
+    cases = []
+    for rows in (3, 5):
+        if op == "DynamicQuantizeMatMul":
+            a = rng.standard_normal((rows, 32)).astype(np.float32)
+            a[0] = a.max()  # quantized to 255
+        else:
+            a = rng.integers(0, 256, (rows, 32)).astype(np.uint8)
+            a[0] = 255
+        cases.append(reference.ReferenceCase(f"c{rows}", {"a": a}))
+    _, counts = decomposition_matches(m, cases=cases)
     assert counts == {f"com.microsoft::{op}": 1}
+    for case, got in zip(cases, reference.Oracle(m).run(cases)):
+        exact = _int_matmul_exact(op, values, case.inputs["a"])
+        assert compare.compare(got["y"], exact, 1e-5, 1e-5).ok, (case.name, np.abs(got["y"] - exact).max())
 
 
 def test_microsoft_quantize_dequantize_become_the_standard_ops():

@@ -1,7 +1,9 @@
 """Quantized models as onnxruntime's quantization tools write them, from small PyTorch models exported here:
 quantize_dynamic (DynamicQuantizeLinear + MatMulInteger / ConvInteger), quantize_static in QDQ format
 (per tensor and per channel), MatMulNBitsQuantizer (com.microsoft MatMulNBits, 4 bits, block 32, symmetric
-and with zero points). Each compiles and verifies against onnxruntime. The QOperator format's com.microsoft
+and with zero points). Each compiles and verifies against onnxruntime, whose integer products the oracle
+computes exactly (graphconv/verify/integer_products.py: onnxruntime's u8s8 kernel saturates on x86 without
+VNNI, and quantize_dynamic's int8 weights with uint8 activations are such products). The QOperator format's com.microsoft
 QLinearAdd / QGemm are refused with one line (not decomposed: onnxruntime's requantization rounding would
 have to be mirrored bit for bit)."""
 
@@ -21,6 +23,7 @@ import torch  # noqa: E402
 from graphconv.errors import UnsupportedError  # noqa: E402
 from graphconv.frontend import contrib  # noqa: E402
 from graphconv.frontend.contrib import quant  # noqa: E402
+from graphconv.verify import reference  # noqa: E402
 from tests.contrib_utils import compile_verified  # noqa: E402
 
 
@@ -95,14 +98,61 @@ def _ops(path) -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["mlp", pytest.param("cnn", marks=pytest.mark.slow)])
-def test_quantize_dynamic_compiles_and_verifies(tmp_path, kind):
+EXACT = "computed exactly in int32 by the oracle (onnxruntime's u8s8 kernel can saturate on x86 without VNNI)"
+
+
+@pytest.mark.parametrize("kind,products", [("mlp", "MatMulInteger (2 nodes)"),
+                                           pytest.param("cnn", "ConvInteger (2 nodes), MatMulInteger (1 node)",
+                                                        marks=pytest.mark.slow)])
+def test_quantize_dynamic_compiles_and_verifies(tmp_path, kind, products):
+    """uint8 activations times int8 weights: the oracle computes the products exactly and the report says so."""
     src, _ = _export(tmp_path, kind)
     dst = tmp_path / f"{kind}_dynamic.onnx"
     ortq.quantize_dynamic(src, dst)
     ops = _ops(dst)
     assert ops["DynamicQuantizeLinear"] >= 2 and ops["MatMulInteger"] >= 1
-    compile_verified(onnx.load(dst), tmp_path, target="ascend")
+    weights = {t.name: t.data_type for t in onnx.load(dst).graph.initializer}
+    assert {weights[n.input[1]] for n in onnx.load(dst).graph.node if n.op_type == "MatMulInteger"} == {
+        onnx.TensorProto.INT8}
+    report = compile_verified(onnx.load(dst), tmp_path, target="ascend")
+    assert report.validation["oracle"] == "onnxruntime"
+    assert report.validation["oracle_exact"] == f"{products} {EXACT}"
+    assert f"    {products} {EXACT}" in report.summary().splitlines()
+
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(64, 64) for _ in range(3)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def test_layer_by_layer_oracle_computes_the_integer_products_exactly(tmp_path, monkeypatch):
+    """Layer-streamed verification: onnxruntime runs the model piece by piece (graphconv/verify/piecewise.py),
+    each piece from the model with its integer products rewritten; no piece holds a MatMulInteger."""
+    torch.manual_seed(0)
+    torch.onnx.export(Stack().eval(), (torch.randn(2, 5, 64),), tmp_path / "stack.onnx", input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "batch", 1: "seq"}}, opset_version=17, dynamo=False)
+    ortq.quantize_dynamic(tmp_path / "stack.onnx", tmp_path / "stack_dynamic.onnx")
+    handed = []
+    session = reference.ort_session
+
+    def spy(model):
+        handed.append({n.op_type for n in onnx.load_from_string(model).graph.node})
+        return session(model)
+
+    monkeypatch.setattr(reference, "ort_session", spy)
+    report = compile_verified(onnx.load(tmp_path / "stack_dynamic.onnx"), tmp_path, target="ascend",
+                              layer_streamed=True)
+    assert report.validation["oracle"] == "onnxruntime (layer by layer)"
+    assert report.validation["oracle_exact"] == f"MatMulInteger (3 nodes) {EXACT}"
+    assert [b["block"] for b in report.validation["layer_streamed"]["blocks"]][1:4] == ["layers.0", "layers.1", "layers.2"]
+    assert len(handed) >= 4 and not any("MatMulInteger" in ops for ops in handed)
+    assert sum("MatMul" in ops for ops in handed) == 3  # one int32 MatMul in each layer's piece
 
 
 @pytest.mark.parametrize("kind,per_channel", [("mlp", False), ("cnn", True),

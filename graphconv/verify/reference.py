@@ -3,7 +3,9 @@
 Reference inputs: two cases, each giving every symbolic dim a concrete size that is unlikely to be the
 export size; integer ids drawn below the size of the table they index; attention masks with one row
 left-padded. The oracle is onnxruntime; where it cannot run the model, onnx.reference.ReferenceEvaluator,
-and the caller records which one answered.
+and the caller records which one answered. onnxruntime runs the model with its integer products (MatMulInteger,
+ConvInteger, the QLinear and com.microsoft integer matmuls) rewritten to exact int32 arithmetic
+(`exact_integer_products`): its own u8s8 kernel saturates on x86 CPUs without VNNI.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import onnx
 
 from graphconv.frontend import weights
-from graphconv.verify import dims
+from graphconv.verify import dims, integer_products
 from graphconv.errors import InputError, UnsupportedError
 
 # Sizes per symbolic dim, two cases. Chosen to differ from typical export sizes (1, 2, 8, 16, 32...).
@@ -354,6 +356,30 @@ def load_npz_cases(paths: list[Path], model: onnx.ModelProto, mask_inputs: tuple
     return cases
 
 
+def exact_integer_products(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """The model onnxruntime is to run for the oracle: a copy whose integer-product nodes compute exactly
+    (graphconv/verify/integer_products.py), and the count rewritten per op ({} and `model` itself when it has
+    none). onnxruntime's u8s8 kernel saturates on x86 without VNNI, so its own results depend on the CPU."""
+    return integer_products.rewrite(model)
+
+
+def exact_note(counts: dict[str, int]) -> str:
+    """The report's line for what `exact_integer_products` rewrote."""
+    return integer_products.note(counts)
+
+
+def _names_an_integer_product(path: Path) -> bool:
+    """Whether the file holds the name of an op `exact_integer_products` rewrites anywhere (a memory-mapped
+    scan: a model file without one is handed to onnxruntime unread, however large)."""
+    import mmap
+
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return re.search("|".join(op for _, op in integer_products.OPS).encode(), mm) is not None
+
+
 def ort_session(model: str | bytes):
     """The oracle's onnxruntime session (CPU, basic graph optimizations) of a model file or serialized model."""
     import onnxruntime as ort
@@ -374,17 +400,30 @@ class Oracle:
         self.name: str | None = None
         self.fallback_reason: str | None = None
         self.load_failed = False  # onnxruntime refused the model itself (not the inputs)
+        self.exact: dict[str, int] = {}  # integer-product nodes onnxruntime ran rewritten, per op (exact_note)
 
-    def _stripped(self):
+    def _stripped(self, for_ort: bool = False):
         """The model to hand over and the memory-mapped weights to feed with every case: weights held as
-        absolute external references (graphconv.frontend.weights) run as graph inputs."""
-        if isinstance(self.model, Path):
-            return self.model, {}
-        model, refs = weights.stripped(self.model)
+        absolute external references (graphconv.frontend.weights) run as graph inputs. `for_ort`: with its
+        integer products exact (a model file with any is loaded for that, its external weights by reference)."""
+        model = self.model
+        if isinstance(model, Path):
+            if not for_ort:
+                return model, {}
+            if not _names_an_integer_product(model):
+                return model, {}
+            proto = onnx.load(str(model), load_external_data=False)
+            if not integer_products.found(proto):
+                return model, {}
+            weights.take_over_external(proto, model.parent)
+            model = proto
+        model, refs = weights.stripped(model)
+        if for_ort:
+            model, self.exact = exact_integer_products(model)
         return model, weights.feeds(refs)
 
     def _ort(self, cases):
-        model, extra = self._stripped()
+        model, extra = self._stripped(for_ort=True)
         src = str(model) if isinstance(model, Path) else model.SerializeToString()
         try:
             sess = ort_session(src)
@@ -410,6 +449,7 @@ class Oracle:
             return out
         except Exception as e:  # noqa: BLE001 - any ORT failure sends us to the fallback
             self.fallback_reason = f"onnxruntime could not run the model: {str(e).strip().splitlines()[0][:200]}"
+            self.exact = {}  # (onnx.reference runs the model as given: its integer kernels are exact)
         try:
             out = self._reference(cases)
             self.name = "onnx.reference"

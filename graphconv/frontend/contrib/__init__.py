@@ -11,7 +11,9 @@ computes (each decomposition's docstring states the semantics and where they wer
 model is an ordinary one: the fusion passes see the same spellings as in a PyTorch export (an RMSNorm written
 out, attention as MatMul/Softmax/MatMul, ...) and fuse them to MindSpore's fused operators, every target
 lowers them, and the cpu twin runs them. The oracle runs the model as given, in onnxruntime, so a wrong
-decomposition shows up as a verification failure, never as a silently different model.
+decomposition shows up as a verification failure, never as a silently different model (the integer products
+of MatMulIntegerToFloat and DynamicQuantizeMatMul excepted: the oracle computes those exactly, not with
+onnxruntime's u8s8 kernel, graphconv/verify/integer_products.py).
 
 A decomposition is registered per (domain, op type) with `@decomposes(...)`; it receives a `Rewrite`
 (graphconv/frontend/contrib/rewrite.py) and writes the replacement nodes through it.
