@@ -26,57 +26,17 @@ import passes
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import quant
-from graphconv.frontend.load import LoadedModel, load, zero_sized_inputs
+from graphconv.frontend.load import LoadedModel, load
 from graphconv.options import THRESHOLD_BYTES, CompileOptions, tool_versions
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report, model_info, op_histogram
 from graphconv.runtime import child, scheduling
 from graphconv.target import emit, layers, lowering, targets
-from graphconv.verify import census, compare, outputs, piecewise, precision_checks, reference
+from graphconv.verify import census, compare, precision_checks, reference
+from graphconv.stage_results import Emitted, Loaded, Lowered, Validated
+from graphconv.verification import Verification
 from graphconv.workspace import Workspace
 from passes import precision
-
-
-@dataclasses.dataclass(frozen=True)
-class Loaded:
-    model: LoadedModel
-    scopes: layers.Scopes  # where the exporter says each node came from (onnxsim drops it)
-    names: param_names.WeightNames  # the weights' PyTorch names (onnxsim folds what tells them)
-    layer_streamed: bool  # verify block by block, against the oracle run layer by layer
-
-
-@dataclasses.dataclass(frozen=True)
-class Validated:
-    model: onnx.ModelProto  # what is compiled: the simplified model, or the original where onnxsim changed it
-    expected: list[dict] | None  # the oracle's outputs per case; None: the oracle runs layer by layer, later
-    oracle_model: onnx.ModelProto  # what the oracle runs (the model as given)
-    ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
-
-
-@dataclasses.dataclass(frozen=True)
-class Lowered:
-    net: lowering.LoweredNetwork
-    task: dict  # what the export child needs (graphconv/target/emit.py)
-
-
-@dataclasses.dataclass(frozen=True)
-class Emitted:
-    files: list[Path]
-    run: dict | None  # the verification run's result, when the child ran one
-
-    @property
-    def mindir(self) -> Path:
-        found = next((f for f in self.files if f.suffix == ".mindir"), None)
-        if found is None:
-            raise InternalError("mindspore.export wrote no .mindir file")
-        return found
-
-
-@dataclasses.dataclass(frozen=True)
-class OracleValues:
-    expected: list[dict]  # the model's outputs per case
-    kept: list[dict]  # the values the blocks pass on, by ONNX name, per case
-    variant: list[dict] | None = None  # the ascend-precision variant's outputs, run with it
 
 
 class Compiler:
@@ -200,7 +160,7 @@ class Compiler:
             got = reference.Oracle(simplified).run(cases)
             for case, exp, act in zip(cases, expected, got):
                 for name, ref in exp.items():
-                    c = compare.compare(act[name], ref, *self._tolerance(), case.valid_positions(ref))
+                    c = compare.compare(act[name], ref, *self.tolerance(), case.valid_positions(ref))
                     if not c.ok:
                         self.report.warnings.append(f"onnxsim changed output {name!r} at {case.shape_text()} "
                                                     f"({c.reason}); compiling the unsimplified model")
@@ -242,7 +202,7 @@ class Compiler:
         got = reference.Oracle(opmap.fused.attach_functions(ir.to_proto(ir_model))).run(cases)
         for case, exp, act in zip(cases, expected, got):
             for name, ref in exp.items():
-                c = compare.compare(act[name], ref, *self._tolerance(), case.valid_positions(ref))
+                c = compare.compare(act[name], ref, *self.tolerance(), case.valid_positions(ref))
                 if not c.ok:
                     raise VerificationError(f"pass {p.name!r} broke equivalence: output {name!r} at "
                                             f"{case.shape_text()}: {c.reason}")
@@ -276,115 +236,6 @@ class Compiler:
                          "parameter_names": param_names.name_summary(ws.path(f"{name}.names.json"))}
         return Lowered(net, task)
 
-    def emit(self, network: Lowered, ws: Workspace, run: dict | None = None, twin: Lowered | None = None) -> Emitted:
-        """mindspore.export in a child; with `run` (the verification cases) the same child then runs them, on
-        the MindIR (cpu target), on the cpu twin `twin` built from the exported network's Parameters, or block
-        by block (run["blocks"]): graphconv/runtime/export_tasks.export_and_verify."""
-        self.progress.info("emit (mindspore.export)" + (" and the verification run, in one process" if run else ""))
-        with self.report.stage("emit") as st:
-            out_dir = ws.path("out")
-            out_dir.mkdir()
-            checkpoint = str(ws.path("network.ckpt")) if self.opt.emit_source or self.opt.bundle else None
-            task = {**network.task, "file_base": str(out_dir / self.output.stem), "checkpoint": checkpoint}
-            external = sum(ref[2] for ref in task.get("external_weights", {}).values())
-            tracker = self.progress.track("weights into MindSpore", external) if external else None
-            st.detail = {"weights_read_from_files_bytes": external}
-            if run is None:
-                result = child.run_task("export", task, ws.dir, "mindspore.export", tracker)
-            else:
-                result = child.run_task("export_and_verify", {"export": task, "run": run,
-                                                              "twin": twin.task if twin else None},
-                                        ws.dir, "mindspore.export", tracker)
-            if "warm_up" in result:
-                self.report.scheduling["child_warm_up"] = result["warm_up"]
-            st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed", "graph_seconds",
-                                                     "weights_seconds", "weights_put_by_verification_bytes") if k in result})
-        done = None if run is None else result.get("verify") or {"error": result.get("verify_error", "no result")}
-        return Emitted([Path(p) for p in result["files"]], done)
-
-    def oracle_by_layers(self, checked: Validated, partition, cases, variant) -> OracleValues:
-        """onnxruntime runs the model piece by piece, cut where the compiled network's blocks are
-        (graphconv/verify/piecewise.py), keeping the values the blocks pass on; with `variant` (the
-        ascend-precision variant) its pieces run beside the model's of the same block (one read of the
-        weights from disk). Where the network has no blocks, or the model cannot be cut there, it runs whole."""
-        boundaries = [(b.name, names) for b, names in zip(partition.blocks, partition.onnx_boundaries())] \
-            if partition is not None else []
-        keep = {n for _, names in boundaries for n in names}
-        # (onnxruntime runs what it is given: integer products made exact first, reference.exact_integer_products)
-        model, exact = reference.exact_integer_products(checked.oracle_model)
-        if exact:
-            self.report.validation["oracle_exact"] = reference.exact_note(exact)
-        variant = dataclasses.replace(variant, model=reference.exact_integer_products(variant.model)[0]) \
-            if variant else None
-        pieces = piecewise.cut(model, boundaries) if boundaries else None
-        if pieces is None:
-            if partition is not None:
-                self.report.warnings.append("the oracle runs the model whole: it holds none of the values the "
-                                            "compiled network's blocks pass on")
-            self.progress.info("oracle (onnxruntime, the whole model)")
-            with self.report.stage("oracle"):
-                expected = outputs.oracle_values(model, sorted(keep), cases)
-                self.report.validation["oracle"] = "onnxruntime"
-                got = reference.Oracle(variant.model).run(cases) if variant else None
-            return OracleValues(expected, expected, got)
-        runs = [(model, pieces, keep)]
-        variant_pieces = piecewise.cut(variant.model, boundaries) if variant else None
-        if variant_pieces:
-            runs.append((variant.model, variant_pieces, set()))
-        self.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces"
-                           + (", with the ascend-precision variant's)" if variant_pieces else ")"))
-        with self.report.stage("oracle") as st:
-            results = piecewise.run_together(runs, cases, progress=self.progress)
-            expected, kept, rows = results[0]
-            self.report.validation["oracle"] = "onnxruntime (layer by layer)"
-            st.detail = {"pieces": len(rows), "largest_piece_weight_bytes": max(r["weight_bytes"] for r in rows),
-                         "kept_values": len(kept[0])}
-            if variant_pieces:
-                st.detail["ascend_precision_variant_pieces"] = len(results[1][2])
-                st.detail["variant_weights_made_from_parts"] = sum(r["weights_made_from_parts"] for r in results[1][2])
-        got = results[1][0] if variant_pieces else reference.Oracle(variant.model).run(cases) if variant else None
-        return OracleValues(expected, kept, got)
-
-    def verify(self, network: Lowered, checked_what: str, cases, expected: list[dict], done: dict) -> None:
-        """Every case's outputs (the child's run, `done`) against the oracle's, by the comparison rule."""
-        self.progress.info(f"verify (MindSpore CPU vs oracle, {checked_what})")
-        with self.report.stage("verify") as st:
-            if "error" in done:
-                raise InternalError(f"{checked_what} does not run on CPU: {done['error']}")
-            st.detail = {k: done[k] for k in ("build_seconds", "case_seconds", "shared_parameters") if k in done}
-            check = outputs.compare_outputs(cases, expected, done["outputs"], network.net.output_names,
-                                            lambda ref: self._tolerance(True, ref))
-            atol, rtol = self._tolerance(compiled=True)
-            self.report.validation.update({"status": "failed" if check.failures else "verified", "atol": atol,
-                                           "rtol": rtol, "cases": check.cases})
-            if check.overflowed:
-                # Both sides overflowed, differently: where inf meets -inf (a NaN) depends on the order of the
-                # arithmetic, which neither runtime promises. Nothing can be verified on these inputs.
-                self.report.validation["status"] = "unverifiable"
-                raise UnsupportedError(f"cannot verify: the model overflows on the reference inputs ({check.failures[0]}, "
-                                       "and onnxruntime's and MindSpore's values there are all inf or NaN, or at the end "
-                                       "of float32's range, where rounding is beyond any tolerance: which way they go "
-                                       "depends on the order of the arithmetic)")
-            if check.failures:
-                raise VerificationError("verification failed: " + "; ".join(check.failures))
-
-    def verify_blocks(self, plan: dict, cases, kept: list[dict], done: dict, run: dict) -> None:
-        """The values every block passed on against onnxruntime's values of the same ONNX values; the first
-        failing block is named."""
-        self.progress.info("verify blocks (layer-streamed: boundary values vs oracle)")
-        with self.report.stage("verify-blocks") as st:
-            if "blocks" not in done:
-                raise InternalError(f"the layer-streamed run did not run on CPU: {done.get('error', 'no result')}")
-            rows, failure = outputs.compare_blocks(done["blocks"], plan["onnx_names"], cases, kept,
-                                                   run["block_values"], lambda ref: self._tolerance(True, ref))
-            st.detail = {"blocks": len(rows), "compared_values": sum(len(r["values"]) for r in rows[:-1]),
-                         "child_peak_rss_after_block": max(b["rss_after"] for b in done["blocks"]),
-                         "child_peak_rss": done.get("peak_rss")}
-            self.report.validation["layer_streamed"] = {"threshold_bytes": THRESHOLD_BYTES, "blocks": rows}
-            if failure is not None:
-                self.report.validation["status"] = "failed"
-                raise VerificationError(f"layer-streamed verification failed at {failure}")
-
     def write_bundle(self, model, emitted: Emitted, cases, expected, ws: Workspace) -> dict[Path, Path]:
         """The Ascend deploy bundle, built in the workspace and moved into place with the other artifacts."""
         from graphconv import deploy
@@ -407,7 +258,7 @@ class Compiler:
         self.report.validation.setdefault("bundle_files", written)
         return {directory: Path(self.opt.bundle)}
 
-    def _tolerance(self, compiled: bool = False, reference_value=None) -> tuple[float, float]:
+    def tolerance(self, compiled: bool = False, reference_value=None) -> tuple[float, float]:
         """The user's tolerance, else the comparison rule's default: fp32 for graph-to-graph checks, the
         compile precision's for the compiled network (`compiled`), or the reference value's own dtype's where
         that is looser (an fp16 model's fp16 outputs: the oracle computed them in fp16)."""
@@ -465,11 +316,11 @@ class Compiler:
         cpu_form = opmap.fused.inline_fused(fused)
         network = self.lower(self.target.network_graph(fused, cpu_form), loaded, ws)
         if not self.opt.verify:
-            emitted, expected = self.emit(network, ws), checked.expected
+            emitted, expected = Verification(self).emit(network, ws), checked.expected
             self.report.census = census.primitive_census(emitted.mindir)
             self.report.validation["status"] = self.report.status = "unverified"
         else:
-            emitted, expected = self._verified(loaded, checked, fused, cpu_form, network, cases, spill, ws)
+            emitted, expected = Verification(self).run(loaded, checked, fused, cpu_form, network, cases, spill, ws)
         moves = self._artifacts(emitted.files, ws)
         if self.opt.bundle:
             moves.update(self.write_bundle(checked.model, emitted, cases, expected, ws))
@@ -482,109 +333,6 @@ class Compiler:
                 moves[written] = target.with_name(written.name)
             self.report.artifacts["fused_onnx"] = str(self.opt.save_fused)
         self._commit(ws, moves)
-
-    def _verified(self, loaded: Loaded, checked: Validated, fused, cpu_form, network: Lowered, cases, spill,
-                  ws: Workspace) -> tuple[Emitted, list[dict]]:
-        """Emit and verify: the numbers of the MindIR (cpu target), or of the cpu twin of the same fused graph
-        (ascend: fused primitives have no CPU kernels, nor has MindSpore's CPU bf16 ones; the ascend MindIR is
-        then checked structurally, by its census), against the oracle's; block by block in layer-streamed mode."""
-        twin_graph = cpu_form
-        if precision.CPU_EMULATED.get(self.opt.precision):
-            twin_graph = precision.emulate_in_fp32(cpu_form, self.opt.precision, spill=spill)
-        twin = self.lower(twin_graph, loaded, ws, "cpu_twin") if self.target.needs_twin(twin_graph, fused) else None
-        checked_net = twin or network
-        run = self._case_run(twin_graph, cases, ws)
-        plan = self._block_plan(loaded, checked_net, ws)
-        if plan is not None:
-            run.update(blocks=plan, read_ahead=self.schedule.block_read_ahead,
-                       block_values=[str(ws.path(f"case{k}.blocks.npz")) for k in range(len(cases))])
-        variant = None
-        if self.target.measures_primitive_precision(self.opt.precision):
-            variant, why_not = precision_checks.ascend_variant(fused)
-            if why_not:
-                self.report.validation["ascend_precision"] = why_not
-        if checked.expected is not None:
-            emitted = self.emit(network, ws, run, twin)
-            kept = None if plan is None else outputs.oracle_values(checked.oracle_model,
-                                                                   sorted(set(plan["onnx_names"].values())), cases)
-            oracle = OracleValues(checked.expected, kept)
-        else:
-            weight_bytes = sum(ref[2] for ref in network.task.get("external_weights", {}).values())
-            (emitted, oracle), how = scheduling.both(
-                lambda: self.emit(network, ws, run, twin),
-                lambda: self.oracle_by_layers(checked, checked_net.net.partition, cases, variant),
-                self.schedule, weight_bytes, cancel=lambda: child.kill_children(ws.dir), progress=self.progress)
-            self.report.scheduling.update(how)
-        self.report.census = census.primitive_census(emitted.mindir)
-        what = "the cpu twin" if twin is not None else "the emitted MindIR"
-        try:
-            if plan is not None:
-                self.verify_blocks(plan, cases, oracle.kept, emitted.run, run)
-            self.verify(checked_net, what, cases, oracle.expected, emitted.run)
-        except InternalError as e:
-            if twin is not None or "lazy_inline" not in str(e):
-                raise _refused(e, loaded, checked) from None
-            # MindSpore 2.10's CPU refuses some lazy_inline layer graphs (one holding control flow): the MindIR
-            # is exported again with its layers inlined, and verified.
-            self.report.warnings.append("the layer classes are exported without lazy_inline (MindSpore's CPU "
-                                        f"refused them: {str(e).split(': ', 1)[-1][:160]})")
-            shutil.rmtree(ws.path("out"))
-            network = Lowered(network.net, emit.without_lazy_inline(network.net, network.task, ws.dir))
-            emitted = self.emit(network, ws, run)
-            self.report.census = census.primitive_census(emitted.mindir)
-            try:
-                self.verify(network, what, cases, oracle.expected, emitted.run)
-            except InternalError as again:
-                raise _refused(again, loaded, checked) from None
-        if variant is not None:
-            self.progress.info("ascend precision (fp16 casts) vs oracle")
-            with self.report.stage("ascend-precision") as st:
-                got = oracle.variant
-                if got is None:
-                    got = reference.Oracle(variant.model).run(cases)
-                else:
-                    st.detail = {"run": "with the oracle"}
-                section, warning = precision_checks.check_ascend_variant(variant, cases, oracle.expected, got)
-                self.report.validation["ascend_precision"] = section
-                self.report.warnings.extend([warning] if warning else [])
-        if self.opt.precision != "fp32" and plan is not None:
-            self.report.warnings.append("no per-layer precision profile: it runs the whole network, and this one is "
-                                        "verified layer by layer")
-        elif self.opt.precision != "fp32":
-            self.progress.info("precision profile")
-            with self.report.stage("precision-profile"):
-                self.report.validation["precision"]["layers"] = precision_checks.profile(
-                    checked.model, fused, twin_graph, cases[0], ws.dir, self._tolerance(compiled=True))
-        self.report.validation["checked"] = ("cpu twin of " if twin is not None else "") + self.output.name
-        self.report.status = "verified"
-        return emitted, oracle.expected
-
-    def _case_run(self, model: onnx.ModelProto, cases, ws: Workspace) -> dict:
-        """The verification cases as files, and what a MindSpore child needs to run them."""
-        import numpy as np
-
-        specs = emit.placeholders(model)
-        run = {"cases": [], "outputs": [], "input_names": [s["name"] for s in specs], "inputs": specs}
-        for k, case in enumerate(cases):
-            np.savez(ws.path(f"case{k}.npz"), **case.inputs)
-            run["cases"].append(str(ws.path(f"case{k}.npz")))
-            run["outputs"].append(str(ws.path(f"case{k}.out.npz")))
-        return run
-
-    def _block_plan(self, loaded: Loaded, checked_net: Lowered, ws: Workspace) -> dict | None:
-        """The blocks the checked network runs one at a time (graphconv/target/partition.py), or None for the
-        whole-network check: in layer-streamed mode, where the lowering cut the network into blocks."""
-        self.report.validation["mode"] = "whole-network"
-        if not loaded.layer_streamed:
-            return None
-        partition = checked_net.net.partition
-        if partition is None:
-            size = checked_net.net.param_bytes
-            self.report.warnings.append(f"no layers found ({(checked_net.net.layers or {}).get('reason', '')}): the "
-                                        f"network is verified as a whole ({size / 2**30:.2f} GiB of Parameters)")
-            return None
-        self.report.validation["mode"] = "layer-streamed"
-        return emit.write_blocks(checked_net.net, ws.dir, Path(checked_net.task["source"]).stem)
 
     def _artifacts(self, files: list[Path], ws: Workspace) -> dict[Path, Path]:
         """temporary path -> final path for every artifact of this run."""
@@ -619,25 +367,6 @@ class Compiler:
             moves = {**moves, tmp: Path(self.opt.report_path)}
         if moves:
             ws.commit(moves)
-
-
-def _refused(error: InternalError, loaded: Loaded, checked: Validated) -> GraphconvError:
-    """MindSpore refusing the network is graphconv's fault (internal), unless onnxruntime refused the model
-    too (onnx.reference was the oracle): two runtimes refusing it point at the model; or a graph input is
-    zero-sized, which some MindSpore kernels refuse; or the model computes in bfloat16, for which most of
-    MindSpore's CPU kernels have no implementation."""
-    text = str(error).splitlines()[0][:300]
-    g = loaded.model.proto.graph
-    types = [v.type.tensor_type.elem_type for v in [*g.input, *g.value_info, *g.output]] + \
-        [t.data_type for t in g.initializer]
-    if "Unsupported data type" in str(error) and onnx.TensorProto.BFLOAT16 in types:
-        return UnsupportedError(f"{text}: the model computes in bfloat16, which MindSpore's CPU kernels mostly lack")
-    zero_sized = zero_sized_inputs(loaded.model.proto)
-    if zero_sized:
-        return UnsupportedError(f"{text}; {zero_sized}")
-    if checked.ort_refused:
-        return UnsupportedError(f"{text}; {checked.ort_refused}")
-    return error
 
 
 def compile(model_path: str | Path, output: str | Path | None = None, *, progress: Progress | None = None,

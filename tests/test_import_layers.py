@@ -101,13 +101,13 @@ LAYERS = [
      "graphconv.options"),                            # shared contracts
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
-     "graphconv.verify.dims", "graphconv.verify.outputs"),  # the oracle's side of verification
+     "graphconv.verify.dims", "graphconv.verify.outputs", "graphconv.verify.integer_products"),  # the oracle's side
     ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the compiler to MindSpore
     ("graphconv.runtime",),                           # what runs compiled programs: MindSpore children
     ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.verify.precision_checks",
      "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
-    ("graphconv.pipeline", "graphconv.generation"),
+    ("graphconv.pipeline", "graphconv.verification", "graphconv.stage_results", "graphconv.generation"),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
 ]
 
