@@ -34,6 +34,7 @@ from graphconv.runtime import child, scheduling
 from graphconv.target import emit, layers, lowering, targets
 from graphconv.verify import census, compare, precision_checks, reference
 from graphconv.stage_results import Emitted, Loaded, Lowered, Validated
+from graphconv import verification
 from graphconv.verification import Verification
 from graphconv.workspace import Workspace
 from passes import precision
@@ -316,7 +317,10 @@ class Compiler:
         cpu_form = opmap.fused.inline_fused(fused)
         network = self.lower(self.target.network_graph(fused, cpu_form), loaded, ws)
         if not self.opt.verify:
-            emitted, expected = Verification(self).emit(network, ws), checked.expected
+            try:
+                emitted, expected = Verification(self).emit(network, ws), checked.expected
+            except InternalError as e:
+                raise verification.refusal(e, loaded, checked) from None
             self.report.census = census.primitive_census(emitted.mindir)
             self.report.validation["status"] = self.report.status = "unverified"
         else:

@@ -43,12 +43,15 @@ class Verification:
             external = sum(ref[2] for ref in task.get("external_weights", {}).values())
             tracker = self.c.progress.track("weights into MindSpore", external) if external else None
             st.detail = {"weights_read_from_files_bytes": external}
-            if run is None:
-                result = child.run_task("export", task, ws.dir, "mindspore.export", tracker)
-            else:
-                result = child.run_task("export_and_verify", {"export": task, "run": run,
-                                                              "twin": twin.task if twin else None},
-                                        ws.dir, "mindspore.export", tracker)
+            try:
+                if run is None:
+                    result = child.run_task("export", task, ws.dir, "mindspore.export", tracker)
+                else:
+                    result = child.run_task("export_and_verify", {"export": task, "run": run,
+                                                                  "twin": twin.task if twin else None},
+                                            ws.dir, "mindspore.export", tracker)
+            except child.ChildError as e:
+                raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
             if "warm_up" in result:
                 self.c.report.scheduling["child_warm_up"] = result["warm_up"]
             st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed", "graph_seconds",
@@ -159,18 +162,22 @@ class Verification:
             variant, why_not = precision_checks.ascend_variant(fused)
             if why_not:
                 self.c.report.validation["ascend_precision"] = why_not
-        if checked.expected is not None:
-            emitted = self.emit(network, ws, run, twin)
-            kept = None if plan is None else outputs.oracle_values(checked.oracle_model,
-                                                                   sorted(set(plan["onnx_names"].values())), cases)
-            oracle = OracleValues(checked.expected, kept)
-        else:
-            weight_bytes = sum(ref[2] for ref in network.task.get("external_weights", {}).values())
-            (emitted, oracle), how = scheduling.both(
-                lambda: self.emit(network, ws, run, twin),
-                lambda: self.oracle_by_layers(checked, checked_net.net.partition, cases, variant),
-                self.c.schedule, weight_bytes, cancel=lambda: child.kill_children(ws.dir), progress=self.c.progress)
-            self.c.report.scheduling.update(how)
+        try:
+            if checked.expected is not None:
+                emitted = self.emit(network, ws, run, twin)
+                kept = None if plan is None else outputs.oracle_values(checked.oracle_model,
+                                                                       sorted(set(plan["onnx_names"].values())), cases)
+                oracle = OracleValues(checked.expected, kept)
+            else:
+                weight_bytes = sum(ref[2] for ref in network.task.get("external_weights", {}).values())
+                (emitted, oracle), how = scheduling.both(
+                    lambda: self.emit(network, ws, run, twin),
+                    lambda: self.oracle_by_layers(checked, checked_net.net.partition, cases, variant),
+                    self.c.schedule, weight_bytes, cancel=lambda: child.kill_children(ws.dir),
+                    progress=self.c.progress)
+                self.c.report.scheduling.update(how)
+        except InternalError as e:
+            raise refusal(e, loaded, checked) from None
         self.c.report.census = census.primitive_census(emitted.mindir)
         what = "the cpu twin" if twin is not None else "the emitted MindIR"
         try:
@@ -179,7 +186,7 @@ class Verification:
             self.verify(checked_net, what, cases, oracle.expected, emitted.run)
         except InternalError as e:
             if twin is not None or "lazy_inline" not in str(e):
-                raise _refused(e, loaded, checked) from None
+                raise refusal(e, loaded, checked) from None
             # MindSpore 2.10's CPU refuses some lazy_inline layer graphs (one holding control flow): the MindIR
             # is exported again with its layers inlined, and verified.
             self.c.report.warnings.append("the layer classes are exported without lazy_inline (MindSpore's CPU "
@@ -191,7 +198,7 @@ class Verification:
             try:
                 self.verify(network, what, cases, oracle.expected, emitted.run)
             except InternalError as again:
-                raise _refused(again, loaded, checked) from None
+                raise refusal(again, loaded, checked) from None
         if variant is not None:
             self.c.progress.info("ascend precision (fp16 casts) vs oracle")
             with self.c.report.stage("ascend-precision") as st:
@@ -243,7 +250,7 @@ class Verification:
         return emit.write_blocks(checked_net.net, ws.dir, Path(checked_net.task["source"]).stem)
 
 
-def _refused(error: InternalError, loaded: Loaded, checked: Validated) -> GraphconvError:
+def refusal(error: InternalError, loaded: Loaded, checked: Validated) -> GraphconvError:
     """MindSpore refusing the network is graphconv's fault (internal), unless onnxruntime refused the model
     too (onnx.reference was the oracle): two runtimes refusing it point at the model; or a graph input is
     zero-sized, which some MindSpore kernels refuse; or the model computes in bfloat16, for which most of
