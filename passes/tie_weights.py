@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphconv.frontend import readahead
-from passes.manager import register_pass
+from passes.manager import PassResult, register_pass
 
 # Weights smaller than this are not worth a Transpose node (and small constants repeat by chance).
 MIN_ELEMENTS = 4096
@@ -129,5 +129,5 @@ def tie_weights(model: ir.Model) -> int:
 
 
 @register_pass("tie-weights", "one copy of weights stored twice (tied embeddings: W and W^T -> W + Transpose)")
-def tie_weights_pass(model: ir.Model) -> int:
-    return tie_weights(model)
+def tie_weights_pass(model: ir.Model) -> PassResult:
+    return PassResult(tie_weights(model))

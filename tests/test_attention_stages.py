@@ -115,13 +115,13 @@ def test_a_late_refusal_is_expanded_back_and_explained(kwargs, stage, reason):
     staged = _run_stages(original, 2)
     assert len(_sdpa_nodes(staged)) == 1
     rules = {"flash": flash.RULES, "mask": mask.RULES}[stage]
-    count, reasons, _ = apply_rules(rules, staged)
-    assert count == 0 and any(reason in r for r in reasons), reasons
+    result = apply_rules(rules, staged)
+    assert result.count == 0 and any(reason in r for r in result.refusals), result.refusals
 
 
 def test_head_repeat_stage_leaves_an_unrepeated_sdpa_alone():
     m = _run_stages(_attention_graph(), 1)
     before = sdpa.Sdpa.read(_sdpa_nodes(m)[0])
-    assert apply_rules(head_repeat.RULES, m)[0] == 0
+    assert apply_rules(head_repeat.RULES, m).count == 0
     after = sdpa.Sdpa.read(_sdpa_nodes(m)[0])
     assert after.k is before.k and after.v is before.v
