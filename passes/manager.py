@@ -68,7 +68,7 @@ def _ruleset(rules):
 def apply_rules(ruleset, model: ir.Model, candidates: Callable[[ir.Graph], list] | None = None) -> PassResult:
     """Apply a RewriteRuleSet (or a list of rules) as a pass does.
     candidates: the nodes the rules could fuse (a fusion family's candidate rule, passes/coverage.py)."""
-    from onnxscript.rewriter import _basics
+    from onnxscript.rewriter import pattern
 
     ruleset = _ruleset(ruleset)
     count = ruleset.apply_to_model(model)
@@ -78,12 +78,12 @@ def apply_rules(ruleset, model: ir.Model, candidates: Callable[[ir.Graph], list]
     # costs as much as the rewrite (half of the passes' time on a 1.1B Llama).
     if candidates is not None and not candidates(model.graph):
         return PassResult(count)
-    tracer = _basics.MatchingTracer()
+    tracer = pattern.MatchingTracer()
     ruleset.apply_to_model(model, tracer=tracer)
     refusals, node_reasons = [], {}
     for rule, matches in tracer.best_matches_map.items():
         for m in matches:
-            if m.status == _basics.MatchStatus.CONDITION_FAILED and m.match_result.reason:
+            if m.status == pattern.MatchStatus.CONDITION_FAILED and m.match_result.reason:
                 # (a check failing without a reason declines a match another rule takes: not a refusal)
                 reason = m.match_result.reason
                 refusals.append(f"{m.root_node.name or m.root_node.op_type}: {reason}")
