@@ -100,8 +100,10 @@ class GemmToMatMulAdd(pattern.RewriteRuleClassBase):
         return op.Add(op.MatMul(a, b), c)
 
 
-RULES = pattern.RewriteRuleSet([DivOneToReciprocal.rule(), SquareToMul.rule(), CastRoundTrip.rule(),
-                                GemmToMatMulAdd.rule()])
+def rules() -> pattern.RewriteRuleSet:
+    """The pass's rules, new for each application (why: passes.manager.rewrite_pass)."""
+    return pattern.RewriteRuleSet([DivOneToReciprocal.rule(), SquareToMul.rule(), CastRoundTrip.rule(),
+                                   GemmToMatMulAdd.rule()])
 
 
 @register_pass("canonicalize", "Div(1,x)->Reciprocal, Pow(x,2)->Mul, lossless Cast pairs, Gemm->MatMul+Add, "
@@ -109,7 +111,7 @@ RULES = pattern.RewriteRuleSet([DivOneToReciprocal.rule(), SquareToMul.rule(), C
 def canonicalize(model: ir.Model) -> PassResult:
     """Counts the rewrites plus the computing nodes (not Constant) that folding and Identity removal took
     away."""
-    count = RULES.apply_to_model(model)
+    count = rules().apply_to_model(model)
     before = _computing_nodes(model)
     optimizer.fold_constants(model)
     IdentityEliminationPass()(model)

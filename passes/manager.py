@@ -65,6 +65,15 @@ def _ruleset(rules):
     return rules if isinstance(rules, pattern.RewriteRuleSet) else pattern.RewriteRuleSet(list(rules))
 
 
+def _rules_maker(rules) -> Callable[[], object]:
+    """rules as a function giving the rule set of one application: a function is called each time, fixed
+    rules are the same every time."""
+    if callable(rules):
+        return lambda: _ruleset(rules())
+    ruleset = _ruleset(rules)
+    return lambda: ruleset
+
+
 def apply_rules(ruleset, model: ir.Model, candidates: Callable[[ir.Graph], list] | None = None) -> PassResult:
     """Apply a RewriteRuleSet (or a list of rules) as a pass does.
     candidates: the nodes the rules could fuse (a fusion family's candidate rule, passes/coverage.py)."""
@@ -96,34 +105,31 @@ def apply_rules(ruleset, model: ir.Model, candidates: Callable[[ir.Graph], list]
 
 def rewrite_pass(name: str, description: str, rules, *, default: bool = True,
                  candidates: Callable[[ir.Graph], list] | None = None) -> Pass:
-    """Register a pass that applies onnxscript rewrite rules (a RewriteRuleSet or a list of rules).
+    """Register a pass that applies onnxscript rewrite rules: a RewriteRuleSet, a list of rules, or a
+    function returning either, called for each application. Rule objects keep what they matched last (the
+    onnxscript matcher its last match, a check the analysis it hands to its rewrite), so rules a module holds
+    would hold a compile's graph after it: the built-in passes give a function.
     candidates: every node the rules could fuse, if a function can tell (see apply_rules)."""
-    ruleset = _ruleset(rules)
-    register_pass(name, description, default=default)(lambda model: apply_rules(ruleset, model, candidates))
+    make = _rules_maker(rules)
+    register_pass(name, description, default=default)(lambda model: apply_rules(make(), model, candidates))
     return _PASSES[name]
 
 
 def staged_rewrite_pass(name: str, description: str, stages: list, *, finish: Callable[[ir.Model], None] | None = None,
                         default: bool = True) -> Pass:
-    """Register a pass that fuses through intermediate ops: each stage (rules, or a function
-    `(model) -> None` for a stage that is no rewrite) runs in order, `finish` last (e.g. to expand
-    intermediate ops no stage took further). The pass's count is the last rule stage's; a node's first
-    recorded refusal wins."""
-    from onnxscript.rewriter import pattern
-
-    steps = [_ruleset(s) if isinstance(s, (pattern.RewriteRuleSet, list, tuple)) else s for s in stages]
+    """Register a pass that fuses through intermediate ops: each stage's rules (given as rewrite_pass takes
+    them) run in order, `finish` last (e.g. to expand intermediate ops no stage took further). The pass's
+    count is the last stage's; a node's first recorded refusal wins."""
+    makers = [_rules_maker(s) for s in stages]
 
     def apply(model: ir.Model) -> PassResult:
         count, refusals, node_reasons = 0, set(), {}
-        for step in steps:
-            if isinstance(step, pattern.RewriteRuleSet):
-                result = apply_rules(step, model)
-                count = result.count
-                refusals.update(result.refusals)
-                for k, v in result.node_reasons.items():
-                    node_reasons.setdefault(k, v)
-            else:
-                step(model)
+        for make in makers:
+            result = apply_rules(make(), model)
+            count = result.count
+            refusals.update(result.refusals)
+            for k, v in result.node_reasons.items():
+                node_reasons.setdefault(k, v)
         if finish is not None:
             finish(model)
         return PassResult(count, sorted(refusals), node_reasons)
