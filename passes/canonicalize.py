@@ -18,7 +18,7 @@ from onnx_ir.passes.common import IdentityEliminationPass, RemoveUnusedNodesPass
 from onnxscript import optimizer
 from onnxscript.rewriter import pattern
 
-from passes.manager import register_pass
+from passes.manager import PassResult, register_pass
 
 # dtype -> wider dtypes whose round trip back to it is exact
 _LOSSLESS_WIDER = {
@@ -100,21 +100,23 @@ class GemmToMatMulAdd(pattern.RewriteRuleClassBase):
         return op.Add(op.MatMul(a, b), c)
 
 
-RULES = pattern.RewriteRuleSet([DivOneToReciprocal.rule(), SquareToMul.rule(), CastRoundTrip.rule(),
-                                GemmToMatMulAdd.rule()])
+def rules() -> pattern.RewriteRuleSet:
+    """The pass's rules, new for each application (why: passes.manager.rewrite_pass)."""
+    return pattern.RewriteRuleSet([DivOneToReciprocal.rule(), SquareToMul.rule(), CastRoundTrip.rule(),
+                                   GemmToMatMulAdd.rule()])
 
 
 @register_pass("canonicalize", "Div(1,x)->Reciprocal, Pow(x,2)->Mul, lossless Cast pairs, Gemm->MatMul+Add, "
                                "constant folding")
-def canonicalize(model: ir.Model) -> int:
-    """Returns the number of rewrites plus the number of computing nodes (not Constant) that folding and
-    Identity removal took away."""
-    count = RULES.apply_to_model(model)
+def canonicalize(model: ir.Model) -> PassResult:
+    """Counts the rewrites plus the computing nodes (not Constant) that folding and Identity removal took
+    away."""
+    count = rules().apply_to_model(model)
     before = _computing_nodes(model)
     optimizer.fold_constants(model)
     IdentityEliminationPass()(model)
     RemoveUnusedNodesPass()(model)
-    return count + max(before - _computing_nodes(model), 0)
+    return PassResult(count + max(before - _computing_nodes(model), 0))
 
 
 def _computing_nodes(model: ir.Model) -> int:

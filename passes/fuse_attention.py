@@ -31,7 +31,7 @@ from passes.manager import staged_rewrite_pass
 PASS = staged_rewrite_pass(
     "fuse-attention", "scaled-dot-product attention (MatMul/scale/mask/Softmax/MatMul, MHA and GQA; opset-23 "
     "Attention) -> mindspore::FlashAttentionScore, staged through graphconv::SDPA",
-    [scores.RULES, head_repeat.RULES, mask.RULES, flash.RULES], finish=sdpa.expand_leftovers)
+    [scores.rules, head_repeat.rules, mask.rules, flash.rules], finish=sdpa.expand_leftovers)
 
 
 def explain(node: ir.Node) -> str | None:

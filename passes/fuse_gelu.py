@@ -318,13 +318,20 @@ coverage.set_explain("gelu", explain)
 OUTER = ("x*(half*(1+t))", "(x*(1+t))*half", "(x*half)*(1+t)", "(half*x)*(1+t)", "x*(1+t)")
 ORDERS = {"erf": [("div",), ("x*s",), ("s*x",)], "tanh": [()],
           "factored": [(c, s) for c in (False, True) for s in (False, True)]}
-RULES = ([GeluNative.rule("Gelu-native")] +
-         [GeluDecomposed.rule(f"Gelu-{kind}-{outer}{'-swapped' if swap else ''}"
-                              f"{''.join(f'-{o}' for o in orders)}", kind, outer, swap, orders)
-          for kind in ("erf", "tanh", "factored") for orders in ORDERS[kind] for outer in OUTER
-          for swap in (False, True)] +
-         [QuickGelu.rule(f"FastGelu{'-sigmoid-first' if s else ''}{'-k-first' if k else ''}", s, k)
-          for s in (False, True) for k in (False, True)])
+
+
+def rules() -> pattern.RewriteRuleSet:
+    """The pass's rules, new for each application (why: passes.manager.rewrite_pass)."""
+    return pattern.RewriteRuleSet(
+        [GeluNative.rule("Gelu-native")] +
+        [GeluDecomposed.rule(f"Gelu-{kind}-{outer}{'-swapped' if swap else ''}"
+                             f"{''.join(f'-{o}' for o in orders)}", kind, outer, swap, orders)
+         for kind in ("erf", "tanh", "factored") for orders in ORDERS[kind] for outer in OUTER
+         for swap in (False, True)] +
+        [QuickGelu.rule(f"FastGelu{'-sigmoid-first' if s else ''}{'-k-first' if k else ''}", s, k)
+         for s in (False, True) for k in (False, True)])
+
+
 PASS = rewrite_pass("fuse-gelu", "exact (erf), tanh (also Bloom's factored form) and quick GELU, decomposed or "
                     "opset-20 Gelu -> mindspore::Gelu / mindspore::GeluTanh / mindspore::FastGelu",
-                    pattern.RewriteRuleSet(RULES), candidates=coverage.gelu_candidates)
+                    rules, candidates=coverage.gelu_candidates)

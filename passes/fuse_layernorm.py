@@ -268,16 +268,22 @@ class LayerNormNative(pattern.RewriteRuleClassBase):
                             _domain="mindspore")
 
 
-RULES = ([LayerNormNative.rule("LayerNorm-native", True), LayerNormNative.rule("LayerNorm-native-nobias", False),
-          LayerNormFromRmsNorm.rule("LayerNorm-from-rmsnorm", True),
-          LayerNormFromRmsNorm.rule("LayerNorm-from-rmsnorm-swapped", True, True),
-          LayerNormFromRmsNorm.rule("LayerNorm-from-rmsnorm-nobias", False)]
-         + [LayerNormDecomposed.rule(f"LayerNorm-{v}{'' if bias else '-nobias'}{'-swapped' if swap else ''}",
-                                     v, bias, swap)
-            for bias in (True, False) for v in ("div", "reciprocal", "div-one") for swap in (False, True)]
-         + [LayerNormDecomposed.rule(f"LayerNorm-{v}{'' if bias else '-nobias'}-affine-in-fp32", v, bias, False,
-                                     "inside")
-            for bias in (True, False) for v in ("div", "reciprocal", "div-one")])
+def rules() -> pattern.RewriteRuleSet:
+    """The pass's rules, new for each application (why: passes.manager.rewrite_pass); a check hands its graph
+    to its rewrite on the rule instance."""
+    return pattern.RewriteRuleSet(
+        [LayerNormNative.rule("LayerNorm-native", True), LayerNormNative.rule("LayerNorm-native-nobias", False),
+         LayerNormFromRmsNorm.rule("LayerNorm-from-rmsnorm", True),
+         LayerNormFromRmsNorm.rule("LayerNorm-from-rmsnorm-swapped", True, True),
+         LayerNormFromRmsNorm.rule("LayerNorm-from-rmsnorm-nobias", False)]
+        + [LayerNormDecomposed.rule(f"LayerNorm-{v}{'' if bias else '-nobias'}{'-swapped' if swap else ''}",
+                                    v, bias, swap)
+           for bias in (True, False) for v in ("div", "reciprocal", "div-one") for swap in (False, True)]
+        + [LayerNormDecomposed.rule(f"LayerNorm-{v}{'' if bias else '-nobias'}-affine-in-fp32", v, bias, False,
+                                    "inside")
+           for bias in (True, False) for v in ("div", "reciprocal", "div-one")])
+
+
 PASS = rewrite_pass("fuse-layernorm", "LayerNormalization and its decomposition (ReduceMean, Sub, Pow/Mul, Sqrt, "
                     "Div/Reciprocal, Cast islands, gamma, beta) -> mindspore::LayerNorm",
-                    pattern.RewriteRuleSet(RULES), candidates=coverage.norm_candidates)
+                    rules, candidates=coverage.norm_candidates)

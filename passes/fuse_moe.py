@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from opmap.fused import moe_gating
 from passes import coverage, match
-from passes.manager import register_pass
+from passes.manager import PassResult, register_pass
 
 _DOMAIN = "mindspore"
 
@@ -102,7 +102,7 @@ def refusal(topk: ir.Node, opset: int) -> str | None:
     return None
 
 
-def apply(model: ir.Model) -> tuple[int, list[str], dict[str, str]]:
+def apply(model: ir.Model) -> PassResult:
     opset = match.opset(model)
     graph = model.graph
     count, reasons, node_reasons = 0, [], {}
@@ -125,7 +125,7 @@ def apply(model: ir.Model) -> tuple[int, list[str], dict[str, str]]:
         count += 1
     if count:
         model.opset_imports.setdefault(_DOMAIN, 1)
-    return count, sorted(reasons), node_reasons
+    return PassResult(count, sorted(reasons), node_reasons)
 
 
 def explain(node: ir.Node) -> str | None:

@@ -254,14 +254,21 @@ class NativeRmsNormalization(pattern.RewriteRuleClassBase):
 
 
 NORMALIZE = ("reciprocal", "div-one", "div", "pow")
-RULES = [RmsNormFusion.rule(f"RmsNorm-{v}", v) for v in NORMALIZE]
-RULES += [UnitGammaRmsNormFusion.rule(f"RmsNorm-unit-gamma-{v}{'-cast' if c else ''}", v, c)
-          for v in NORMALIZE for c in (False, True)]
-RULES += [NativeRmsNormalization.rule("RmsNorm-native"),
-          NativeRmsNormalization.rule("RmsNorm-ort-simplified-layernorm", "SimplifiedLayerNormalization")]
+
+
+def rules() -> pattern.RewriteRuleSet:
+    """The pass's rules, new for each application (why: passes.manager.rewrite_pass)."""
+    return pattern.RewriteRuleSet(
+        [RmsNormFusion.rule(f"RmsNorm-{v}", v) for v in NORMALIZE]
+        + [UnitGammaRmsNormFusion.rule(f"RmsNorm-unit-gamma-{v}{'-cast' if c else ''}", v, c)
+           for v in NORMALIZE for c in (False, True)]
+        + [NativeRmsNormalization.rule("RmsNorm-native"),
+           NativeRmsNormalization.rule("RmsNorm-ort-simplified-layernorm", "SimplifiedLayerNormalization")],
+        commute=True)
+
+
 PASS = rewrite_pass("fuse-rmsnorm", "decomposed RMSNorm (Pow/Mul, Sqrt, Reciprocal/Div, Cast islands) -> "
-                    "mindspore::RmsNorm", pattern.RewriteRuleSet(RULES, commute=True),
-                    candidates=coverage.norm_candidates)
+                    "mindspore::RmsNorm", rules, candidates=coverage.norm_candidates)
 
 
 # --- fusion coverage: why a norm candidate was left ------------------------------------------------------------

@@ -81,9 +81,10 @@ _BN_AXES = {(0, 1): (0, 1), (1,): (0, 1), (): (0, 1), (0, 2): (0, 2), (2,): (0, 
 class _ShapeFacts:
     """Dim proofs for the graph one rewrite walk works on, and the walk's shared Unsqueezes of cos/sin.
 
-    The rewriter calls every rule's setup() before a walk (reset) and each check() before the rewrite it
-    guards, so the first check of a walk sees the graph before this pass changed anything: the weight-less
-    snapshot for symbolic shape inference is taken then, and inferred only if some comparison needs it.
+    One per application of the pass (`rules`), shared by its rules. The rewriter calls every rule's setup()
+    before a walk (reset) and each check() before the rewrite it guards, so the first check of a walk sees
+    the graph before this pass changed anything: the weight-less snapshot for symbolic shape inference is
+    taken then, and inferred only if some comparison needs it. Unbound (no check ran), it knows the IR's dims.
     """
 
     def __init__(self):
@@ -132,9 +133,6 @@ class _ShapeFacts:
         return sa == sb if type(sa) is type(sb) else False
 
 
-FACTS = _ShapeFacts()
-
-
 def _rank(value: ir.Value) -> int | None:
     return value.shape.rank() if value.shape is not None else None
 
@@ -147,17 +145,17 @@ def _show(value: ir.Value, k: int | None = None) -> str:
     return dims[k] if k is not None else "(" + ", ".join(dims) + ")"
 
 
-def _cos_layouts(x: ir.Value, c: ir.Value, d: int, mode: int) -> list[tuple[int, ...]] | str:
+def _cos_layouts(facts: _ShapeFacts, x: ir.Value, c: ir.Value, d: int, mode: int) -> list[tuple[int, ...]] | str:
     """The accepted 1-positions (see _LAYOUTS) cos/sin value `c` satisfies against x, or why none."""
     rank = _rank(c)
     if rank is None or not 1 <= rank <= 4:
         return f"{c.name} is of rank {rank}; RotaryPositionEmbedding takes cos/sin of rank 4 (or fewer, unsqueezed)"
-    if FACTS.static(c, rank - 1) != d:
+    if facts.static(c, rank - 1) != d:
         return f"{c.name}'s last dim is {_show(c, rank - 1)}, not the rotated size {d}"
     lead = 4 - rank  # axes of x that c broadcasts over implicitly (size 1)
     for deep in (False, True):  # the symbolic shape inference only when the IR's shapes prove nothing
-        one = [k < lead or FACTS.static(c, k - lead, deep) == 1 for k in range(3)]
-        match = [k >= lead and (FACTS.same(c, k - lead, x, k, deep) or (one[k] and FACTS.static(x, k, deep) == 1))
+        one = [k < lead or facts.static(c, k - lead, deep) == 1 for k in range(3)]
+        match = [k >= lead and (facts.same(c, k - lead, x, k, deep) or (one[k] and facts.static(x, k, deep) == 1))
                  for k in range(3)]
         fits = [ones for ones in _LAYOUTS[mode] if all(one[k] if k in ones else match[k] for k in range(3))]
         if fits:
@@ -202,12 +200,12 @@ _PAIR_RESHAPES = {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
 _PAIR_DEPTH = 48
 
 
-def _last_dim(value: ir.Value) -> int | None:
+def _last_dim(value: ir.Value, facts: _ShapeFacts) -> int | None:
     rank = _rank(value)
-    return None if not rank else FACTS.static(value, rank - 1)
+    return None if not rank else facts.static(value, rank - 1)
 
 
-def _broadcast_over_last(value: ir.Value | None) -> bool:
+def _broadcast_over_last(value: ir.Value | None, facts: _ShapeFacts) -> bool:
     """The value is the same along the last axis of the result it takes part in (rank 0, or last dim 1)."""
     if value is None:
         return False
@@ -215,25 +213,28 @@ def _broadcast_over_last(value: ir.Value | None) -> bool:
     if c is not None and (c.ndim == 0 or c.shape[-1] == 1):
         return True
     rank = _rank(value)
-    return rank == 0 or (rank is not None and FACTS.static(value, rank - 1) == 1)
+    return rank == 0 or (rank is not None and facts.static(value, rank - 1) == 1)
 
 
-def repeated_pairs(value: ir.Value, memo: dict | None = None, depth: int = _PAIR_DEPTH) -> str | None:
+def repeated_pairs(value: ir.Value, facts: _ShapeFacts | None = None, memo: dict | None = None,
+                   depth: int = _PAIR_DEPTH) -> str | None:
     """None when value[..., 2i] = value[..., 2i+1] is proved from the graph, else why it is not (the value at
     which the proof stopped). The rules: constants are compared; elementwise ops keep the property when each
     operand has it or is constant along the last axis; Expand of a last-dim-1 tensor to an even last dim
     creates it (repeat_interleave: Unsqueeze(-1), Expand(..., 2) or Tile(..., [1, .., 2]), Reshape); a Tile
     of an even last axis keeps it; reshapes to an even last dim, and
-    Gather/GatherND/Slice/Split/Transpose/Concat that keep the last axis (or cut it at even offsets) keep it."""
+    Gather/GatherND/Slice/Split/Transpose/Concat that keep the last axis (or cut it at even offsets) keep it.
+    facts: the walk's dim proofs (None: the IR's dims only)."""
+    facts = _ShapeFacts() if facts is None else facts
     memo = {} if memo is None else memo
     key = id(value)
     if key not in memo:
         memo[key] = f"{value.name} is too far from where its values are made"  # also breaks cycles
-        memo[key] = _repeated_pairs(value, memo, depth)
+        memo[key] = _repeated_pairs(value, facts, memo, depth)
     return memo[key]
 
 
-def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
+def _repeated_pairs(v: ir.Value, facts: _ShapeFacts, memo: dict, depth: int) -> str | None:
     name = v.name or "a value"
     c = match.const_value(v)
     if c is not None:
@@ -241,7 +242,7 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
             return f"the constant {name} has an odd last dim"
         return None if np.array_equal(c[..., 0::2], c[..., 1::2]) else \
             f"the constant {name} does not repeat its values in pairs along the last axis"
-    last = _last_dim(v)
+    last = _last_dim(v, facts)
     if last is None or last % 2:
         return f"{name}'s last dim ({_show(v, _rank(v) - 1) if _rank(v) else '?'}) is not static and even"
     node = v.producer()
@@ -254,7 +255,7 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
     op, rank_out = node.op_type, _rank(v)
 
     def rec(x):
-        return repeated_pairs(x, memo, depth - 1) if x is not None else f"{op} without an input"
+        return repeated_pairs(x, facts, memo, depth - 1) if x is not None else f"{op} without an input"
 
     def keeps_last(axis_attr_or_value, rank):
         return axis_attr_or_value is not None and rank and not match.last_axis(axis_attr_or_value, rank)
@@ -263,10 +264,10 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
         return rec(node.inputs[0])
     if op in _PAIR_BINARY:
         for x in node.inputs:
-            if _broadcast_over_last(x):
+            if _broadcast_over_last(x, facts):
                 continue
-            if _last_dim(x) != last:
-                return f"{op} {name} broadcasts an operand of last dim {_last_dim(x)} to {last}"
+            if _last_dim(x, facts) != last:
+                return f"{op} {name} broadcasts an operand of last dim {_last_dim(x, facts)} to {last}"
             why = rec(x)
             if why:
                 return why
@@ -274,9 +275,9 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
     if op in _PAIR_RESHAPES:
         return rec(node.inputs[0])  # flat order kept; the output's last dim is even (checked above)
     if op == "Expand":
-        if _broadcast_over_last(node.inputs[0]):
+        if _broadcast_over_last(node.inputs[0], facts):
             return None  # each element copied along an even last axis: repeat_interleave's Expand
-        if _last_dim(node.inputs[0]) == last:
+        if _last_dim(node.inputs[0], facts) == last:
             return rec(node.inputs[0])
         return f"Expand {name} repeats its input's last axis as a whole (tile), not element by element"
     if op == "Tile":
@@ -284,9 +285,9 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
         # element copied along the (even) last axis, repeat_interleave as TorchScript writes it (Unsqueeze(-1),
         # Tile by [1, .., 1, 2], Reshape merging the last two axes). An even L: out's pairs are the input's.
         src = node.inputs[0]
-        if _broadcast_over_last(src):
+        if _broadcast_over_last(src, facts):
             return None
-        size = _last_dim(src)
+        size = _last_dim(src, facts)
         shown = _show(src, _rank(src) - 1) if _rank(src) else "?"
         if size is None or size % 2:
             return f"Tile {name} repeats its input's last axis (of size {shown}) as a whole, not element by element"
@@ -310,7 +311,7 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
         return f"Gather {name} indexes the last axis by indices not repeated in pairs"
     if op == "GatherND":
         data, idx = node.inputs[0], node.inputs[1]
-        r, k = _rank(data), _last_dim(idx)
+        r, k = _rank(data), _last_dim(idx, facts)
         if node.attributes.get_int("batch_dims", 0) == 0 and r and k is not None and k < r:
             return rec(data)
         return f"GatherND {name} indexes the last axis"
@@ -323,7 +324,7 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
             return f"Slice {name}'s axes are not constant"
         if all(a % r != r - 1 for a in axes):
             return rec(node.inputs[0])
-        size = _last_dim(node.inputs[0])
+        size = _last_dim(node.inputs[0], facts)
         rng = _slice_range(node, r, size) if size is not None else None
         if rng is None or rng[2] != 1 or rng[0] % 2:
             return f"Slice {name} cuts the last axis at an odd offset or with a step"
@@ -333,7 +334,7 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
         if keeps_last(node.attributes.get_int("axis", 0), r):
             return rec(node.inputs[0])
         k = list(node.outputs).index(v)
-        sizes = [_last_dim(o) for o in node.outputs[:k]]
+        sizes = [_last_dim(o, facts) for o in node.outputs[:k]]
         if any(s is None or s % 2 for s in sizes):
             return f"Split {name} cuts the last axis at an odd offset"
         return rec(node.inputs[0])
@@ -357,20 +358,24 @@ def _repeated_pairs(v: ir.Value, memo: dict, depth: int) -> str | None:
         return f"MatMul {name} by a vector"
     if op == "Where":
         for x in node.inputs[1:]:
-            if not _broadcast_over_last(x):
+            if not _broadcast_over_last(x, facts):
                 why = rec(x)
                 if why:
                     return why
         cond = node.inputs[0]
-        return None if _broadcast_over_last(cond) else rec(cond)
+        return None if _broadcast_over_last(cond, facts) else rec(cond)
     return f"{name} is made by {op}, which the proof does not follow"
 
 
 class _RopeFusion(pattern.RewriteRuleClassBase):
     mode = 0
 
+    def __init__(self, name: str, facts: _ShapeFacts):
+        super().__init__(name)
+        self._facts = facts  # shared by the rules of one application (rules())
+
     def setup(self):
-        FACTS.reset()
+        self._facts.reset()
 
     def rotation(self, op, x):
         raise NotImplementedError
@@ -384,12 +389,13 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, cos, sin, **bindings) -> pattern.MatchResult:
         result = pattern.MatchResult()
-        FACTS.bind(context.model)
+        facts = self._facts
+        facts.bind(context.model)
         if _rank(x) != 4:
             return result.fail(f"x {x.name} is of rank {_rank(x)}; RotaryPositionEmbedding takes a 4-D x", x)
         if match.opset(context) < 11:
             return result.fail("below opset 11 the reference body cannot be written (it needs Range)", x)
-        d = FACTS.static(x, 3)
+        d = facts.static(x, 3)
         if d is None:
             return result.fail(f"the rotated size (x's last dim) of {x.name} is not static", x)
         if d % 2 or d >= MAX_HEAD_DIM:
@@ -404,7 +410,7 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
             return result.fail(why, x)
         fits = []
         for c in (cos, sin):
-            f = _cos_layouts(x, c, d, self.mode)
+            f = _cos_layouts(facts, x, c, d, self.mode)
             if isinstance(f, str):
                 return result.fail(f, c)
             fits.append(f)
@@ -412,33 +418,35 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
         if not common:
             return result.fail(f"cos {_show(cos)} and sin {_show(sin)} broadcast to x differently", cos)
         for axis in _BN_AXES[common[0]]:
-            n = FACTS.static(x, axis, deep=False)
+            n = facts.static(x, axis, deep=False)
             if n is not None and n >= MAX_BATCH_HEADS:
                 return result.fail(f"x {_show(x)}: B and N must be < {MAX_BATCH_HEADS}", x)
         if self.mode == 1:
             memo: dict = {}
             for c in (cos, sin):
-                why = repeated_pairs(c, memo)
+                why = repeated_pairs(c, facts, memo)
                 if why:
                     return result.fail(f"mode 1 takes cos/sin that repeat each angle twice (cos[2i] = cos[2i+1]); "
                                        f"not provable for {c.name}: {why}", c)
         return result
 
     def rewrite(self, op, x, cos, sin, **_):
-        return op.RotaryPositionEmbedding(x, _rank4(op, cos), _rank4(op, sin), mode=self.mode, _domain="mindspore")
+        shared = self._facts.unsqueezed
+        return op.RotaryPositionEmbedding(x, _rank4(op, cos, shared), _rank4(op, sin, shared), mode=self.mode,
+                                          _domain="mindspore")
 
 
-def _rank4(op, value: ir.Value) -> ir.Value:
+def _rank4(op, value: ir.Value, unsqueezed: dict[int, ir.Value]) -> ir.Value:
     """`value` unsqueezed to rank 4 at the front (numpy broadcasting reads it that way already); one
     Unsqueeze per value and walk, shared by the fused nodes after the first (the walk goes in graph order)."""
     rank = _rank(value)
     if rank == 4:
         return value
     key = id(value)
-    if key not in FACTS.unsqueezed:
+    if key not in unsqueezed:
         axes = op.Constant(value=ir.tensor(np.arange(4 - rank, dtype=np.int64), name=None))
-        FACTS.unsqueezed[key] = op.Unsqueeze(value, axes)
-    return FACTS.unsqueezed[key]
+        unsqueezed[key] = op.Unsqueeze(value, axes)
+    return unsqueezed[key]
 
 
 class RotateHalfSlices(_RopeFusion):
@@ -514,7 +522,7 @@ class InterleavedSlices(_RopeFusion):
                 return "the halves are not stacked on a new last axis (Unsqueeze axes)"
         if not _last_axis(b["stacked"].producer().attributes.get_int("axis"), 5):
             return "the halves are not stacked on a new last axis (Concat axis)"
-        return _flattens_back(b["rot"], x, d)
+        return _flattens_back(b["rot"], x, d, self._facts)
 
 
 class InterleavedSlicesFlatten(InterleavedSlices):
@@ -526,7 +534,7 @@ class InterleavedSlicesFlatten(InterleavedSlices):
         return op.Concat(lead, pattern.ANY_VALUE, _outputs=["flat_shape"])
 
 
-def _flattens_back(rot: ir.Value, x: ir.Value, d: int) -> str | None:
+def _flattens_back(rot: ir.Value, x: ir.Value, d: int, facts: _ShapeFacts) -> str | None:
     """The Reshape of the stacked (..., D/2, 2) back to x's shape: its target is [0, 0, 0, D or -1] (copying
     dims), or Concat(Shape(stacked)[:3], [D or -1]), or its output's dims are provably x's. Each merges the last
     two axes, in row-major order."""
@@ -534,12 +542,12 @@ def _flattens_back(rot: ir.Value, x: ir.Value, d: int) -> str | None:
     target = match.ints(match.input_at(reshape, 1))
     allowzero = reshape.attributes.get_int("allowzero", 0)
     if target is not None and len(target) == 4:
-        lead_ok = all((t == 0 and not allowzero) or t == FACTS.static(x, k) for k, t in enumerate(target[:3]))
+        lead_ok = all((t == 0 and not allowzero) or t == facts.static(x, k) for k, t in enumerate(target[:3]))
         if lead_ok and target[3] in (d, -1):
             return None
     if _leading_dims_then(reshape.inputs[1], reshape.inputs[0], d):
         return None
-    if _rank(rot) == 4 and all(FACTS.same(rot, k, x, k) for k in range(4)):
+    if _rank(rot) == 4 and all(facts.same(rot, k, x, k) for k in range(4)):
         return None
     return f"the Reshape after the stack does not provably give x's shape {_show(x)} (it gives {_show(rot)})"
 
@@ -670,14 +678,20 @@ class NativeRotaryEmbedding(pattern.RewriteRuleClassBase):
         return out
 
 
-RULES = [RotateHalfSlices.rule("RoPE-rotate-half-slices"), RotateHalfSplit.rule("RoPE-rotate-half-split"),
-         InterleavedSlices.rule("RoPE-interleaved-slices"),
-         InterleavedSlicesFlatten.rule("RoPE-interleaved-slices-flatten"),
-         NativeRotaryEmbedding.rule("RoPE-native-opset23", False),
-         NativeRotaryEmbedding.rule("RoPE-native-opset23-position-ids", True)]
+def rules() -> pattern.RewriteRuleSet:
+    """The pass's rules, new for each application (why: passes.manager.rewrite_pass), sharing its dim
+    proofs."""
+    facts = _ShapeFacts()
+    return pattern.RewriteRuleSet([
+        RotateHalfSlices.rule("RoPE-rotate-half-slices", facts), RotateHalfSplit.rule("RoPE-rotate-half-split", facts),
+        InterleavedSlices.rule("RoPE-interleaved-slices", facts),
+        InterleavedSlicesFlatten.rule("RoPE-interleaved-slices-flatten", facts),
+        NativeRotaryEmbedding.rule("RoPE-native-opset23", False),
+        NativeRotaryEmbedding.rule("RoPE-native-opset23-position-ids", True)], commute=True)
+
+
 PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*sin (rotate_half, interleaved, "
-                    "partial) -> mindspore::RotaryPositionEmbedding", pattern.RewriteRuleSet(RULES, commute=True),
-                    candidates=coverage.rotary_candidates)
+                    "partial) -> mindspore::RotaryPositionEmbedding", rules, candidates=coverage.rotary_candidates)
 
 
 # --- fusion coverage: why a rotary candidate was left ----------------------------------------------------------

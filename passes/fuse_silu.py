@@ -33,5 +33,9 @@ class SiLUFusion(pattern.RewriteRuleClassBase):
         return op.SiLU(x, _domain="mindspore")
 
 
-RULES = [SiLUFusion.rule("SiLU", False), SiLUFusion.rule("SiLU-sigmoid-first", True)]
-PASS = rewrite_pass("fuse-silu", "x * Sigmoid(x) -> mindspore::SiLU", pattern.RewriteRuleSet(RULES))
+def rules() -> pattern.RewriteRuleSet:
+    """The pass's rules, new for each application (why: passes.manager.rewrite_pass)."""
+    return pattern.RewriteRuleSet([SiLUFusion.rule("SiLU", False), SiLUFusion.rule("SiLU-sigmoid-first", True)])
+
+
+PASS = rewrite_pass("fuse-silu", "x * Sigmoid(x) -> mindspore::SiLU", rules)

@@ -480,19 +480,26 @@ def _dtype_reason(x: ir.Value) -> str | None:
 
 coverage.set_explain("gated_mlp", explain)
 
-RULES = [SwigluFusion.rule(f"Swiglu{'-bias' if bias else ''}{'-reshaped' if reshaped else ''}"
-                          f"{'-up-first' if up_first else ''}", bias, up_first, reshaped)
-         for bias, reshaped in ((False, False), (True, False), (True, True)) for up_first in (False, True)]
-RULES += [SwigluGemmFusion.rule(f"Swiglu-gemm{'-bias' if bias else ''}{'-up-first' if up_first else ''}", bias,
-                                up_first) for bias in (False, True) for up_first in (False, True)]
-RULES += [SwigluHalvesFusion.rule(f"Swiglu-halves-{split}{'-second' if gate_index else ''}-{source}"
-                                  f"{'-up-first' if up_first else ''}", split, gate_index, source, up_first)
-          for source in ("any", "matmul", "matmul-bias") for split in ("split", "slice")
-          # a Slice pair's order is the check's to find; a Split's is the pattern's (the swapped one fuses only
-          # through a constant projection weight, and the plain rule names why not)
-          for gate_index in ({"any": (0, 1), "matmul": (1,), "matmul-bias": (1,)}[source] if split == "split"
-                             else (0,))
-          for up_first in (False, True)]
+
+def rules() -> pattern.RewriteRuleSet:
+    """The pass's rules, new for each application (why: passes.manager.rewrite_pass); a check hands its graph
+    to its rewrite, and a walk's merged weights' sources wait for cleanup(), on the rule instance."""
+    found = [SwigluFusion.rule(f"Swiglu{'-bias' if bias else ''}{'-reshaped' if reshaped else ''}"
+                               f"{'-up-first' if up_first else ''}", bias, up_first, reshaped)
+             for bias, reshaped in ((False, False), (True, False), (True, True)) for up_first in (False, True)]
+    found += [SwigluGemmFusion.rule(f"Swiglu-gemm{'-bias' if bias else ''}{'-up-first' if up_first else ''}", bias,
+                                    up_first) for bias in (False, True) for up_first in (False, True)]
+    found += [SwigluHalvesFusion.rule(f"Swiglu-halves-{split}{'-second' if gate_index else ''}-{source}"
+                                      f"{'-up-first' if up_first else ''}", split, gate_index, source, up_first)
+              for source in ("any", "matmul", "matmul-bias") for split in ("split", "slice")
+              # a Slice pair's order is the check's to find; a Split's is the pattern's (the swapped one fuses
+              # only through a constant projection weight, and the plain rule names why not)
+              for gate_index in ({"any": (0, 1), "matmul": (1,), "matmul-bias": (1,)}[source] if split == "split"
+                                 else (0,))
+              for up_first in (False, True)]
+    return pattern.RewriteRuleSet(found)
+
+
 PASS = rewrite_pass("fuse-swiglu", "SiLU(x @ Wg [+ bg]) * (x @ Wu [+ bu]) -> mindspore::Swiglu over one MatMul "
                     "with the merged [gate ; up] weight; silu(first half) * second half of one tensor -> "
-                    "mindspore::Swiglu", pattern.RewriteRuleSet(RULES), candidates=coverage.gated_mlp_candidates)
+                    "mindspore::Swiglu", rules, candidates=coverage.gated_mlp_candidates)

@@ -1,9 +1,9 @@
 """The pass manager: named passes in an ordered, textual pipeline, each switchable and counted.
 
-A pass is a function `apply(model: onnx_ir.Model) -> int` (how often it fired) registered under a name.
-Third parties add passes without touching graphconv: a module that calls `register_pass` (or defines
-onnxscript rewrite rules and calls `rewrite_pass`), loaded with `--plugin module.path` or through the
-Python entry-point group `graphconv.passes`.
+A pass is a function `apply(model: onnx_ir.Model) -> PassResult` registered under a name. Third parties add
+passes without touching graphconv: a module that calls `register_pass` (or defines onnxscript rewrite rules and
+calls `rewrite_pass`), loaded with `--plugin module.path` or through the Python entry-point group
+`graphconv.passes`.
 """
 
 from __future__ import annotations
@@ -15,21 +15,29 @@ from typing import Callable
 
 import onnx_ir as ir
 
-from graphconv.errors import InputError
+from graphconv.errors import InputError, InternalError
 
 ENTRY_POINT_GROUP = "graphconv.passes"
 
 
 @dataclasses.dataclass(frozen=True)
-class Pass:
-    """`apply` returns how often the pass fired, or (count, reasons) where reasons say why candidate
-    matches were not rewritten (a failed constraint check), or (count, reasons, node_reasons) where
-    node_reasons maps the names of the nodes of each refused match to its reason (fusion coverage reads
-    them: passes/coverage.py)."""
+class PassResult:
+    """What one application of a pass tells the pass manager; the only thing a pass's `apply` may return, so
+    that the manager and the report read every pass, built-in or plugin, the same way."""
 
+    count: int  # how often the pass fired
+    # "node: reason" for each candidate match the pass's checks refused (the report's skipped fusions)
+    refusals: list[str] = dataclasses.field(default_factory=list)
+    # node name -> the reason its match was refused (fusion coverage reads them: passes/coverage.py)
+    node_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)  # anything else the pass wants reported
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
     name: str
     description: str
-    apply: Callable[[ir.Model], "int | tuple"]
+    apply: Callable[[ir.Model], PassResult]
     default: bool  # in the default pipeline
     origin: str  # "builtin" or the plugin module that registered it
 
@@ -39,7 +47,7 @@ _ORIGIN = {"current": "builtin"}
 
 
 def register_pass(name: str, description: str, *, default: bool = True):
-    """Decorator for `apply(model) -> int`. Built-in passes run in DEFAULT_ORDER, plugin passes after them
+    """Decorator for `apply(model) -> PassResult`. Built-in passes run in DEFAULT_ORDER, plugin passes after them
     in registration order."""
 
     def deco(fn):
@@ -57,67 +65,74 @@ def _ruleset(rules):
     return rules if isinstance(rules, pattern.RewriteRuleSet) else pattern.RewriteRuleSet(list(rules))
 
 
-def apply_rules(ruleset, model: ir.Model, candidates: Callable[[ir.Graph], list] | None = None,
-                ) -> tuple[int, list[str], dict[str, str]]:
-    """Apply a RewriteRuleSet; returns (count, reasons, node_reasons) as a Pass's `apply` does.
-    candidates: the nodes the rules could fuse (a fusion family's candidate rule, passes/coverage.py)."""
-    from onnxscript.rewriter import _basics
+def _rules_maker(rules) -> Callable[[], object]:
+    """rules as a function giving the rule set of one application: a function is called each time, fixed
+    rules are the same every time."""
+    if callable(rules):
+        return lambda: _ruleset(rules())
+    ruleset = _ruleset(rules)
+    return lambda: ruleset
 
+
+def apply_rules(ruleset, model: ir.Model, candidates: Callable[[ir.Graph], list] | None = None) -> PassResult:
+    """Apply a RewriteRuleSet (or a list of rules) as a pass does.
+    candidates: the nodes the rules could fuse (a fusion family's candidate rule, passes/coverage.py)."""
+    from onnxscript.rewriter import pattern
+
+    ruleset = _ruleset(ruleset)
     count = ruleset.apply_to_model(model)
     # A second, tracing walk over what is left: with a tracer the rewriter only records why candidate
     # matches failed their checks (it rewrites nothing), which is what the report wants. Skipped when no
     # candidate is left (all fused, or none to begin with): there is no refusal to explain, and the walk
     # costs as much as the rewrite (half of the passes' time on a 1.1B Llama).
     if candidates is not None and not candidates(model.graph):
-        return count, [], {}
-    tracer = _basics.MatchingTracer()
+        return PassResult(count)
+    tracer = pattern.MatchingTracer()
     ruleset.apply_to_model(model, tracer=tracer)
-    skipped, node_reasons = [], {}
+    refusals, node_reasons = [], {}
     for rule, matches in tracer.best_matches_map.items():
         for m in matches:
-            if m.status == _basics.MatchStatus.CONDITION_FAILED and m.match_result.reason:
+            if m.status == pattern.MatchStatus.CONDITION_FAILED and m.match_result.reason:
                 # (a check failing without a reason declines a match another rule takes: not a refusal)
                 reason = m.match_result.reason
-                skipped.append(f"{m.root_node.name or m.root_node.op_type}: {reason}")
+                refusals.append(f"{m.root_node.name or m.root_node.op_type}: {reason}")
                 involved = [m.root_node, *m.match_result.nodes, *m.match_result.failure_nodes_and_values]
                 for x in involved:
                     if isinstance(x, ir.Node) and x.name:
                         node_reasons.setdefault(x.name, reason)
-    return count, sorted(set(skipped)), node_reasons
+    return PassResult(count, sorted(set(refusals)), node_reasons)
 
 
 def rewrite_pass(name: str, description: str, rules, *, default: bool = True,
                  candidates: Callable[[ir.Graph], list] | None = None) -> Pass:
-    """Register a pass that applies onnxscript rewrite rules (a RewriteRuleSet or a list of rules).
+    """Register a pass that applies onnxscript rewrite rules: a RewriteRuleSet, a list of rules, or a
+    function returning either, called for each application. Rule objects keep what they matched last (the
+    onnxscript matcher its last match, a check the analysis it hands to its rewrite), so rules a module holds
+    would hold a compile's graph after it: the built-in passes give a function.
     candidates: every node the rules could fuse, if a function can tell (see apply_rules)."""
-    ruleset = _ruleset(rules)
-    register_pass(name, description, default=default)(lambda model: apply_rules(ruleset, model, candidates))
+    make = _rules_maker(rules)
+    register_pass(name, description, default=default)(lambda model: apply_rules(make(), model, candidates))
     return _PASSES[name]
 
 
 def staged_rewrite_pass(name: str, description: str, stages: list, *, finish: Callable[[ir.Model], None] | None = None,
                         default: bool = True) -> Pass:
-    """Register a pass that fuses through intermediate ops: each stage (rules, or a function
-    `(model) -> None` for a stage that is no rewrite) runs in order, `finish` last (e.g. to expand
-    intermediate ops no stage took further). The pass's count is the last rule stage's; a node's first
-    recorded refusal wins."""
-    from onnxscript.rewriter import pattern
+    """Register a pass that fuses through intermediate ops: each stage's rules (given as rewrite_pass takes
+    them) run in order, `finish` last (e.g. to expand intermediate ops no stage took further). The pass's
+    count is the last stage's; a node's first recorded refusal wins."""
+    makers = [_rules_maker(s) for s in stages]
 
-    steps = [_ruleset(s) if isinstance(s, (pattern.RewriteRuleSet, list, tuple)) else s for s in stages]
-
-    def apply(model: ir.Model) -> tuple[int, list[str], dict[str, str]]:
-        count, skipped, node_reasons = 0, set(), {}
-        for step in steps:
-            if isinstance(step, pattern.RewriteRuleSet):
-                count, reasons, nodes = apply_rules(step, model)
-                skipped.update(reasons)
-                for k, v in nodes.items():
-                    node_reasons.setdefault(k, v)
-            else:
-                step(model)
+    def apply(model: ir.Model) -> PassResult:
+        count, refusals, node_reasons = 0, set(), {}
+        for make in makers:
+            result = apply_rules(make(), model)
+            count = result.count
+            refusals.update(result.refusals)
+            for k, v in result.node_reasons.items():
+                node_reasons.setdefault(k, v)
         if finish is not None:
             finish(model)
-        return count, sorted(skipped), node_reasons
+        return PassResult(count, sorted(refusals), node_reasons)
 
     register_pass(name, description, default=default)(apply)
     return _PASSES[name]
@@ -179,31 +194,45 @@ class PassManager:
         if unknown:
             raise InputError(f"unknown pass(es) {', '.join(unknown)}; available: {', '.join(_PASSES)}")
         self.passes = [_PASSES[n] for n in names if n not in disabled]
+        self.skipped: dict[str, list[str]] = {}
+        self.node_reasons: dict[str, dict[str, str]] = {}
+        self.notes: dict[str, list[str]] = {}
+        self.coverage: dict[str, dict] = {}
 
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.passes]
 
     def run(self, model: ir.Model, after_each: Callable[[Pass, ir.Model, int], None] | None = None) -> dict[str, int]:
-        """Apply the passes in order; returns pass -> count. Skip reasons are left in `self.skipped`, the
-        fusion families' candidates and what became of them in `self.coverage` (passes/coverage.py)."""
+        """Apply the passes in order; returns pass -> count. Each pass's refusals are left in `self.skipped`,
+        its node reasons in `self.node_reasons`, its notes in `self.notes` (passes that gave some), the fusion
+        families' candidates and what became of them in `self.coverage` (passes/coverage.py)."""
         from passes.coverage import Tracker
 
         counts: dict[str, int] = {}
-        self.skipped: dict[str, list[str]] = {}
-        self.node_reasons: dict[str, dict[str, str]] = {}
+        self.skipped, self.node_reasons, self.notes = {}, {}, {}
         tracker = Tracker(self.names)
         for p in self.passes:
             tracker.before(p.name, model)
             result = p.apply(model)
-            result = result if isinstance(result, tuple) else (result,)
-            count, reasons, node_reasons = (tuple(result) + ([], {}))[:3]
-            counts[p.name] = int(count or 0)
-            if reasons:
-                self.skipped[p.name] = list(reasons)
-            self.node_reasons[p.name] = dict(node_reasons)
+            if not isinstance(result, PassResult):
+                raise _contract_error(p, result)
+            counts[p.name] = result.count
+            if result.refusals:
+                self.skipped[p.name] = list(result.refusals)
+            if result.notes:
+                self.notes[p.name] = list(result.notes)
+            self.node_reasons[p.name] = dict(result.node_reasons)
             tracker.after(p.name, model, self.node_reasons)
             if after_each is not None:
                 after_each(p, model, counts[p.name])
         self.coverage = tracker.finish(model, self.node_reasons)
         return counts
+
+
+def _contract_error(p: Pass, result) -> Exception:
+    """A pass returned something other than a PassResult: the plugin's fault (bad input), or graphconv's."""
+    if p.origin == "builtin":
+        return InternalError(f"built-in pass {p.name!r} returned {type(result).__name__}, not a PassResult")
+    return InputError(f"pass {p.name!r} of plugin {p.origin!r} returned {type(result).__name__}, not "
+                      "passes.PassResult(count, refusals, node_reasons, notes)")

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from passes.manager import register_pass
+from passes.manager import PassResult, register_pass
 from passes.shapes import refine_reshape_minus_one, refine_static_dims
 
 
 @register_pass("refine-shapes", "static dims proved by onnxruntime's symbolic shape inference (e.g. head counts "
                                 "behind Reshape(x, [b, s, -1, d]))")
-def refine_shapes(model: ir.Model) -> int:
-    return refine_static_dims(model) + refine_reshape_minus_one(model)
+def refine_shapes(model: ir.Model) -> PassResult:
+    return PassResult(refine_static_dims(model) + refine_reshape_minus_one(model))

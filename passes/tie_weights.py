@@ -13,13 +13,10 @@ pair.
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 import onnx_ir as ir
 
-from graphconv.frontend import readahead
-from passes.manager import register_pass
+from passes.manager import PassResult, register_pass
 
 # Weights smaller than this are not worth a Transpose node (and small constants repeat by chance).
 MIN_ELEMENTS = 4096
@@ -42,20 +39,6 @@ def _fingerprint(arr: np.ndarray) -> tuple:
     corners, diagonal = _sampled(arr.shape)
     return (tuple(sorted(arr.shape)), str(arr.dtype), tuple(sorted(float(arr[ij]) for ij in corners)),
             tuple(float(arr[ij]) for ij in diagonal))
-
-
-def _ask_ahead(tensors: list) -> None:
-    """Ask the kernel to read the pages the fingerprints of these weights touch, all at once (posix_fadvise
-    WILLNEED): from a file not in the page cache, a page at a time took 2.3 s on the 1.1B benchmark model's
-    155 weights (each a disk round trip), against 0.05 s once cached."""
-    page, pages = mmap.PAGESIZE, []
-    for t in tensors:
-        if isinstance(t, ir.ExternalTensor) and t.path:
-            cols, size = t.shape[1], t.dtype.itemsize
-            for i, j in sum(_sampled(tuple(t.shape)), []):
-                at = (t.offset or 0) + int((i * cols + j) * size)
-                pages.append((t.path, at - at % page, page))
-    readahead.ask_files(pages)
 
 
 def _release(t) -> None:
@@ -91,7 +74,6 @@ def tie_weights(model: ir.Model) -> int:
             continue
         by_shape.setdefault((tuple(sorted(t.shape)), t.dtype), []).append(value)
     candidates = [v for values in by_shape.values() if len(values) > 1 for v in values]
-    _ask_ahead([v.const_value for v in candidates])
     groups: dict[tuple, list[ir.Value]] = {}
     for value in candidates:
         t = value.const_value
@@ -129,5 +111,5 @@ def tie_weights(model: ir.Model) -> int:
 
 
 @register_pass("tie-weights", "one copy of weights stored twice (tied embeddings: W and W^T -> W + Transpose)")
-def tie_weights_pass(model: ir.Model) -> int:
-    return tie_weights(model)
+def tie_weights_pass(model: ir.Model) -> PassResult:
+    return PassResult(tie_weights(model))

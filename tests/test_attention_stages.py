@@ -19,7 +19,7 @@ from passes.attention import flash, head_repeat, mask, scores, sdpa
 from passes.manager import apply_rules
 from test_fuse_attention import _attention_graph, _flat_alibi_graph, _native, _ort_run
 
-STAGES = [("scores", scores.RULES), ("head_repeat", head_repeat.RULES), ("mask", mask.RULES)]
+STAGES = [("scores", scores.rules), ("head_repeat", head_repeat.rules), ("mask", mask.rules)]
 
 
 def _sdpa_nodes(m: ir.Model) -> list[ir.Node]:
@@ -38,7 +38,7 @@ def _run_stages(model: onnx.ModelProto, upto: int) -> ir.Model:
     m = ir.from_proto(_named(model))
     m.candidates = [n.name for n in m.graph if n.op_type in ("Softmax", "Attention")]
     for _, rules in STAGES[:upto]:
-        apply_rules(rules, m)
+        apply_rules(rules(), m)
     return m
 
 
@@ -114,14 +114,14 @@ def test_a_late_refusal_is_expanded_back_and_explained(kwargs, stage, reason):
     # stage 1 took the candidate (the refusal is the later stage's), and that stage alone refuses it
     staged = _run_stages(original, 2)
     assert len(_sdpa_nodes(staged)) == 1
-    rules = {"flash": flash.RULES, "mask": mask.RULES}[stage]
-    count, reasons, _ = apply_rules(rules, staged)
-    assert count == 0 and any(reason in r for r in reasons), reasons
+    rules = {"flash": flash.rules, "mask": mask.rules}[stage]
+    result = apply_rules(rules(), staged)
+    assert result.count == 0 and any(reason in r for r in result.refusals), result.refusals
 
 
 def test_head_repeat_stage_leaves_an_unrepeated_sdpa_alone():
     m = _run_stages(_attention_graph(), 1)
     before = sdpa.Sdpa.read(_sdpa_nodes(m)[0])
-    assert apply_rules(head_repeat.RULES, m)[0] == 0
+    assert apply_rules(head_repeat.rules(), m).count == 0
     after = sdpa.Sdpa.read(_sdpa_nodes(m)[0])
     assert after.k is before.k and after.v is before.v

@@ -399,7 +399,6 @@ def _pairs_of(build) -> str | None:
     out = build(g, f)
     model = onnx.shape_inference.infer_shapes(g.model(out, TensorProto.FLOAT, None), data_prop=True)
     graph = ir.from_proto(model).graph
-    fuse_rope.FACTS.reset()
     value = next(v for n in graph for v in n.outputs if v.name == out)
     return fuse_rope.repeated_pairs(value)
 

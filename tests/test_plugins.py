@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
@@ -62,3 +63,22 @@ def test_entry_point_group_loads_plugins(tmp_path, monkeypatch):
         sys.path.remove(str(DOCS_EXAMPLES))
         manager._PASSES.pop("drop-mul-by-one", None)  # keep the default pipeline of later tests unchanged
         sys.modules.pop("drop_mul_by_one", None)
+
+
+@pytest.mark.parametrize("returned", ["0", "(0, [], {})"])
+def test_cli_refuses_a_plugin_pass_that_returns_no_pass_result(tmp_path, returned):
+    """A pass's apply returns a passes.PassResult, nothing else: a bare count or the old tuple is the
+    plugin's error, in one line naming the pass and its module (exit code 1), never coerced."""
+    (tmp_path / "bare_count.py").write_text(
+        "from passes import register_pass\n\n\n"
+        "@register_pass('bare-count', 'returns what a PassResult should hold')\n"
+        f"def bare_count(model):\n    return {returned}\n")
+    model = _model(tmp_path / "m.onnx")
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(model), "-o", str(tmp_path / "m.mindir"),
+                           "--plugin", "bare_count", "--no-simplify", "--quiet"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "'bare-count'" in lines[0] and "'bare_count'" in lines[0] and "PassResult" in lines[0], lines[0]
+    assert not (tmp_path / "m.mindir").exists()

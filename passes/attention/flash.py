@@ -98,4 +98,7 @@ class ToFlashAttention(SdpaRule):
         return result
 
 
-RULES = pattern.RewriteRuleSet([ToFlashAttention.rule()])
+def rules() -> pattern.RewriteRuleSet:
+    """The stage's rules, new for each application (why: passes.manager.rewrite_pass); a check hands its
+    analysis to its rewrite on the rule instance."""
+    return pattern.RewriteRuleSet([ToFlashAttention.rule()])

@@ -73,4 +73,7 @@ class UnrepeatHeads(SdpaRule):
         return s.build(op, out)
 
 
-RULES = pattern.RewriteRuleSet([UnrepeatHeads.rule()])
+def rules() -> pattern.RewriteRuleSet:
+    """The stage's rules, new for each application (why: passes.manager.rewrite_pass); a check hands its
+    analysis to its rewrite on the rule instance."""
+    return pattern.RewriteRuleSet([UnrepeatHeads.rule()])

@@ -150,4 +150,7 @@ class ProveMask(pattern.RewriteRuleClassBase):
         return s.build(op, out)
 
 
-RULES = pattern.RewriteRuleSet([ProveMask.rule()])
+def rules() -> pattern.RewriteRuleSet:
+    """The stage's rules, new for each application (why: passes.manager.rewrite_pass); a check hands its
+    analysis to its rewrite on the rule instance."""
+    return pattern.RewriteRuleSet([ProveMask.rule()])

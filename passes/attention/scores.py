@@ -390,5 +390,8 @@ class NativeToSdpa(pattern.RewriteRuleClassBase):
         return _build(op, self._found, attn)
 
 
-RULES = pattern.RewriteRuleSet([SoftmaxToSdpa.rule(island=False), SoftmaxToSdpa.rule(island=True),
-                                NativeToSdpa.rule()])
+def rules() -> pattern.RewriteRuleSet:
+    """The stage's rules, new for each application (why: passes.manager.rewrite_pass); a check hands its
+    analysis to its rewrite on the rule instance."""
+    return pattern.RewriteRuleSet([SoftmaxToSdpa.rule(island=False), SoftmaxToSdpa.rule(island=True),
+                                   NativeToSdpa.rule()])
