@@ -192,6 +192,8 @@ class Compiler:
             self.report.skipped_fusions = passes.skipped_fusions(self.pass_manager)
             if spill is not None:  # (merged weights of weights in files are written nowhere: made from their parts)
                 st.detail = {"spilled_bytes": spilled, "concatenated_bytes": spill.concatenated_bytes}
+            if self.pass_manager.notes:
+                st.detail["notes"] = self.pass_manager.notes
             fused = opmap.fused.attach_functions(ir.to_proto(ir_model))
             fused = onnx.shape_inference.infer_shapes(fused, data_prop=True)
             st.nodes_after = len(fused.graph.node)
