@@ -93,7 +93,7 @@ def test_export_notes_the_tie(tmp_path):
 def test_external_weights_are_tied_as_in_memory_without_asking_ahead(tmp_path, monkeypatch):
     """With the weights in a file, the pass fingerprints every 2-D weight that has a partner of its shape and
     finds the ties of the in-memory model; it asks the kernel for no pages itself (a pass reads what it
-    compares; reading ahead is the compile's: graphconv/frontend/readahead.py)."""
+    compares; reading ahead is the compile's schedule: graphconv/runtime/scheduling.py)."""
     import os
 
     from passes import tie_weights
