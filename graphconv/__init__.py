@@ -1,5 +1,11 @@
 """graphconv: compile PyTorch-born ONNX models into verified MindSpore MindIR for Ascend."""
 
+import os
+
+# onnxruntime's usage telemetry off (its documented opt-out; set before onnxruntime is first imported): a compiler
+# reports nothing about its users' models. A user's own setting wins.
+os.environ.setdefault("ORT_TELEMETRY_DISABLED", "1")
+
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError  # noqa: F401
 from graphconv.version import __version__  # noqa: F401
 

@@ -25,8 +25,12 @@ class ChildError(InternalError):
         self.traceback = tb
 
 
-def child_env() -> dict:
+def child_env(workdir: Path | None = None) -> dict:
+    """The environment of a child working in `workdir` (a run's private directory): its temporary files go
+    there too (MindSpore's imports make some, onnxruntime its session id file)."""
     env = dict(os.environ)
+    if workdir is not None:
+        env["TMPDIR"] = str(Path(workdir).absolute())
     env.setdefault("GLOG_v", "3")  # MindSpore: errors only
     env.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "upb")
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2])] +
@@ -48,7 +52,7 @@ def _die_with_parent() -> None:
 
 def _start(args: list[str], workdir: Path, log, stdin, stdout) -> subprocess.Popen:
     """`python -m graphconv.runtime.worker ARGS` with cwd=workdir (MindSpore drops files in the cwd), errors to `log`."""
-    return subprocess.Popen([sys.executable, "-m", "graphconv.runtime.worker", *args], cwd=workdir, env=child_env(),
+    return subprocess.Popen([sys.executable, "-m", "graphconv.runtime.worker", *args], cwd=workdir, env=child_env(workdir),
                             stdin=stdin, stdout=stdout, stderr=log,
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
 
