@@ -121,6 +121,10 @@ class Report:
             for row in pr.get("layers", []):
                 lines.append(f"    {row['op']:<22} {row['value'][:28]:<28} max_abs {row['max_abs']:.3g}  "
                              f"mean_abs {row['mean_abs']:.3g}  cosine {row['cosine']:.6f}")
+        if self.scheduling:
+            off = [k for k, on in self.scheduling.get("switches", {}).items() if not on]
+            said = [f"oracle {self.scheduling['oracle']}"] if "oracle" in self.scheduling else []
+            lines.append("  scheduling: " + "; ".join(said + [f"off: {', '.join(off)}" if off else "every mechanism on"]))
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         for k, v in self.artifacts.items():

@@ -138,6 +138,8 @@ class Verification:
                          "child_peak_rss_after_block": max(b["rss_after"] for b in done["blocks"]),
                          "child_peak_rss": done.get("peak_rss")}
             self.c.report.validation["layer_streamed"] = {"threshold_bytes": THRESHOLD_BYTES, "blocks": rows}
+            if self.c.schedule.block_read_ahead:  # (how many weights of each block a second thread read ahead)
+                self.c.report.scheduling["block_weights_read_ahead"] = [b["weights_read_ahead"] for b in done["blocks"]]
             if failure is not None:
                 self.c.report.validation["status"] = "failed"
                 raise VerificationError(f"layer-streamed verification failed at {failure}")

@@ -109,7 +109,7 @@ def test_compile_scale_synthetic_model(tmp_path):
     # each block's weights in files were read by a second thread while the block before it ran (the prologue's
     # while the graph exported): the embedding; the 6 of a Llama layer's 8 that are in files (q, k, v, o, the
     # merged gate/up, down; the two RMSNorm gammas are small, in memory); the head
-    assert [b["weights_read_ahead"] for b in blocks] == [1, 6, 6, 6, 6, 1]
+    assert streamed.scheduling["block_weights_read_ahead"] == [1, 6, 6, 6, 6, 1]
     assert _final(streamed) == _final(whole)
     # the layer-streamed compile, which reads the weights twice after the passes, asked the kernel for the
     # whole weights file from its start (graphconv/runtime/scheduling.py); the whole-network one did not
@@ -136,7 +136,7 @@ def test_compile_scale_model_with_dynamos_scopes_runs_its_layer_class(tmp_path):
     assert all(b["kind"] == "layer" and b["class"] == "LlamaDecoderLayer" for b in layers)
     assert all(b["values"] == [f"l{k}_residual_mlp"] and b["max_abs"] < 1e-4 for k, b in enumerate(layers))
     assert [b["compiled_again"] for b in layers] == [True, False, False, False]
-    assert [b["weights_read_ahead"] for b in blocks] == [1, 6, 6, 6, 6, 1]
+    assert streamed.scheduling["block_weights_read_ahead"] == [1, 6, 6, 6, 6, 1]
     assert _final(streamed) == _final(whole)
 
 
@@ -147,7 +147,8 @@ def test_without_read_ahead_the_blocks_read_their_own_weights(tmp_path, monkeypa
     monkeypatch.setenv("GRAPHCONV_SCHEDULING", "-block_read_ahead")
     alone = _compile(path, tmp_path / "b.mindir", layer_streamed=True)
     assert alone.scheduling["switches"]["block_read_ahead"] is False
-    assert [b["weights_read_ahead"] for b in alone.validation["layer_streamed"]["blocks"]] == [0] * (cfg.layers + 2)
+    assert ahead.scheduling["block_weights_read_ahead"] == [1, 6, 6, 6, 6, 1]
+    assert "block_weights_read_ahead" not in alone.scheduling
     assert _final(alone) == _final(ahead)
     assert ([b.get("max_abs") for b in alone.validation["layer_streamed"]["blocks"]]
             == [b.get("max_abs") for b in ahead.validation["layer_streamed"]["blocks"]])

@@ -71,7 +71,7 @@ def compare_blocks(blocks: list[dict], onnx_names: dict[str, str], cases, expect
 def _row(b: dict) -> dict:
     return {"block": b["name"], "kind": b["kind"], "class": b.get("class"), "weight_bytes": b["weight_bytes"],
             "seconds": b["seconds"], "rss_after": b["rss_after"], "compiled_again": not b["reused"],
-            **{k: b[k] for k in ("weights_seconds", "write_seconds", "weights_read_ahead") if k in b}}
+            **{k: b[k] for k in ("weights_seconds", "write_seconds") if k in b}}
 
 
 def oracle_values(model, names: list[str], cases) -> list[dict[str, np.ndarray]]:
