@@ -205,7 +205,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     from graphconv.workspace import Workspace
 
     progress = progress or SILENT
-    gen_dir = Path(gen_dir)
+    gen_dir = Path(gen_dir).absolute()  # (the MindSpore child works in another directory)
     gen = _load_generation(gen_dir)
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")

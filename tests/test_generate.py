@@ -235,6 +235,23 @@ def test_input_ids_file_and_plain_output(llama_gen, tmp_path):
     assert "check: 3 steps match onnxruntime" in proc.stderr
 
 
+def test_relative_paths_from_another_directory(llama_gen, tmp_path):
+    """A user in some other directory names GEN_DIR and the ONNX pair relatively: the same tokens as the
+    absolute paths give (the MindSpore child works in a directory of its own)."""
+    _, out, gen = llama_gen
+    ids = _ids_arg(PROMPTS[:2])
+    absolute = _run(str(gen), "--input-ids", ids, "--max-new-tokens", "3")
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    relative = subprocess.run([sys.executable, "-m", "graphconv", "generate", os.path.relpath(gen, here), "--input-ids",
+                               ids, "--max-new-tokens", "3", "--check", "--onnx-dir", os.path.relpath(out, here)],
+                              capture_output=True, text=True, cwd=here,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert absolute.returncode == 0 and relative.returncode == 0, relative.stderr
+    assert relative.stdout == absolute.stdout and len(relative.stdout.splitlines()) == 2
+    assert list(here.iterdir()) == []
+
+
 def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):
     """GPT-2: learned absolute positions (the left-padded rows' position_ids matter), eos = pad = 127."""
     torch.manual_seed(0)
