@@ -1,6 +1,6 @@
 """The exceptions that end a graphconv run, each carrying the exit code of the shared contract.
 
-Exit codes (ARCHITECTURE.md): 0 verified or unverified-by-request, 1 bad input or unsupported model,
+Exit codes (docs/design.md, contracts): 0 verified or unverified-by-request, 1 bad input or unsupported model,
 2 verification failed, 3 internal error. The CLI turns these into one line on stderr; anything that is
 not a GraphconvError is an internal error.
 """

@@ -1,6 +1,6 @@
 """The compile report: one object every stage writes into, serialised as the JSON of the shared contract.
 
-Fields (ARCHITECTURE.md): graphconv_version, provenance, model, stages, fusions, census, validation,
+Fields (docs/design.md, contracts): graphconv_version, provenance, model, stages, fusions, census, validation,
 artifacts, warnings. `summary()` renders the same content for a human.
 """
 

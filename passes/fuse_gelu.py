@@ -17,7 +17,7 @@ Spellings matched (each with Mul/Add operands in either order), T being the inne
               (Whisper's conv stem through TorchScript) -> 2 * GELU(x), exact (a power of two)
   native      opset 20's Gelu(x, approximate="none" | "tanh")
   quick       Mul(x, Sigmoid(Mul(x, 1.702))) -> mindspore::FastGelu (MindSpore's FastGeLU is exactly
-              x * sigmoid(1.702 x), FUSED_OPS.md): CLIP's quick_gelu, transformers' QuickGELUActivation
+              x * sigmoid(1.702 x), docs/fused_ops.md): CLIP's quick_gelu, transformers' QuickGELUActivation
 Constants are compared with a relative tolerance of 1e-5 (exporters print them at fp32 precision), or the
 rounding of their dtype (fp16/bf16 constants).
 Refused (the report's check reasons): constants of other values (e.g. "coeff is 0.1, GELU's is 0.044715",

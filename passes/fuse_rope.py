@@ -16,7 +16,7 @@ the rewrite inserts (one per cos/sin value, shared by every fused node that read
 anywhere: computed from inv_freq and positions (transformers' default), or gathered by position ids from a
 constant cos/sin cache (GPT-J's embed_positions sincos table, older Llama's cos_cached[position_ids]).
 
-Mode 1 also needs cos[2i] = cos[2i+1] (and the same for sin; FUSED_OPS.md), which is proved from the graph
+Mode 1 also needs cos[2i] = cos[2i+1] (and the same for sin; docs/fused_ops.md), which is proved from the graph
 (`repeated_pairs`) or the fusion is refused: a constant is compared; repeat_interleave(f, 2, -1) as the exporters
 write it (Unsqueeze(-1), Expand of the new size-1 axis to 2 -- or TorchScript's Tile by [1, .., 1, 2] --, Reshape
 merging the last two axes) creates the property; elementwise ops (Cos, Sin, Cast, Mul by a scalar or by another
@@ -63,7 +63,7 @@ from passes import coverage, match
 from passes.manager import rewrite_pass
 from passes.shapes import _snapshot, _symbolic_shapes  # noqa: F401  (tests patch them here)
 
-MAX_HEAD_DIM = 896  # D < 896 (FUSED_OPS.md)
+MAX_HEAD_DIM = 896  # D < 896 (docs/fused_ops.md)
 MAX_BATCH_HEADS = 1000  # B, N < 1000 (the primitive's docstring)
 
 # The cos/sin shapes RotaryPositionEmbedding accepts, as the axes among x's first three where cos/sin have size
@@ -189,7 +189,7 @@ def _last_axis(axis: int | None, rank: int) -> bool:
 
 
 # --- mode 1's cos/sin: each angle repeated twice along the last axis -------------------------------------------
-# RotaryPositionEmbedding mode 1 takes cos/sin with cos[2i] = cos[2i+1] (FUSED_OPS.md); the kernel may read one of
+# RotaryPositionEmbedding mode 1 takes cos/sin with cos[2i] = cos[2i+1] (docs/fused_ops.md); the kernel may read one of
 # each pair. That is proved on the graph, never assumed: a value has *repeated pairs* when its last dim is even
 # and v[..., 2i] = v[..., 2i+1]. Since the last dim is even, that is the same as flat[2m] = flat[2m+1] in row-major
 # order, which every reshape keeps.

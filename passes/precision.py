@@ -15,7 +15,7 @@ A node computes in the low dtype when any of its float inputs is low (weights co
 fp32; casts are inserted where the two meet, one per value and direction. The model's inputs and outputs keep
 their fp32 type (the network casts at its boundary), so the emitted MindIR is called exactly like the fp32
 one. Fused `mindspore::` ops take low-precision inputs and compute inside in fp32, as their kernels do
-(FUSED_OPS.md: RmsNorm, RotaryPositionEmbedding, Swiglu "in fp32, cast out"); their function bodies say so
+(docs/fused_ops.md: RmsNorm, RotaryPositionEmbedding, Swiglu "in fp32, cast out"); their function bodies say so
 with Cast/CastLike, so the cpu twin inlines the same behaviour.
 
 `emulate_in_fp32(model, "bf16")` is for running on MindSpore CPU, which has no bf16 kernels for MatMul,
@@ -43,7 +43,7 @@ TOLERANCE_KEY = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 CPU_EMULATED = {"fp16": False, "bf16": True}
 
 KEEP_FP32 = (
-    # norm statistics (fused norms compute their statistics in fp32 inside the kernel: FUSED_OPS.md)
+    # norm statistics (fused norms compute their statistics in fp32 inside the kernel: docs/fused_ops.md)
     "ReduceMean", "ReduceSumSquare", "ReduceL2", "Pow", "Sqrt",
     "LayerNormalization", "RMSNormalization", "GroupNormalization", "InstanceNormalization",
     # softmax and large reductions

@@ -794,7 +794,7 @@ def test_cpu_lowering_repeats_kv_heads_with_a_constant_gather():
 
 
 def test_fp16_attention_inputs_beyond_fp16_tolerance(tmp_path, monkeypatch):
-    """FlashAttentionScore takes q/k/v in fp16 only (FUSED_OPS.md), so the ascend network of an fp32 model
+    """FlashAttentionScore takes q/k/v in fp16 only (docs/fused_ops.md), so the ascend network of an fp32 model
     computes attention from fp16 inputs; the compile measures that by the ascend-precision variant at fp16's
     tolerance. In a deep model a few values go past it (the 7B benchmark: 78 logits in 1.76M, within 100x):
     the compile succeeds with a warning that names the op and the pass to disable. Past 100x the tolerance

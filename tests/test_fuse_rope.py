@@ -542,7 +542,7 @@ def _numpy_rope(x, cos, sin, mode):
 @pytest.mark.parametrize("mode", [0, 1])
 @pytest.mark.parametrize("opset", [13, 18])
 def test_reference_body_is_the_documented_formula(mode, opset):
-    """The function body equals FUSED_OPS.md's formula written in numpy, with arbitrary cos/sin (no structure
+    """The function body equals docs/fused_ops.md's formula written in numpy, with arbitrary cos/sin (no structure
     assumed), for both modes and for cos/sin broadcast as (1,1,S,D)."""
     node = helper.make_node("RotaryPositionEmbedding", ["x", "cos", "sin"], ["y"], domain="mindspore", mode=mode)
     g = helper.make_graph([node], "rpe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, "s", D]),

@@ -237,7 +237,7 @@ def upgrade(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def name_nodes(model: onnx.ModelProto) -> None:
-    """Give unnamed nodes the stable name `<op>_<index>` (ARCHITECTURE.md contracts): every later stage,
+    """Give unnamed nodes the stable name `<op>_<index>` (docs/design.md, contracts): every later stage,
     the report and `graphconv debug` then speak of the same nodes."""
     used = {n.name for n in model.graph.node if n.name}
     for k, node in enumerate(model.graph.node):

@@ -3,7 +3,7 @@
 It names the values (from their hints: the ONNX value names), drops the nodes whose results nothing uses,
 writes one statement per ONNX node (a value used once, by a later node of the same ONNX node and block, is
 written inline into its user), renders If blocks, and writes each repeated layer class once (with
-`@mindspore.lazy_inline` on its __init__: ARCHITECTURE.md decision 5) with a CellList of its instances.
+`@mindspore.lazy_inline` on its __init__: docs/design.md, decision 5) with a CellList of its instances.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A MindIR is a `mind_ir.ModelProto`; primitive calls are nodes whose op_type is "REF::<Primitive>:<uid>",
 and sub-graphs (lazy_inline blocks, control flow) live in `functions`. Counts are weighted by calls: the
-primitives of a function graph called N times count N times (ARCHITECTURE.md contracts).
+primitives of a function graph called N times count N times (docs/design.md, contracts).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reference inputs and the oracle (ARCHITECTURE.md contracts).
+"""Reference inputs and the oracle (docs/design.md, contracts).
 
 Reference inputs: two cases, each giving every symbolic dim a concrete size that is unlikely to be the
 export size; integer ids drawn below the size of the table they index; attention masks with one row

@@ -1,4 +1,4 @@
-"""mindspore::FastGelu(x) -> y = x * sigmoid(1.702 * x), MindSpore's `FastGeLU` primitive (FUSED_OPS.md).
+"""mindspore::FastGelu(x) -> y = x * sigmoid(1.702 * x), MindSpore's `FastGeLU` primitive (docs/fused_ops.md).
 
 The "quick GELU" of CLIP (transformers' `quick_gelu` / QuickGELUActivation), not the exact or the tanh GELU.
 MindSpore 2.10 documents FastGeLU as x / (1 + exp(-1.702|x|)) * exp(0.851 (x - |x|)), which is x * sigmoid(1.702 x)

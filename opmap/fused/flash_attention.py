@@ -1,6 +1,6 @@
 """mindspore::FlashAttentionScore(query, key, value, attn_mask, real_shift; scale, head_num, kv_head_num,
 mask_kind, input_layout, sparse_mode[, dtype]) -> attention_out, MindSpore's `ops.flash_attention_score`
-(FUSED_OPS.md).
+(docs/fused_ops.md).
 
 Layout BNSD: query (B, N1, S1, D), key and value (B, N2, S2, D), output (B, N1, S1, D). GQA: N1 is a multiple
 of N2 and query head n reads kv head n // (N1 / N2) (repeat_interleave of the kv heads, as HF's repeat_kv).
@@ -17,7 +17,7 @@ partly masked row's softmax bit-identical: S + fill rounds to fill, or underflow
 at another, and an ONNX function body cannot branch on a missing input; two inputs would need placeholders,
 and the ascend cost of Where(c, 0, fill) < 0 instead of not(c) is one elementwise op on the mask.)
 
-real_shift (the primitive's `pse`) is an additive position bias, added to Q . K^T BEFORE the scale: FUSED_OPS.md,
+real_shift (the primitive's `pse`) is an additive position bias, added to Q . K^T BEFORE the scale: docs/fused_ops.md,
 and CANN's aclnnFlashAttentionScoreV2, whose pse_type 1 "is the FlashAttentionScore formula" while its other
 types "mul first, then add". Shapes (B, N1, S1, S2), (B, N1, 1, S2) or (1, N1, S1, S2) (CANN's list). A scalar
 0 means none (the ascend lowering passes None). ALiBi (Bloom: scores = inv_norm * Q . K^T + alibi) arrives as
@@ -134,7 +134,7 @@ def compute_dtype(model_dtype: ir.DataType | None, requested: str | None) -> ir.
 
 def ascend_qkv(n):
     """The checked compute dtype, its MindSpore dtype, and q/k/v cast to it: the primitives of this family take
-    fp16/bf16 only (FUSED_OPS.md)."""
+    fp16/bf16 only (docs/fused_ops.md)."""
     layout, sparse_mode = n.attr("input_layout", "BNSD"), int(n.attr("sparse_mode", 0))
     if layout != "BNSD" or sparse_mode != 0:
         n.fail(f"only input_layout BNSD with sparse_mode 0 is emitted (got {layout}, {sparse_mode})")

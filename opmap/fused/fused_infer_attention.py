@@ -1,6 +1,6 @@
 """mindspore::FusedInferAttentionScore(query, key, value, attn_mask, real_shift; scale, head_num, kv_head_num,
 mask_kind, input_layout, sparse_mode[, dtype]) -> attention_out, MindSpore's `ops.fused_infer_attention_score`
-(FUSED_OPS.md, "Generation-time attention"): attention over a KV cache, one primitive for prefill and decode
+(docs/fused_ops.md, "Generation-time attention"): attention over a KV cache, one primitive for prefill and decode
 (a query of length 1 takes its IncreFlashAttention branch, a longer one PromptFlashAttention's).
 
 The fusion (passes/attention/flash.py) chooses it for an SDPA whose keys and values are a cache: a Concat of

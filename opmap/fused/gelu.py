@@ -1,4 +1,4 @@
-"""mindspore::Gelu(x) -> y (exact, erf) and mindspore::GeluTanh(x) -> y (tanh approximation) (FUSED_OPS.md).
+"""mindspore::Gelu(x) -> y (exact, erf) and mindspore::GeluTanh(x) -> y (tanh approximation) (docs/fused_ops.md).
 
 Gelu      y = 0.5 * x * (1 + erf(x / sqrt(2)))                                  ascend: GeluExt(x, 'none')
 GeluTanh  y = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))        ascend: GeLU(x)

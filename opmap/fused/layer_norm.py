@@ -1,4 +1,4 @@
-"""mindspore::LayerNorm(x, gamma, beta; epsilon) -> y, MindSpore's `ops.LayerNorm` primitive (FUSED_OPS.md).
+"""mindspore::LayerNorm(x, gamma, beta; epsilon) -> y, MindSpore's `ops.LayerNorm` primitive (docs/fused_ops.md).
 
 y = (f32(x) - mean) / sqrt(var + eps) * f32(gamma) + f32(beta), cast back to x's dtype, with mean and the
 population variance over the last axis. graphconv fuses only the last-axis form with gamma and beta of that

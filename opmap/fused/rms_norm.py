@@ -1,4 +1,4 @@
-"""mindspore::RmsNorm(x, gamma; epsilon) -> y, MindSpore's `ops.rms_norm` (FUSED_OPS.md).
+"""mindspore::RmsNorm(x, gamma; epsilon) -> y, MindSpore's `ops.rms_norm` (docs/fused_ops.md).
 
 rstd = 1 / sqrt(mean(f32(x)^2 over the last axis) + eps); y = cast_out(f32(x) * rstd * f32(gamma)).
 graphconv fuses only gamma of rank 1 (the last axis), the form whose semantics are confirmed.

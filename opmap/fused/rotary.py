@@ -1,5 +1,5 @@
 """mindspore::RotaryPositionEmbedding(x, cos, sin; mode) -> y, MindSpore's `ops.rotary_position_embedding`
-(FUSED_OPS.md).
+(docs/fused_ops.md).
 
 x is 4-D (BNSD, BSND or SBND), D = x.shape[-1] even; cos and sin broadcast to x (the pass checks the shapes
 the primitive accepts). In fp32, cast back to x's dtype:

@@ -1,4 +1,4 @@
-"""mindspore::SiLU(x) -> y = x * sigmoid(x), MindSpore's `ops.silu` (primitive SiLU; FUSED_OPS.md).
+"""mindspore::SiLU(x) -> y = x * sigmoid(x), MindSpore's `ops.silu` (primitive SiLU; docs/fused_ops.md).
 
 Computed in fp32 and cast back to x's dtype.
 """

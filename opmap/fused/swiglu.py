@@ -1,4 +1,4 @@
-"""mindspore::Swiglu(x; dim) -> y, MindSpore's `Swiglu` primitive (ops.auto_generate; FUSED_OPS.md).
+"""mindspore::Swiglu(x; dim) -> y, MindSpore's `Swiglu` primitive (ops.auto_generate; docs/fused_ops.md).
 
 a, b = split(x, 2, dim); y = silu(a) * b, computed in fp32 and cast back to x's dtype. The FIRST half goes
 through SiLU (MindSpore's golden test and CANN's aclnnSwiGlu agree), so a merged gate/up projection

@@ -4,7 +4,7 @@ The packed weights stay the initializers they are (same bytes, same uint8 type),
 carries them packed; the graph unpacks them with BitShift and BitwiseAnd (Mod below opset 18), subtracts the
 zero point, multiplies by the scale and then runs the float op (MatMul, Gather) a PyTorch export would have.
 MindSpore's WeightQuantBatchMatmul is not emitted: its int4 nibble order is unconfirmed
-(/work/shared/FUSED_OPS.md), so the weights are dequantized in the network on every target, and the load
+(docs/fused_ops.md), so the weights are dequantized in the network on every target, and the load
 stage reports that for each weight (`quantized_weights`).
 
 Semantics read from onnxruntime's contrib schemas (docs/ContribOperators.md) and CPU kernels
