@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """mindir_stream: peak memory and wall time of writing the MindIR of a large model, mindspore.export's way
-(every Parameter resident) against graphconv/target/mindir_stream's (graph on lazy Parameters, weights copied
+(every Parameter resident) against graphconv/runtime/mindir_stream's (graph on lazy Parameters, weights copied
 in bounded chunks), for one of benchmarks/compile_scale.py's synthetic Llama models.
 
 In one run: builds the model (compile_scale.build_model: external fp32 weights), runs graphconv's own stages up

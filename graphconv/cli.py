@@ -115,7 +115,7 @@ def _precision_options(command):
 @click.option("--save-fused", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the fused ONNX graph (mindspore-domain ops with their function bodies).")
 @click.option("--bundle", type=click.Path(file_okay=False, path_type=Path),
-              help="Also write an Ascend deploy bundle into this new directory (see README).")
+              help="Also write an Ascend deploy bundle into this new directory (see docs/cli.md).")
 @click.option("--soc", default="Ascend910B", show_default=True, help="Ascend SoC the bundle's commands target.")
 @click.option("--cann", metavar="VERSION", help="CANN version for the bundle's ATC commands (default: newest known).")
 @click.option("--shape-range", "shape_range", metavar="DIM=MIN..MAX,...",
@@ -130,7 +130,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU.
 
     MODEL may be the folder `graphconv export --task text-generation-with-past` wrote: both graphs are
-    compiled and verified into the new folder -o GEN_DIR (see README), ready for `graphconv generate`.
+    compiled and verified into the new folder -o GEN_DIR (see docs/cli.md), ready for `graphconv generate`.
     """
     from graphconv import pair
     from graphconv.pipeline import compile as compile_model

@@ -1,7 +1,7 @@
 """Layer-streamed verification (graphconv/runtime/blocks.py): the generated network run block by block
 (prologue, one layer Cell at a time with only its weights, epilogue), each block's boundary values compared
 with onnxruntime's. Forced on small models with CompileOptions.layer_streamed=True (the default threshold,
-blockwise.THRESHOLD_BYTES, is 2 GiB of Parameters)."""
+options.THRESHOLD_BYTES, is 2 GiB of weights)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from graphconv.verify import reference
 # Weights above this size go to an external data file (the child maps them lazily).
 _EXTERNAL_THRESHOLD = 1024
 # A network whose weights come from files (the model's external data: how large models arrive) and exceed
-# this many bytes is exported streamed (graphconv/target/mindir_stream: its weights are never all in memory).
+# this many bytes is exported streamed (graphconv/runtime/mindir_stream.py: its weights are never all in memory).
 # Smaller ones keep mindspore.export, which below its own 1 GiB (TOTAL_SAVE) writes one .mindir holding the
 # weights; above it both write the same split layout (<name>_graph.mindir + <name>_variables/data_0).
 STREAM_MIN_BYTES = 1 << 30
@@ -80,7 +80,7 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
         "param_names": [p.name for p in net.params], "inputs": placeholders(model),
         "param_layouts": {p.name: p.transposed for p in net.params},
         "param_shapes": {p.name: [list(p.shape), p.dtype] for p in net.params},
-        # graphconv/target/worker._export_streamed (a checkpoint asked for is copied from the MindIR's weights)
+        # graphconv/runtime/export_tasks._export_streamed (a checkpoint asked for is copied from the MindIR's weights)
         "streamed": bool(external) and param_bytes > STREAM_MIN_BYTES,
     }
     return net, task
