@@ -213,17 +213,17 @@ def test_blocks_that_cannot_be_prepared_fail_the_compile_after_the_export(tmp_pa
     """The child prepares the layer-streamed run (blocks.Prepared: the block classes' module imported, the
     cases loaded) before it exports the graph; an error there waits for the export and is reported as the
     run's error: a one-line compile error naming it, and nothing written at the output."""
-    from graphconv import pipeline
+    from graphconv import verification
     from graphconv.errors import GraphconvError
 
-    block_plan = pipeline.Compiler._block_plan
+    block_plan = verification.Verification._block_plan
 
     def unwritable_module(self, loaded, checked_net, ws):
         plan = block_plan(self, loaded, checked_net, ws)
         plan["module"] = str(tmp_path / "no such folder" / "blocks.py")  # Prepared cannot import it
         return plan
 
-    monkeypatch.setattr(pipeline.Compiler, "_block_plan", unwritable_module)
+    monkeypatch.setattr(verification.Verification, "_block_plan", unwritable_module)
     with pytest.raises(GraphconvError) as caught:
         _compile(TINY, tmp_path / "m.mindir", layer_streamed=True)
     message = str(caught.value)
