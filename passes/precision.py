@@ -33,6 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphconv.frontend import weights
 from graphconv.frontend.param_names import record_made
+from graphconv.onnx_domains import find_default_opset
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 LOW_DTYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
@@ -157,7 +158,7 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     sub = sorted({n.op_type for n in g.node if n.op_type in _SUBGRAPH_OPS})
     if sub:
         raise PrecisionError(f"--precision does not handle control flow yet ({', '.join(sub)}); compile at fp32")
-    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
+    opset = find_default_opset(model) or 0
     floats = _float_values(model)
     nodes = list(g.node)
     cone = _angle_cone(nodes, floats, keep)

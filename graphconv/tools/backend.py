@@ -50,6 +50,7 @@ from graphconv.frontend import load
 from graphconv.target import constant_fold, emit, lowering, node_context
 from graphconv.target.child import ChildError, Server
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
+from graphconv.onnx_domains import find_default_opset
 
 MIN_OPSET, MAX_OPSET = load.MIN_OPSET, load.MAX_OPSET
 _NODE_ERROR = re.compile(r"node '([^']*)' \(")
@@ -61,10 +62,6 @@ _BIND_MAX_ELEMENTS = 64
 
 
 # --- the load stage for an in-memory model --------------------------------------------------------------------
-
-
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    return next((i.version for i in model.opset_import if i.domain in load.DEFAULT_DOMAINS), None)
 
 
 def check_interface(model: onnx.ModelProto) -> None:
@@ -217,7 +214,7 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
     constants (evaluated with onnx.reference) become initializers, an If with a constant condition is replaced by
     its taken branch; repeated until nothing changes."""
     model = _reinfer(model)
-    opset = _default_opset(model) or MIN_OPSET
+    opset = find_default_opset(model) or MIN_OPSET
     for _ in range(16):
         graph = model.graph
         consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
