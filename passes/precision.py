@@ -33,7 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphconv.frontend import weights
 from graphconv.frontend.param_names import record_made
-from graphconv.onnx_domains import find_default_opset
+from graphconv.onnx_domains import find_default_opset, is_default_domain, op_key  # noqa: F401 (op_key: API)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 LOW_DTYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
@@ -113,17 +113,12 @@ def check_keep(ops: tuple[str, ...]) -> None:
                              "(ONNX op types, or fused ops as mindspore::Name)")
 
 
-def op_key(node: onnx.NodeProto) -> str:
-    """`Op` for the default domain, `domain::Op` otherwise (how keep sets and reports name ops)."""
-    return f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
-
-
 def _float_values(model: onnx.ModelProto) -> set[str]:
     vis = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
     out = {v.name for v in vis if v.type.tensor_type.elem_type == TensorProto.FLOAT}
     out |= {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
     for n in model.graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+        if n.op_type == "Constant" and is_default_domain(n.domain):
             for a in n.attribute:
                 if a.name in ("value", "value_float", "value_floats") and (
                         a.name != "value" or a.t.data_type == TensorProto.FLOAT):
@@ -185,7 +180,7 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     for i, n in enumerate(nodes):
         key = op_key(n)
         float_in = [k for k, x in enumerate(n.input) if x and x in floats]
-        fused = n.domain not in ("", "ai.onnx")
+        fused = not is_default_domain(n.domain)
         pinned = key in keep or n.op_type in keep or i in cone or (fused and opset < 15)
         # Weights are low by nature; scalar constants and fp32-context values do not decide.
         runs_low = not pinned and any(state.get(n.input[k]) == "low" or is_weight(n.input[k]) for k in float_in)
@@ -204,7 +199,7 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
                     out.input[k] = cast(x, "low")
             elif state[x] != target:
                 out.input[k] = cast(x, target)
-        if n.op_type == "Cast" and n.domain in ("", "ai.onnx") and runs_low:
+        if n.op_type == "Cast" and is_default_domain(n.domain) and runs_low:
             to = next(a for a in out.attribute if a.name == "to")
             if to.i == TensorProto.FLOAT:
                 to.i = low
@@ -307,7 +302,7 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
         new_nodes.append(n)
         if n.op_type == "Constant":
             continue
-        is_cast = n.op_type == "Cast" and n.domain in ("", "ai.onnx")
+        is_cast = n.op_type == "Cast" and is_default_domain(n.domain)
         for k, name in enumerate(n.output):
             if not name or typed.get(name) != low:
                 continue

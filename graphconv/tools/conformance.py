@@ -36,7 +36,7 @@ import onnx
 
 from graphconv.verify.compare import compare
 from graphconv.progress import SILENT, Progress
-from graphconv.onnx_domains import find_default_opset
+from graphconv.onnx_domains import DEFAULT_DOMAINS, find_default_opset
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 APPLICABLE_DTYPES = ("float32", "float16", "int8", "int32", "int64", "uint8", "bool")
@@ -142,7 +142,7 @@ def exclusion(model: onnx.ModelProto, op: str, inputs: list | None = None) -> st
     names = [vi.name for vi in model.graph.input if vi.name not in {t.name for t in model.graph.initializer}]
     feeds = dict(zip(names, [_array(v) for v in (inputs or [])]))
     domains = sorted(({i.domain for i in model.opset_import} | {n.domain for n in model.graph.node})
-                     - {"", "ai.onnx"})
+                     - set(DEFAULT_DOMAINS))
     if _TRAINING_DOMAIN in domains:
         return f"training: domain {_TRAINING_DOMAIN}"
     if domains:

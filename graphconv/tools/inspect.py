@@ -25,12 +25,12 @@ def inspect_onnx(path: Path) -> dict:
     import onnx
 
     from graphconv.frontend.load import check_external_data, read_proto
+    from graphconv.onnx_domains import op_key
     from graphconv.verify.reference import input_specs, output_specs
 
     model = read_proto(path)
     check_external_data(model, path.parent)
-    ops = Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-                  for n in model.graph.node)
+    ops = Counter(op_key(n) for n in model.graph.node)
     n_params, n_bytes = 0, 0
     for t in model.graph.initializer:
         count = int(np.prod(t.dims, dtype=np.int64))

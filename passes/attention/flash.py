@@ -19,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.onnx_domains import is_default_domain
 from passes import match
 from passes.attention.scores import Refused
 from passes.attention.sdpa import Sdpa, SdpaRule
@@ -58,7 +59,7 @@ def is_cache(value: ir.Value) -> bool:
     """A KV cache as exports write it: Concat along the sequence axis (2 of BNSD) of a graph input (the past)
     and the new values."""
     node = value.producer()
-    if node is None or node.op_type != "Concat" or node.domain not in match.STANDARD_DOMAINS:
+    if node is None or node.op_type != "Concat" or not is_default_domain(node.domain):
         return False
     axis = node.attributes["axis"].value if "axis" in node.attributes else None
     rank = value.shape.rank() if value.shape is not None else None
