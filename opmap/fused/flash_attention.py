@@ -40,7 +40,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused.record import FusedOp, define, int64_constant
+from opmap.fused.record import FusedOp, define, from_fp32, int64_constant
 from opmap.registry import register
 
 ATTRIBUTES = ("scale", "head_num", "kv_head_num", "mask_kind", "input_layout", "sparse_mode", "dtype")
@@ -62,8 +62,6 @@ def _make_body(round_to: int | None):
     """The body; with round_to (a TensorProto dtype) q/k/v and the output are rounded through that dtype."""
 
     def body(opset: int) -> list[onnx.NodeProto]:
-        # Before opset 15 there is no CastLike back to the query's dtype: the fusion takes fp32 only there.
-        cast_back = opset >= 15
         nodes: list[onnx.NodeProto] = []
 
         def to32(src: str, dst: str) -> None:
@@ -107,8 +105,8 @@ def _make_body(round_to: int | None):
         if round_to is not None:
             nodes += [helper.make_node("Cast", ["o32_full"], ["o_lp"], to=round_to),
                       helper.make_node("Cast", ["o_lp"], ["o32"], to=TensorProto.FLOAT)]
-        nodes.append(helper.make_node("CastLike", ["o32", "query"], ["attention_out"]) if cast_back else
-                     helper.make_node("Identity", ["o32"], ["attention_out"]))
+        # (before opset 15 no CastLike back to the query's dtype: the fusion takes fp32 only there)
+        nodes.append(from_fp32(opset, "o32", "query", "attention_out"))
         return nodes
 
     return body
