@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from opmap.fused.record import FusedOp, define, fp32_island, to_fp32
+from opmap.fused.record import FusedOp, attr_constant, define, fp32_island, to_fp32
 from opmap.registry import register
 
 
@@ -30,11 +30,8 @@ def _body(opset: int) -> list[onnx.NodeProto]:
     nodes += mean("x32", "mu")
     nodes += [helper.make_node("Sub", ["x32", "mu"], ["d"]), helper.make_node("Mul", ["d", "d"], ["d2"])]
     nodes += mean("d2", "var")
-    eps = helper.make_node("Constant", [], ["eps"])  # value_float taken from the caller's `epsilon`
-    eps.attribute.append(helper.make_attribute_ref("value_float", onnx.AttributeProto.FLOAT,
-                                                   ref_attr_name="epsilon"))
     nodes += [
-        eps,
+        attr_constant("eps", "value_float", "epsilon"),
         helper.make_node("Add", ["var", "eps"], ["var_eps"]),
         helper.make_node("Sqrt", ["var_eps"], ["std"]),
         helper.make_node("Div", ["d", "std"], ["normed"]),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from opmap.fused.record import FusedOp, define, fp32_island
+from opmap.fused.record import FusedOp, attr_constant, define, fp32_island
 from opmap.registry import register
 
 MAX_K = 1024  # CANN's limit on k
@@ -36,11 +36,9 @@ MAX_K = 1024  # CANN's limit on k
 def _body(opset: int) -> list[onnx.NodeProto]:
     """In an fp32 island (record.island_casts: not before opset 15, where the fusion only takes fp32 inputs;
     passes/fuse_moe.py checks it)."""
-    k = helper.make_node("Constant", [], ["k0"])
-    k.attribute.append(helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="k"))
     return fp32_island(opset, [
         helper.make_node("Softmax", ["x32"], ["p"], axis=-1),
-        k,
+        attr_constant("k0", "value_int", "k"),
         helper.make_node("Constant", [], ["one"], value_ints=[1]),
         helper.make_node("Reshape", ["k0", "one"], ["k1"]),
         helper.make_node("TopK", ["p", "k1"], ["y32", "indices"], axis=-1, largest=1, sorted=1),

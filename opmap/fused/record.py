@@ -86,6 +86,14 @@ def fp32_island(opset: int, core: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return [to_fp32(opset, "x", "x32"), *core, from_fp32(opset, "y32", "x", "y")]
 
 
+def attr_constant(name: str, kind: str, attr: str) -> onnx.NodeProto:
+    """A body's Constant node whose `kind` (value_float or value_int) is the calling node's attribute `attr`."""
+    node = onnx.helper.make_node("Constant", [], [name])
+    node.attribute.append(onnx.helper.make_attribute_ref(
+        kind, onnx.AttributeProto.FLOAT if kind == "value_float" else onnx.AttributeProto.INT, ref_attr_name=attr))
+    return node
+
+
 def int64_constant(name: str, value) -> onnx.NodeProto:
     """A body's Constant node holding an int64 scalar or vector."""
     import numpy as np

@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from opmap.fused.record import FusedOp, define, fp32_island, to_fp32
+from opmap.fused.record import FusedOp, attr_constant, define, fp32_island, to_fp32
 from opmap.registry import register
 
 
@@ -22,11 +22,8 @@ def _body(opset: int) -> list[onnx.NodeProto]:
                   helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1)]
     else:
         nodes += [helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1)]
-    eps = helper.make_node("Constant", [], ["eps"])  # value_float taken from the caller's `epsilon`
-    eps.attribute.append(helper.make_attribute_ref("value_float", onnx.AttributeProto.FLOAT,
-                                                   ref_attr_name="epsilon"))
     nodes += [
-        eps,
+        attr_constant("eps", "value_float", "epsilon"),
         helper.make_node("Add", ["ms", "eps"], ["ms_eps"]),
         helper.make_node("Sqrt", ["ms_eps"], ["rms"]),
         helper.make_node("Reciprocal", ["rms"], ["rstd"]),

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from opmap.fused.record import FusedOp, define, fp32_island, int64_constant, to_fp32
+from opmap.fused.record import FusedOp, attr_constant, define, fp32_island, int64_constant, to_fp32
 from opmap.registry import register
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -40,8 +40,6 @@ def _body(opset: int) -> list[onnx.NodeProto]:
     def node(op: str, inputs: list[str], output: str, **attrs) -> onnx.NodeProto:
         return helper.make_node(op, inputs, [output], **attrs)
 
-    mode = helper.make_node("Constant", [], ["m"])  # value_int taken from the caller's `mode`
-    mode.attribute.append(helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="mode"))
     if opset >= 15:
         d_vec = [node("Shape", ["x"], "d_vec", start=-1)]                          # [D]
     else:
@@ -51,7 +49,7 @@ def _body(opset: int) -> list[onnx.NodeProto]:
         [node("Squeeze", ["d_vec"], "d", axes=[0])]
     return fp32_island(opset, [
         to_fp32(opset, "cos", "cos32"), to_fp32(opset, "sin", "sin32"),
-        mode, int64_constant("zero", 0), int64_constant("one", 1), int64_constant("two", 2),
+        attr_constant("m", "value_int", "mode"), int64_constant("zero", 0), int64_constant("one", 1), int64_constant("two", 2),
         *d_vec, *squeeze,
         node("Div", ["d", "two"], "h"),                                     # D/2
         node("Range", ["zero", "d", "one"], "i"),                          # 0 .. D-1
