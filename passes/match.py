@@ -15,11 +15,12 @@ from onnxscript.rewriter import pattern
 
 from graphconv.frontend import weights
 from graphconv.onnx_domains import is_default_domain
+from opmap.fused.record import ISLAND_OPSET
 
 # The float dtypes MindSpore's fused primitives take.
 FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 # Below this opset a reference body has no CastLike, so it can only express fp32.
-MIN_LOW_PRECISION_OPSET = 15
+MIN_LOW_PRECISION_OPSET = ISLAND_OPSET
 
 
 def _numeric(c: np.ndarray) -> np.ndarray:

@@ -153,7 +153,9 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     sub = sorted({n.op_type for n in g.node if n.op_type in _SUBGRAPH_OPS})
     if sub:
         raise PrecisionError(f"--precision does not handle control flow yet ({', '.join(sub)}); compile at fp32")
-    opset = find_default_opset(model) or 0
+    from opmap.fused.record import island_casts
+
+    fp32_only_fused = not island_casts(find_default_opset(model) or 0)  # a fused body without CastLike
     floats = _float_values(model)
     nodes = list(g.node)
     cone = _angle_cone(nodes, floats, keep)
@@ -181,7 +183,7 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
         key = op_key(n)
         float_in = [k for k, x in enumerate(n.input) if x and x in floats]
         fused = not is_default_domain(n.domain)
-        pinned = key in keep or n.op_type in keep or i in cone or (fused and opset < 15)
+        pinned = key in keep or n.op_type in keep or i in cone or (fused and fp32_only_fused)
         # Weights are low by nature; scalar constants and fp32-context values do not decide.
         runs_low = not pinned and any(state.get(n.input[k]) == "low" or is_weight(n.input[k]) for k in float_in)
         out = onnx.NodeProto()

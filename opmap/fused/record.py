@@ -10,6 +10,8 @@ import onnx
 
 DOMAIN = "mindspore"
 DOMAIN_VERSION = 1
+# CastLike's opset: from it on a body computes in an fp32 island (island_casts); below it, fp32 only.
+ISLAND_OPSET = 15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +63,9 @@ def fp16_primitives() -> set[str]:
 
 def island_casts(opset: int) -> bool:
     """Whether a body at `opset` computes in an fp32 island (inputs Cast to fp32, the result CastLike back).
-    Before opset 15 there is no CastLike to return to the input's dtype: the body then computes in that dtype,
-    and the fusions take fp32 inputs only there (match.float_guard)."""
-    return opset >= 15
+    Before opset 15 (ISLAND_OPSET) there is no CastLike to return to the input's dtype: the body then computes
+    in that dtype, and the fusions take fp32 inputs only there (match.float_guard)."""
+    return opset >= ISLAND_OPSET
 
 
 def to_fp32(opset: int, src: str, dst: str) -> onnx.NodeProto:

@@ -33,8 +33,8 @@ def check(s: Sdpa, opset: int) -> tuple[int, int]:
                       "(fp32 inputs are cast to fp16)")
     if opset < 11:
         raise Refused("below opset 11 the reference body cannot be written (it needs Range)")
-    if opset < 15 and s.q.dtype != ir.DataType.FLOAT:
-        raise Refused("below opset 15 the reference body can only express fp32")
+    if opset < match.MIN_LOW_PRECISION_OPSET and s.q.dtype != ir.DataType.FLOAT:
+        raise Refused(f"below opset {match.MIN_LOW_PRECISION_OPSET} the reference body can only express fp32")
     qd, kd, vd = match.dims(s.q), match.dims(s.k), match.dims(s.v)
     n1, d = qd[1], qd[3]
     if not isinstance(n1, int) or not isinstance(d, int):
