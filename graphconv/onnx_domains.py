@@ -19,6 +19,11 @@ def canonical_domain(domain: str) -> str:
     return "" if domain == "ai.onnx" else domain
 
 
+def domain_name(domain: str) -> str:
+    """"ai.onnx" for the default domain spelled "": how reports and inspect key a model's opset imports."""
+    return domain or "ai.onnx"
+
+
 def op_key(node) -> str:
     """`Op` for the default domain, `domain::Op` otherwise (how keep sets, reports and inspect name ops).
     `node`: anything with .domain and .op_type (an onnx.NodeProto, an onnx_ir Node)."""

@@ -25,7 +25,7 @@ def inspect_onnx(path: Path) -> dict:
     import onnx
 
     from graphconv.frontend.load import check_external_data, read_proto
-    from graphconv.onnx_domains import op_key
+    from graphconv.onnx_domains import domain_name, op_key
     from graphconv.verify.reference import input_specs, output_specs
 
     model = read_proto(path)
@@ -41,7 +41,7 @@ def inspect_onnx(path: Path) -> dict:
         "path": str(path),
         "inputs": [s.as_dict() for s in input_specs(model)],
         "outputs": output_specs(model),
-        "opset_imports": {(i.domain or "ai.onnx"): i.version for i in model.opset_import},
+        "opset_imports": {domain_name(i.domain): i.version for i in model.opset_import},
         "ops": dict(sorted(ops.items())),
         "fused": {k.split("::", 1)[1]: v for k, v in sorted(ops.items()) if k.startswith("mindspore::")},
         "parameters": n_params,
