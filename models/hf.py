@@ -48,25 +48,26 @@ def _finish(model: nn.Module, output: str, vocab_size: int, batch: int, seq: int
     return module, inputs, axes
 
 
+def _config(seed: int, cls, sizes: dict, overrides: dict):
+    """`cls` (a transformers config class) at the tiny `sizes` with INITIALIZER_RANGE and eager attention,
+    `overrides` last; torch's global generator seeded for the weights the model then draws."""
+    torch.manual_seed(seed)
+    return cls(**{**sizes, "initializer_range": INITIALIZER_RANGE, "attn_implementation": "eager", **overrides})
+
+
 def build_llama(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, **config):
     """LlamaForCausalLM: hidden 64, 2 layers, 4 heads / 2 kv heads (head_dim 16), vocab 128 -> logits.
     `config` overrides LlamaConfig arguments."""
     tf = _transformers()
-    torch.manual_seed(seed)
-    cfg = tf.LlamaConfig(
-        **{
-            "vocab_size": 128,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 128,
-            "initializer_range": INITIALIZER_RANGE,
-            "attn_implementation": "eager",
-            **config,
-        }
-    )
+    cfg = _config(seed, tf.LlamaConfig, {
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+    }, config)
     return _finish(tf.LlamaForCausalLM(cfg), "logits", cfg.vocab_size, batch, seq)
 
 
@@ -74,21 +75,15 @@ def build_gpt2(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, **config):
     """GPT2LMHeadModel: hidden 64, 2 layers, 4 heads of 16, vocab 128, 128 positions -> logits.
     `config` overrides GPT2Config arguments."""
     tf = _transformers()
-    torch.manual_seed(seed)
-    cfg = tf.GPT2Config(
-        **{
-            "vocab_size": 128,
-            "n_positions": 128,
-            "n_embd": 64,
-            "n_layer": 2,
-            "n_head": 4,
-            "bos_token_id": 127,  # the default 50256 lies outside the tiny vocabulary
-            "eos_token_id": 127,
-            "initializer_range": INITIALIZER_RANGE,
-            "attn_implementation": "eager",
-            **config,
-        }
-    )
+    cfg = _config(seed, tf.GPT2Config, {
+        "vocab_size": 128,
+        "n_positions": 128,
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "bos_token_id": 127,  # the default 50256 lies outside the tiny vocabulary
+        "eos_token_id": 127,
+    }, config)
     return _finish(tf.GPT2LMHeadModel(cfg), "logits", cfg.vocab_size, batch, seq)
 
 
@@ -96,18 +91,12 @@ def build_bert(*, seed: int = 0, batch: int = BATCH, seq: int = SEQ, **config):
     """BertModel without pooler: hidden 64, 2 layers, 4 heads of 16, vocab 128 -> last_hidden_state.
     `config` overrides BertConfig arguments."""
     tf = _transformers()
-    torch.manual_seed(seed)
-    cfg = tf.BertConfig(
-        **{
-            "vocab_size": 128,
-            "max_position_embeddings": 128,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "initializer_range": INITIALIZER_RANGE,
-            "attn_implementation": "eager",
-            **config,
-        }
-    )
+    cfg = _config(seed, tf.BertConfig, {
+        "vocab_size": 128,
+        "max_position_embeddings": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    }, config)
     return _finish(tf.BertModel(cfg, add_pooling_layer=False), "last_hidden_state", cfg.vocab_size, batch, seq)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from opmap.attrs import text
 from opmap.registry import register
 
 
@@ -122,10 +123,8 @@ def _roi_align(n, default_ctm: str):
     rois = rs[0]
     ph_n, pw_n = int(n.attr("output_height", 1)), int(n.attr("output_width", 1))
     scale = float(n.attr("spatial_scale", 1.0))
-    ctm = n.attr("coordinate_transformation_mode", default_ctm)
-    ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
-    mode = n.attr("mode", "avg")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    ctm = text(n.attr("coordinate_transformation_mode", default_ctm))
+    mode = text(n.attr("mode", "avg"))
     offset = 0.5 if ctm == "half_pixel" else 0.0
     r = n.x(1)
 

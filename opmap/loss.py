@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from opmap.attrs import text
 from opmap.registry import register
 
 
 def _nll(n, log_prob, target, weight):
     dt = n.ms_dtype(n.dtype(0))
     ignore = n.attr("ignore_index", None)
-    reduction = n.attr("reduction", "mean")
-    if isinstance(reduction, bytes):
-        reduction = reduction.decode()
+    reduction = text(n.attr("reduction", "mean"))
     if reduction not in ("none", "sum", "mean"):
         n.fail(f"reduction={reduction!r} is not supported")
     t = n.call("ops.cast", target, n.ms_dtype(ir.DataType.INT64))

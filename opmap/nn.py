@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from opmap.attrs import text
 from opmap.registry import register
 
 _F32, _I64 = ir.DataType.FLOAT, ir.DataType.INT64
@@ -19,9 +20,7 @@ def _spatial_attrs(n, spatial: int, w_index: int = 1):
     strides = n.ints_attr("strides", spatial, 1, 1)
     dilations = n.ints_attr("dilations", spatial, 1, 1)
     pads = n.ints_attr("pads", 2 * spatial, 0, 0)
-    auto_pad = n.attr("auto_pad", "NOTSET")
-    if isinstance(auto_pad, bytes):
-        auto_pad = auto_pad.decode()
+    auto_pad = text(n.attr("auto_pad", "NOTSET"))
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         src = n.shape(0)
         dims = src[2:] if src else [None] * spatial
@@ -142,8 +141,7 @@ def _pool_geometry(n, spatial: int, dims: list[int]):
         n.fail("kernel_shape is required")
     strides = n.ints_attr("strides", spatial, 1, 1)
     dilations = n.ints_attr("dilations", spatial, 1, 1)
-    auto_pad = n.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    auto_pad = text(n.attr("auto_pad", "NOTSET"))
     k_eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = [-(-d // s) for d, s in zip(dims, strides)]
@@ -461,8 +459,7 @@ def conv_transpose(n):
     strides = n.ints_attr("strides", spatial, 1, 1)
     dilations = n.ints_attr("dilations", spatial, 1, 1)
     out_pad = n.ints_attr("output_padding", spatial, 0, 0)
-    auto_pad = n.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    auto_pad = text(n.attr("auto_pad", "NOTSET"))
     k_eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     in_dims = xs[2:]
     out_shape = n.attr("output_shape")

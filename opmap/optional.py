@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from graphconv.onnx_domains import is_default_domain
 from opmap.registry import register
 
 
@@ -15,7 +16,7 @@ def _holds_tensor(n, i: int) -> bool:
     if isinstance(v.type, ir.TensorType):
         return True
     p = v.producer()
-    return p is not None and p.op_type == "Optional" and p.domain in ("", "ai.onnx") and \
+    return p is not None and p.op_type == "Optional" and is_default_domain(p.domain) and \
         len(p.inputs) > 0 and p.inputs[0] is not None and p.inputs[0].name != ""
 
 

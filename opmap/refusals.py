@@ -4,6 +4,8 @@ checks that every op onnx defines has a handler or a reason here."""
 
 from __future__ import annotations
 
+from graphconv.onnx_domains import is_default_domain
+
 _RANDOM = ("draws random numbers; onnxruntime's generator cannot be reproduced in MindSpore and the compile "
            "could not be verified")
 _SEQUENCE = "takes or makes a sequence value; graphconv lowers tensors only"
@@ -27,4 +29,4 @@ REASONS: dict[str, str] = {
 
 
 def reason(op_type: str, domain: str = "") -> str | None:
-    return REASONS.get(op_type) if domain in ("", "ai.onnx") else None
+    return REASONS.get(op_type) if is_default_domain(domain) else None

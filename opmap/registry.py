@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from graphconv.onnx_domains import canonical_domain
+
 DEFAULT_DOMAIN = ""
-_DOMAIN_ALIASES = {"ai.onnx": ""}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,18 +28,14 @@ class Handler:
 _HANDLERS: dict[tuple[str, str], list[Handler]] = {}
 
 
-def _norm(domain: str) -> str:
-    return _DOMAIN_ALIASES.get(domain, domain)
-
-
 def register(*op_types: str, since: int = 1, domain: str = DEFAULT_DOMAIN):
     """Decorator: `@register("Add", "Sub", since=14)`."""
 
     def deco(fn):
         for op_type in op_types:
-            key = (_norm(domain), op_type)
+            key = (canonical_domain(domain), op_type)
             versions = [h for h in _HANDLERS.get(key, []) if h.since_version != since]
-            versions.append(Handler(_norm(domain), op_type, since, fn))
+            versions.append(Handler(canonical_domain(domain), op_type, since, fn))
             _HANDLERS[key] = sorted(versions, key=lambda h: h.since_version)
         return fn
 
@@ -47,14 +44,14 @@ def register(*op_types: str, since: int = 1, domain: str = DEFAULT_DOMAIN):
 
 def lookup(domain: str, op_type: str, opset: int) -> Handler | None:
     best = None
-    for h in _HANDLERS.get((_norm(domain), op_type), []):
+    for h in _HANDLERS.get((canonical_domain(domain), op_type), []):
         if h.since_version <= opset:
             best = h
     return best
 
 
 def supported_ops(domain: str = DEFAULT_DOMAIN) -> list[str]:
-    return sorted(op for (d, op) in _HANDLERS if d == _norm(domain))
+    return sorted(op for (d, op) in _HANDLERS if d == canonical_domain(domain))
 
 
 def all_handlers() -> list[Handler]:

@@ -20,6 +20,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
+from opmap.attrs import text
 from opmap.registry import register
 
 
@@ -112,20 +113,16 @@ def axis_matrix(in_w: int, out_int: int, scale: float, coeffs, ctm: str, roi=Non
     return w, extrapolated
 
 
-def _text(v) -> str:
-    return v.decode() if isinstance(v, bytes) else v
-
-
 def _resize(n, roi_i: int | None, scales_i: int, sizes_i: int | None):
     x = n.x(0)
     shape = n.shape(0)
     if shape is None or not all(isinstance(d, int) for d in shape):
         n.fail("the input shape must be static")
     rank = len(shape)
-    mode = _text(n.attr("mode", "nearest"))
-    ctm = _text(n.attr("coordinate_transformation_mode", "half_pixel"))
+    mode = text(n.attr("mode", "nearest"))
+    ctm = text(n.attr("coordinate_transformation_mode", "half_pixel"))
     antialias = bool(n.attr("antialias", 0))
-    policy = _text(n.attr("keep_aspect_ratio_policy", "stretch"))
+    policy = text(n.attr("keep_aspect_ratio_policy", "stretch"))
     axes = [n.axis(a, rank) for a in (n.attr("axes") or range(rank))]
 
     def const_or_none(i):
@@ -165,7 +162,7 @@ def _resize(n, roi_i: int | None, scales_i: int, sizes_i: int | None):
     if ctm == "tf_crop_and_resize" and full_roi is None:
         n.fail("tf_crop_and_resize needs roi")
     if mode == "nearest":
-        coeffs = _nearest(_text(n.attr("nearest_mode", "round_prefer_floor")))
+        coeffs = _nearest(text(n.attr("nearest_mode", "round_prefer_floor")))
     elif mode == "linear":
         coeffs = _linear(antialias)
     elif mode == "cubic":

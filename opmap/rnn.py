@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from opmap.attrs import text
 from opmap.registry import register
 
 _DEFAULTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
@@ -21,10 +22,6 @@ _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _ALPHA = {"LeakyRelu": 0.01, "ThresholdedRelu": 1.0, "Elu": 1.0, "HardSigmoid": 0.2, "Affine": 1.0,
           "ScaledTanh": 1.0}
 _BETA = {"HardSigmoid": 0.5, "Affine": 0.0, "ScaledTanh": 1.0}
-
-
-def _text(v):
-    return v.decode() if isinstance(v, bytes) else v
 
 
 def _activation(n, name: str, alpha, beta):
@@ -61,10 +58,10 @@ def _recurrent(n, kind: str):
     layout = int(n.attr("layout", 0))
     seq, batch = (xs[1], xs[0]) if layout else (xs[0], xs[1])
     hidden = int(n.attr("hidden_size"))
-    direction = _text(n.attr("direction", "forward"))
+    direction = text(n.attr("direction", "forward"))
     dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
     gates = _GATES[kind]
-    acts = [_text(a) for a in (n.attr("activations") or _DEFAULTS[kind] * len(dirs))]
+    acts = [text(a) for a in (n.attr("activations") or _DEFAULTS[kind] * len(dirs))]
     alphas = list(n.attr("activation_alpha") or [])
     betas = list(n.attr("activation_beta") or [])
     per_dir = len(_DEFAULTS[kind])

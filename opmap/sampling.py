@@ -15,13 +15,10 @@ import itertools
 import numpy as np
 import onnx_ir as ir
 
+from opmap.attrs import text
 from opmap.registry import register
 
 _CUBIC_A = -0.75
-
-
-def _text(v) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 def _reflect(n, v, lo: float, hi: float):
@@ -65,7 +62,7 @@ def _grid_sample(n, mode: str):
     xs, gs = n.shape(0), n.shape(1)
     if xs is None or gs is None or not all(isinstance(d, int) for d in xs[1:] + gs[1:]):
         n.fail("GridSample needs static shapes (but the batch)")
-    padding = _text(n.attr("padding_mode", "zeros"))
+    padding = text(n.attr("padding_mode", "zeros"))
     align = bool(n.attr("align_corners", 0))
     dims = xs[2:]
     r = len(dims)
@@ -133,14 +130,14 @@ def _grid_sample(n, mode: str):
 @register("GridSample", since=16)
 def grid_sample16(n):
     """Opset 16: 4-D only, modes bilinear / nearest / bicubic."""
-    mode = _text(n.attr("mode", "bilinear"))
+    mode = text(n.attr("mode", "bilinear"))
     return _grid_sample(n, {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode))
 
 
 @register("GridSample", since=20)
 def grid_sample20(n):
     """Opset 20: N-D, modes linear / nearest / cubic."""
-    return _grid_sample(n, _text(n.attr("mode", "linear")))
+    return _grid_sample(n, text(n.attr("mode", "linear")))
 
 
 @register("AffineGrid", since=20)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from opmap.attrs import text
 from opmap.registry import register
 
 _OPEN = 2**31  # |index| at or beyond this means "to the end of the axis" in ONNX slicing
@@ -264,8 +265,7 @@ _SCATTER = {"none": "ops.tensor_scatter_update", "add": "ops.tensor_scatter_add"
 
 
 def _reduction(n) -> str:
-    r = n.attr("reduction", "none")
-    r = r.decode() if isinstance(r, bytes) else r
+    r = text(n.attr("reduction", "none"))
     if r not in _SCATTER:
         n.fail(f"reduction={r!r} is not supported")
     return r
@@ -350,9 +350,7 @@ def pad(n):
     pads = n.require_ints(1, "Pad pads")
     axes = n.ints(3) if n.has(3) else list(range(rank))
     axes = [n.axis(a, rank) for a in axes]
-    mode = n.attr("mode", "constant")
-    if isinstance(mode, bytes):
-        mode = mode.decode()
+    mode = text(n.attr("mode", "constant"))
     begins, ends = pads[: len(axes)], pads[len(axes):]
     per_axis = {a: (b, e) for a, b, e in zip(axes, begins, ends)}
     # MindSpore/torch order: last axis first, (begin, end) pairs.

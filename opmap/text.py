@@ -12,11 +12,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from opmap.attrs import text
 from opmap.registry import register
-
-
-def _text(v):
-    return v.decode() if isinstance(v, bytes) else v
 
 
 @register("TfIdfVectorizer", since=9)
@@ -33,7 +30,7 @@ def tf_idf_vectorizer(n):
     indexes = list(n.attr("ngram_indexes"))
     pool = list(n.attr("pool_int64s") or [])
     weights = n.attr("weights")
-    mode = _text(n.attr("mode"))
+    mode = text(n.attr("mode"))
     out_size = max(indexes) + 1
     f32 = n.ms_dtype(ir.DataType.FLOAT)
     x = n.x(0) if len(shape) == 2 else n.call("ops.expand_dims", n.x(0), 0)

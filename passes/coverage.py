@@ -33,6 +33,7 @@ from typing import Callable
 
 import onnx_ir as ir
 
+from graphconv.onnx_domains import is_default_domain
 from passes import match
 
 _GELU_COEFFICIENTS = (0.044715, 0.7978845608028654, 0.035677408136300125)  # 0.044715*sqrt(2/pi): Bloom
@@ -61,7 +62,7 @@ def set_explain(name: str, explain: Callable[[ir.Node], str | None]) -> None:
 
 
 def _std(node: ir.Node, *op_types: str) -> bool:
-    return node.domain in match.STANDARD_DOMAINS and node.op_type in op_types
+    return is_default_domain(node.domain) and node.op_type in op_types
 
 
 # --- the candidate rules ---------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ def attention_candidates(graph: ir.Graph) -> list[ir.Node]:
 
 def _is_square(value: ir.Value | None) -> bool:
     p = value.producer() if value is not None else None
-    if p is None or p.domain not in match.STANDARD_DOMAINS:
+    if p is None or not is_default_domain(p.domain):
         return False
     if p.op_type == "Cast":
         return _is_square(p.inputs[0])
@@ -223,7 +224,7 @@ class Tracker:
         refused: dict[str, int] = {}
         items = []
         fused = 0
-        standard_names = {n.name for n in graph if n.name and n.domain in match.STANDARD_DOMAINS and _computes(n)}
+        standard_names = {n.name for n in graph if n.name and is_default_domain(n.domain) and _computes(n)}
         for node in candidates:
             if disabled is None and not _alive(node, graph, standard_names):
                 fused += 1

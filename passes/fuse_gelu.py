@@ -41,6 +41,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.onnx_domains import is_default_domain
 from passes import coverage, match
 from passes.manager import rewrite_pass
 
@@ -269,7 +270,7 @@ def _explain_erf(node: ir.Node) -> str | None:
     if reason:
         return reason
     arg = node.inputs[0].producer() if node.inputs[0] is not None else None
-    if arg is None or arg.domain not in match.STANDARD_DOMAINS or arg.op_type not in ("Div", "Mul"):
+    if arg is None or not is_default_domain(arg.domain) or arg.op_type not in ("Div", "Mul"):
         return "the Erf argument is not x / sqrt(2) or x * (1/sqrt(2)) (GELU's erf(x / sqrt(2)))"
     want = _EXPECTED["erf_div"] if arg.op_type == "Div" else _EXPECTED["erf_mul"]
     c = match.scalar(arg.inputs[1]) if arg.op_type == "Div" else next(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from graphconv.onnx_domains import is_default_domain
 from opmap.fused import moe_gating
 from passes import coverage, match
 from passes.manager import PassResult, register_pass
@@ -28,7 +29,7 @@ _DOMAIN = "mindspore"
 
 def _through_casts(value: ir.Value | None) -> ir.Node | None:
     p = value.producer() if value is not None else None
-    while p is not None and p.domain in match.STANDARD_DOMAINS and p.op_type == "Cast":
+    while p is not None and is_default_domain(p.domain) and p.op_type == "Cast":
         value = p.inputs[0]
         p = value.producer() if value is not None else None
     return p
@@ -49,13 +50,13 @@ def moe_candidates(graph: ir.Graph) -> list[ir.Node]:
     """TopK-based routers: a TopK over softmax or sigmoid scores, or whose values go to a Softmax."""
     found = []
     for n in graph:
-        if n.domain not in match.STANDARD_DOMAINS or n.op_type != "TopK":
+        if not is_default_domain(n.domain) or n.op_type != "TopK":
             continue
         scores = _through_casts(n.inputs[0])
-        if scores is not None and scores.domain in match.STANDARD_DOMAINS and scores.op_type in ("Softmax", "Sigmoid"):
+        if scores is not None and is_default_domain(scores.domain) and scores.op_type in ("Softmax", "Sigmoid"):
             found.append(n)
         elif any(u.node.op_type == "Softmax" or (u.node.op_type == "Cast" and match.users(u.node.outputs[0], "Softmax"))
-                 for u in n.outputs[0].uses() if u.node.domain in match.STANDARD_DOMAINS):
+                 for u in n.outputs[0].uses() if is_default_domain(u.node.domain)):
             found.append(n)
     return found
 

@@ -59,6 +59,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.onnx_domains import is_default_domain
 from passes import coverage, match
 from passes.manager import rewrite_pass
 from passes.shapes import _snapshot, _symbolic_shapes  # noqa: F401  (tests patch them here)
@@ -248,7 +249,7 @@ def _repeated_pairs(v: ir.Value, facts: _ShapeFacts, memo: dict, depth: int) -> 
     node = v.producer()
     if node is None:
         return f"{name} is a graph input (nothing is known about its values)"
-    if node.domain not in match.STANDARD_DOMAINS:
+    if not is_default_domain(node.domain):
         return f"{name} is made by {node.domain}::{node.op_type}"
     if depth == 0:
         return f"{name} is too far from where its values are made"
@@ -702,7 +703,7 @@ def _sliced_from(value: ir.Value | None) -> ir.Value | None:
     """x when `value` is a Slice or Split output of x (through shape-only ops), else None."""
     while value is not None:
         node = value.producer()
-        if node is None or node.domain not in match.STANDARD_DOMAINS:
+        if node is None or not is_default_domain(node.domain):
             return None
         if node.op_type in ("Slice", "Split"):
             return node.inputs[0]
@@ -720,7 +721,7 @@ def _concat_of(neg: ir.Node) -> tuple[ir.Node, ir.Value, bool] | None:
         for value, unsqueezed in frontier:
             for use in value.uses():
                 node = use.node
-                if node.domain not in match.STANDARD_DOMAINS:
+                if not is_default_domain(node.domain):
                     continue
                 if node.op_type == "Concat":
                     return node, value, unsqueezed

@@ -14,12 +14,13 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from graphconv.frontend import weights
+from graphconv.onnx_domains import is_default_domain
+from opmap.fused.record import ISLAND_OPSET
 
 # The float dtypes MindSpore's fused primitives take.
 FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
-STANDARD_DOMAINS = ("", "ai.onnx")
 # Below this opset a reference body has no CastLike, so it can only express fp32.
-MIN_LOW_PRECISION_OPSET = 15
+MIN_LOW_PRECISION_OPSET = ISLAND_OPSET
 
 
 def _numeric(c: np.ndarray) -> np.ndarray:
@@ -78,7 +79,7 @@ def const_value(value: ir.Value | None) -> np.ndarray | None:
     if value.const_value is not None:
         return _numeric(value.const_value.numpy())
     producer = value.producer()
-    if producer is None or producer.op_type != "Constant" or producer.domain not in STANDARD_DOMAINS:
+    if producer is None or producer.op_type != "Constant" or not is_default_domain(producer.domain):
         return None
     attr = producer.attributes.get("value")
     if attr is not None:
@@ -147,12 +148,12 @@ def may_equal(a, b) -> bool:
 def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
     """The standard-domain node of one of `op_types` that produces `value`, else None."""
     p = value.producer() if value is not None else None
-    return p if p is not None and p.domain in STANDARD_DOMAINS and p.op_type in op_types else None
+    return p if p is not None and is_default_domain(p.domain) and p.op_type in op_types else None
 
 
 def users(value: ir.Value, *op_types: str) -> list[ir.Node]:
     """The standard-domain nodes of one of `op_types` that read `value`."""
-    return [u.node for u in value.uses() if u.node.domain in STANDARD_DOMAINS and u.node.op_type in op_types]
+    return [u.node for u in value.uses() if is_default_domain(u.node.domain) and u.node.op_type in op_types]
 
 
 # Ops that only move or relabel a tensor's elements (the coverage rules look through them).

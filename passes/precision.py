@@ -33,6 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphconv.frontend import weights
 from graphconv.frontend.param_names import record_made
+from graphconv.onnx_domains import find_default_opset, is_default_domain, op_key  # noqa: F401 (op_key: API)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 LOW_DTYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
@@ -112,17 +113,12 @@ def check_keep(ops: tuple[str, ...]) -> None:
                              "(ONNX op types, or fused ops as mindspore::Name)")
 
 
-def op_key(node: onnx.NodeProto) -> str:
-    """`Op` for the default domain, `domain::Op` otherwise (how keep sets and reports name ops)."""
-    return f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
-
-
 def _float_values(model: onnx.ModelProto) -> set[str]:
     vis = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
     out = {v.name for v in vis if v.type.tensor_type.elem_type == TensorProto.FLOAT}
     out |= {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
     for n in model.graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+        if n.op_type == "Constant" and is_default_domain(n.domain):
             for a in n.attribute:
                 if a.name in ("value", "value_float", "value_floats") and (
                         a.name != "value" or a.t.data_type == TensorProto.FLOAT):
@@ -157,7 +153,9 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     sub = sorted({n.op_type for n in g.node if n.op_type in _SUBGRAPH_OPS})
     if sub:
         raise PrecisionError(f"--precision does not handle control flow yet ({', '.join(sub)}); compile at fp32")
-    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
+    from opmap.fused.record import island_casts
+
+    fp32_only_fused = not island_casts(find_default_opset(model) or 0)  # a fused body without CastLike
     floats = _float_values(model)
     nodes = list(g.node)
     cone = _angle_cone(nodes, floats, keep)
@@ -184,8 +182,8 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
     for i, n in enumerate(nodes):
         key = op_key(n)
         float_in = [k for k, x in enumerate(n.input) if x and x in floats]
-        fused = n.domain not in ("", "ai.onnx")
-        pinned = key in keep or n.op_type in keep or i in cone or (fused and opset < 15)
+        fused = not is_default_domain(n.domain)
+        pinned = key in keep or n.op_type in keep or i in cone or (fused and fp32_only_fused)
         # Weights are low by nature; scalar constants and fp32-context values do not decide.
         runs_low = not pinned and any(state.get(n.input[k]) == "low" or is_weight(n.input[k]) for k in float_in)
         out = onnx.NodeProto()
@@ -203,7 +201,7 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
                     out.input[k] = cast(x, "low")
             elif state[x] != target:
                 out.input[k] = cast(x, target)
-        if n.op_type == "Cast" and n.domain in ("", "ai.onnx") and runs_low:
+        if n.op_type == "Cast" and is_default_domain(n.domain) and runs_low:
             to = next(a for a in out.attribute if a.name == "to")
             if to.i == TensorProto.FLOAT:
                 to.i = low
@@ -306,7 +304,7 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
         new_nodes.append(n)
         if n.op_type == "Constant":
             continue
-        is_cast = n.op_type == "Cast" and n.domain in ("", "ai.onnx")
+        is_cast = n.op_type == "Cast" and is_default_domain(n.domain)
         for k, name in enumerate(n.output):
             if not name or typed.get(name) != low:
                 continue

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from graphconv.onnx_domains import is_default_domain
 from passes import match
 
 # Initializers up to this size are kept in the shape-inference copy (shape constants); bigger ones (weights)
@@ -80,7 +81,7 @@ def _plain_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     the symbolic shape inference reads (inlined fused-op bodies take their attributes that way)."""
     kinds = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
     for node in model.graph.node:
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+        if node.op_type != "Constant" or not is_default_domain(node.domain) or len(node.attribute) != 1:
             continue
         attr = node.attribute[0]
         if attr.name in kinds:
@@ -140,7 +141,7 @@ def _passed_on(value: ir.Value, axis: int) -> tuple[ir.Value, int] | None:
     the last; a broadcasting op on an axis where every other input is absent or static 1 (broadcasting a 1
     gives the other input's size, whatever it is)."""
     p = value.producer()
-    if p is None or p.domain not in match.STANDARD_DOMAINS or not p.inputs or p.inputs[0] is None:
+    if p is None or not is_default_domain(p.domain) or not p.inputs or p.inputs[0] is None:
         return None
     op = p.op_type
     if op in _SAME_SHAPE:
@@ -204,7 +205,7 @@ def _shape_atoms(shape: ir.Value | None, depth: int = 0) -> list | None:
     if c is not None:
         return [int(v) for v in c.reshape(-1)] if c.dtype.kind in "iu" else None
     p = shape.producer()
-    if p is None or p.domain not in match.STANDARD_DOMAINS:
+    if p is None or not is_default_domain(p.domain):
         return None
     if p.op_type == "Shape":
         rank = match.rank(p.inputs[0])
@@ -298,7 +299,7 @@ def refine_reshape_minus_one(model: ir.Model) -> int:
     dims were refined."""
     changed = 0
     for node in model.graph:  # topological order: a refined dim reaches the Transposes and scalings after it
-        if node.domain not in match.STANDARD_DOMAINS:
+        if not is_default_domain(node.domain):
             continue
         if node.op_type in _FOLLOWS:
             changed += _follow(node)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import onnx
 import onnx_ir as ir
+from onnx import TensorProto
 
 import opmap.fused
 import passes
@@ -47,6 +48,33 @@ def assert_same_numerics(original: onnx.ModelProto, fused: onnx.ModelProto, atol
         for name, ref in exp.items():
             c = compare.compare(got[name], ref, atol, rtol, case.valid_positions(ref))
             assert c.ok, (name, case.shape_text(), c)
+
+
+def assert_fuses_to_one(original: onnx.ModelProto, pass_name: str, op_type: str, dtype: int | None = None
+                        ) -> onnx.ModelProto:
+    """`pass_name` fires once on `original` and the fused graph is that one `op_type` node, with the original's
+    numerics (tolerance 1e-2 when `dtype` is fp16, else 1e-5). Returns the fused model."""
+    count, fused = fuse(original, pass_name)
+    assert count == 1
+    assert [n.op_type for n in fused.graph.node] == [op_type]
+    tol = 1e-2 if dtype == TensorProto.FLOAT16 else 1e-5
+    assert_same_numerics(original, fused, tol, tol)
+    return fused
+
+
+def run_refused(model: onnx.ModelProto, pass_name: str, data_prop: bool = True
+                ) -> tuple[passes.PassManager, ir.Model]:
+    """`pass_name` run on `model` (shapes inferred) fuses nothing; returns its manager (skipped reasons,
+    coverage) and the model it ran on."""
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(model, data_prop=data_prop))
+    pm = passes.PassManager(pass_name)
+    assert pm.run(m)[pass_name] == 0
+    return pm, m
+
+
+def spelling_id(spelling: dict, empty: str = "") -> str:
+    """A parametrize id: the spelling's key=value pairs joined by '-' (`empty` for no pairs)."""
+    return "-".join(f"{k}={v}" for k, v in spelling.items()) or empty
 
 
 def fused_nodes(model: onnx.ModelProto, op_type: str | None = None) -> list[onnx.NodeProto]:

@@ -10,7 +10,6 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from models import ZOO, load_factory  # noqa: E402
-from models._common import left_padded_mask  # noqa: E402
 from models.architectures import (  # noqa: E402
     ARCHITECTURES,
     CI_SLICE,
@@ -18,10 +17,10 @@ from models.architectures import (  # noqa: E402
     GROUPS,
     names,
 )
+from zoo_inputs import VOCAB, second_inputs  # noqa: E402
 
 NAMES = list(ARCHITECTURES)
-SECOND = {"batch": 3, "seq": 5}
-VOCAB, HIDDEN = 128, 64
+HIDDEN = 64
 # Classes without sdpa support in transformers 5.24 (their default is eager): Gemma-2 (soft-capping) and Bloom
 # (ALiBi, own attention code).
 EAGER_ONLY = {"gemma2", "bloom"}
@@ -49,22 +48,6 @@ def expected_shape(name: str, inputs: dict) -> tuple:
     if arch.kind == "encoder":
         return (*inputs["input_ids"].shape, HIDDEN)
     return (*inputs["input_ids"].shape, VOCAB)  # decoders and MoE: logits
-
-
-def second_inputs(example: dict, axes: dict) -> dict:
-    gen = torch.Generator().manual_seed(1)
-    out = {}
-    for key, t in example.items():
-        shape = list(t.shape)
-        for ax, dim in axes.get(key, {}).items():
-            shape[ax] = SECOND[dim]
-        if "mask" in key:
-            out[key] = left_padded_mask(*shape)
-        elif t.dtype.is_floating_point:
-            out[key] = torch.randn(shape, generator=gen)
-        else:
-            out[key] = torch.randint(0, VOCAB, shape, generator=gen, dtype=t.dtype)
-    return out
 
 
 # --- registry ---------------------------------------------------------------------------------------------------

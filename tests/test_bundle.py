@@ -25,6 +25,7 @@ import graphconv
 from graphconv import deploy
 from graphconv.verify import compare, reference
 from graphconv.errors import InputError, InternalError
+from graphconv.onnx_domains import default_opset
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "examples" / "tiny_llama.onnx"
@@ -417,9 +418,9 @@ def test_opset_clamped_for_cann_8(llama_onnx):
     model, cases = llama_onnx
     converted, facts, warnings = deploy.clamp_opset(model, "8.0.0", cases)
     assert warnings == [] and facts.converted and facts.opset == 15 and facts.original_opset == 18
-    assert deploy._default_opset(converted) == 15
+    assert default_opset(converted) == 15
     onnx.checker.check_model(converted, full_check=True)
-    assert deploy._default_opset(model) == 18  # the original is untouched
+    assert default_opset(model) == 18  # the original is untouched
 
 
 def test_opset_kept_with_a_warning_when_conversion_fails(llama_onnx):
@@ -463,7 +464,7 @@ def _rebundle(built, tmp_path, **overrides):
 def test_bundle_for_cann_8_ships_the_converted_onnx(built, tmp_path):
     out, ctx, written = _rebundle(built, tmp_path, cann="8.0.0")
     assert "onnx/tiny_llama.opset15.onnx" in written and ctx.warnings == []
-    assert deploy._default_opset(onnx.load(str(out / "onnx/tiny_llama.opset15.onnx"))) == 15
+    assert default_opset(onnx.load(str(out / "onnx/tiny_llama.opset15.onnx"))) == 15
     for argv in json.loads((out / "manifest.json").read_text())["commands"]["atc_onnx"]:
         assert "--model=onnx/tiny_llama.opset15.onnx" in argv
     assert "converted from opset 18 to 15" in (out / "README.md").read_text()

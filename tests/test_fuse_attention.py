@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graphconv
 import opmap.fused
 import passes
-from fusion_utils import assert_same_numerics, fuse, fused_nodes, mindir_primitive_inputs
+from fusion_utils import assert_same_numerics, fuse, fused_nodes, mindir_primitive_inputs, run_refused
 from graphconv.verify import compare, reference
 
 FMIN = float(np.finfo(np.float32).min)
@@ -301,10 +301,7 @@ NEAR_MISSES = {
 @pytest.mark.parametrize("name", NEAR_MISSES)
 def test_near_misses_do_not_fuse(name):
     spec, reason = NEAR_MISSES[name]
-    model = onnx.shape_inference.infer_shapes(_attention_graph(**spec), data_prop=True)
-    m = ir.from_proto(model)
-    pm = passes.PassManager("fuse-attention")
-    assert pm.run(m)["fuse-attention"] == 0
+    pm, m = run_refused(_attention_graph(**spec), "fuse-attention")
     assert not any(n.domain == "mindspore" for n in m.graph)
     assert any(reason in r for r in pm.skipped["fuse-attention"]), pm.skipped
 
@@ -327,17 +324,13 @@ def _native(**attrs):
     (dict(inputs=[("bias", TensorProto.FLOAT, ["batch", 4, "seq", "seq"])]), "not provably"),
 ])
 def test_native_attention_refusals(attrs, reason):
-    m = ir.from_proto(onnx.shape_inference.infer_shapes(_native(**attrs)))
-    pm = passes.PassManager("fuse-attention")
-    assert pm.run(m)["fuse-attention"] == 0
+    pm, _ = run_refused(_native(**attrs), "fuse-attention", data_prop=False)
     assert any(reason in r for r in pm.skipped["fuse-attention"]), pm.skipped
 
 
 def test_mismatched_head_counts_do_not_fuse():
     """q with 4 heads against k/v with 3 heads and no kv repeat (and 4 against 2 after a repeat to 2)."""
-    m = ir.from_proto(onnx.shape_inference.infer_shapes(_attention_graph(n1=4, n2=3)))
-    pm = passes.PassManager("fuse-attention")
-    assert pm.run(m)["fuse-attention"] == 0
+    pm, _ = run_refused(_attention_graph(n1=4, n2=3), "fuse-attention", data_prop=False)
     assert any("do not match" in r for r in pm.skipped["fuse-attention"]), pm.skipped
 
 

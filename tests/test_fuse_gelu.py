@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
 import passes
-from fusion_utils import assert_same_numerics, fuse, fused_equals_unfused, fused_nodes
+from fusion_utils import (assert_fuses_to_one, assert_same_numerics, fuse, fused_equals_unfused, fused_nodes,
+                          spelling_id)
 from fusion_zoo import assert_verified, primitive_args, zoo_compile
 
 H = 16
@@ -85,11 +86,7 @@ SPELLINGS = [
 ]
 
 
-def _id(spelling):
-    return "-".join(f"{k}={v}" for k, v in spelling.items())
-
-
-@pytest.mark.parametrize("spelling", SPELLINGS, ids=_id)
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=spelling_id)
 def test_each_spelling_fuses_once_and_keeps_numerics(spelling):
     original = _gelu_graph(**spelling)
     count, fused = fuse(original, "fuse-gelu")
@@ -223,14 +220,9 @@ BLOOM = [dict(), dict(order="nested"), dict(opset=17), dict(opset=23, order="nes
          dict(opset=17, dtype=TensorProto.FLOAT16)]
 
 
-@pytest.mark.parametrize("spelling", BLOOM, ids=lambda s: _id(s) or "dynamo")
+@pytest.mark.parametrize("spelling", BLOOM, ids=lambda s: spelling_id(s, "dynamo"))
 def test_bloom_factored_tanh_gelu_fuses_to_gelu_tanh(spelling):
-    original = _bloom_graph(**spelling)
-    count, fused = fuse(original, "fuse-gelu")
-    assert count == 1
-    assert [n.op_type for n in fused.graph.node] == ["GeluTanh"]
-    tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
-    assert_same_numerics(original, fused, tol, tol)
+    assert_fuses_to_one(_bloom_graph(**spelling), "fuse-gelu", "GeluTanh", spelling.get("dtype"))
 
 
 def test_bloom_formula_is_the_tanh_gelu():
@@ -267,14 +259,9 @@ QUICK = [dict(), dict(k_first=True), dict(sigmoid_first=True), dict(k_first=True
          dict(opset=14), dict(opset=23), dict(dtype=TensorProto.FLOAT16)]
 
 
-@pytest.mark.parametrize("spelling", QUICK, ids=lambda s: _id(s) or "plain")
+@pytest.mark.parametrize("spelling", QUICK, ids=lambda s: spelling_id(s, "plain"))
 def test_quick_gelu_fuses_to_fast_gelu_and_keeps_numerics(spelling):
-    original = _quick_graph(**spelling)
-    count, fused = fuse(original, "fuse-gelu")
-    assert count == 1
-    assert [n.op_type for n in fused.graph.node] == ["FastGelu"]
-    tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
-    assert_same_numerics(original, fused, tol, tol)
+    assert_fuses_to_one(_quick_graph(**spelling), "fuse-gelu", "FastGelu", spelling.get("dtype"))
 
 
 def test_fast_gelu_body_is_quick_gelu_not_a_gelu():

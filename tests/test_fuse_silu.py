@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-from fusion_utils import assert_same_numerics, fuse, fused_nodes
+from fusion_utils import assert_fuses_to_one, fuse, fused_nodes, run_refused, spelling_id
+from fusion_zoo import assert_verified
 
 H = 16
 
@@ -32,14 +33,9 @@ SPELLINGS = [dict(), dict(sigmoid_first=True), dict(opset=14), dict(opset=18, si
              dict(dtype=TensorProto.FLOAT16), dict(dtype=TensorProto.FLOAT16, opset=23)]
 
 
-@pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "plain")
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: spelling_id(s, "plain"))
 def test_each_spelling_fuses_once_and_keeps_numerics(spelling):
-    original = _silu_graph(**spelling)
-    count, fused = fuse(original, "fuse-silu")
-    assert count == 1
-    assert [n.op_type for n in fused.graph.node] == ["SiLU"]
-    tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
-    assert_same_numerics(original, fused, tol, tol)
+    assert_fuses_to_one(_silu_graph(**spelling), "fuse-silu", "SiLU", spelling.get("dtype"))
 
 
 def test_near_misses_do_not_fuse():
@@ -47,13 +43,7 @@ def test_near_misses_do_not_fuse():
     count, fused = fuse(_silu_graph(slope=1.702), "fuse-silu")
     assert count == 0 and not fused_nodes(fused)
     # fp16 below opset 15: the reference body has no CastLike; the report says why.
-    import onnx_ir as ir
-
-    import passes
-
-    pm = passes.PassManager("fuse-silu")
-    model = ir.from_proto(onnx.shape_inference.infer_shapes(_silu_graph(dtype=TensorProto.FLOAT16, opset=14)))
-    assert pm.run(model)["fuse-silu"] == 0
+    pm, _ = run_refused(_silu_graph(dtype=TensorProto.FLOAT16, opset=14), "fuse-silu", data_prop=False)
     assert any("below opset 15" in r for r in pm.skipped["fuse-silu"])
 
 
@@ -63,6 +53,4 @@ def test_ascend_emits_silu_and_the_cpu_twin_verifies(tmp_path):
     report = graphconv.compile(p, tmp_path / "silu.mindir", passes="fuse-silu")
     assert report.fusions == {"fuse-silu": 1}
     assert report.census.get("SiLU") == 1 and "Sigmoid" not in report.census
-    assert report.status == "verified"
-    for case in report.validation["cases"]:
-        assert case["outputs"][0]["max_abs"] <= 1e-5
+    assert_verified(report, 1e-5)

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graphconv
 import opmap.fused
 import passes
-from fusion_utils import assert_same_numerics, fused_nodes
+from fusion_utils import assert_same_numerics, fused_nodes, spelling_id
 from fusion_zoo import assert_verified, primitive_args, zoo_compile
 
 H, I = 16, 32  # noqa: E741
@@ -82,7 +82,7 @@ PIPELINES = ["fuse-swiglu", "fuse-silu,fuse-swiglu"]  # the decomposed gate, and
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-@pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "plain")
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: spelling_id(s, "plain"))
 def test_each_spelling_merges_and_keeps_numerics(spelling, pipeline):
     original = _mlp_graph(**spelling)
     counts, _, fused = _run(original, pipeline)
@@ -330,7 +330,7 @@ HALVES = [
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-@pytest.mark.parametrize("spelling", HALVES, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "plain")
+@pytest.mark.parametrize("spelling", HALVES, ids=lambda s: spelling_id(s, "plain"))
 def test_halves_of_one_projection_fuse_without_a_weight_merge(spelling, pipeline):
     original = _halves_graph(**spelling)
     counts, coverage, _, fused = _coverage(original, pipeline)
@@ -357,7 +357,7 @@ SWAPPED = [dict(), dict(up_first=True), dict(bias=True), dict(split="sizes", ops
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-@pytest.mark.parametrize("spelling", SWAPPED, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()) or "plain")
+@pytest.mark.parametrize("spelling", SWAPPED, ids=lambda s: spelling_id(s, "plain"))
 def test_silu_of_the_second_half_swaps_the_halves_in_the_weight(spelling, pipeline):
     """silu(second) * first = Swiglu over h with its halves swapped: the projection's output columns are
     permuted ([n:2n] then [0:n]) in a new weight, and the numbers stay equal."""

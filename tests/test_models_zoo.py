@@ -9,12 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from models import PLAIN_TORCH, ZOO, load_factory
-from models._common import left_padded_mask
+from zoo_inputs import VOCAB, second_inputs
 
 HF = [name for name in ZOO if name.startswith("hf-")]
-VOCAB = 128
-# Sizes for the second shape: none equals an example size, so a specialised dim cannot pass unnoticed.
-SECOND_SIZES = {"batch": 3, "seq": 5, "height": 24, "width": 12}
 # Exports that take clearly longer than ~5 s each on the 2-core dev machine.
 SLOW_EXPORTS = {"llama", "llama-sdpa", "hf-llama", "hf-gpt2", "hf-bert"}
 
@@ -36,23 +33,6 @@ def build(name: str, **overrides):
 def run(module, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return module(**inputs)
-
-
-def second_inputs(example: dict, dynamic_axes: dict, seed: int = 1) -> dict:
-    """New inputs with every dynamic dim at its SECOND_SIZES size; masks left-padded in row 0 like the examples."""
-    gen = torch.Generator().manual_seed(seed)
-    inputs = {}
-    for name, tensor in example.items():
-        shape = list(tensor.shape)
-        for axis, dim in dynamic_axes.get(name, {}).items():
-            shape[axis] = SECOND_SIZES[dim]
-        if "mask" in name:
-            inputs[name] = left_padded_mask(*shape)
-        elif tensor.dtype.is_floating_point:
-            inputs[name] = torch.randn(shape, generator=gen, dtype=tensor.dtype)
-        else:
-            inputs[name] = torch.randint(0, VOCAB, shape, generator=gen, dtype=tensor.dtype)
-    return inputs
 
 
 # --- registry ----------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ Nothing in the bundle imports graphconv. Where each job lives:
 
 from __future__ import annotations
 
-from graphconv.deploy.opset import AtcOnnx, _default_opset, clamp_opset
+from graphconv.deploy.opset import AtcOnnx, clamp_opset
 from graphconv.deploy.options import (CANN_OPSETS, CONVERTER_LITE, DEFAULT_CANN, DOC, PRECISIONS, TOOLS, ATC,
                                       CommandError, Opt, Tool, cann_opset_range, check_command, check_lite_config,
                                       command, extract_commands, parse_lite_config, shell_line)
@@ -31,7 +31,7 @@ from graphconv.deploy.profiles import MAX_PROFILES, Dims, atc_input_shape, colle
 from graphconv.deploy.scripts import compare_script
 from graphconv.deploy.writer import BundleContext, _json, _Plan, _Writer, check_bundle, check_options, write_bundle
 
-# (_default_opset, _json, _Plan and _Writer are here for tests/test_bundle.py; they are not the API.)
+# (_json, _Plan and _Writer are here for tests/test_bundle.py; they are not the API.)
 
 __all__ = [
     "ATC", "CANN_OPSETS", "CONVERTER_LITE", "DEFAULT_CANN", "DOC", "MAX_PROFILES", "PRECISIONS", "TOOLS",

@@ -12,6 +12,7 @@ import onnx
 from graphconv.verify import compare
 from graphconv.deploy.options import TOLERANCE_KEY, cann_opset_range
 from graphconv.errors import InternalError
+from graphconv.onnx_domains import find_default_opset
 
 
 @dataclasses.dataclass
@@ -23,10 +24,6 @@ class AtcOnnx:
     accepted: tuple[int, int]
     converted: bool = False
     note: str = ""  # what happened, for the README
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _repair_reduce_attrs(model: onnx.ModelProto, target: int) -> None:
@@ -47,7 +44,7 @@ def clamp_opset(model: onnx.ModelProto, cann: str | None, cases: list, precision
     onnx.version_converter to the highest accepted opset, checked with onnx.checker and against the
     original with onnxruntime on the reference inputs. Returns (converted model or None, facts, warnings)."""
     row, lo, hi = cann_opset_range(cann)
-    opset = _default_opset(model)
+    opset = find_default_opset(model) or 0
     facts = AtcOnnx("", opset, opset, row, (lo, hi))
     if lo <= opset <= hi:
         facts.note = f"opset {opset} is within {lo}..{hi}: ATC reads the simplified ONNX as it is"

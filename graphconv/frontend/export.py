@@ -18,6 +18,7 @@ import onnx
 
 from graphconv.verify import compare, reference
 from graphconv.errors import InputError, UnsupportedError
+from graphconv.onnx_domains import default_opset
 
 EXPORTERS = ("auto", "dynamo", "torchscript")  # auto: dynamo, then TorchScript if dynamo refuses
 # Up to the newest opset the loader takes (load.MAX_OPSET): torch 2.13's dynamo exporter is asked for 24-28 by the
@@ -203,8 +204,7 @@ def _check(module, example_inputs, second_inputs, graph_names: dict, path: Path,
     except onnx.checker.ValidationError as e:
         raise UnsupportedError(f"PyTorch's {exporter} exporter produced an invalid ONNX model at opset {opset}: "
                                f"{str(e).strip().splitlines()[0]}") from None
-    produced = next(i.version for i in onnx.load(str(path), load_external_data=False).opset_import
-                    if i.domain in ("", "ai.onnx"))
+    produced = default_opset(onnx.load(str(path), load_external_data=False))
     if produced != opset:
         # dynamo exports at 18 and converts down; the conversion can fail (Reduce* axes as inputs).
         notes.append(f"the {exporter} exporter produced opset {produced}, not the requested {opset}")

@@ -22,11 +22,11 @@ from graphconv.frontend import contrib, weights
 from graphconv.frontend.contrib import cases
 from graphconv.frontend.contrib import quant
 from graphconv.errors import InputError, UnsupportedError
+from graphconv.onnx_domains import default_opset  # noqa: F401 (load.default_opset is API)
 
 MIN_OPSET = 13
 MAX_OPSET = 28  # the newest opset onnx 1.23 defines (onnx.defs.onnx_opset_version())
 UPGRADE_FROM = 7  # opsets 7-12 are upgraded to MIN_OPSET on load
-DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 @dataclasses.dataclass
@@ -55,13 +55,6 @@ class LoadedModel:
     @property
     def opset(self) -> int:
         return default_opset(self.proto)
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in DEFAULT_DOMAINS:
-            return imp.version
-    raise InputError("the model imports no opset of the default ONNX domain")
 
 
 def read_proto(path: Path) -> onnx.ModelProto:

@@ -63,7 +63,9 @@ class WeightRef:
                    tuple(cls.of_list(p) for p in made.get("parts", ())), int(made.get("axis", 0)))
 
 
-def _np_dtype(data_type: int) -> np.dtype:
+def np_dtype(data_type: int) -> np.dtype:
+    """The numpy dtype of an ONNX element type: the one mapping of weights, reference inputs and contrib
+    constants. onnx (1.23, pinned) maps bfloat16 and the float8/int4 types to ml_dtypes' numpy dtypes."""
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type))
 
 
@@ -132,7 +134,7 @@ def to_array(t: onnx.TensorProto) -> np.ndarray:
 def weight_ref(t: onnx.TensorProto) -> WeightRef:
     """Where an external tensor's bytes are (its length from its dims when the file does not say)."""
     info = ExternalDataInfo(t)
-    dtype = _np_dtype(t.data_type)
+    dtype = np_dtype(t.data_type)
     count = int(np.prod(list(t.dims), dtype=np.int64))
     made = _CONCATENATED.get((info.location, info.offset or 0))
     return WeightRef(t.name, info.location, info.offset or 0,

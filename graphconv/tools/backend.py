@@ -50,6 +50,7 @@ from graphconv.frontend import load
 from graphconv.target import constant_fold, emit, lowering, node_context
 from graphconv.runtime.child import ChildError, Server
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
+from graphconv.onnx_domains import DEFAULT_DOMAINS, find_default_opset, is_default_domain
 
 MIN_OPSET, MAX_OPSET = load.MIN_OPSET, load.MAX_OPSET
 _NODE_ERROR = re.compile(r"node '([^']*)' \(")
@@ -63,15 +64,11 @@ _BIND_MAX_ELEMENTS = 64
 # --- the load stage for an in-memory model --------------------------------------------------------------------
 
 
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    return next((i.version for i in model.opset_import if i.domain in load.DEFAULT_DOMAINS), None)
-
-
 def check_interface(model: onnx.ModelProto) -> None:
     """Refuse, in one line, what the backend cannot exchange with MindSpore: other domains than the standard one,
     non-tensor graph inputs/outputs, and element types MindSpore has no tensors for (or, for bfloat16, that numpy
     cannot hand to MindSpore)."""
-    domains = sorted({i.domain for i in model.opset_import} - {"", "ai.onnx", "mindspore"})
+    domains = sorted({i.domain for i in model.opset_import} - {*DEFAULT_DOMAINS, "mindspore"})
     if domains:
         raise UnsupportedError(f"domain {', '.join(domains)} is not supported (graphconv lowers the standard ONNX "
                                "domain)")
@@ -217,7 +214,7 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
     constants (evaluated with onnx.reference) become initializers, an If with a constant condition is replaced by
     its taken branch; repeated until nothing changes."""
     model = _reinfer(model)
-    opset = _default_opset(model) or MIN_OPSET
+    opset = find_default_opset(model) or MIN_OPSET
     for _ in range(16):
         graph = model.graph
         consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
@@ -233,7 +230,7 @@ def fold_static(model: onnx.ModelProto) -> onnx.ModelProto:
             subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
             if subgraph:
                 inlined |= _localise_constants(node, consts)
-            if node.op_type == "If" and node.domain in ("", "ai.onnx") and node.input[0] in consts:
+            if node.op_type == "If" and is_default_domain(node.domain) and node.input[0] in consts:
                 # A constant condition: the taken branch replaces the If (its outputs renamed by Identity nodes).
                 taken = "then_branch" if bool(np.asarray(consts[node.input[0]]).reshape(-1)[0]) else "else_branch"
                 branch = next(a.g for a in node.attribute if a.name == taken)

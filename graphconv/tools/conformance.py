@@ -36,6 +36,7 @@ import onnx
 
 from graphconv.verify.compare import compare
 from graphconv.progress import SILENT, Progress
+from graphconv.onnx_domains import DEFAULT_DOMAINS, find_default_opset
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 APPLICABLE_DTYPES = ("float32", "float16", "int8", "int32", "int64", "uint8", "bool")
@@ -106,10 +107,6 @@ class Outcome:
     bound: list[str] = dataclasses.field(default_factory=list)  # inputs bound at compile time
 
 
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    return next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), None)
-
-
 def _value_kinds(model: onnx.ModelProto):
     for vi in list(model.graph.input) + list(model.graph.output):
         kind = vi.type.WhichOneof("value")
@@ -145,7 +142,7 @@ def exclusion(model: onnx.ModelProto, op: str, inputs: list | None = None) -> st
     names = [vi.name for vi in model.graph.input if vi.name not in {t.name for t in model.graph.initializer}]
     feeds = dict(zip(names, [_array(v) for v in (inputs or [])]))
     domains = sorted(({i.domain for i in model.opset_import} | {n.domain for n in model.graph.node})
-                     - {"", "ai.onnx"})
+                     - set(DEFAULT_DOMAINS))
     if _TRAINING_DOMAIN in domains:
         return f"training: domain {_TRAINING_DOMAIN}"
     if domains:
@@ -193,7 +190,7 @@ def collect(pattern: str | None = None) -> list[NodeCase]:
         nodes = base.model.graph.node
         op = nodes[0].op_type if len(nodes) == 1 else (c.model.graph.node[0].op_type if c.model.graph.node else "?")
         data_sets = list(c.data_sets)
-        cases.append(NodeCase(c.name, op, _default_opset(c.model), c.model, data_sets, c.rtol, c.atol,
+        cases.append(NodeCase(c.name, op, find_default_opset(c.model), c.model, data_sets, c.rtol, c.atol,
                               exclusion(c.model, op, data_sets[0][0] if data_sets else None)))
     return sorted(cases, key=lambda c: (c.op, c.name))
 

@@ -25,12 +25,12 @@ def inspect_onnx(path: Path) -> dict:
     import onnx
 
     from graphconv.frontend.load import check_external_data, read_proto
+    from graphconv.onnx_domains import domain_name, op_key
     from graphconv.verify.reference import input_specs, output_specs
 
     model = read_proto(path)
     check_external_data(model, path.parent)
-    ops = Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-                  for n in model.graph.node)
+    ops = Counter(op_key(n) for n in model.graph.node)
     n_params, n_bytes = 0, 0
     for t in model.graph.initializer:
         count = int(np.prod(t.dims, dtype=np.int64))
@@ -41,7 +41,7 @@ def inspect_onnx(path: Path) -> dict:
         "path": str(path),
         "inputs": [s.as_dict() for s in input_specs(model)],
         "outputs": output_specs(model),
-        "opset_imports": {(i.domain or "ai.onnx"): i.version for i in model.opset_import},
+        "opset_imports": {domain_name(i.domain): i.version for i in model.opset_import},
         "ops": dict(sorted(ops.items())),
         "fused": {k.split("::", 1)[1]: v for k, v in sorted(ops.items()) if k.startswith("mindspore::")},
         "parameters": n_params,

@@ -62,18 +62,10 @@ class ReferenceCase:
         return self.mask.astype(bool)
 
 
-def _np_dtype(elem_type: int) -> np.dtype:
-    if elem_type == onnx.TensorProto.BFLOAT16:
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-
-
 def typed(array: np.ndarray) -> np.ndarray:
     """An array read from an .npz: np.savez stores bfloat16 (ml_dtypes) as 2-byte void, viewed back here."""
     if array.dtype.kind == "V" and array.dtype.itemsize == 2:
-        return array.view(_np_dtype(onnx.TensorProto.BFLOAT16))
+        return array.view(weights.np_dtype(onnx.TensorProto.BFLOAT16))
     return array
 
 
@@ -94,7 +86,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
                 shape.append(d.dim_param)
             else:
                 shape.append(None)
-        specs.append(InputSpec(vi.name, _np_dtype(tt.elem_type), shape, tt.elem_type))
+        specs.append(InputSpec(vi.name, weights.np_dtype(tt.elem_type), shape, tt.elem_type))
     return specs
 
 
@@ -103,7 +95,8 @@ def output_specs(model: onnx.ModelProto) -> list[dict]:
     for vi in model.graph.output:
         tt = vi.type.tensor_type
         shape = [int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
-        out.append({"name": vi.name, "dtype": str(_np_dtype(tt.elem_type)) if tt.elem_type else "?", "shape": shape})
+        dtype = str(weights.np_dtype(tt.elem_type)) if tt.elem_type else "?"
+        out.append({"name": vi.name, "dtype": dtype, "shape": shape})
     return out
 
 
@@ -214,7 +207,7 @@ def _human_bytes(n: int) -> str:
 
 def _itemsize(elem_type: int) -> int:
     try:
-        return _np_dtype(elem_type).itemsize
+        return weights.np_dtype(elem_type).itemsize
     except (KeyError, TypeError, ValueError):
         return 1
 
@@ -262,7 +255,7 @@ def check_memory(model: onnx.ModelProto, specs: list[InputSpec], sizes: dict[str
 
 def _np_dtype_name(elem_type: int) -> str:
     try:
-        return str(_np_dtype(elem_type))
+        return str(weights.np_dtype(elem_type))
     except (KeyError, TypeError, ValueError):
         return onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else "?"
 

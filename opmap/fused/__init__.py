@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import onnx
 
+from graphconv.onnx_domains import default_opset
 from opmap.fused.record import (  # noqa: F401  (the table's API, re-exported)
     DOMAIN, DOMAIN_VERSION, FUSED_OPS, READ_ONLY_PRIMITIVES, FusedOp, define, fp16_primitives, fp32_island,
     fused_primitives)
@@ -19,7 +20,7 @@ from opmap.fused.record import (  # noqa: F401  (the table's API, re-exported)
 def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     """Give `model` the function bodies of the fused ops it uses, and the `mindspore` opset import."""
     used = {n.op_type for n in model.graph.node if n.domain == DOMAIN}
-    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    opset = default_opset(model)
     have = {(f.domain, f.name) for f in model.functions}
     for name in sorted(used):
         if (DOMAIN, name) not in have:
@@ -35,7 +36,7 @@ def ascend_precision_variant(model: onnx.ModelProto) -> onnx.ModelProto | None:
     used = {n.op_type for n in model.graph.node if n.domain == DOMAIN}
     if not any(FUSED_OPS[name].ascend_body for name in used):
         return None
-    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    opset = default_opset(model)
     variant = onnx.ModelProto()
     variant.CopyFrom(model)
     del variant.functions[:]

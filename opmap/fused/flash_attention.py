@@ -40,7 +40,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused.record import FusedOp, define, int64_constant
+from opmap.fused.record import FusedOp, attr_constant, define, from_fp32, int64_constant
 from opmap.registry import register
 
 ATTRIBUTES = ("scale", "head_num", "kv_head_num", "mask_kind", "input_layout", "sparse_mode", "dtype")
@@ -51,19 +51,10 @@ _COMPUTE = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 
 
 
-def _attr_const(name: str, kind: str, attr: str) -> onnx.NodeProto:
-    node = helper.make_node("Constant", [], [name])
-    node.attribute.append(helper.make_attribute_ref(
-        kind, onnx.AttributeProto.FLOAT if kind == "value_float" else onnx.AttributeProto.INT, ref_attr_name=attr))
-    return node
-
-
 def _make_body(round_to: int | None):
     """The body; with round_to (a TensorProto dtype) q/k/v and the output are rounded through that dtype."""
 
     def body(opset: int) -> list[onnx.NodeProto]:
-        # Before opset 15 there is no CastLike back to the query's dtype: the fusion takes fp32 only there.
-        cast_back = opset >= 15
         nodes: list[onnx.NodeProto] = []
 
         def to32(src: str, dst: str) -> None:
@@ -78,8 +69,8 @@ def _make_body(round_to: int | None):
         to32("value", "v32")
         to32("real_shift", "pse32")  # the ascend lowering casts it to the compute dtype as well
         nodes += [
-            _attr_const("n1", "value_int", "head_num"),
-            _attr_const("n2", "value_int", "kv_head_num"),
+            attr_constant("n1", "value_int", "head_num"),
+            attr_constant("n2", "value_int", "kv_head_num"),
             helper.make_node("Div", ["n1", "n2"], ["rep"]),                   # N1 / N2
             int64_constant("zero", 0), int64_constant("one", 1),
             helper.make_node("Range", ["zero", "n1", "one"], ["heads"]),      # 0 .. N1-1
@@ -91,7 +82,7 @@ def _make_body(round_to: int | None):
             helper.make_node("Transpose", ["k_rep"], ["k_t"], perm=[0, 1, 3, 2]),
             helper.make_node("MatMul", ["q32", "k_t"], ["qk"]),
             helper.make_node("Add", ["qk", "pse32"], ["qk_pse"]),  # (+ 0 when there is no bias: exact)
-            _attr_const("scale_v", "value_float", "scale"),
+            attr_constant("scale_v", "value_float", "scale"),
             helper.make_node("Mul", ["qk_pse", "scale_v"], ["scores"]),
             helper.make_node("Cast", ["attn_mask"], ["mask_raw"], to=TensorProto.FLOAT),
             # -inf -> -1e30: finite, so a fully masked row stays finite, and softmax is unchanged. Not fp32's
@@ -107,8 +98,8 @@ def _make_body(round_to: int | None):
         if round_to is not None:
             nodes += [helper.make_node("Cast", ["o32_full"], ["o_lp"], to=round_to),
                       helper.make_node("Cast", ["o_lp"], ["o32"], to=TensorProto.FLOAT)]
-        nodes.append(helper.make_node("CastLike", ["o32", "query"], ["attention_out"]) if cast_back else
-                     helper.make_node("Identity", ["o32"], ["attention_out"]))
+        # (before opset 15 no CastLike back to the query's dtype: the fusion takes fp32 only there)
+        nodes.append(from_fp32(opset, "o32", "query", "attention_out"))
         return nodes
 
     return body

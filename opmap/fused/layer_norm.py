@@ -9,47 +9,38 @@ ONNX's (1e-5), so the lowering always passes the model's.
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from opmap.fused.record import FusedOp, define
+from opmap.fused.record import FusedOp, attr_constant, define, fp32_island, to_fp32
 from opmap.registry import register
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
-    """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype,
-    and the fusion only takes fp32 inputs there (passes/fuse_layernorm.py checks it)."""
-    cast = opset >= 15
-
-    def to32(name: str) -> onnx.NodeProto:
-        return (helper.make_node("Cast", [name], [f"{name}32"], to=TensorProto.FLOAT) if cast else
-                helper.make_node("Identity", [name], [f"{name}32"]))
+    """In an fp32 island (record.island_casts: not before opset 15, where the fusion only takes fp32 inputs;
+    passes/fuse_layernorm.py checks it)."""
 
     def mean(src: str, dst: str) -> list[onnx.NodeProto]:
         if opset >= 18:
             return [helper.make_node("ReduceMean", [src, "axes"], [dst], keepdims=1)]
         return [helper.make_node("ReduceMean", [src], [dst], axes=[-1], keepdims=1)]
 
-    nodes = [to32("x")]
+    nodes = []
     if opset >= 18:
         nodes.append(helper.make_node("Constant", [], ["axes"], value_ints=[-1]))
     nodes += mean("x32", "mu")
     nodes += [helper.make_node("Sub", ["x32", "mu"], ["d"]), helper.make_node("Mul", ["d", "d"], ["d2"])]
     nodes += mean("d2", "var")
-    eps = helper.make_node("Constant", [], ["eps"])  # value_float taken from the caller's `epsilon`
-    eps.attribute.append(helper.make_attribute_ref("value_float", onnx.AttributeProto.FLOAT,
-                                                   ref_attr_name="epsilon"))
     nodes += [
-        eps,
+        attr_constant("eps", "value_float", "epsilon"),
         helper.make_node("Add", ["var", "eps"], ["var_eps"]),
         helper.make_node("Sqrt", ["var_eps"], ["std"]),
         helper.make_node("Div", ["d", "std"], ["normed"]),
-        to32("gamma"),
-        to32("beta"),
+        to_fp32(opset, "gamma", "gamma32"),
+        to_fp32(opset, "beta", "beta32"),
         helper.make_node("Mul", ["normed", "gamma32"], ["scaled"]),
         helper.make_node("Add", ["scaled", "beta32"], ["y32"]),
-        helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else helper.make_node("Identity", ["y32"], ["y"]),
     ]
-    return nodes
+    return fp32_island(opset, nodes)
 
 
 LAYER_NORM = define(FusedOp(

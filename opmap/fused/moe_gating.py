@@ -25,30 +25,24 @@ Not covered: MoeInitRouting(V2), GroupedMatmul, MoeFinalizeRouting (the expert p
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from opmap.fused.record import FusedOp, define
+from opmap.fused.record import FusedOp, attr_constant, define, fp32_island
 from opmap.registry import register
 
 MAX_K = 1024  # CANN's limit on k
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
-    """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype, and the
-    fusion only takes fp32 inputs there (passes/fuse_moe.py checks it)."""
-    cast = opset >= 15
-    k = helper.make_node("Constant", [], ["k0"])
-    k.attribute.append(helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="k"))
-    return [
-        helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT) if cast else
-        helper.make_node("Identity", ["x"], ["x32"]),
+    """In an fp32 island (record.island_casts: not before opset 15, where the fusion only takes fp32 inputs;
+    passes/fuse_moe.py checks it)."""
+    return fp32_island(opset, [
         helper.make_node("Softmax", ["x32"], ["p"], axis=-1),
-        k,
+        attr_constant("k0", "value_int", "k"),
         helper.make_node("Constant", [], ["one"], value_ints=[1]),
         helper.make_node("Reshape", ["k0", "one"], ["k1"]),
         helper.make_node("TopK", ["p", "k1"], ["y32", "indices"], axis=-1, largest=1, sorted=1),
-        helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else helper.make_node("Identity", ["y32"], ["y"]),
-    ]
+    ])
 
 
 MOE_GATING = define(FusedOp(

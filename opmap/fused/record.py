@@ -10,6 +10,8 @@ import onnx
 
 DOMAIN = "mindspore"
 DOMAIN_VERSION = 1
+# CastLike's opset: from it on a body computes in an fp32 island (island_casts); below it, fp32 only.
+ISLAND_OPSET = 15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,15 +61,39 @@ def fp16_primitives() -> set[str]:
             | {p for p, dtype in READ_ONLY_PRIMITIVES.items() if dtype == "fp16"})
 
 
+def island_casts(opset: int) -> bool:
+    """Whether a body at `opset` computes in an fp32 island (inputs Cast to fp32, the result CastLike back).
+    Before opset 15 (ISLAND_OPSET) there is no CastLike to return to the input's dtype: the body then computes
+    in that dtype, and the fusions take fp32 inputs only there (match.float_guard)."""
+    return opset >= ISLAND_OPSET
+
+
+def to_fp32(opset: int, src: str, dst: str) -> onnx.NodeProto:
+    """`src` into the fp32 island as `dst` (an Identity where the body does not cast: island_casts)."""
+    if island_casts(opset):
+        return onnx.helper.make_node("Cast", [src], [dst], to=onnx.TensorProto.FLOAT)
+    return onnx.helper.make_node("Identity", [src], [dst])
+
+
+def from_fp32(opset: int, src: str, like: str, dst: str) -> onnx.NodeProto:
+    """The island's result `src` back in `like`'s dtype as `dst` (an Identity where the body does not cast)."""
+    if island_casts(opset):
+        return onnx.helper.make_node("CastLike", [src, like], [dst])
+    return onnx.helper.make_node("Identity", [src], [dst])
+
+
 def fp32_island(opset: int, core: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """A one-input body computed in fp32: x -> x32, `core` computes y32 from x32, y32 -> y in x's dtype.
-    Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype, and
-    the fusions take fp32 inputs only there (match.float_guard)."""
-    cast = opset >= 15
-    return ([onnx.helper.make_node("Cast", ["x"], ["x32"], to=onnx.TensorProto.FLOAT) if cast else
-             onnx.helper.make_node("Identity", ["x"], ["x32"])] + core +
-            [onnx.helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else
-             onnx.helper.make_node("Identity", ["y32"], ["y"])])
+    """A body computed in fp32: x -> x32, `core` computes y32 from x32 (and casts any other input it
+    reads with to_fp32), y32 -> y in x's dtype."""
+    return [to_fp32(opset, "x", "x32"), *core, from_fp32(opset, "y32", "x", "y")]
+
+
+def attr_constant(name: str, kind: str, attr: str) -> onnx.NodeProto:
+    """A body's Constant node whose `kind` (value_float or value_int) is the calling node's attribute `attr`."""
+    node = onnx.helper.make_node("Constant", [], [name])
+    node.attribute.append(onnx.helper.make_attribute_ref(
+        kind, onnx.AttributeProto.FLOAT if kind == "value_float" else onnx.AttributeProto.INT, ref_attr_name=attr))
+    return node
 
 
 def int64_constant(name: str, value) -> onnx.NodeProto:

@@ -7,41 +7,31 @@ graphconv fuses only gamma of rank 1 (the last axis), the form whose semantics a
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from opmap.fused.record import FusedOp, define
+from opmap.fused.record import FusedOp, attr_constant, define, fp32_island, to_fp32
 from opmap.registry import register
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
-    """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype,
-    and the fusion only takes fp32 inputs there (passes/fuse_rmsnorm.py checks it)."""
-    cast = opset >= 15
-    nodes = [
-        helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT) if cast else
-        helper.make_node("Identity", ["x"], ["x32"]),
-        helper.make_node("Mul", ["x32", "x32"], ["sq"]),
-    ]
+    """In an fp32 island (record.island_casts: not before opset 15, where the fusion only takes fp32 inputs;
+    passes/fuse_rmsnorm.py checks it)."""
+    nodes = [helper.make_node("Mul", ["x32", "x32"], ["sq"])]
     if opset >= 18:
         nodes += [helper.make_node("Constant", [], ["axes"], value_ints=[-1]),
                   helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1)]
     else:
         nodes += [helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1)]
-    eps = helper.make_node("Constant", [], ["eps"])  # value_float taken from the caller's `epsilon`
-    eps.attribute.append(helper.make_attribute_ref("value_float", onnx.AttributeProto.FLOAT,
-                                                   ref_attr_name="epsilon"))
     nodes += [
-        eps,
+        attr_constant("eps", "value_float", "epsilon"),
         helper.make_node("Add", ["ms", "eps"], ["ms_eps"]),
         helper.make_node("Sqrt", ["ms_eps"], ["rms"]),
         helper.make_node("Reciprocal", ["rms"], ["rstd"]),
         helper.make_node("Mul", ["x32", "rstd"], ["normed"]),
-        helper.make_node("Cast", ["gamma"], ["gamma32"], to=TensorProto.FLOAT) if cast else
-        helper.make_node("Identity", ["gamma"], ["gamma32"]),
+        to_fp32(opset, "gamma", "gamma32"),
         helper.make_node("Mul", ["normed", "gamma32"], ["y32"]),
-        helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else helper.make_node("Identity", ["y32"], ["y"]),
     ]
-    return nodes
+    return fp32_island(opset, nodes)
 
 
 RMS_NORM = define(FusedOp(

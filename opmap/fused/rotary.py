@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from opmap.fused.record import FusedOp, define, int64_constant
+from opmap.fused.record import FusedOp, attr_constant, define, fp32_island, int64_constant, to_fp32
 from opmap.registry import register
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -33,20 +33,13 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
-    """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype, and
-    the fusion only takes fp32 there (passes/fuse_rope.py checks it); nor does Shape take `start`, so D is
-    sliced from x's whole shape (exact, but then only known at run time)."""
-    cast = opset >= 15
-
-    def to32(src: str, dst: str) -> onnx.NodeProto:
-        return helper.make_node("Cast", [src], [dst], to=TensorProto.FLOAT) if cast else \
-            helper.make_node("Identity", [src], [dst])
+    """In an fp32 island (record.island_casts: not before opset 15, where the fusion only takes fp32;
+    passes/fuse_rope.py checks it). Nor does Shape take `start` before opset 15, so D is then sliced from x's
+    whole shape (exact, but then only known at run time)."""
 
     def node(op: str, inputs: list[str], output: str, **attrs) -> onnx.NodeProto:
         return helper.make_node(op, inputs, [output], **attrs)
 
-    mode = helper.make_node("Constant", [], ["m"])  # value_int taken from the caller's `mode`
-    mode.attribute.append(helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="mode"))
     if opset >= 15:
         d_vec = [node("Shape", ["x"], "d_vec", start=-1)]                          # [D]
     else:
@@ -54,9 +47,9 @@ def _body(opset: int) -> list[onnx.NodeProto]:
                  node("Slice", ["shape", "cm1", "cmax"], "d_vec")]
     squeeze = [int64_constant("ax0", [0]), node("Squeeze", ["d_vec", "ax0"], "d")] if opset >= 13 else \
         [node("Squeeze", ["d_vec"], "d", axes=[0])]
-    return [
-        to32("x", "x32"), to32("cos", "cos32"), to32("sin", "sin32"),
-        mode, int64_constant("zero", 0), int64_constant("one", 1), int64_constant("two", 2),
+    return fp32_island(opset, [
+        to_fp32(opset, "cos", "cos32"), to_fp32(opset, "sin", "sin32"),
+        attr_constant("m", "value_int", "mode"), int64_constant("zero", 0), int64_constant("one", 1), int64_constant("two", 2),
         *d_vec, *squeeze,
         node("Div", ["d", "two"], "h"),                                     # D/2
         node("Range", ["zero", "d", "one"], "i"),                          # 0 .. D-1
@@ -78,8 +71,7 @@ def _body(opset: int) -> list[onnx.NodeProto]:
         node("Mul", ["x32", "cos32"], "x_cos"),
         node("Mul", ["rot", "sin32"], "rot_sin"),
         node("Add", ["x_cos", "rot_sin"], "y32"),
-        node("CastLike", ["y32", "x"], "y") if cast else node("Identity", ["y32"], "y"),
-    ]
+    ])
 
 
 

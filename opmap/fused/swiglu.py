@@ -8,30 +8,24 @@ concatenates its weights as [gate ; up] along the output dim.
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from opmap.fused.record import FusedOp, define
+from opmap.fused.record import FusedOp, define, from_fp32, to_fp32
 from opmap.registry import register
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
-    """Before opset 15 there is no CastLike to return to x's dtype: the body then computes in x's dtype, and
-    the fusion only takes fp32 inputs there (passes/fuse_swiglu.py checks it)."""
-    cast = opset >= 15
+    """The halves in an fp32 island (record.island_casts: not before opset 15, where the fusion only takes
+    fp32 inputs; passes/fuse_swiglu.py checks it)."""
     # Split into two equal halves along `dim`: without a `split` input before opset 18, num_outputs from 18.
     split = helper.make_node("Split", ["x"], ["a", "b"], **({"num_outputs": 2} if opset >= 18 else {}))
     split.attribute.append(helper.make_attribute_ref("axis", onnx.AttributeProto.INT, ref_attr_name="dim"))
-
-    def to32(name: str) -> onnx.NodeProto:
-        return (helper.make_node("Cast", [name], [f"{name}32"], to=TensorProto.FLOAT) if cast else
-                helper.make_node("Identity", [name], [f"{name}32"]))
-
     return [
-        split, to32("a"), to32("b"),
+        split, to_fp32(opset, "a", "a32"), to_fp32(opset, "b", "b32"),
         helper.make_node("Sigmoid", ["a32"], ["sig"]),
         helper.make_node("Mul", ["a32", "sig"], ["silu"]),
         helper.make_node("Mul", ["silu", "b32"], ["y32"]),
-        helper.make_node("CastLike", ["y32", "x"], ["y"]) if cast else helper.make_node("Identity", ["y32"], ["y"]),
+        from_fp32(opset, "y32", "x", "y"),
     ]
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.onnx_domains import is_default_domain
 from passes import match
 from passes.attention.scores import Refused
 from passes.attention.sdpa import Sdpa, SdpaRule
@@ -32,8 +33,8 @@ def check(s: Sdpa, opset: int) -> tuple[int, int]:
                       "(fp32 inputs are cast to fp16)")
     if opset < 11:
         raise Refused("below opset 11 the reference body cannot be written (it needs Range)")
-    if opset < 15 and s.q.dtype != ir.DataType.FLOAT:
-        raise Refused("below opset 15 the reference body can only express fp32")
+    if opset < match.MIN_LOW_PRECISION_OPSET and s.q.dtype != ir.DataType.FLOAT:
+        raise Refused(f"below opset {match.MIN_LOW_PRECISION_OPSET} the reference body can only express fp32")
     qd, kd, vd = match.dims(s.q), match.dims(s.k), match.dims(s.v)
     n1, d = qd[1], qd[3]
     if not isinstance(n1, int) or not isinstance(d, int):
@@ -58,7 +59,7 @@ def is_cache(value: ir.Value) -> bool:
     """A KV cache as exports write it: Concat along the sequence axis (2 of BNSD) of a graph input (the past)
     and the new values."""
     node = value.producer()
-    if node is None or node.op_type != "Concat" or node.domain not in match.STANDARD_DOMAINS:
+    if node is None or node.op_type != "Concat" or not is_default_domain(node.domain):
         return False
     axis = node.attributes["axis"].value if "axis" in node.attributes else None
     rank = value.shape.rank() if value.shape is not None else None

@@ -21,6 +21,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.onnx_domains import is_default_domain
 from passes import match
 from passes.attention.scores import Refused
 from passes.attention.sdpa import DOMAIN, Sdpa
@@ -37,7 +38,7 @@ def _zero_one(value: ir.Value, depth: int = 0) -> bool:
     if c is not None:
         return bool(np.all((c == 0) | (c == 1)))
     p = value.producer()
-    if p is None or p.domain not in ("", "ai.onnx") or depth > 12:
+    if p is None or not is_default_domain(p.domain) or depth > 12:
         return False
     if p.op_type in _PASS_THROUGH:
         return _zero_one(p.inputs[0], depth + 1)
@@ -62,7 +63,7 @@ def additive_fill(value: ir.Value, depth: int = 0) -> float | None:
             return None
         return float(neg.max()) if neg.size else -math.inf
     p = value.producer()
-    if p is None or p.domain not in ("", "ai.onnx"):
+    if p is None or not is_default_domain(p.domain):
         return None
     if p.op_type in _PASS_THROUGH:
         return additive_fill(p.inputs[0], depth + 1)

@@ -27,24 +27,21 @@ import functools
 import onnx
 
 from graphconv.errors import UnsupportedError
+from graphconv.onnx_domains import canonical_domain, default_opset, find_default_opset
 from graphconv.frontend.contrib.registry import DECOMPOSITIONS, MICROSOFT, decomposes  # noqa: F401 (API)
 from graphconv.frontend.contrib.rewrite import Rewrite, static_shapes
-
-def _domain(d: str) -> str:
-    return "" if d == "ai.onnx" else d
-
 
 @functools.cache
 def onnxruntime_ops() -> frozenset[tuple[str, str]]:
     """(domain, op type) of every op onnxruntime registers a schema for (contrib ops included)."""
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
-    return frozenset((_domain(s.domain), s.name) for s in ort_c.get_all_operator_schema())
+    return frozenset((canonical_domain(s.domain), s.name) for s in ort_c.get_all_operator_schema())
 
 
 def is_standard(node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
     """An op onnx itself defines at the model's opset of its domain."""
-    domain = _domain(node.domain)
+    domain = canonical_domain(node.domain)
     if domain not in ("", "ai.onnx.ml", "ai.onnx.preview.training"):
         return False
     try:
@@ -64,13 +61,13 @@ def _first_opset(op_type: str) -> int | None:
 
 def contrib_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Main-graph nodes of ops onnxruntime registers but onnx does not define at the model's opset."""
-    opsets = {_domain(i.domain): i.version for i in model.opset_import}
+    opsets = {canonical_domain(i.domain): i.version for i in model.opset_import}
     return [n for n in model.graph.node
-            if not is_standard(n, opsets) and (_domain(n.domain), n.op_type) in onnxruntime_ops()]
+            if not is_standard(n, opsets) and (canonical_domain(n.domain), n.op_type) in onnxruntime_ops()]
 
 
 def label(node: onnx.NodeProto) -> str:
-    domain = _domain(node.domain)
+    domain = canonical_domain(node.domain)
     return f"{domain}::{node.op_type}" if domain else node.op_type
 
 
@@ -81,8 +78,8 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     nodes = contrib_nodes(model)
     if not nodes:
         return model, {}
-    missing = sorted({label(n) for n in nodes if (_domain(n.domain), n.op_type) not in DECOMPOSITIONS})
-    opset = next((i.version for i in model.opset_import if _domain(i.domain) == ""), None)
+    missing = sorted({label(n) for n in nodes if (canonical_domain(n.domain), n.op_type) not in DECOMPOSITIONS})
+    opset = find_default_opset(model)
     too_new = {op: since for op in missing if (since := _first_opset(op)) is not None}
     if too_new:  # standard ops of a later opset than the model imports: not contrib ops at all
         op, since = sorted(too_new.items())[0]
@@ -94,7 +91,7 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     shapes = static_shapes(model)
-    opset = next(i.version for i in model.opset_import if _domain(i.domain) == "")
+    opset = default_opset(model)
     taken = {x for n in model.graph.node for x in (*n.input, *n.output, n.name)}
     taken |= {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
     counts: collections.Counter[str] = collections.Counter()
@@ -105,18 +102,18 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
             new_nodes.append(node)
             continue
         rw = Rewrite(node, shapes, opset, taken)
-        DECOMPOSITIONS[(_domain(node.domain), node.op_type)](rw)
+        DECOMPOSITIONS[(canonical_domain(node.domain), node.op_type)](rw)
         new_nodes.extend(rw.finish())
         counts[label(node)] += 1
     del out.graph.node[:]
     out.graph.node.extend(new_nodes)
     # Value infos of the replaced nodes' outputs stay valid (same names, same values); the ones the
     # decompositions add are inferred later. Domains no node uses any more are dropped from the imports.
-    used = {_domain(n.domain) for n in out.graph.node} | {""}
-    used |= {_domain(f.domain) for f in out.functions}
+    used = {canonical_domain(n.domain) for n in out.graph.node} | {""}
+    used |= {canonical_domain(f.domain) for f in out.functions}
     for f in out.functions:
-        used |= {_domain(n.domain) for n in f.node}
-    kept = [i for i in out.opset_import if _domain(i.domain) in used]
+        used |= {canonical_domain(n.domain) for n in f.node}
+    kept = [i for i in out.opset_import if canonical_domain(i.domain) in used]
     del out.opset_import[:]
     out.opset_import.extend(kept)
     return out, dict(counts)

@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 import onnx
-from onnx import helper
 
+from graphconv.frontend import weights
 from graphconv.frontend.contrib import spell
 from graphconv.frontend.contrib.norm import back_to, to_float
 from graphconv.frontend.contrib.registry import MICROSOFT, decomposes
@@ -32,13 +32,14 @@ from graphconv.frontend.contrib.rewrite import Rewrite
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
 
 
-def _np_dtype(rw: Rewrite, x: str):
+def _float_dtype(rw: Rewrite, x: str):
+    """x's numpy dtype, which must be a float (float32 when unknown)."""
     dtype = rw.dtype(x)
     if dtype is None:
         return np.float32
     if dtype not in _FLOATS:
         rw.fail(f"input dtype {onnx.TensorProto.DataType.Name(dtype)} (GELU takes floats)")
-    return helper.tensor_dtype_to_np_dtype(dtype)
+    return weights.np_dtype(dtype)
 
 
 def _c(rw: Rewrite, value: float, dt) -> str:
@@ -66,30 +67,30 @@ def _plus_bias(rw: Rewrite, x: str, i: int) -> str:
 
 @decomposes("Gelu", domain=MICROSOFT)
 def gelu(rw: Rewrite) -> None:
-    gelu_erf(rw, rw.input(0), _np_dtype(rw, rw.input(0)), rw.output(0))
+    gelu_erf(rw, rw.input(0), _float_dtype(rw, rw.input(0)), rw.output(0))
 
 
 @decomposes("BiasGelu", domain=MICROSOFT)
 def bias_gelu(rw: Rewrite) -> None:
-    gelu_erf(rw, _plus_bias(rw, rw.input(0), 1), _np_dtype(rw, rw.input(0)), rw.output(0))
+    gelu_erf(rw, _plus_bias(rw, rw.input(0), 1), _float_dtype(rw, rw.input(0)), rw.output(0))
 
 
 @decomposes("FastGelu", domain=MICROSOFT)
 def fast_gelu(rw: Rewrite) -> None:
-    gelu_tanh(rw, _plus_bias(rw, rw.input(0), 1), _np_dtype(rw, rw.input(0)), rw.output(0))
+    gelu_tanh(rw, _plus_bias(rw, rw.input(0), 1), _float_dtype(rw, rw.input(0)), rw.output(0))
 
 
 @decomposes("QuickGelu", domain=MICROSOFT)
 def quick_gelu(rw: Rewrite) -> None:
     x = rw.input(0)
-    alpha = _c(rw, rw.attr("alpha", 1.702), _np_dtype(rw, x))
+    alpha = _c(rw, rw.attr("alpha", 1.702), _float_dtype(rw, x))
     rw.op("Mul", x, rw.op("Sigmoid", rw.op("Mul", x, alpha)), outputs=[rw.output(0)])
 
 
 @decomposes("BiasSplitGelu", domain=MICROSOFT)
 def bias_split_gelu(rw: Rewrite) -> None:
     x, dtype = rw.input(0), rw.dtype(rw.input(0))
-    _np_dtype(rw, x)
+    _float_dtype(rw, x)
     d = rw.static_dim(rw.input(1), 0)
     if d is None or d % 2:
         rw.fail(f"the bias length {d} is not a known even number (the halves' size)")
