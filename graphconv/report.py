@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+from graphconv.onnx_domains import domain_name, op_key
 from graphconv.version import __version__
 
 
@@ -141,7 +142,7 @@ def model_info(model) -> dict:
     return {
         "inputs": [s.as_dict() for s in reference.input_specs(model)],
         "outputs": reference.output_specs(model),
-        "opset_imports": {(i.domain or "ai.onnx"): i.version for i in model.opset_import},
+        "opset_imports": {domain_name(i.domain): i.version for i in model.opset_import},
         "nodes": len(model.graph.node),
     }
 
@@ -150,8 +151,7 @@ def op_histogram(model) -> dict[str, int]:
     """op type (domain::op outside the default domain) -> nodes of the main graph."""
     hist: dict[str, int] = {}
     for n in model.graph.node:
-        key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-        hist[key] = hist.get(key, 0) + 1
+        hist[op_key(n)] = hist.get(op_key(n), 0) + 1
     return dict(sorted(hist.items()))
 
 

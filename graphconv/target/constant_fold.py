@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from graphconv.onnx_domains import is_default_domain
+
 # The lowering folds values of at most this many elements (inputs and outputs), so that a folded constant
 # never costs more than the nodes it replaces.
 FOLD_MAX_ELEMENTS = 1 << 16
@@ -18,7 +20,7 @@ NEVER_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "Ra
 def foldable(domain: str, op_type: str, has_subgraph: bool) -> bool:
     """Whether a node of this op may be evaluated at compile time at all: standard domain, not random, and
     no subgraph (an If or Loop is the lowering's, not onnx.reference's)."""
-    return domain in ("", "ai.onnx") and op_type not in NEVER_FOLD and not has_subgraph
+    return is_default_domain(domain) and op_type not in NEVER_FOLD and not has_subgraph
 
 
 def evaluate(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: int,

@@ -17,6 +17,7 @@ import onnx
 import onnx_ir as ir
 
 import opmap
+from graphconv.onnx_domains import canonical_domain, is_default_domain, op_key
 from opmap import helpers as helper_lib, refusals
 from graphconv.target import codegen, layers
 from graphconv.target import partition as partition_
@@ -79,7 +80,7 @@ class Lowering:
         self.scopes = scopes  # where each ONNX node came from (graphconv/target/layers.py)
         self.graph = model.graph
         self.class_name = class_name
-        self.opsets = {("" if d == "ai.onnx" else d): v for d, v in model.opset_imports.items()}
+        self.opsets = {canonical_domain(d): v for d, v in model.opset_imports.items()}
         self.used_attrs: set[str] = set(codegen.RESERVED)
         self.operands: dict[ir.Value, Operand] = {}
         self.attrs: list[Attr] = []
@@ -201,7 +202,7 @@ class Lowering:
         )
 
     def lower_node(self, node: ir.Node) -> None:
-        domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = canonical_domain(node.domain)
         opset = self.opsets.get(domain, 1)
         if node.op_type == "Constant" and domain == "":
             self._set_const(node.outputs[0], _constant_node_value(node))
@@ -312,7 +313,7 @@ def _constant_node_value(node: ir.Node) -> np.ndarray:
 
 
 def _op_label(node: ir.Node) -> str:
-    return f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+    return op_key(node)
 
 
 def _np_name(dtype: np.dtype) -> str:
@@ -322,13 +323,13 @@ def _np_name(dtype: np.dtype) -> str:
 
 def unsupported_ops(model: onnx.ModelProto) -> list[str]:
     """Every op of the model (main graph and functions) that opmap cannot lower, as 'domain::Op (opset N)'."""
-    opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}
+    opsets = {canonical_domain(i.domain): i.version for i in model.opset_import}
     local_functions = {(f.domain, f.name) for f in model.functions}
     missing = set()
 
     def visit(nodes):
         for n in nodes:
-            domain = "" if n.domain == "ai.onnx" else n.domain
+            domain = canonical_domain(n.domain)
             if (n.domain, n.op_type) in local_functions:
                 continue
             if n.op_type == "Constant" and domain == "":
@@ -360,7 +361,7 @@ def dense_weights(graph: ir.Graph) -> set[ir.Value]:
                 or v.is_graph_output()):
             continue
         uses = list(v.uses())
-        if uses and all(u.node.op_type == "MatMul" and u.node.domain in ("", "ai.onnx") and u.idx == 1
+        if uses and all(u.node.op_type == "MatMul" and is_default_domain(u.node.domain) and u.idx == 1
                         and u.node.inputs[0] is not None and u.node.inputs[0].shape is not None
                         and len(u.node.inputs[0].shape) >= 2 for u in uses):
             picked.add(v)

@@ -31,6 +31,8 @@ import math
 import numpy as np
 import onnx
 
+from graphconv.onnx_domains import canonical_domain, find_default_opset, is_default_domain
+
 MICROSOFT = "com.microsoft"
 INT32, FLOAT = onnx.TensorProto.INT32, onnx.TensorProto.FLOAT
 # (domain, op type) of the nodes rewritten; '' is the default domain.
@@ -40,7 +42,7 @@ NOTE = "computed exactly in int32 by the oracle (onnxruntime's u8s8 kernel can s
 
 
 def _key(node: onnx.NodeProto) -> tuple[str, str]:
-    return ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+    return (canonical_domain(node.domain), node.op_type)
 
 
 def label(key: tuple[str, str]) -> str:
@@ -69,7 +71,7 @@ def rewrite(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     from graphconv.frontend.contrib.rewrite import Rewrite, static_shapes
 
     shapes = _Shapes(model, static_shapes)
-    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 1)
+    opset = find_default_opset(model) or 1
     taken = {x for n in model.graph.node for x in (*n.input, *n.output, n.name)}
     taken |= {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
     counts: collections.Counter[str] = collections.Counter()
@@ -106,7 +108,7 @@ class _Shapes(dict):
                 self[vi.name] = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                                   for d in tt.shape.dim], tt.elem_type)
         for n in model.graph.node:  # its scale and zero point are scalars (float32, uint8)
-            if n.op_type == "DynamicQuantizeLinear" and n.domain in ("", "ai.onnx"):
+            if n.op_type == "DynamicQuantizeLinear" and is_default_domain(n.domain):
                 for o, t in zip(n.output[1:3], (FLOAT, onnx.TensorProto.UINT8)):
                     self.setdefault(o, ([], t))
 
