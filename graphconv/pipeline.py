@@ -5,7 +5,7 @@ load -> reference cases -> simplify (onnxsim) -> validate (onnxruntime) -> passe
 -> lower (opmap; the cpu twin too) -> emit (mindspore.export and the verification run, in one child)
 -> verify (outputs; block by block in layer-streamed mode) -> bundle -> commit (all artifacts or none).
 
-When work runs (a warm child, the oracle beside the emit, priorities, the exit) is graphconv/runtime/
+When work runs (the oracle beside the emit, priorities, reading ahead, the exit) is graphconv/runtime/
 scheduling.py's business, not a stage's. `compile()` is the Python API behind `graphconv compile`; it returns
 the Report and raises a GraphconvError (with the report attached as `.report`) when the run cannot succeed.
 """
@@ -281,13 +281,9 @@ class Compiler:
 
             deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
         self.report.scheduling = {"switches": self.schedule.as_dict()}
-        spare_for = ("export", "export_and_verify") if self.schedule.warm_child else ()
-        ahead = scheduling.weight_files_ahead(self.schedule, weights.external_refs(loaded.model.proto).values(),
-                                              loaded.model.external_bytes, loaded.layer_streamed and self.opt.verify)
-        with Workspace(self.output) as ws, child.children(ws.dir, spare_for), ahead:
+        with Workspace(self.output) as ws, child.children(ws.dir):
             try:
                 self._run_in(loaded, ws)
-                self.report.scheduling["weights_asked_ahead_bytes"] = ahead.asked
             except VerificationError as e:  # the report is still written, and says how the run ended
                 self.report.status, self.report.error, self.report.exit_code = "failed", str(e), e.exit_code
                 self._commit(ws, {}, report_only=True)

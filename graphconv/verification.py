@@ -52,8 +52,6 @@ class Verification:
                                             ws.dir, "mindspore.export", tracker)
             except child.ChildError as e:
                 raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
-            if "warm_up" in result:
-                self.c.report.scheduling["child_warm_up"] = result["warm_up"]
             st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed", "graph_seconds",
                                                      "weights_seconds", "weights_put_by_verification_bytes") if k in result})
         done = None if run is None else result.get("verify") or {"error": result.get("verify_error", "no result")}

@@ -111,13 +111,6 @@ def test_compile_scale_synthetic_model(tmp_path):
     # merged gate/up, down; the two RMSNorm gammas are small, in memory); the head
     assert streamed.scheduling["block_weights_read_ahead"] == [1, 6, 6, 6, 6, 1]
     assert _final(streamed) == _final(whole)
-    # the layer-streamed compile, which reads the weights twice after the passes, asked the kernel for the
-    # whole weights file from its start (graphconv/runtime/scheduling.py); the whole-network one did not
-    assert whole.scheduling["weights_asked_ahead_bytes"] == 0
-    data_file = sum(f.stat().st_size for f in path.parent.iterdir() if f.suffix != ".onnx")
-    external = next(s for s in streamed.stages if s.name == "load").detail["external_weight_bytes"]
-    # (the ranges close the gaps between weights: alignment, and the small tensors load read into the model)
-    assert external <= streamed.scheduling["weights_asked_ahead_bytes"] <= data_file
 
 
 def test_compile_scale_model_with_dynamos_scopes_runs_its_layer_class(tmp_path):

@@ -1,6 +1,5 @@
 """A compile killed during export leaves nothing at the output path; the next run removes its temporary files.
-The export's child, started with the compile (graphconv.runtime.child.children's Warm), goes when it is not
-needed; children end without the interpreter's teardown (graphconv.runtime.scheduling.end)."""
+Children end without the interpreter's teardown (graphconv.runtime.scheduling.end)."""
 
 from __future__ import annotations
 
@@ -45,29 +44,6 @@ def test_killed_during_export(tmp_path, sig):
     assert not out.exists()
 
 
-def test_the_emit_child_started_with_the_compile_takes_the_export(tmp_path, monkeypatch):
-    """The MindSpore child starts with the compile (its import overlaps the passes), and the emit stage's
-    task goes to it: it warmed up (scheduling.warm_up: ran and exported a tiny network before the task came),
-    without an error. With the warm_child switch off no child waits, and the export has no warm-up."""
-    report = graphconv.compile(EXAMPLES_DIR / "tiny_llama.onnx", tmp_path / "m.mindir", simplify=False)
-    assert report.status == "verified" and report.scheduling["switches"]["warm_child"] is True
-    warm_up = report.scheduling["child_warm_up"]
-    assert "error" not in warm_up and warm_up["seconds"] > 0
-    monkeypatch.setenv("GRAPHCONV_SCHEDULING", "-warm_child")
-    cold = graphconv.compile(EXAMPLES_DIR / "tiny_llama.onnx", tmp_path / "c.mindir", simplify=False)
-    assert cold.status == "verified" and "child_warm_up" not in cold.scheduling
-    assert not (tmp_path / "task-warm.log").exists()
-
-
-def test_a_warm_child_given_no_task_goes(tmp_path):
-    """Given no task, the warm child is killed on leaving (it waits on its stdin for a task, so nothing
-    else ends it), and reaped: the compile's error is not delayed by its MindSpore import."""
-    with child.Warm(tmp_path, ("export",)) as warm:
-        proc = warm.proc
-    assert proc.returncode == -signal.SIGKILL
-    assert (tmp_path / "task-warm.log").exists()
-
-
 def test_a_child_ends_without_the_teardown_once_its_result_is_written(tmp_path):
     """scheduling.end in the child: the parent waits for its child's exit, which MindSpore's teardown would
     lengthen; the child ends as soon as its result is written (an object a module holds is never finalized),
@@ -90,30 +66,14 @@ def test_a_child_ends_without_the_teardown_once_its_result_is_written(tmp_path):
     assert json.loads((tmp_path / "result.json").read_text())["ok"] and (tmp_path / "out.onnx").exists()
 
 
-def test_a_dead_warm_child_is_replaced_by_a_new_one(tmp_path):
-    """A warm child that died before its task came is not given it: run_task starts a child as it would
-    without one, and the task is done."""
-    src = tmp_path / "in.onnx"
-    shutil.copy(EXAMPLES_DIR / "tiny_llama.onnx", src)
-    with child.children(tmp_path, ("simplify",)) as warm:
-        warm.proc.kill()
-        warm.proc.wait()
-        result = child.run_task("simplify", {"input": str(src), "output": str(tmp_path / "out.onnx")}, tmp_path,
-                                "onnxsim")
-        assert not warm.taken
-    assert result["ok"] and result["nodes"] > 0 and (tmp_path / "out.onnx").exists()
-
-
 def test_a_compile_failing_before_its_emit_leaves_no_child(tmp_path, monkeypatch):
-    """The warm child is told to go (or killed) when the compile fails before it was given its task."""
+    """A compile failing before its emit leaves no child running, and nothing in the output folder."""
     import psutil
 
     from graphconv import pipeline
     from graphconv.errors import UnsupportedError
 
     def refuse(self, *args, **kwargs):
-        spares = list(child._spares.values())  # (the compile's spare child: it runs while the passes would)
-        assert len(spares) == 1 and not spares[0].taken and spares[0].proc.poll() is None
         raise UnsupportedError("refused by the test")
 
     def workers() -> set[int]:  # (another test's long-lived server child may run beside: only new ones count)

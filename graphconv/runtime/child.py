@@ -58,11 +58,10 @@ def _start(args: list[str], workdir: Path, log, stdin, stdout) -> subprocess.Pop
 
 
 # The one-shot children running for each working directory (a compile's private directory), so that another
-# thread can kill them (kill_children: the oracle beside the emit failed); the directories whose children are
-# called off; and the spare child started for a directory (`children`).
+# thread can kill them (kill_children: the oracle beside the emit failed), and the directories whose children
+# are called off.
 _running: dict[str, set[subprocess.Popen]] = {}
 _called_off: set[str] = set()
-_spares: dict[str, "Warm"] = {}
 _lock = threading.Lock()
 
 
@@ -117,8 +116,8 @@ def _report_progress(path: Path, tracker) -> None:
 
 
 def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> dict:
-    """Runs the task in a child with cwd=workdir (the spare started for workdir and this kind of task, if one
-    is waiting: `spare`; else a new one); returns the worker's result dict or raises ChildError/InternalError.
+    """Runs the task in a new child with cwd=workdir; returns the worker's result dict or raises
+    ChildError/InternalError.
     With a graphconv.progress.Tracker the child reports how far it is (bytes of weights read) through a small
     file the parent polls."""
     n = len(list(workdir.glob("task-*.json")))
@@ -128,15 +127,8 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> 
     progress_path = workdir / f"task-{n}-{kind}.progress"
     extra = {"progress_file": str(progress_path)} if tracker is not None else {}
     task_path.write_text(json.dumps({**task, **extra, "kind": kind, "result": str(result_path)}))
-    with _lock:
-        warm = _spares.get(str(workdir))
-    proc = warm.take(kind, task_path) if warm is not None else None
-    with contextlib.ExitStack() as stack:
-        if proc is None:
-            log = stack.enter_context(open(log_path, "wb"))
-            proc = _start([str(task_path)], workdir, log, subprocess.DEVNULL, log)
-        else:
-            log_path = warm.log_path
+    with open(log_path, "wb") as log:
+        proc = _start([str(task_path)], workdir, log, subprocess.DEVNULL, log)
         with _lock:
             _running.setdefault(str(workdir), set()).add(proc)
             if str(workdir) in _called_off:
@@ -152,62 +144,14 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> 
 
 
 @contextlib.contextmanager
-def children(workdir: Path, spare_for: tuple[str, ...] = ()):
-    """The children a compile runs in `workdir`, for the `with` body: with `spare_for`, a child started now
-    takes the first task of one of those kinds (the Warm given to the body; killed on leaving if no task took
-    it)."""
-    key = str(workdir)
-    with contextlib.ExitStack() as stack:
-        warm = None
-        if spare_for:
-            warm = stack.enter_context(Warm(workdir, spare_for))
-            with _lock:
-                _spares[key] = warm
-        try:
-            yield warm
-        finally:
-            with _lock:
-                _spares.pop(key, None)
-                _called_off.discard(key)
-                _running.pop(key, None)
-
-
-class Warm:
-    """A worker started before its task is known (`python -m graphconv.runtime.worker --warm`): it warms up
-    (graphconv.runtime.scheduling.warm_up) while the compile runs its own stages, then takes one task of
-    `kinds`. A context manager: on leaving, a child that took no task is killed (it holds nothing; waiting for
-    its import to end would only delay the compile's error)."""
-
-    def __init__(self, workdir: Path, kinds: tuple[str, ...]):
-        self.kinds = kinds
-        self.log_path = workdir / "task-warm.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in __exit__
-        self.proc = _start(["--warm"], workdir, self._log, subprocess.PIPE, self._log)
-        self.taken = False
-
-    def take(self, kind: str, task_path: Path) -> subprocess.Popen | None:
-        """The child, told its task; None when the task is of another kind, or it was taken already, or has
-        died (the caller starts one)."""
-        if kind not in self.kinds or self.taken or self.proc.poll() is not None:
-            return None
-        self.taken = True
-        try:
-            self.proc.stdin.write(f"{task_path}\n".encode())
-            self.proc.stdin.close()
-        except OSError:  # it died meanwhile
-            return None
-        return self.proc
-
-    def __enter__(self) -> "Warm":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:  # given no task, or its task interrupted (run_task kills its child then)
-            self.proc.kill()
-        self.proc.wait()
-        if not self.taken:
-            self.proc.stdin.close()
-        self._log.close()
+def children(workdir: Path):
+    """The children a compile runs in `workdir`, for the `with` body (kill_children may call them off)."""
+    try:
+        yield
+    finally:
+        with _lock:
+            _called_off.discard(str(workdir))
+            _running.pop(str(workdir), None)
 
 
 class Server:

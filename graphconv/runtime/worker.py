@@ -2,8 +2,7 @@
 
 A task is a JSON dict whose "kind" names a function of TASKS (the export tasks, the run tasks, generation);
 its result is {"ok": true, ...} or {"ok": false, "error": "..."}. `python -m graphconv.runtime.worker TASK.json`
-does one task and writes the result to the task's "result" file; `--warm` first warms up (graphconv.runtime.
-scheduling.warm_up), then reads the task file's path on stdin; `--serve` does one task per stdin line and
+does one task and writes the result to the task's "result" file; `--serve` does one task per stdin line and
 writes one result line to stdout each. A crash leaves no result; the parent (graphconv.runtime.child) turns
 that into a clean error. The working directory is the run's private temporary directory, so files that
 MindSpore drops in the cwd (rank_0/, kernel_meta/) stay in it.
@@ -63,16 +62,9 @@ def serve() -> int:
 def main(argv: list[str]) -> int:
     if argv[1:] == ["--serve"]:
         return serve()
-    warmed = None
-    if argv[1:] == ["--warm"]:  # graphconv.runtime.child.Warm: warmed up before the task's path comes
-        warmed = scheduling.warm_up()
-        line = sys.stdin.readline().strip()
-        if not line:  # the compile needed no task (it failed before)
-            return 0
-        argv = [argv[0], line]
     task = json.loads(Path(argv[1]).read_text())
     result_path = Path(task["result"])
-    result = handle(task) if warmed is None else {**handle(task), "warm_up": warmed}
+    result = handle(task)
     tmp = result_path.with_suffix(".partial")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, result_path)
