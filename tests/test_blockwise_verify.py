@@ -170,7 +170,7 @@ def test_partition_blocks_carry_the_onnx_names_of_what_they_pass_on():
         assert any(out.onnx_name in n.input for n in model.graph.node)
     assert [v.onnx_name for v in part.blocks[-1].outputs] == [o.name for o in model.graph.output]
     plan = part.plan("blocks.py")
-    weights = [[name for name, _ in b["weights"]] for b in plan["blocks"]]
+    weights = [[w[0] for w in b["weights"]] for b in plan["blocks"]]
     assert len(weights[1]) == len(weights[2]) > 0
     assert "model.layers.1.input_layernorm.weight" in weights[2] and not any("layers.0." in n for n in weights[2])
     text = codegen.render_blocks(net.program, part, helpers)

@@ -42,10 +42,12 @@ def _rss() -> int:
 class _BlockWeights:
     """The weights one block binds: read from their files as the generated `_param` asks for them (the source
     array: `_param` transposes it where the Parameter is stored transposed), or taken from `ready` (read ahead
-    by _ReadAhead: name -> (array, whether it is transposed already))."""
+    by _ReadAhead: name -> (array, whether it is transposed already); one transposed already is handed over as
+    a ready Parameter, made by the generated module's own `_param`, which the block's `_param` takes as is)."""
 
-    def __init__(self, sources: dict, ready: dict | None = None):
-        self.sources, self.ready = sources, ready or {}
+    def __init__(self, block: dict, sources: dict, module, ready: dict | None = None):
+        self.specs = {name: (shape, dtype) for name, _, shape, dtype in block["weights"]}
+        self.sources, self.module, self.ready = sources, module, ready or {}
         self.read_bytes, self.read_ahead = 0, 0
 
     def _take(self, name: str) -> tuple[np.ndarray, bool]:
@@ -58,9 +60,14 @@ class _BlockWeights:
         self.read_bytes += entry[0].nbytes
         return entry
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str):
+        from graphconv.runtime.network import ms_dtype
+
         array, flipped = self._take(name)
-        return array.T if flipped else array  # (read ahead for a block built anew: never flipped)
+        if not flipped:
+            return array
+        shape, dtype = self.specs[name]
+        return self.module._param({name: array}, name, tuple(shape), ms_dtype(dtype), False)
 
     def tensor(self, name: str, transposed: bool, param_value):
         """The weight in its Parameter's layout, as a Tensor (the generated module's `_param_value`)."""
@@ -70,24 +77,23 @@ class _BlockWeights:
 
 class _ReadAhead:
     """One block's weights read from their files by a second thread while the block before it runs (the first
-    block's: while the child exports the graph). For a block that reuses a compiled Cell the transposes are
-    done there too; a block built anew takes source arrays (its `_param` transposes them)."""
+    block's: while the child exports the graph), the weights stored transposed transposed there too."""
 
-    def __init__(self, sources: dict, block: dict, fresh: bool):
+    def __init__(self, sources: dict, block: dict):
         import threading
 
         self._result, self._error = {}, None
-        self._thread = threading.Thread(target=self._run, args=(sources, block["weights"], fresh),
+        self._thread = threading.Thread(target=self._run, args=(sources, block["weights"]),
                                         name=f"read-ahead {block['name']}", daemon=True)
         self._thread.start()
 
-    def _run(self, sources: dict, weights: list, fresh: bool) -> None:
+    def _run(self, sources: dict, weights: list) -> None:
         try:
-            for name, transposed in weights:
+            for name, transposed, _, _ in weights:
                 src = sources.get(name)
                 if src is None or src.array is not None or name in self._result:
                     continue
-                flip = bool(transposed) and not fresh and len(src.shape) == 2
+                flip = bool(transposed) and len(src.shape) == 2
                 self._result[name] = (src.read_transposed() if flip else src.read()), flip
         except BaseException as e:  # noqa: BLE001 - raised in the block loop's thread
             self._error = e
@@ -113,7 +119,7 @@ class Prepared:
         for case_path in run["cases"]:
             with np.load(case_path) as data:
                 self.envs.append({i: Tensor(data[n]) for i, n in zip(plan["args"], run["input_names"])})
-        self.first = _ReadAhead(sources, plan["blocks"][0], fresh=True) if read_ahead else None
+        self.first = _ReadAhead(sources, plan["blocks"][0]) if read_ahead else None
 
 
 def run_blocks(prepared: Prepared, weights_file=None) -> dict:
@@ -141,12 +147,12 @@ def _run_blocks(prepared: Prepared, weights_file) -> dict:
     for k, b in enumerate(blocks):
         t0 = time.perf_counter()
         reused = b["layer_class"] is not None and b["layer_class"] in compiled
-        weights = _BlockWeights(sources, ahead.result() if ahead else None)
+        weights = _BlockWeights(b, sources, module, ahead.result() if ahead else None)
         if reused:  # its graphs are compiled: it takes this block's weights
             cell = compiled[b["layer_class"]]
             params = list(cell.get_parameters())
             _check_binding(b, params, names=False)
-            for param, (name, transposed) in zip(params, b["weights"]):
+            for param, (name, transposed, _, _) in zip(params, b["weights"]):
                 param.set_data(weights.tensor(name, transposed, module._param_value))
         else:
             cell = getattr(module, b["class"])(weights)
@@ -155,11 +161,10 @@ def _run_blocks(prepared: Prepared, weights_file) -> dict:
             _check_binding(b, params, names=True)
             compiled = {b["layer_class"]: cell} if b["layer_class"] else {}  # (only one is kept)
         nxt = k + 1 < len(blocks) and blocks[k + 1]
-        ahead = _ReadAhead(sources, nxt, fresh=not (nxt["layer_class"] and nxt["layer_class"] in compiled)) \
-            if nxt and prepared.read_ahead else None
+        ahead = _ReadAhead(sources, nxt) if nxt and prepared.read_ahead else None
         t1 = time.perf_counter()
         if weights_file is not None:
-            for param, (name, transposed) in zip(params, b["weights"]):
+            for param, (name, transposed, _, _) in zip(params, b["weights"]):
                 weights_file.put(name, param.asnumpy(), transposed)  # (asnumpy: a view of its memory)
         t2 = time.perf_counter()
         for env, kept in zip(envs, saved):
@@ -191,6 +196,6 @@ def _run_blocks(prepared: Prepared, weights_file) -> dict:
 
 def _check_binding(block: dict, params: list, names: bool) -> None:
     """The block's Cell binds the Parameters its plan lists, in that order (by name where it was built for it)."""
-    listed = [name for name, _ in block["weights"]]
+    listed = [w[0] for w in block["weights"]]
     if len(params) != len(listed) or (names and [p.name for p in params] != listed):
         raise RuntimeError(f"block {block['name']} binds {len(params)} Parameters, its plan lists {len(listed)}")

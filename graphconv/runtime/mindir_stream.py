@@ -181,14 +181,15 @@ class LazyWeights:
         from mindspore import Parameter
         from mindspore.common.initializer import Zero, initializer
 
+        from graphconv.runtime.network import ms_dtype
+
         if name not in self.shapes:
             raise StreamError(f"the streamed export asked for weight {name!r}, which the network does not declare")
         if name not in self.made:
-            shape, dtype = self.shapes[name]
-            ms_dtype = ms.bool_ if dtype == "bool" else getattr(ms, dtype)
+            shape, dtype = self.shapes[name][0], ms_dtype(self.shapes[name][1])
             # requires_grad as _param sets it (it is part of the exported graph's parameter info)
-            self.made[name] = Parameter(initializer(Zero(), tuple(shape), ms_dtype), name=name,
-                                        requires_grad=ms_dtype in (ms.float16, ms.bfloat16, ms.float32))
+            self.made[name] = Parameter(initializer(Zero(), tuple(shape), dtype), name=name,
+                                        requires_grad=dtype in (ms.float16, ms.bfloat16, ms.float32))
         return self.made[name]
 
 

@@ -54,7 +54,8 @@ class Partition:
     def plan(self, module: str) -> dict:
         """What the block-by-block run needs (JSON): the block module's path, and per block its class
         (`_Block<k>` there), kind, name, the boundary values it reads and makes (by number), and its weights
-        (Parameter name, stored transposed) in the order its Cell binds them; the ONNX name of each value."""
+        (Parameter name, stored transposed, the Parameter's shape and dtype) in the order its Cell binds them;
+        the ONNX name of each value."""
         number = {id(v): k for k, v in enumerate(self.boundary())}
         return {
             "module": module,
@@ -63,7 +64,8 @@ class Partition:
             "onnx_names": {str(number[id(v)]): v.onnx_name for v in self.boundary() if v.onnx_name},
             "blocks": [{"class": f"_Block{k}", "kind": b.kind, "name": b.name, "layer_class": b.layer_class,
                         "inputs": [number[id(v)] for v in b.inputs], "outputs": [number[id(v)] for v in b.outputs],
-                        "weights": [[param_key(a), bool(a.param is not None and a.param.transposed)] for a in b.weights]}
+                        "weights": [[param_key(a), bool(a.param is not None and a.param.transposed), list(a.shape),
+                                     a.dtype] for a in b.weights]}
                        for k, b in enumerate(self.blocks)],
         }
 
