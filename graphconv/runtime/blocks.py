@@ -61,7 +61,7 @@ class _BlockWeights:
         return entry
 
     def __getitem__(self, name: str):
-        from graphconv.runtime.network import ms_dtype
+        from graphconv.runtime.mindir_stream import ms_dtype
 
         array, flipped = self._take(name)
         if not flipped:

@@ -142,6 +142,13 @@ class Source:
             _transpose_tiles(np.memmap(self.path, numpy_dtype(self.dtype), "r", self.offset, self.shape), out)
 
 
+def ms_dtype(name: str):
+    """The MindSpore dtype of a numpy dtype name (as the compiler's ParamSpecs and Attrs write them)."""
+    import mindspore as ms
+
+    return ms.bool_ if name == "bool" else getattr(ms, name)
+
+
 def numpy_dtype(name: str) -> np.dtype:
     """numpy dtype by name; bfloat16 through ml_dtypes."""
     if name == "bfloat16":
@@ -180,8 +187,6 @@ class LazyWeights:
         import mindspore as ms
         from mindspore import Parameter
         from mindspore.common.initializer import Zero, initializer
-
-        from graphconv.runtime.network import ms_dtype
 
         if name not in self.shapes:
             raise StreamError(f"the streamed export asked for weight {name!r}, which the network does not declare")

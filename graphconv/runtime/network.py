@@ -71,16 +71,11 @@ def weights(task: dict, progress=None, shared: dict | None = None) -> Weights:
     return Weights(small, external, progress, shared, deferred)
 
 
-def ms_dtype(name: str):
-    """The MindSpore dtype of a numpy dtype name (as the compiler's ParamSpecs and Attrs write them)."""
-    import mindspore as ms
-
-    return ms.bool_ if name == "bool" else getattr(ms, name)
-
-
 def shareable(task: dict, built, built_task: dict) -> dict:
     """The Parameters of `built` (the network of `built_task`, in this process) that `task`'s network can use
     as its own: same name, layout, shape and dtype."""
+    from graphconv.runtime import mindir_stream
+
     shapes, layouts, theirs = task.get("param_shapes") or {}, task.get("param_layouts") or {}, \
         built_task.get("param_layouts") or {}
     found = {}
@@ -88,7 +83,7 @@ def shareable(task: dict, built, built_task: dict) -> dict:
         if p.name not in shapes or p.name not in theirs:
             continue
         shape, dtype = shapes[p.name]
-        if tuple(p.shape) == tuple(shape) and p.dtype == ms_dtype(dtype) \
+        if tuple(p.shape) == tuple(shape) and p.dtype == mindir_stream.ms_dtype(dtype) \
                 and bool(theirs[p.name]) == bool(layouts.get(p.name)):
             found[p.name] = p
     return found
