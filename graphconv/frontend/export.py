@@ -44,7 +44,7 @@ def _as_tuple(out):
     return (out,)
 
 
-def _grown(example_inputs: dict, dynamic_axes: dict):
+def grown_inputs(example_inputs: dict, dynamic_axes: dict):
     """Example inputs with every dynamic dim grown by 1-2 (same growth for the same dim name)."""
     import torch
 
@@ -162,7 +162,7 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
             used = "torchscript"
             _run_exporter(module, example_inputs, tmp, dynamic_axes, opset, used, names, input_names)
         _keep_tied(module, tmp, notes)
-        second = second_inputs if second_inputs is not None else _grown(example_inputs, dynamic_axes)
+        second = second_inputs if second_inputs is not None else grown_inputs(example_inputs, dynamic_axes)
         graph_names = dict(zip(example_inputs, input_names or list(example_inputs)))
         result = _check(module, example_inputs, second, graph_names, tmp, used, opset, names, notes, check, atol,
                         rtol, masked_axes or {})
@@ -195,6 +195,15 @@ def _keep_tied(module, path: Path, notes: list[str]) -> None:
                  "initializer(s) the exporter wrote replaced by the one weight")
 
 
+def check_against_torch(module, result: ExportResult, example_inputs: dict, second_inputs: dict, graph_names: dict,
+                        names: list[str], masked_axes: dict, atol: float = 1e-4, rtol: float = 1e-4) -> None:
+    """Check a written graph (`result.path`) against `module` at two shapes, as export_pytorch does; the checks
+    and notes go into `result`."""
+    checked = _check(module, example_inputs, second_inputs, graph_names, result.path, result.exporter, result.opset,
+                     names, result.warnings, True, atol, rtol, masked_axes)
+    result.checks, result.opset = checked.checks, checked.opset
+
+
 def _check(module, example_inputs, second_inputs, graph_names: dict, path: Path, exporter: str, opset: int, names,
            notes, check: bool, atol: float, rtol: float, masked_axes: dict) -> ExportResult:
     import torch
@@ -212,7 +221,7 @@ def _check(module, example_inputs, second_inputs, graph_names: dict, path: Path,
     if check:
         # The same oracle as compile (onnxruntime, onnx.reference where ORT cannot run the model) and the same
         # rule: positions left-padded by an attention mask are undefined and not compared.
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
         feed_names = {vi.name for vi in model.graph.input}
         specs = {s.name: s for s in reference.input_specs(model)}
         oracle = reference.Oracle(path)

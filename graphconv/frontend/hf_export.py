@@ -20,8 +20,11 @@ dependencies (tests/test_import_layers.py allows this module by name).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import json
+import math
 import os
 import shutil
 import struct
@@ -29,11 +32,11 @@ import tempfile
 from pathlib import Path
 
 from graphconv.errors import InputError, UnsupportedError
-from graphconv.frontend.export import ExportResult, export_pytorch, require_torch
+from graphconv.frontend.export import ExportResult, check_against_torch, grown_inputs, require_torch
 from graphconv.frontend.load import read_json
 
 TASKS = ("text-generation", "feature-extraction", "text-generation-with-past")
-DTYPES = ("fp32",)
+DTYPES = ("fp32", "auto", "bf16", "fp16")
 DEFAULT_OPSET = 18  # dynamo exports at 18; converting a transformers decoder down to 17 fails (Reduce* axes)
 CACHE_LAYOUT = "BNSD: [batch, kv_heads, seq, head_dim]"
 POSITION_IDS = ("position_ids = cumsum(attention_mask, -1) - 1 with padded positions set to 0 "
@@ -157,23 +160,29 @@ def _with_past_supported(config) -> None:
 _OFF_PATH = ("pooler.",)
 
 
-def _load_model(folder: Path, cls, task: str, notes: list[str]):
+def _experts_kwargs(cls, notes: list[str]) -> dict:
+    """transformers' default experts implementation is the grouped_mm custom op, which torch.onnx cannot export;
+    batched_mm (gathered expert weights + bmm) exports."""
+    if not cls._can_set_experts_implementation():
+        return {}
+    note = ("mixture of experts: experts exported with experts_implementation='batched_mm' (the default "
+            "grouped_mm does not export)")
+    if note not in notes:
+        notes.append(note)
+    return {"experts_implementation": "batched_mm"}
+
+
+def _load_model(folder: Path, cls, config, task: str, notes: list[str]):
+    """The checkpoint loaded by transformers in fp32 (the check's reference; the export's fallback)."""
     import torch
     from transformers.utils import logging as tf_logging
 
     tf_logging.set_verbosity_error()  # the load report and progress bars: failures are reported here, one line
     tf_logging.disable_progress_bar()
-
-    kwargs = {}
-    if cls._can_set_experts_implementation():
-        # transformers' default experts implementation is the grouped_mm custom op, which torch.onnx cannot
-        # export; batched_mm (gathered expert weights + bmm) exports.
-        kwargs["experts_implementation"] = "batched_mm"
-        notes.append("mixture of experts: experts exported with experts_implementation='batched_mm' (the default "
-                     "grouped_mm does not export)")
     try:
-        model, info = cls.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
-                                          dtype=torch.float32, output_loading_info=True, **kwargs)
+        model, info = cls.from_pretrained(str(folder), config=config, local_files_only=True, trust_remote_code=False,
+                                          dtype=torch.float32, output_loading_info=True,
+                                          **_experts_kwargs(cls, notes))
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise InputError(f"{folder}: transformers cannot load the checkpoint as {cls.__name__}: {first[:300]}") from None
@@ -186,8 +195,6 @@ def _load_model(folder: Path, cls, task: str, notes: list[str]):
         raise UnsupportedError(f"{folder}: the checkpoint lacks weights {cls.__name__} needs "
                                f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; "
                                f"{len(missing)} in all)")
-    attn = getattr(model.config, "_attn_implementation", None)
-    notes.append(f"{cls.__name__}, attention implementation {attn!r} (transformers' default)")
     return model.eval()
 
 
@@ -301,19 +308,6 @@ def _decode_inputs(batch: int, past: int, seq: int, vocab: int, kv_shape: tuple[
 # --- the export -----------------------------------------------------------------------------------------------
 
 
-def _rename_dim(path: Path, old: str, new: str) -> None:
-    """Rename a symbolic dim everywhere it appears (inputs, outputs, value_info)."""
-    import onnx
-
-    model = onnx.load(str(path))
-    for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
-        for d in vi.type.tensor_type.shape.dim:
-            if d.dim_param == old:
-                d.dim_param = new
-    onnx.save(model, str(path))
-    onnx.checker.check_model(str(path))
-
-
 def _io(path: Path) -> dict:
     import onnx
 
@@ -355,7 +349,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     if task not in TASKS:
         raise InputError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
     if dtype not in DTYPES:
-        raise InputError(f"--dtype {dtype!r}: only {', '.join(DTYPES)} is exported")
+        raise InputError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
     if not folder.is_dir():
         raise InputError(f"{folder}: no such checkpoint folder")
     _out_dir_free(out_dir)
@@ -370,19 +364,15 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     if task == "text-generation-with-past":
         _with_past_supported(config)
     notes: list[str] = []
-    upcast = sorted(stored - {"fp32"})
-    if upcast:
-        notes.append(f"weights stored in {', '.join(upcast)} were upcast to fp32 (--dtype fp32)")
+    store = _store_dtype(dtype, stored, notes)
     say = progress.info if progress is not None else (lambda _m: None)
-    say(f"load {folder} as {cls.__name__}")
-    model = _load_model(folder, cls, task, notes)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the partial directory, not the result
-        graphs, shapes = _export_graphs(model, config, task, tmp, opset, say)
+        graphs, shapes = _export_and_check(folder, files, cls, config, task, tmp, opset, store, say, notes)
         text = config.get_text_config(decoder=True)
         generation = {
             "model_type": config.model_type,
@@ -395,12 +385,13 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
                                    or _div(getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", None))),
             "vocab_size": getattr(text, "vocab_size", None),
             "hidden_size": getattr(text, "hidden_size", None),
-            "dtype": dtype,
+            "max_position_embeddings": getattr(text, "max_position_embeddings", None),
+            "dtype": store,
             "stored_dtypes": sorted(stored),
             "opset": opset,
             "graphs": {name: {"file": r.path.name, "exporter": r.exporter, "opset": r.opset, **_io(r.path),
-                              "checks": [{k: c[k] for k in ("shape", "output", "inputs", "max_abs", "ok") if k in c}
-                                         for c in r.checks]}
+                              "checks": [{k: c[k] for k in ("shape", "output", "inputs", "max_abs", "ok", "layers")
+                                          if k in c} for c in r.checks]}
                        for name, r in graphs.items()},
             "notes": notes + [n for r in graphs.values() for n in r.warnings],
         }
@@ -423,9 +414,43 @@ def _div(a, b):
     return a // b if a and b else None
 
 
-def _export_graphs(model, config, task: str, tmp: Path, opset: int, say) -> tuple[dict, dict]:
-    import torch
+def _store_dtype(dtype: str, stored: set[str], notes: list[str]) -> str:
+    """fp32 | bf16 | fp16: the dtype the ONNX initializers are stored in (`auto`: the checkpoint's own)."""
+    floats = stored & {"fp32", "bf16", "fp16"}
+    if dtype == "auto":
+        dtype = next(iter(floats)) if len(floats) == 1 else "fp32"
+        if len(floats) > 1:
+            notes.append(f"--dtype auto: the checkpoint mixes {', '.join(sorted(floats))}; stored as fp32")
+    if dtype == "fp32":
+        if stored - {"fp32"}:
+            notes.append(f"weights stored in {', '.join(sorted(stored - {'fp32'}))} were upcast to fp32 (--dtype fp32)")
+        return dtype
+    notes.append(f"weights stored as {dtype} with a Cast to fp32 where they are read: the graph computes in fp32 "
+                 "(compile --precision brings the compute down)")
+    if floats - {dtype}:
+        notes.append(f"weights stored in {', '.join(sorted(floats - {dtype}))} were rounded to {dtype}")
+    return dtype
 
+
+# --- the export -----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Graph:
+    """One graph to write: its wrapper around the model, the inputs it is traced and checked at."""
+    name: str
+    wrap: object  # model -> torch.nn.Module
+    inputs: dict
+    second: dict | None
+    axes: dict
+    input_names: list[str]
+    output_names: list[str]
+    masked_axes: dict
+    rename: tuple[str, str] | None = None
+
+
+def _graphs(task: str, config, cache: tuple[int, int, int] | None) -> list[_Graph]:
+    """The graphs of `task`; `cache` = (layers, kv heads, head dim) for the with-past pair."""
     OneOutput, Prefill, decode_class = _wrappers()
     vocab = getattr(config.get_text_config(decoder=True), "vocab_size", None) or 128
     vocab = min(vocab, 1000)  # example ids: any in-vocabulary ids do
@@ -434,42 +459,162 @@ def _export_graphs(model, config, task: str, tmp: Path, opset: int, say) -> tupl
     plain_axes = {"input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: SEQ}}
     if task in ("text-generation", "feature-extraction"):
         output = "logits" if task == "text-generation" else "last_hidden_state"
-        say(f"export model.onnx ({output})")
-        result = export_pytorch(OneOutput(model, output), plain, tmp / "model.onnx", plain_axes, opset=opset,
-                                exporter="dynamo", output_names=[output])
-        return {"model": result}, {}
+        return [_Graph("model", lambda m: OneOutput(m, output), plain, None, plain_axes, list(plain), [output], {})]
+    num_layers, heads, head_dim = cache or (0, 0, 0)  # no cache yet: the prefill, to run for its shape
+    present = cache_names("present", num_layers)
+    masked = {n: (0, 2) for n in present}
+    prefill_inputs = {**plain, "position_ids": position_ids_from_mask(plain["attention_mask"])}
+    prefill_axes = {**plain_axes, "position_ids": {0: BATCH, 1: SEQ}}
+    prefill = _Graph("prefill", Prefill, prefill_inputs, None, prefill_axes, list(prefill_inputs),
+                     ["logits", *present], masked)
+    if cache is None:
+        return [prefill]
+    axes = {"input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: _TOTAL_EXPORTED},
+            "position_ids": {0: BATCH, 1: SEQ}, **{n: {0: BATCH, 2: PAST} for n in _past_args(num_layers)}}
+    # decode: seq 2 at export (size 1 would be specialised); the second shape changes batch, past and seq
+    first = _decode_inputs(2, 5, 2, vocab, (heads, head_dim), num_layers, 1)
+    second = _decode_inputs(3, 8, 1, vocab, (heads, head_dim), num_layers, 2)
+    return [prefill,
+            _Graph("decode", lambda m: decode_class(num_layers)(m, num_layers), first, second, axes,
+                   ["input_ids", "attention_mask", "position_ids", *cache_names("past_key_values", num_layers)],
+                   ["logits", *present], masked, (_TOTAL_EXPORTED, TOTAL))]
 
-    # with past: the cache's shape from one prefill run
-    prefill = Prefill(model).eval()
-    mask = plain["attention_mask"]
-    prefill_inputs = {**plain, "position_ids": position_ids_from_mask(mask)}
-    with torch.no_grad():
-        flat = prefill(**prefill_inputs)[1:]
+
+def _cache_shape(prefill, inputs: dict, mode, model_type: str) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) from one prefill run on fake tensors (nothing is computed)."""
+    import torch
+
+    with torch.no_grad(), (mode if mode is not None else contextlib.nullcontext()):
+        flat = prefill(**inputs)[1:]
     num_layers = len(flat) // 2
     _, heads, _, head_dim = flat[0].shape
     if any(t.dim() != 4 or t.shape[1] != heads or t.shape[3] != head_dim for t in flat):
-        raise UnsupportedError(f"model type {config.model_type!r}: the cache layers are not all "
+        raise UnsupportedError(f"model type {model_type!r}: the cache layers are not all "
                                f"[batch, {heads}, seq, {head_dim}]")
-    present = cache_names("present", num_layers)
-    say(f"export prefill.onnx ({num_layers} layers, cache [batch, {heads}, seq, {head_dim}])")
-    prefill_axes = {**plain_axes, "position_ids": {0: BATCH, 1: SEQ}}
-    pre = export_pytorch(prefill, prefill_inputs, tmp / "prefill.onnx", prefill_axes, opset=opset,
-                         exporter="dynamo", output_names=["logits", *present],
-                         masked_axes={n: (0, 2) for n in present})
+    return num_layers, int(heads), int(head_dim)
 
-    decode = decode_class(num_layers)(model, num_layers).eval()
-    past_names = _past_args(num_layers)
-    axes = {"input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: _TOTAL_EXPORTED},
-            "position_ids": {0: BATCH, 1: SEQ}, **{n: {0: BATCH, 2: PAST} for n in past_names}}
-    # seq 2 at export (size 1 would be specialised); the second shape changes batch, past and seq
-    first = _decode_inputs(2, 5, 2, vocab, (heads, head_dim), num_layers, 1)
-    second = _decode_inputs(3, 8, 1, vocab, (heads, head_dim), num_layers, 2)
-    say("export decode.onnx")
-    dec = export_pytorch(decode, first, tmp / "decode.onnx", axes, opset=opset, exporter="dynamo",
-                         output_names=["logits", *present],
-                         input_names=["input_ids", "attention_mask", "position_ids",
-                                      *cache_names("past_key_values", num_layers)],
-                         second_inputs=second, masked_axes={n: (0, 2) for n in present})
-    _rename_dim(dec.path, _TOTAL_EXPORTED, TOTAL)
-    return {"prefill": pre, "decode": dec}, {"num_layers": num_layers, "num_kv_heads": int(heads),
-                                             "head_dim": int(head_dim)}
+
+# The whole model is checked against PyTorch when the fp32 model and onnxruntime's copy fit in this share of
+# the available memory; otherwise the architecture truncated to its first CHECK_LAYERS layers, with the
+# checkpoint's own weights, is written the same way and checked (the compile verifies every layer).
+CHECK_MEMORY_SHARE = 0.5
+CHECK_LAYERS = 2
+EXTERNAL_DATA_BYTES = 1 << 30  # graphs with more weight bytes keep them in FILE.onnx.data (protobuf stops at 2 GB)
+
+
+def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, opset: int, store: str, say,
+                      notes: list[str]) -> tuple[dict, dict]:
+    import psutil
+
+    from graphconv.frontend import weightless_export as wl
+
+    checkpoint = wl.Checkpoint(files)
+    fp32_bytes = 4 * sum(math.prod(shape) for _f, _d, shape in checkpoint.entries.values())
+    full = 2 * fp32_bytes <= CHECK_MEMORY_SHARE * psutil.virtual_memory().available
+    layers = getattr(config.get_text_config(decoder=True), "num_hidden_layers", None)
+    try:
+        graphs, shapes = _write(cls, config, checkpoint, task, tmp, opset, store, say, notes, folder)
+        if full or not layers or layers <= CHECK_LAYERS:
+            say("check against PyTorch")
+            real = _load_model(folder, cls, config, task, [])
+            _check_all(real, graphs)
+        else:
+            small = _truncated(config, CHECK_LAYERS)
+            say(f"check against PyTorch: the first {CHECK_LAYERS} of {layers} layers, with the checkpoint's weights "
+                f"(the whole model's {fp32_bytes / 2**30:.1f} GiB in fp32 twice exceed "
+                f"{CHECK_MEMORY_SHARE:.0%} of the available memory)")
+            part = tmp / ".check"
+            part.mkdir()
+            checked, _ = _write(cls, small, checkpoint, task, part, opset, store, lambda _m: None, [], folder)
+            _check_all(_load_model(folder, cls, small, task, []), checked)
+            for name, r in graphs.items():
+                r.checks = [{**c, "layers": f"first {CHECK_LAYERS} of {layers}"} for c in checked[name].checks]
+                r.warnings += checked[name].warnings
+            shutil.rmtree(part)
+            notes.append(f"checked against PyTorch on the architecture truncated to its first {CHECK_LAYERS} of "
+                         f"{layers} layers with the checkpoint's weights (the fp32 model did not fit in memory "
+                         "twice); the compile verifies every layer")
+    finally:
+        checkpoint.close()
+    return graphs, shapes
+
+
+def _truncated(config, layers: int):
+    """A copy of `config` with its text model cut to `layers` layers (per-layer lists cut too)."""
+    small = copy.deepcopy(config)
+    text = small.get_text_config(decoder=True)
+    text.num_hidden_layers = layers
+    for key in ("layer_types", "mlp_layer_types", "sliding_window_pattern_list"):
+        value = getattr(text, key, None)
+        if isinstance(value, list):
+            setattr(text, key, value[:layers])
+    return small
+
+
+def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str, say, notes: list[str],
+           folder: Path) -> tuple[dict, dict]:
+    """Trace the model with fake weights and write each graph with its weights read from the checkpoint; where
+    the checkpoint's tensors are not the parameters one to one, the model is loaded and its weights written."""
+    import torch
+
+    from graphconv.frontend import weightless_export as wl
+
+    kwargs = _experts_kwargs(cls, notes)
+    model, mode = wl.fake_model(cls, config, torch.float32, **kwargs)
+    try:
+        keys = wl.plan(model, checkpoint)
+        source = checkpoint
+    except wl.NotPlain as e:
+        notes.append(f"weights loaded into memory to export: {e} (transformers converts it at load)")
+        model, mode = _load_model(folder, cls, config, task, notes), None
+        source = wl.ModuleWeights(model)
+        keys = {name: name for name in source.entries}
+    attn = getattr(model.config, "_attn_implementation", None)
+    note = f"{cls.__name__}, attention implementation {attn!r} (transformers' default)"
+    if note not in notes:
+        notes.append(note)
+    tied = _tied(model)
+    if tied:
+        notes.append(f"tied parameters ({'; '.join(' = '.join(n) for n in tied)}): stored once")
+    graphs = _graphs(task, config, None)
+    shapes: dict = {}
+    if task == "text-generation-with-past":
+        prefill = graphs[0]
+        cache = _cache_shape(prefill.wrap(model), prefill.inputs, mode, config.model_type)
+        shapes = {"num_layers": cache[0], "num_kv_heads": cache[1], "head_dim": cache[2]}
+        graphs = _graphs(task, config, cache)
+    results = {}
+    for g in graphs:
+        say(f"export {g.name}.onnx" + (f" ({shapes['num_layers']} layers, cache [batch, {shapes['num_kv_heads']}, "
+                                        f"seq, {shapes['head_dim']}])" if g.name == "prefill" else ""))
+        try:
+            ir_model = wl.export_graph(g.wrap(model), g.inputs, g.axes, opset, g.input_names, g.output_names)
+        except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
+            first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
+            raise UnsupportedError(f"PyTorch's dynamo exporter refused the model at opset {opset}: "
+                                   f"{first[:300]}") from None
+        nbytes = wl.attach_weights(ir_model, source, keys, "model.", store)
+        if g.rename:
+            wl.rename_dim(ir_model, *g.rename)
+        path = tmp / f"{g.name}.onnx"
+        wl.save(ir_model, path, external=nbytes > EXTERNAL_DATA_BYTES)
+        del ir_model
+        results[g.name] = ExportResult(path, "dynamo", opset, [], [])
+        results[g.name].graph = g
+    return results, shapes
+
+
+def _tied(model) -> list[list[str]]:
+    by_object: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_object.setdefault(id(p), []).append(name)
+    return [names for names in by_object.values() if len(names) > 1]
+
+
+def _check_all(real, results: dict) -> None:
+    """Each written graph against the real model's wrapper at its two shapes (export.check_against_torch)."""
+    for name, r in results.items():
+        g = r.graph
+        graph_names = dict(zip(g.inputs, g.input_names))
+        second = g.second if g.second is not None else grown_inputs(g.inputs, g.axes)
+        check_against_torch(g.wrap(real).eval(), r, g.inputs, second, graph_names, g.output_names, g.masked_axes)
