@@ -182,8 +182,9 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
               help="ONNX file to write (a factory), or the new directory to create (a checkpoint folder).")
 @click.option("--task", type=click.Choice(["text-generation", "feature-extraction", "text-generation-with-past"]),
               help="Checkpoint folders (required there): which graphs to export.")
-@click.option("--dtype", type=click.Choice(["fp32"]), default="fp32", show_default=True,
-              help="Checkpoint folders: weights and compute dtype (bf16/fp16 checkpoints are upcast).")
+@click.option("--dtype", type=click.Choice(["fp32", "auto", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="Checkpoint folders: the stored weights' dtype (auto: the checkpoint's); the graph computes in "
+                   "fp32 (a Cast where a bf16/fp16 weight is read).")
 @click.option("--opset", type=int, help="ONNX opset (14-28). Default: 17 for a factory, 18 for a checkpoint folder.")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
               help="auto: dynamo (dynamic_shapes), then TorchScript (dynamic_axes) if dynamo refuses the model. "

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import psutil
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -120,6 +121,39 @@ def test_values_read_across_layers_and_subgraphs():
     whole, got, _, _ = _whole_and_pieces(model, pieces)
     for a, b in zip(whole, got):
         assert np.array_equal(a["y"], b["y"])
+
+
+def test_bf16_weights_read_through_a_cast_run_piece_by_piece(tmp_path):
+    """A checkpoint exported with --dtype bf16: weights stored bf16, each read by a Cast to fp32. The pieces
+    take them as onnxruntime's bfloat16 (numpy has no such dtype) and equal the whole model's run."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(1)
+    w = {f"layers.{k}.proj.weight": (rng.standard_normal((256, 256)) * 0.06).astype(ml_dtypes.bfloat16)
+         for k in range(2)}
+    inits = []
+    for k, v in w.items():
+        t = helper.make_tensor(k, TensorProto.BFLOAT16, v.shape, v.view(np.uint16).tobytes(), raw=True)
+        inits.append(t)
+    nodes = [helper.make_node("Cast", ["layers.0.proj.weight"], ["w0"], to=TensorProto.FLOAT, name="l0_cast"),
+             helper.make_node("MatMul", ["x", "w0"], ["h0"], name="l0_proj"),
+             helper.make_node("Cast", ["layers.1.proj.weight"], ["w1"], to=TensorProto.FLOAT, name="l1_cast"),
+             helper.make_node("MatMul", ["h0", "w1"], ["y"], name="l1_proj")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 256])], inits)
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path),
+              save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    model = load(path).proto
+    assert set(weights.external_refs(model)) == set(w)  # fed to the pieces from the file, as at real size
+    pieces = piecewise.cut(model, [("layers[0]", ["h0"]), ("layers[1]", ["y"])])
+    whole, got, _, rows = _whole_and_pieces(model, pieces)
+    assert [r["piece"] for r in rows] == ["layers[0]", "layers[1]"]
+    x = reference.make_cases(model)[0].inputs["x"]
+    exact = x @ w["layers.0.proj.weight"].astype(np.float32) @ w["layers.1.proj.weight"].astype(np.float32)
+    np.testing.assert_allclose(got[0]["y"], exact, rtol=1e-5, atol=1e-5)
+    for a, b in zip(whole, got):  # (the whole model's MatMuls may sum in another order)
+        np.testing.assert_allclose(a["y"], b["y"], rtol=1e-5, atol=1e-5)
 
 
 def test_a_model_not_cut_by_the_boundaries_runs_whole():

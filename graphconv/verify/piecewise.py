@@ -160,6 +160,7 @@ class _Runner:
         later = {r for p in self.pieces[k + 1:] for r in p.reads} | set(self.graph_outputs)
         outputs = [o for n in piece.nodes for o in n.output if o and (o in later or o in self.keep)]
         feeds = {r: weights.read(self.refs[r]) for r in piece.reads if r in self.refs}
+        ort_feeds = {r: reference.ort_feed(a) for r, a in feeds.items()}
         inputs = {r: self.declared[r] for r in piece.reads if r in self.declared}
         inputs.update({r: _value_info(r, envs[0][r]) for r in piece.reads if r not in inputs and r in envs[0]})
         sub = _piece_model(self.bare, piece, inputs, outputs)
@@ -167,7 +168,7 @@ class _Runner:
             sess = reference.ort_session(sub.SerializeToString())
             for env, saved in zip(envs, self.kept):
                 given = {r: env[r] for r in piece.reads if r in env}
-                for name, value in zip(outputs, sess.run(outputs, {**given, **feeds})):
+                for name, value in zip(outputs, sess.run(outputs, {**given, **ort_feeds})):
                     # a copy: an output onnxruntime hands back can hold on to its session's memory arena,
                     # and with it to everything the piece allocated (an fp16 model's fp32 weight casts)
                     env[name] = saved[name] = np.array(value, copy=True)  # (every output is passed on or kept)
@@ -176,7 +177,7 @@ class _Runner:
                                    f"layer by layer): {str(e).strip().splitlines()[0][:300]}") from None
         mapped = sum(f.nbytes for f in feeds.values())
         made = sum(bool(self.refs[r].parts) for r in feeds)  # (weights.read concatenated their parts)
-        del sess, feeds
+        del sess, feeds, ort_feeds
         gc.collect()
         for env in envs:  # values no later piece reads
             for name in [n for n in env if n not in later]:

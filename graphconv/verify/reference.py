@@ -385,6 +385,17 @@ def ort_session(model: str | bytes):
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
+def ort_feed(array: np.ndarray):
+    """An array as onnxruntime takes it: bfloat16 (ml_dtypes, which onnxruntime's numpy bridge does not know) as
+    an OrtValue over the same bytes; any other dtype as it is."""
+    if array.dtype.name != "bfloat16":
+        return array
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(array).view(np.uint16),
+                                                           onnx.TensorProto.BFLOAT16)
+
+
 class Oracle:
     """Runs a model (proto or path) on reference inputs; onnxruntime first, ReferenceEvaluator as fallback."""
 
