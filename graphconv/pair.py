@@ -4,20 +4,25 @@ onnxruntime-genai model builder folder (model.onnx + genai_config.json: one grap
 an empty cache, and each decode step; `genai_generation` translates its config into generation.json, and
 GEN_DIR then holds model.mindir + model.cpu.mindir, which generation.json names for both steps).
 
+One graph serves both steps where it can: a builder's graph, and an export's decode.onnx where the export
+checked it at an empty cache against PyTorch's prompt (generation.json's graphs.decode.serves_prompt); it is
+verified at an empty cache and at a cached step, and generation.json names it for both (the prompt with
+`empty_cache`). Otherwise (an export written before that check, or whose check failed) both graphs compile.
+
 GEN_DIR (new; written beside it under a private name and renamed at the end, so a failure leaves nothing):
-    prefill.mindir, decode.mindir          the --target's MindIRs (ascend: the fused primitives)
-    prefill.cpu.mindir, decode.cpu.mindir  cpu-target MindIRs, each verified on MindSpore CPU itself: what
+    decode.mindir [, prefill.mindir]       the --target's MindIRs (ascend: the fused primitives)
+    decode.cpu.mindir [, prefill.cpu...]   cpu-target MindIRs, each verified on MindSpore CPU itself: what
                                            `graphconv generate` runs on a host without Ascend (for --target
                                            cpu, the same files as the target's, hard-linked)
     generation.json                        the export's, with `source_dir` (the export folder: the ONNX pair)
-With --bundle DIR (new), the pair's deploy bundle (graphconv/deploy/pair.py): each graph's bundle and a greedy
+With --bundle DIR (new), the deploy bundle (graphconv/deploy/pair.py): each graph's bundle and a greedy
 generation script for an Ascend host.
     report.json                            the contract fields, plus `graphs: {prefill, decode}` with each
                                            compile's report (and `cpu_twins` for the cpu ones)
 Each graph is compiled and verified by the one pipeline (graphconv/pipeline.py) with the options given.
 
 Weights: each MindIR holds its own copy. A MindIR cannot reference another file's Parameters (mindspore.load
-reads a graph's weights from the file itself or its own `_variables/` folder), so the pair stores the
+reads a graph's weights from the file itself or its own `_variables/` folder), so two graphs store the
 weights twice; report.json's `weights` says how many bytes each file holds.
 """
 
@@ -50,6 +55,9 @@ def split_inputs(inputs: tuple, graphs: tuple[str, ...] = GRAPHS) -> dict[str, t
     per: dict[str, list[Path]] = {g: [] for g in graphs}
     for item in inputs:
         graph, sep, path = str(item).partition("=")
+        if len(graphs) == 1 and sep and graph in GRAPHS and graph not in graphs:
+            raise InputError(f"--inputs {item}: one graph ({graphs[0]}) serves the prompt and the decode steps here; "
+                             f"give {graphs[0]}=FILE.npz")
         if len(graphs) == 1 and (not sep or graph not in graphs):
             per[graphs[0]].append(Path(item))
             continue
@@ -61,14 +69,34 @@ def split_inputs(inputs: tuple, graphs: tuple[str, ...] = GRAPHS) -> dict[str, t
 
 
 def _pair_sources(export_dir: Path) -> tuple[dict, dict[str, Path]]:
+    """generation.json and the graphs to compile. Where the export checked that the decode graph at an empty
+    cache computes the prompt (graphs.decode.serves_prompt), that one graph serves both steps, as
+    onnxruntime-genai's does: the weights are stored once per target, and `generate` loads them once."""
     meta = read_json(export_dir / "generation.json")
     if meta.get("task") != "text-generation-with-past":
         raise InputError(f"{export_dir}: task {meta.get('task')!r} is not text-generation-with-past (compile its "
                          "model.onnx instead)")
-    missing = [g for g in GRAPHS if not (export_dir / f"{g}.onnx").is_file()]
+    decode = (meta.get("graphs") or {}).get("decode") or {}
+    graphs = ("decode",) if decode.get("serves_prompt") else GRAPHS
+    missing = [g for g in graphs if not (export_dir / f"{g}.onnx").is_file()]
     if missing:
         raise InputError(f"{export_dir}: {', '.join(g + '.onnx' for g in missing)} missing")
-    return meta, {g: export_dir / f"{g}.onnx" for g in GRAPHS}
+    if graphs == ("decode",):
+        step = {**decode, "mindir": "decode"}
+        meta = {**meta, "graphs": {"prefill": {**step, "empty_cache": True}, "decode": step}}
+    return meta, {g: export_dir / f"{g}.onnx" for g in graphs}
+
+
+def _prompt_dims(meta: dict, sources: dict, options: dict) -> dict:
+    """One graph serving both steps is verified at an empty cache (a prompt) and at a cached step: its past dim
+    at sizes 0 and 5, unless --dim sets it."""
+    step = meta["graphs"]["prefill"]
+    if tuple(sources) == GRAPHS or not step.get("empty_cache"):
+        return options
+    past = {dims[2] for name, dims in step["inputs"].items()  # [batch, kv heads, past, head dim]
+            if name.startswith("past_key_values.") and len(dims) == 4 and isinstance(dims[2], str)}
+    given = dict(options.get("dims") or {})
+    return {**options, "dims": {**{d: (0, 5) for d in past}, **given}}
 
 
 def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
@@ -147,8 +175,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
 
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
     progress = progress or SILENT
-    meta, sources = genai_generation(export_dir) if (export_dir / _GENAI_CONFIG).is_file() and \
-        not (export_dir / "generation.json").is_file() else _pair_sources(export_dir)
+    builder = (export_dir / _GENAI_CONFIG).is_file() and not (export_dir / "generation.json").is_file()
+    meta, sources = genai_generation(export_dir) if builder else _pair_sources(export_dir)
     if gen_dir.exists():
         raise InputError(f"-o {gen_dir} already exists (a generation pair is written into a new folder)")
     if not gen_dir.parent.absolute().is_dir():
@@ -160,10 +188,12 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     bundle = Path(bundle) if bundle else None
     if bundle is not None and bundle.exists():
         raise InputError(f"--bundle {bundle} already exists")
-    if bundle is not None and tuple(sources) != GRAPHS:
-        raise InputError("--bundle is not supported for an onnxruntime-genai folder yet (its one graph serves both "
-                         "steps; the pair bundle's script expects two)")
+    if bundle is not None and builder:
+        raise InputError("--bundle is not supported for an onnxruntime-genai folder yet (its graph reads the mask as "
+                         "lengths: the bundle's script would have to batch prompts by length)")
     per_inputs = split_inputs(inputs, tuple(sources))
+    if not builder:  # (a builder's graph has its own prompt case: graphconv.frontend.contrib.cases)
+        options = _prompt_dims(meta, sources, options)
     target = options.get("target", "ascend")
     staging = Path(tempfile.mkdtemp(prefix=f".{gen_dir.name}.partial-", dir=gen_dir.parent.absolute()))
     bundle_staging = None if bundle is None else \
@@ -198,6 +228,7 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
                         "note": "each MindIR holds its own copy of the weights: a MindIR cannot reference another "
                                 "file's Parameters"},
             "graphs": graphs, "cpu_twins": twins,
+            "steps": {step: meta["graphs"][step].get("mindir", step) for step in GRAPHS},  # the graph each runs
         }
         if bundle_staging is not None:
             from graphconv.deploy.pair import write_pair_files
@@ -221,7 +252,10 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
 def summary(report: dict) -> str:
     from opmap.fused import fused_primitives
 
-    lines = [f"graphconv {report['graphconv_version']}: {report['status']} (generation pair, target "
+    steps = report.get("steps") or {}
+    how = f"one graph, {steps['decode']}, for prompt and decode" if len(set(steps.values())) == 1 else \
+        "prefill + decode pair"
+    lines = [f"graphconv {report['graphconv_version']}: {report['status']} (generation: {how}, target "
              f"{report['provenance'].get('target')})"]
     for g, r in report["graphs"].items():
         twin = report["cpu_twins"].get(g)
@@ -231,7 +265,7 @@ def summary(report: dict) -> str:
                      f"fused ({fused or 'no fused primitive'})" + (f"; cpu MindIR {twin['status']}" if twin else ""))
     w = report["weights"]
     lines.append("  weights: " + ", ".join(f"{g} {w[g]['mindir_bytes'] / 2**20:.1f} MiB" for g in report["graphs"])
-                 + f" ({w['note']})")
+                 + (f" ({w['note']})" if len(report["graphs"]) > 1 else ""))
     lines.append("  wrote: " + ", ".join(Path(p).name for p in report["artifacts"].values())
                  + ", generation.json, report.json")
     return "\n".join(lines)

@@ -202,7 +202,7 @@ def test_bad_input_is_one_line_exit_1(llama_gen, tmp_path, capsys, case):
     ids_file.write_text("[[1, 2], [3")
     args, match = {
         "no generation.json": ([str(empty), "--input-ids", "1,2"], "no generation.json"),
-        "no mindirs": ([str(bare), "--input-ids", "1,2", "--device", "cpu"], "prefill.cpu.mindir"),
+        "no mindirs": ([str(bare), "--input-ids", "1,2", "--device", "cpu"], "decode.cpu.mindir"),
         "empty prompt": ([str(gen), "--input-ids", "1,2;"], "prompt 2 is empty"),
         "outside the vocab": ([str(gen), "--input-ids", "1,2;3,128"], "token id 128 is outside the vocabulary"),
         "max-new-tokens 0": ([str(gen), "--input-ids", "1,2", "--max-new-tokens", "0"], "max_new_tokens"),
@@ -214,8 +214,8 @@ def test_bad_input_is_one_line_exit_1(llama_gen, tmp_path, capsys, case):
     if case == "ascend" and ascend_available():
         pytest.skip("this host has an Ascend device")
     if case == "no onnx for --check":
-        for f in ("prefill.cpu.mindir", "decode.cpu.mindir"):
-            (bare / f).symlink_to(gen / f)
+        for f in gen.glob("*.cpu.mindir"):
+            (bare / f.name).symlink_to(f)
     code, err = _cli(capsys, *args)
     assert code == 1, err
     assert len(err.splitlines()) == 1 and err.startswith("graphconv: error: ") and match in err, err
@@ -285,8 +285,12 @@ def test_gen_dir_layout_is_what_generate_reads(llama_gen):
     reads source_dir."""
     _, out, gen = llama_gen
     assert sorted(p.name for p in gen.iterdir()) == ["decode.cpu.mindir", "decode.mindir", "generation.json",
-                                                     "prefill.cpu.mindir", "prefill.mindir", "report.json"]
-    assert json.loads((gen / "generation.json").read_text())["source_dir"] == str(out.resolve())
+                                                     "report.json"]
+    meta = json.loads((gen / "generation.json").read_text())
+    assert meta["source_dir"] == str(out.resolve())
+    # one graph for both steps: the prompt is the decode graph's at an empty cache
+    assert meta["graphs"]["prefill"] == {**meta["graphs"]["decode"], "empty_cache": True}
+    assert meta["graphs"]["decode"]["mindir"] == "decode"
 
 
 def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tmp_path):
@@ -302,7 +306,7 @@ def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tm
     bundle = tmp_path / "bundle"
     compile_pair(out, tmp_path / "gen", target="cpu", bundle=bundle)
     assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "decode", "generate_mindspore.py",
-                                                        "generation.json", "prefill"]
+                                                        "generation.json"]
     assert (bundle / "decode" / "model" / "decode.mindir").is_file()
     script = (bundle / "generate_mindspore.py").read_text()
     assert inspect.getsource(greedy.greedy) in script  # the loop, copied

@@ -8,6 +8,7 @@ PyTorch model run on the whole sequence without a cache, a left-padded row inclu
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -130,14 +131,18 @@ def _check_with_past_files(out: Path, gen: dict, num_layers: int, heads: int, he
     assert gen["cache_layout"] == "BNSD: [batch, kv_heads, seq, head_dim]"
     assert "padded positions set to 0" in gen["position_ids"]
     assert list(gen["graphs"]["decode"]["inputs"]) == ["input_ids", "attention_mask", "position_ids", *past]
-    for name in ("prefill", "decode"):
+    for name, cases in (("prefill", {"export shape", "second shape"}),
+                        ("decode", {"export shape", "second shape", "empty cache"})):
         checks = gen["graphs"][name]["checks"]
-        assert {c["shape"] for c in checks} == {"export shape", "second shape"}
+        assert {c["shape"] for c in checks} == cases
         assert all(c["ok"] for c in checks) and {c["output"] for c in checks} == {"logits", *present}
     shapes = {c["shape"]: c["inputs"] for c in gen["graphs"]["decode"]["checks"]}
     first, second = shapes["export shape"], shapes["second shape"]
     assert first["input_ids"][0] != second["input_ids"][0]  # batch changes
     assert first["past_key_values.0.key"][2] != second["past_key_values.0.key"][2]  # and past
+    # the decode graph at an empty cache, given a whole prompt, matched PyTorch: it can serve the prompt
+    assert shapes["empty cache"]["past_key_values.0.key"][2] == 0 and shapes["empty cache"]["input_ids"][1] > 1
+    assert gen["graphs"]["decode"]["serves_prompt"] is True and "serves_prompt" not in gen["graphs"]["prefill"]
 
 
 @pytest.fixture(scope="module")
@@ -167,21 +172,35 @@ def test_llama_prefill_and_three_decode_steps_reproduce_the_full_sequence(llama_
     _check_generation(src, out, num_layers=2)
 
 
-def test_llama_pair_compiles_into_a_generation_folder(llama_with_past, tmp_path):
-    """`graphconv compile EXPORT_DIR -o GEN_DIR`: both graphs verified with no --inputs (the decode mask's dims
-    are past + seq); the decode's ascend MindIR holds FusedInferAttentionScore once per layer and no Softmax,
-    the prefill's FlashAttentionScore; the cpu MindIRs verified on their own; nothing else written."""
+@pytest.mark.parametrize("route", ["one graph", "two graphs"])
+def test_llama_pair_compiles_into_a_generation_folder(llama_with_past, tmp_path, route):
+    """`graphconv compile EXPORT_DIR -o GEN_DIR`, verified with no --inputs (the decode mask's dims are past +
+    seq). One graph: the decode graph serves the prompt too (the export checked it at an empty cache), verified
+    at an empty cache and a cached step, its ascend MindIR holding FusedInferAttentionScore once per layer and no
+    Softmax: the weights once per target. Two graphs (an export folder without that check, as written before
+    it): the prefill's FlashAttentionScore beside it. The cpu MindIRs verified on their own; nothing else
+    written."""
     _, out, _ = llama_with_past
+    if route == "two graphs":
+        old = tmp_path / "old"
+        shutil.copytree(out, old)
+        meta = json.loads((old / "generation.json").read_text())
+        del meta["graphs"]["decode"]["serves_prompt"]
+        (old / "generation.json").write_text(json.dumps(meta))
+        out = old
     gen = tmp_path / "gen"
     proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(out), "-o", str(gen), "-q"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in gen.iterdir()) == ["decode.cpu.mindir", "decode.mindir", "generation.json",
-                                                     "prefill.cpu.mindir", "prefill.mindir", "report.json"]
+    graphs = {"decode": ("FusedInferAttentionScore", "FlashAttentionScore")}
+    if route == "two graphs":
+        graphs["prefill"] = ("FlashAttentionScore", "FusedInferAttentionScore")
+    assert sorted(p.name for p in gen.iterdir()) == sorted(
+        ["generation.json", "report.json", *(f"{g}{suffix}" for g in graphs for suffix in (".mindir", ".cpu.mindir"))])
     report = json.loads((gen / "report.json").read_text())
     assert report["status"] == "verified"
-    for name, primitive, other in (("decode", "FusedInferAttentionScore", "FlashAttentionScore"),
-                                   ("prefill", "FlashAttentionScore", "FusedInferAttentionScore")):
+    assert report["steps"] == {"prefill": "prefill" if route == "two graphs" else "decode", "decode": "decode"}
+    for name, (primitive, other) in graphs.items():
         r = report["graphs"][name]
         assert r["status"] == "verified" and r["validation"]["checked"].startswith("cpu twin of")
         assert r["census"].get(primitive) == 2 and other not in r["census"] and "Softmax" not in r["census"]
@@ -189,19 +208,29 @@ def test_llama_pair_compiles_into_a_generation_folder(llama_with_past, tmp_path)
         twin = report["cpu_twins"][name]
         assert twin["status"] == "verified" and not twin["validation"]["checked"].startswith("cpu twin")
         assert report["weights"][name]["mindir_bytes"] > 0
-    assert json.loads((gen / "generation.json").read_text())["source_dir"] == str(out.resolve())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen"]  # no partial folder left
+    pasts = sorted(c["inputs"]["past_key_values.0.key"][2] for c in report["graphs"]["decode"]["validation"]["cases"])
+    assert (pasts[0] == 0) == (route == "one graph") and pasts[-1] > 0
+    steps = json.loads((gen / "generation.json").read_text())
+    assert steps["source_dir"] == str(out.resolve())
+    assert bool(steps["graphs"]["prefill"].get("empty_cache")) == (route == "one graph")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["gen"] + (["old"] if route == "two graphs" else []))
+    # generate runs either layout, each step within 1e-4 of onnxruntime's (tests/test_generate.py: the tokens)
+    from graphconv import generation
+
+    result = generation.generate(gen, [[5, 6, 7, 8, 9], [10, 11]], 4, check=True, device="cpu")
+    assert len(result.steps) == 4 and all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in result.steps)
 
 
 @pytest.mark.parametrize("case, message", [
-    ("exists", "already exists"), ("inputs", "name the graph: prefill=FILE.npz"), ("task", "is not text-generation-with-past")])
+    ("exists", "already exists"), ("inputs", "one graph (decode) serves the prompt"),
+    ("task", "is not text-generation-with-past")])
 def test_pair_bad_input_is_one_line_and_writes_nothing(llama_with_past, tmp_path, case, message):
     _, out, _ = llama_with_past
     src, gen, extra = out, tmp_path / "gen", []
     if case == "exists":
         gen.mkdir()
     elif case == "inputs":
-        extra = ["--inputs", str(tmp_path / "x.npz")]
+        extra = ["--inputs", f"prefill={tmp_path / 'x.npz'}"]
     else:
         src = tmp_path / "other"
         src.mkdir()

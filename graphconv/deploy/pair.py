@@ -1,6 +1,6 @@
-"""The deploy bundle of a generation pair (`graphconv compile EXPORT_DIR -o GEN_DIR --bundle DIR`): each graph's
-own bundle (DIR/prefill/, DIR/decode/: MindIR, ONNX, reference cases, the MindSpore, Lite and ATC routes,
-written by the one-graph writer), plus at the top generation.json and generate_mindspore.py, a greedy
+"""The deploy bundle of a generation directory (`graphconv compile EXPORT_DIR -o GEN_DIR --bundle DIR`): each
+graph's own bundle (DIR/decode/, and DIR/prefill/ where the prompt has its own graph: MindIR, ONNX, reference
+cases, the MindSpore, Lite and ATC routes, written by the one-graph writer), plus at the top generation.json and generate_mindspore.py, a greedy
 generation script for an Ascend host whose loop is graphconv's own (graphconv/runtime/greedy.py's source,
 copied, so the script needs numpy and MindSpore only), and a README."""
 
@@ -24,18 +24,21 @@ def generate_script(inputs: dict[str, list[dict]]) -> str:
 
 
 def write_pair_files(directory: Path, generation: dict, reports: dict[str, dict]) -> list[str]:
-    """The top of a pair bundle (the graphs' bundles are already in directory/prefill, directory/decode)."""
+    """The top of the bundle (the graphs' bundles are already in directory/<graph>)."""
     inputs = {g: [{k: s[k] for k in ("name", "dtype", "shape")} for s in r["model"]["inputs"]]
               for g, r in reports.items()}
     (directory / "generation.json").write_text(json.dumps(generation, indent=2))
     script = directory / "generate_mindspore.py"
     script.write_text(generate_script(inputs))
     script.chmod(0o755)
+    steps = {step: generation["graphs"][step].get("mindir", step) for step in ("prefill", "decode")}
+    how = (f"one graph, `{steps['decode']}`, for the prompt (with an empty cache) and each decode step"
+           if steps["prefill"] == steps["decode"] else "the prefill for the prompt, the decode for each step")
     (directory / "README.md").write_text(
-        f"# {generation.get('model_type', 'model')}: a prefill + decode pair for Ascend\n\n"
-        "- `prefill/`, `decode/`: each graph's bundle (its own README: the MindSpore, Lite and ATC routes and the\n"
-        "  reference check `compare_outputs.py`).\n"
-        "- `generate_mindspore.py`: greedy generation with both MindIRs on an Ascend host:\n"
+        f"# {generation.get('model_type', 'model')}: text generation on Ascend\n\n"
+        f"- {', '.join(f'`{g}/`' for g in reports)}: each graph's bundle (its own README: the MindSpore, Lite and\n"
+        "  ATC routes and the reference check `compare_outputs.py`).\n"
+        f"- `generate_mindspore.py`: greedy generation on an Ascend host ({how}):\n"
         "  `python generate_mindspore.py --input-ids '1,2,3;4,5' --max-new-tokens 16`.\n"
         "- `generation.json`: token ids, layer and head counts, the cache layout "
         f"({generation.get('cache_layout', 'BNSD')}), each graph's inputs and outputs.\n")

@@ -221,27 +221,38 @@ def _check(module, example_inputs, second_inputs, graph_names: dict, path: Path,
     if check:
         # The same oracle as compile (onnxruntime, onnx.reference where ORT cannot run the model) and the same
         # rule: positions left-padded by an attention mask are undefined and not compared.
-        model = onnx.load(str(path), load_external_data=False)
-        feed_names = {vi.name for vi in model.graph.input}
-        specs = {s.name: s for s in reference.input_specs(model)}
         oracle = reference.Oracle(path)
         for label, inputs in (("export shape", example_inputs), ("second shape", second_inputs)):
-            with torch.no_grad():
-                ref = _as_tuple(module(**inputs))
-            feed = {graph_names[k]: v.numpy() for k, v in inputs.items() if graph_names[k] in feed_names}
-            mask = next((v for k, v in feed.items() if reference.is_mask_input(specs[k]) and v.ndim == 2), None)
-            case = reference.ReferenceCase(label, feed, None if mask is None else mask.astype(bool))
-            got = oracle.run([case])[0]
-            for name, r in zip(names, ref):
-                expected = r.detach().numpy()
-                c = compare.compare(got[name], expected, atol, rtol, _valid(case, expected, masked_axes.get(name)))
-                checks.append({"shape": label, "inputs": {graph_names[k]: list(v.shape) for k, v in inputs.items()},
-                               "output": name, "oracle": oracle.name, **c.as_dict()})
-                if not c.ok:
-                    raise InputError(f"exported model disagrees with PyTorch at the {label}, output {name}: {c.reason}")
+            checks += check_case(module, oracle, label, inputs, graph_names, names, masked_axes, atol, rtol)
         if oracle.fallback_reason:
             notes.append(oracle.fallback_reason + "; checked with onnx.reference instead")
     return ExportResult(path, exporter, produced, checks, notes)
+
+
+def check_case(module, oracle, label: str, inputs: dict, graph_names: dict, names, masked_axes: dict,
+               atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]:
+    """`oracle` (a reference.Oracle on the written graph) against `module` at one case: a check per output,
+    or an InputError naming the first that disagrees."""
+    import torch
+
+    model = onnx.load(str(oracle.model), load_external_data=False)
+    feed_names = {vi.name for vi in model.graph.input}
+    specs = {s.name: s for s in reference.input_specs(model)}
+    with torch.no_grad():
+        ref = _as_tuple(module(**inputs))
+    feed = {graph_names[k]: v.numpy() for k, v in inputs.items() if graph_names[k] in feed_names}
+    mask = next((v for k, v in feed.items() if reference.is_mask_input(specs[k]) and v.ndim == 2), None)
+    case = reference.ReferenceCase(label, feed, None if mask is None else mask.astype(bool))
+    got = oracle.run([case])[0]
+    checks = []
+    for name, r in zip(names, ref):
+        expected = r.detach().numpy()
+        c = compare.compare(got[name], expected, atol, rtol, _valid(case, expected, masked_axes.get(name)))
+        checks.append({"shape": label, "inputs": {graph_names[k]: list(v.shape) for k, v in inputs.items()},
+                       "output": name, "oracle": oracle.name, **c.as_dict()})
+        if not c.ok:
+            raise InputError(f"exported model disagrees with PyTorch at the {label}, output {name}: {c.reason}")
+    return checks
 
 
 def _valid(case, expected, axes: tuple[int, int] | None):

@@ -390,6 +390,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
             "stored_dtypes": sorted(stored),
             "opset": opset,
             "graphs": {name: {"file": r.path.name, "exporter": r.exporter, "opset": r.opset, **_io(r.path),
+                              **({} if r.serves_prompt is None else {"serves_prompt": r.serves_prompt}),
                               "checks": [{k: c[k] for k in ("shape", "output", "inputs", "max_abs", "ok", "layers")
                                           if k in c} for c in r.checks]}
                        for name, r in graphs.items()},
@@ -447,6 +448,7 @@ class _Graph:
     output_names: list[str]
     masked_axes: dict
     rename: tuple[str, str] | None = None
+    prompt: dict | None = None  # the decode graph's inputs at an empty cache: a prompt, as the prefill takes it
 
 
 def _graphs(task: str, config, cache: tuple[int, int, int] | None) -> list[_Graph]:
@@ -474,10 +476,11 @@ def _graphs(task: str, config, cache: tuple[int, int, int] | None) -> list[_Grap
     # decode: seq 2 at export (size 1 would be specialised); the second shape changes batch, past and seq
     first = _decode_inputs(2, 5, 2, vocab, (heads, head_dim), num_layers, 1)
     second = _decode_inputs(3, 8, 1, vocab, (heads, head_dim), num_layers, 2)
+    prompt = _decode_inputs(batch, 0, seq, vocab, (heads, head_dim), num_layers, 3)
     return [prefill,
             _Graph("decode", lambda m: decode_class(num_layers)(m, num_layers), first, second, axes,
                    ["input_ids", "attention_mask", "position_ids", *cache_names("past_key_values", num_layers)],
-                   ["logits", *present], masked, (_TOTAL_EXPORTED, TOTAL))]
+                   ["logits", *present], masked, (_TOTAL_EXPORTED, TOTAL), prompt)]
 
 
 def _cache_shape(prefill, inputs: dict, mode, model_type: str) -> tuple[int, int, int]:
@@ -530,6 +533,7 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
             for name, r in graphs.items():
                 r.checks = [{**c, "layers": f"first {CHECK_LAYERS} of {layers}"} for c in checked[name].checks]
                 r.warnings += checked[name].warnings
+                r.serves_prompt = checked[name].serves_prompt
             shutil.rmtree(part)
             notes.append(f"checked against PyTorch on the architecture truncated to its first {CHECK_LAYERS} of "
                          f"{layers} layers with the checkpoint's weights (the fp32 model did not fit in memory "
@@ -601,6 +605,7 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         del ir_model
         results[g.name] = ExportResult(path, "dynamo", opset, [], [])
         results[g.name].graph = g
+        results[g.name].serves_prompt = None
     return results, shapes
 
 
@@ -612,9 +617,26 @@ def _tied(model) -> list[list[str]]:
 
 
 def _check_all(real, results: dict) -> None:
-    """Each written graph against the real model's wrapper at its two shapes (export.check_against_torch)."""
+    """Each written graph against the real model's wrapper at its two shapes (export.check_against_torch); the
+    decode graph also at an empty cache, where it computes a prompt as the prefill does: `serves_prompt` says
+    whether it did (the compile then writes that one graph for both steps, weights once)."""
+    from graphconv.frontend.export import check_case
+    from graphconv.verify.reference import Oracle
+
     for name, r in results.items():
         g = r.graph
         graph_names = dict(zip(g.inputs, g.input_names))
         second = g.second if g.second is not None else grown_inputs(g.inputs, g.axes)
-        check_against_torch(g.wrap(real).eval(), r, g.inputs, second, graph_names, g.output_names, g.masked_axes)
+        module = g.wrap(real).eval()
+        check_against_torch(module, r, g.inputs, second, graph_names, g.output_names, g.masked_axes)
+        if g.prompt is None:
+            continue
+        try:
+            r.checks += check_case(module, Oracle(r.path), "empty cache", g.prompt, graph_names, g.output_names,
+                                   g.masked_axes)
+            r.serves_prompt = True
+        except Exception as e:  # noqa: BLE001 - any failure means: keep the prefill graph for the prompt
+            first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
+            r.warnings.append(f"{name}.onnx at an empty cache does not compute the prompt ({first[:200]}): the "
+                              "compile keeps prefill.onnx for the prompt")
+            r.serves_prompt = False

@@ -151,7 +151,7 @@ def export_graph(module, example_inputs: dict, dynamic_axes: dict, opset: int, i
     dims: dict[str, object] = {}
     dyn = {name: ({ax: dims.setdefault(dim, torch.export.Dim(dim)) for ax, dim in dynamic_axes.get(name, {}).items()}
                   or None) for name in example_inputs}
-    program = torch.onnx.export(module, (), kwargs=example_inputs, dynamo=True, opset_version=opset,
+    program = torch.onnx.export(module.eval(), (), kwargs=example_inputs, dynamo=True, opset_version=opset,
                                 dynamic_shapes=dyn, input_names=input_names, output_names=output_names,
                                 optimize=False, verbose=False)
     return program.model
