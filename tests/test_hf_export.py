@@ -354,6 +354,17 @@ def test_missing_shard_is_refused(tmp_path):
              tmp_path / "out")
 
 
+def test_truncated_shard_is_refused(tmp_path):
+    """A shard cut short (an interrupted download or copy): its header promises more tensor bytes than it holds."""
+    torch.manual_seed(0)
+    src = _save(_llama(), tmp_path / "ckpt", max_shard_size="50KB")
+    shard = sorted(src.glob("model-*.safetensors"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 100])
+    _refused(_export(src, tmp_path / "out", "text-generation-with-past"), f"{shard.name}: truncated",
+             tmp_path / "out")
+
+
 def test_a_task_the_model_cannot_do_is_refused(tmp_path):
     torch.manual_seed(0)
     src = _save(_bert(), tmp_path / "ckpt")

@@ -206,8 +206,6 @@ def check_against_torch(module, result: ExportResult, example_inputs: dict, seco
 
 def _check(module, example_inputs, second_inputs, graph_names: dict, path: Path, exporter: str, opset: int, names,
            notes, check: bool, atol: float, rtol: float, masked_axes: dict) -> ExportResult:
-    import torch
-
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:

@@ -57,7 +57,7 @@ class Checkpoint:
     def __init__(self, files: list[Path]):
         self.entries: dict[str, tuple[Path, str, tuple[int, ...]]] = {}
         for f in files:
-            for key, meta in _header(f).items():
+            for key, meta in read_header(f).items():
                 if key != "__metadata__":
                     self.entries[key] = (f, meta["dtype"], tuple(meta["shape"]))
         self._open: dict[Path, object] = {}
@@ -75,13 +75,22 @@ class Checkpoint:
         self._open.clear()
 
 
-def _header(path: Path) -> dict:
+def read_header(path: Path) -> dict:
+    """A .safetensors file's header (8-byte little-endian length, then JSON), checked against the file's size:
+    a file cut short (an interrupted download or copy) is refused here, before anything is written."""
     try:
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
-            return json.loads(f.read(n))
-    except (OSError, struct.error, ValueError) as e:
-        raise InputError(f"{path}: not a readable .safetensors file ({e})") from None
+            header = json.loads(f.read(n))
+            size = f.seek(0, 2)
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    except (OSError, struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        raise InputError(f"{path}: not a readable .safetensors file ({type(e).__name__}: {e})") from None
+    held = size - 8 - n
+    if max(ends, default=0) > held:
+        raise InputError(f"{path}: truncated: its header places {max(ends)} bytes of tensor data, the file holds "
+                         f"{max(held, 0)}")
+    return header
 
 
 @contextlib.contextmanager
