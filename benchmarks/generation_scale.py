@@ -12,7 +12,10 @@
    --dtype D`, `compile EXPORT -o GEN`, `generate GEN` (16 new tokens on 3 prompts of different lengths);
    per stage: wall, exit code, peak RSS of the process tree (polled every 0.1 s), bytes written and bytes
    written per checkpoint byte.
-3. Prints a table and one JSON line; deletes the workdir unless --keep.
+3. After generate, unless --no-reference: transformers' own greedy `generate` on the same left-padded prompts,
+   the checkpoint loaded in fp32 (the export's compute), and whether graphconv's tokens equal it (up to a
+   step whose top-2 logits differ by < 1e-4).
+4. Prints a table and one JSON line; deletes the workdir unless --keep.
 """
 
 from __future__ import annotations
@@ -28,6 +31,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compile_scale import SIZES, dir_bytes, measure  # noqa: E402
 
 SHARD_BYTES = 2 * 10**9
+PROMPTS = [[1, 15, 27, 300, 4000, 77, 9], [1, 5, 6], [1, 900, 901, 902, 903, 904, 905, 906, 907, 908, 909]]
+NEW_TOKENS = 16
+TIE = 1e-4
+
+
+def transformers_tokens(ckpt: Path) -> tuple[list[list[int]], list[int | None]]:
+    """transformers' greedy generate (fp32) on PROMPTS left-padded: per prompt the new ids (cut after eos) and
+    the first step whose top-2 logits are within TIE (None if none)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    pad = model.generation_config.pad_token_id
+    pad = pad if pad is not None else (eos[0] if isinstance(eos, list) else eos)
+    length = max(map(len, PROMPTS))
+    ids = torch.full((len(PROMPTS), length), pad, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(PROMPTS):
+        ids[r, length - len(p):], mask[r, length - len(p):] = torch.tensor(p), 1
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
+                             pad_token_id=pad, return_dict_in_generate=True, output_scores=True)
+    eos_set = set(eos if isinstance(eos, list) else [eos])
+    rows, ties = [], []
+    for r in range(len(PROMPTS)):
+        row = out.sequences[r, length:].tolist()
+        stop = next((k for k, t in enumerate(row) if t in eos_set), None)
+        rows.append(row if stop is None else row[:stop + 1])
+        gaps = [float(torch.topk(out.scores[k][r], 2).values.diff().abs()) for k in range(len(rows[-1]))]
+        ties.append(next((k for k, g in enumerate(gaps) if g < TIE), None))
+    return rows, ties
 
 
 def write_checkpoint(size: str, folder: Path, seed: int = 0) -> int:
@@ -84,6 +119,7 @@ def main() -> None:
     ap.add_argument("--compile-args", default="", help="extra compile arguments, space-separated")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--no-reference", action="store_true", help="skip transformers' own generate")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="generation_scale."))
     work.mkdir(parents=True, exist_ok=True)
@@ -98,8 +134,8 @@ def main() -> None:
             "export": [*py, "export", str(ckpt), "--task", "text-generation-with-past", "--dtype", args.dtype,
                        "-o", str(exported), "-q"],
             "compile": [*py, "compile", str(exported), "-o", str(gen), "-q", *args.compile_args.split()],
-            "generate": [*py, "generate", str(gen), "--max-new-tokens", "16", "--json",
-                         "--input-ids", "1,15,27,300,4000,77,9;1,5,6;1,900,901,902,903,904,905,906,907,908,909"],
+            "generate": [*py, "generate", str(gen), "--max-new-tokens", str(NEW_TOKENS), "--json", "--input-ids",
+                         ";".join(",".join(map(str, p)) for p in PROMPTS)],
         }
         outputs = {"export": exported, "compile": gen, "generate": None}
         rows = {}
@@ -114,6 +150,14 @@ def main() -> None:
             print(f"  {rows[stage]}", flush=True)
             if m["exit_code"] != 0:
                 break
+            if stage == "generate" and not args.no_reference:
+                got = json.loads((logs / "generate.out").read_text())["sequences"]
+                want, ties = transformers_tokens(ckpt)
+                same = [g == w if t is None else g[:t] == w[:t] for g, w, t in zip(got, want, ties)]
+                rows[stage]["tokens_equal_transformers"] = same
+                rows[stage]["near_tie_steps"] = ties
+                print(f"  graphconv:    {got}\n  transformers: {want}\n  equal (up to a near tie): {same}, "
+                      f"near-tie steps {ties}", flush=True)
         print(f"\ncheckpoint: {args.size}, {ckpt_bytes / 2**30:.2f} GiB bf16")
         print("| stage | wall (s) | exit | peak RSS (GiB) | written (GiB) | written / checkpoint |")
         print("|---|---|---|---|---|---|")

@@ -30,13 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
-from graphconv.errors import InputError, VerificationError
+from graphconv.errors import InputError, UnsupportedError, VerificationError
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
 from graphconv.runtime import greedy
 
 DEVICES = ("auto", "ascend", "cpu")
 ATOL = 1e-4
+# MindSpore's CPU backend running a whole decoder graph holds several fp32 copies of its weights: the 1.1B
+# benchmark (4.1 GiB of weights in fp32, stored bf16) reached 14.8 GiB in its first call and was killed at
+# 23.1 GiB while decoding (docs/performance.md). Below this many bytes per fp32 weight byte it is not tried.
+CPU_BYTES_PER_WEIGHT_BYTE = 6
 GRAPHS = ("prefill", "decode")
 _TASK = "text-generation-with-past"
 
@@ -154,6 +158,11 @@ def mindir_files(gen: dict, device: str) -> list[str]:
     return [gen["graphs"][g].get("mindir", g) + suffix for g in GRAPHS]
 
 
+def cache_dtype(gen: dict) -> str:
+    """The cache's dtype: generation.json's cache_dtype; before it was written, `dtype` (then the same)."""
+    return gen.get("cache_dtype") or gen.get("dtype", "fp32")
+
+
 def _specs(graph: dict, dtype: str) -> list[dict]:
     """set_inputs placeholders from generation.json's dims: named dims dynamic, numbers fixed; ids, masks and
     positions int64, the cache in the model's dtype."""
@@ -215,6 +224,8 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     missing = sorted({m.name for m in mindirs if not m.is_file()})
     if missing:
         raise InputError(f"{gen_dir}: no {', '.join(missing)} (the {device} MindIRs; see `graphconv compile`)")
+    if device == "cpu":
+        _fits_in_memory(sorted(set(mindirs)), gen)
     onnx_pair = _onnx_pair(gen_dir, gen, Path(onnx_dir) if onnx_dir else None) if check else None
     for note in notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
@@ -230,7 +241,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
             task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
                     "eos_token_ids": greedy.eos_ids(gen), "pad_token_id": pad,
                     "logits": str(ws.path("logits.npz")) if check else None,
-                    **{g: {"mindir": str(m), "inputs": _specs(gen["graphs"][g], gen.get("dtype", "fp32")),
+                    **{g: {"mindir": str(m), "inputs": _specs(gen["graphs"][g], cache_dtype(gen)),
                            "outputs": list(gen["graphs"][g]["outputs"]),
                            "empty_cache": bool(gen["graphs"][g].get("empty_cache"))}
                        for g, m in zip(GRAPHS, mindirs)}}
@@ -261,6 +272,21 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     return result
 
 
+def _fits_in_memory(mindirs: list[Path], gen: dict) -> None:
+    """Refuse, before starting MindSpore, a cpu run this host's memory cannot hold (it would be killed)."""
+    import psutil
+
+    stored = sum(f.stat().st_size for m in mindirs
+                 for f in [m, *sorted(m.with_name(m.stem + "_variables").glob("*"))] if f.is_file())
+    fp32 = stored * (2 if gen.get("dtype") in ("bf16", "fp16") else 1)
+    need, available = CPU_BYTES_PER_WEIGHT_BYTE * fp32, psutil.virtual_memory().available
+    if need > available:
+        raise UnsupportedError(
+            f"the cpu MindIR's weights ({fp32 / 2**30:.1f} GiB in fp32) need about {need / 2**30:.0f} GiB to "
+            f"generate on MindSpore CPU ({CPU_BYTES_PER_WEIGHT_BYTE}x, measured); this host has "
+            f"{available / 2**30:.1f} GiB available: generate on an Ascend host")
+
+
 def _oracle_session(path: Path):
     """onnxruntime on the graph as the compile's oracle ran it (graphconv.frontend.load: as given, except
     MatMulNBits at accuracy_level 0, the op's exact semantics; integer products exact, as
@@ -289,7 +315,7 @@ def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) ->
 
     def run(k, ids, mask, positions, cache=None):
         session, weight_feeds = sessions[onnx_pair[k]]
-        by_name = {sp["name"]: sp for sp in _specs(graphs[k], gen.get("dtype", "fp32"))}
+        by_name = {sp["name"]: sp for sp in _specs(graphs[k], cache_dtype(gen))}
         specs = [by_name[i.name] for i in session.get_inputs() if i.name in by_name]
         feed = greedy.step_feed(specs, ids, mask, positions, cache, bool(graphs[k].get("empty_cache")))
         out = session.run(None, {**{sp["name"]: v for sp, v in zip(specs, feed)}, **weight_feeds})

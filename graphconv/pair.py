@@ -31,12 +31,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from graphconv.errors import InputError
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
+from graphconv.workspace import partial_dir
 
 GRAPHS = ("prefill", "decode")
 
@@ -148,6 +148,7 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
         "pad_token_id": model.get("pad_token_id"), "num_layers": decoder.get("num_hidden_layers"),
         "num_kv_heads": decoder.get("num_key_value_heads"), "head_dim": head,
         "vocab_size": model.get("vocab_size"), "hidden_size": decoder.get("hidden_size"), "dtype": dtype,
+        "cache_dtype": dtype,
         "cache_layout": "BNSD: [batch, kv_heads, seq, head_dim]",
         "cache_names": {"past": "past_key_values.{i}.key|value", "present": "present.{i}.key|value"},
         # GroupQueryAttention reads the mask as lengths (right padding): prompts of one length run together
@@ -195,9 +196,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     if not builder:  # (a builder's graph has its own prompt case: graphconv.frontend.contrib.cases)
         options = _prompt_dims(meta, sources, options)
     target = options.get("target", "ascend")
-    staging = Path(tempfile.mkdtemp(prefix=f".{gen_dir.name}.partial-", dir=gen_dir.parent.absolute()))
-    bundle_staging = None if bundle is None else \
-        Path(tempfile.mkdtemp(prefix=f".{bundle.name}.partial-", dir=bundle.parent.absolute()))
+    staging = partial_dir(gen_dir)
+    bundle_staging = None if bundle is None else partial_dir(bundle)
     try:
         graphs, twins, weights = {}, {}, {}
         for g, source in sources.items():

@@ -26,6 +26,18 @@ OWNER_FILE = "owner.json"
 _UNOWNED_GRACE_SECONDS = 300
 
 
+def partial_dir(target: Path) -> Path:
+    """A new directory beside `target` under a private name, to be renamed to `target` when complete (a
+    failure leaves nothing under the target's name); it gets the permissions the umask gives a new directory,
+    not mkdtemp's 0700, since the rename makes it the user's result."""
+    parent = target.parent.absolute()
+    path = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+    return path
+
+
 def _owner_alive(directory: Path) -> bool:
     try:
         owner = json.loads((directory / OWNER_FILE).read_text())

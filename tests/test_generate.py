@@ -30,14 +30,14 @@ NEW = 16
 TIE = 1e-4  # a step whose top-2 logits in PyTorch are closer than this may go either way
 
 
-def _gen_dir(model, base: Path) -> tuple[Path, Path, Path]:
-    """(checkpoint, export folder X, GEN_DIR) for `model`."""
+def _gen_dir(model, base: Path, dtype: str = "fp32") -> tuple[Path, Path, Path]:
+    """(checkpoint, export folder X, GEN_DIR) for `model` (exported with --dtype `dtype`)."""
     from graphconv.frontend.hf_export import export_checkpoint
     from graphconv.pair import compile_pair
 
     src = _save(model, base / "ckpt")
     out = base / "out"
-    export_checkpoint(src, out, "text-generation-with-past")
+    export_checkpoint(src, out, "text-generation-with-past", dtype=dtype)
     gen = base / "gen"
     report = compile_pair(out, gen, target="cpu")
     # one graph serves both steps: the export found the decode graph at an empty cache equal to PyTorch's prompt
@@ -57,7 +57,8 @@ def _ids_arg(prompts) -> str:
 def _hf_generate(src: Path, prompts, new: int, eos: int | list[int], pad: int):
     """transformers' greedy generate on the left-padded prompts: per row the new ids (cut after the first eos)
     and the first step where the top-2 logits are within TIE (None if none)."""
-    model = tf.AutoModelForCausalLM.from_pretrained(str(src), local_files_only=True).eval()
+    # fp32 compute, as the export's graphs (a bf16 checkpoint's weights are upcast where they are read)
+    model = tf.AutoModelForCausalLM.from_pretrained(str(src), local_files_only=True, dtype=torch.float32).eval()
     length = max(map(len, prompts))
     ids = torch.full((len(prompts), length), pad, dtype=torch.int64)
     mask = torch.zeros((len(prompts), length), dtype=torch.int64)
@@ -224,6 +225,23 @@ def test_bad_input_is_one_line_exit_1(llama_gen, tmp_path, capsys, case):
     assert "Traceback" not in err
 
 
+def test_a_model_too_large_for_this_hosts_memory_is_refused_before_mindspore(llama_gen, monkeypatch):
+    """On MindSpore CPU a whole decoder needs several fp32 copies of its weights (the 1.1B benchmark was killed
+    at 23 GiB): where the host has less than that, one line and exit 1, not a child killed by the kernel."""
+    import collections
+
+    import psutil
+
+    import graphconv
+
+    _, _, gen = llama_gen
+    weights = (gen / "decode.cpu.mindir").stat().st_size
+    memory = collections.namedtuple("memory", "available")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(weights * 2))
+    with pytest.raises(graphconv.UnsupportedError, match=r"need about .* to generate on MindSpore CPU"):
+        graphconv.generate(gen, [[1, 2, 3]], 2, device="cpu")
+
+
 def test_input_ids_file_and_plain_output(llama_gen, tmp_path):
     """A JSON file of prompts; the plain output is one line of new ids per prompt; --onnx-dir finds the pair."""
     _, out, gen = llama_gen
@@ -252,6 +270,16 @@ def test_relative_paths_from_another_directory(llama_gen, tmp_path):
     assert absolute.returncode == 0 and relative.returncode == 0, relative.stderr
     assert relative.stdout == absolute.stdout and len(relative.stdout.splitlines()) == 2
     assert list(here.iterdir()) == []
+
+
+def test_bf16_checkpoint_generates_as_transformers_in_fp32(tmp_path):
+    """A bf16 checkpoint (as real ones are) exported with --dtype auto: the weights stay bf16, the cache and the
+    compute fp32 (generation.json's cache_dtype), and the tokens are transformers' fp32 model's."""
+    torch.manual_seed(0)
+    src, out, gen = _gen_dir(_llama().to(torch.bfloat16), tmp_path, dtype="auto")
+    meta = json.loads((out / "generation.json").read_text())
+    assert (meta["dtype"], meta["cache_dtype"]) == ("bf16", "fp32")
+    _generate_matches_transformers(src, gen, eos=2, pad=2)
 
 
 def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):

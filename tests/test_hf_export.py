@@ -214,6 +214,9 @@ def test_llama_pair_compiles_into_a_generation_folder(llama_with_past, tmp_path,
     assert steps["source_dir"] == str(out.resolve())
     assert bool(steps["graphs"]["prefill"].get("empty_cache")) == (route == "one graph")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["gen"] + (["old"] if route == "two graphs" else []))
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    assert gen.stat().st_mode & 0o777 == probe.stat().st_mode & 0o777  # a new directory's, not mkdtemp's 0700
     # generate runs either layout, each step within 1e-4 of onnxruntime's (tests/test_generate.py: the tokens)
     from graphconv import generation
 

@@ -27,12 +27,12 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend.export import ExportResult, check_against_torch, grown_inputs, require_torch
 from graphconv.frontend.load import read_json
+from graphconv.workspace import partial_dir
 
 TASKS = ("text-generation", "feature-extraction", "text-generation-with-past")
 DTYPES = ("fp32", "auto", "bf16", "fp16")
@@ -362,11 +362,8 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     store = _store_dtype(dtype, stored, notes)
     say = progress.info if progress is not None else (lambda _m: None)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    tmp = partial_dir(out_dir)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 is for the partial directory, not the result
         graphs, shapes = _export_and_check(folder, files, cls, config, task, tmp, opset, store, say, notes)
         text = config.get_text_config(decoder=True)
         generation = {
@@ -395,6 +392,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
             generation["cache_layout"] = CACHE_LAYOUT
             generation["position_ids"] = POSITION_IDS
             generation["cache_names"] = {"past": "past_key_values.{i}.key|value", "present": "present.{i}.key|value"}
+            generation["cache_dtype"] = _cache_dtype(graphs["decode"].path)
         (tmp / "generation.json").write_text(json.dumps(generation, indent=2) + "\n")
         _out_dir_free(out_dir)
         os.rename(tmp, out_dir)
@@ -404,6 +402,16 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     for r in graphs.values():
         r.path = out_dir / r.path.name
     return CheckpointExport(out_dir, task, config.model_type, graphs, generation)
+
+
+def _cache_dtype(path: Path) -> str:
+    """fp32 | bf16 | fp16: the decode graph's past_key_values type (the compute's; `dtype` is the weights')."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    past = next(vi for vi in graph.input if vi.name.startswith("past_key_values."))
+    return {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.BFLOAT16: "bf16",
+            onnx.TensorProto.FLOAT16: "fp16"}[past.type.tensor_type.elem_type]
 
 
 def _div(a, b):
