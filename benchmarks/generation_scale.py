@@ -42,26 +42,20 @@ def transformers_tokens(ckpt: Path) -> tuple[list[list[int]], list[int | None]]:
     import torch
     import transformers
 
+    from graphconv.runtime import greedy
+
     model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
-    pad = model.generation_config.pad_token_id
-    pad = pad if pad is not None else (eos[0] if isinstance(eos, list) else eos)
-    length = max(map(len, PROMPTS))
-    ids = torch.full((len(PROMPTS), length), pad, dtype=torch.int64)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(PROMPTS):
-        ids[r, length - len(p):], mask[r, length - len(p):] = torch.tensor(p), 1
+    generation = model.generation_config.to_dict()
+    eos, pad = greedy.eos_ids(generation), greedy.pad_id(generation)
+    ids, mask = greedy.left_pad(PROMPTS, pad)
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
-                             pad_token_id=pad, return_dict_in_generate=True, output_scores=True)
-    eos_set = set(eos if isinstance(eos, list) else [eos])
-    rows, ties = [], []
-    for r in range(len(PROMPTS)):
-        row = out.sequences[r, length:].tolist()
-        stop = next((k for k, t in enumerate(row) if t in eos_set), None)
-        rows.append(row if stop is None else row[:stop + 1])
-        gaps = [float(torch.topk(out.scores[k][r], 2).values.diff().abs()) for k in range(len(rows[-1]))]
-        ties.append(next((k for k, g in enumerate(gaps) if g < TIE), None))
+        out = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), do_sample=False,
+                             max_new_tokens=NEW_TOKENS, pad_token_id=pad, return_dict_in_generate=True,
+                             output_scores=True)
+    rows, _ = greedy.sequences(out.sequences[:, ids.shape[1]:].numpy(), eos)
+    gaps = [[float(torch.topk(out.scores[k][r], 2).values.diff().abs()) for k in range(len(row))]
+            for r, row in enumerate(rows)]
+    ties = [next((k for k, g in enumerate(row) if g < TIE), None) for row in gaps]
     return rows, ties
 
 
