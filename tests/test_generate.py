@@ -282,6 +282,20 @@ def test_bf16_checkpoint_generates_as_transformers_in_fp32(tmp_path):
     _generate_matches_transformers(src, gen, eos=2, pad=2)
 
 
+def test_sliding_window_mistral_generates_as_transformers(tmp_path):
+    """Mistral with a window of 4 (shorter than every prompt plus its new tokens): transformers' cache keeps only
+    the window; the exported cache is kept whole and the model's sliding mask keeps the window. The window
+    matters: the same weights with full attention generate other tokens."""
+    torch.manual_seed(0)
+    model = tf.MistralForCausalLM(tf.MistralConfig(**_DECODER, sliding_window=4))
+    src, _, gen = _gen_dir(model, tmp_path)
+    _generate_matches_transformers(src, gen, eos=2, pad=2)
+    full = tmp_path / "full-attention"
+    model.config.sliding_window = None
+    model.save_pretrained(full)
+    assert _hf_generate(full, PROMPTS, NEW, 2, 2)[0] != _hf_generate(src, PROMPTS, NEW, 2, 2)[0]
+
+
 def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):
     """GPT-2: learned absolute positions (the left-padded rows' position_ids matter), eos = pad = 127."""
     torch.manual_seed(0)
@@ -297,6 +311,9 @@ ARCHITECTURES = {  # transformers classes from tiny configs, default settings (s
     "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**_DECODER, head_dim=16)),  # q/k RMSNorms
     "gemma": lambda: tf.GemmaForCausalLM(tf.GemmaConfig(**_DECODER, head_dim=16)),  # scaled embeddings, GeGLU
     "phi3": lambda: tf.Phi3ForCausalLM(tf.Phi3Config(**_DECODER, pad_token_id=0)),  # fused qkv and gate_up
+    # sliding windows of 4 (prompts of 3-7 tokens, 16 new): sliding and global layers mixed, soft-capped scores
+    "gemma2": lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(**_DECODER, head_dim=16, sliding_window=4)),
+    "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**_DECODER, head_dim=16, sliding_window=4)),
 }
 
 

@@ -141,14 +141,17 @@ def _model_class(config, task: str):
 
 
 def _with_past_supported(config) -> None:
-    """Only full-attention layers: a sliding-window cache layer keeps the last window, not the grown cache."""
+    """Full-attention and sliding-window layers. A sliding layer's cache is exported whole, as a full layer's
+    (the wrappers' DynamicCache has no config, so no layer crops its cache to the window): the model's sliding
+    mask, computed over the whole cache, keeps only the window, so the logits are those of transformers' cropped
+    cache, at the cost of a cache that grows with the context. Other layer kinds are refused."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    other = sorted(set(types) - {"full_attention"})
+    other = sorted(set(types) - {"full_attention", "sliding_attention"})
     if other:
-        raise UnsupportedError(f"text-generation-with-past exports full-attention caches only; model type "
-                               f"{config.model_type!r} has {', '.join(other)} layers")
+        raise UnsupportedError(f"text-generation-with-past exports full-attention and sliding-window caches only; "
+                               f"model type {config.model_type!r} has {', '.join(other)} layers")
 
 
 # Weights a base model has and a checkpoint may lack without changing last_hidden_state (BertModel's pooler).
@@ -218,7 +221,8 @@ def _wrappers():
             return out[self.output]
 
     class Prefill(torch.nn.Module):
-        """No past: the model builds its DynamicCache(config=...) and fills it; returns logits and the cache."""
+        """No past: an empty DynamicCache without a config (every layer kept whole, sliding ones too:
+        _with_past_supported), filled by the model; returns logits and the cache."""
 
         def __init__(self, model):
             super().__init__()
@@ -226,11 +230,11 @@ def _wrappers():
 
         def forward(self, input_ids, attention_mask, position_ids):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=True, return_dict=True)
+                             cache=DynamicCache(), use_cache=True, return_dict=True)
             return (out.logits, *flat_cache(out.cache))
 
     class Decode(torch.nn.Module):
-        """The past as flat tensors -> DynamicCache(ddp_cache_data=[(key, value) per layer], config=...), whose
+        """The past as flat tensors -> DynamicCache(ddp_cache_data=[(key, value) per layer]), whose
         layers concatenate the new keys and values; returns logits and the grown cache. forward's signature is
         generated (one named argument per past tensor): torch.export binds dynamic shapes to argument names."""
 
@@ -239,8 +243,7 @@ def _wrappers():
             self.model, self.num_layers = model, num_layers
 
         def run(self, input_ids, attention_mask, position_ids, past):
-            cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)],
-                                 config=self.model.config)
+            cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)])
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, use_cache=True, return_dict=True)
             return (out.logits, *flat_cache(out.cache))
