@@ -521,31 +521,28 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
     fp32_bytes = 4 * sum(math.prod(shape) for _f, _d, shape in checkpoint.entries.values())
     full = 2 * fp32_bytes <= CHECK_MEMORY_SHARE * psutil.virtual_memory().available
     layers = getattr(config.get_text_config(decoder=True), "num_hidden_layers", None)
-    try:
-        graphs, shapes = _write(cls, config, checkpoint, task, tmp, opset, store, say, notes, folder)
-        if full or not layers or layers <= CHECK_LAYERS:
-            say("check against PyTorch")
-            real = _load_model(folder, cls, config, task, [])
-            _check_all(real, graphs)
-        else:
-            small = _truncated(config, CHECK_LAYERS)
-            say(f"check against PyTorch: the first {CHECK_LAYERS} of {layers} layers, with the checkpoint's weights "
-                f"(the whole model's {fp32_bytes / 2**30:.1f} GiB in fp32 twice exceed "
-                f"{CHECK_MEMORY_SHARE:.0%} of the available memory)")
-            part = tmp / ".check"
-            part.mkdir()
-            checked, _ = _write(cls, small, checkpoint, task, part, opset, store, lambda _m: None, [], folder)
-            _check_all(_load_model(folder, cls, small, task, []), checked)
-            for name, r in graphs.items():
-                r.checks = [{**c, "layers": f"first {CHECK_LAYERS} of {layers}"} for c in checked[name].checks]
-                r.warnings += checked[name].warnings
-                r.serves_prompt = checked[name].serves_prompt
-            shutil.rmtree(part)
-            notes.append(f"checked against PyTorch on the architecture truncated to its first {CHECK_LAYERS} of "
-                         f"{layers} layers with the checkpoint's weights (the fp32 model did not fit in memory "
-                         "twice); the compile verifies every layer")
-    finally:
-        checkpoint.close()
+    graphs, shapes = _write(cls, config, checkpoint, task, tmp, opset, store, say, notes, folder)
+    if full or not layers or layers <= CHECK_LAYERS:
+        say("check against PyTorch")
+        real = _load_model(folder, cls, config, task, [])
+        _check_all(real, graphs)
+    else:
+        small = _truncated(config, CHECK_LAYERS)
+        say(f"check against PyTorch: the first {CHECK_LAYERS} of {layers} layers, with the checkpoint's weights "
+            f"(the whole model's {fp32_bytes / 2**30:.1f} GiB in fp32 twice exceed "
+            f"{CHECK_MEMORY_SHARE:.0%} of the available memory)")
+        part = tmp / ".check"
+        part.mkdir()
+        checked, _ = _write(cls, small, checkpoint, task, part, opset, store, lambda _m: None, [], folder)
+        _check_all(_load_model(folder, cls, small, task, []), checked)
+        for name, r in graphs.items():
+            r.checks = [{**c, "layers": f"first {CHECK_LAYERS} of {layers}"} for c in checked[name].checks]
+            r.warnings += checked[name].warnings
+            r.serves_prompt = checked[name].serves_prompt
+        shutil.rmtree(part)
+        notes.append(f"checked against PyTorch on the architecture truncated to its first {CHECK_LAYERS} of "
+                     f"{layers} layers with the checkpoint's weights (the fp32 model did not fit in memory "
+                     "twice); the compile verifies every layer")
     return graphs, shapes
 
 
