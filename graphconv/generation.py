@@ -170,7 +170,7 @@ def _specs(graph: dict, dtype: str) -> list[dict]:
     specs = []
     for name, dims in graph["inputs"].items():
         shape = [d if isinstance(d, int) else None for d in dims]
-        cache = name.startswith("past_key_values.")
+        cache = name not in ("input_ids", "attention_mask", "position_ids")
         specs.append({"name": name, "shape": shape, "ms_dtype": float_dtype if cache else "int64",
                       "np_dtype": "float32" if cache and dtype == "bf16" else float_dtype if cache else "int64"})
     return specs
@@ -239,7 +239,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
             prompt_path = ws.path("prompt.npz")
             np.savez(prompt_path, input_ids=ids, attention_mask=mask)
             task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
-                    "eos_token_ids": greedy.eos_ids(gen), "pad_token_id": pad,
+                    "eos_token_ids": greedy.eos_ids(gen), "pad_token_id": pad, "cache_feeds": gen.get("cache_feeds"),
                     "logits": str(ws.path("logits.npz")) if check else None,
                     **{g: {"mindir": str(m), "inputs": _specs(gen["graphs"][g], cache_dtype(gen)),
                            "outputs": list(gen["graphs"][g]["outputs"]),
@@ -319,7 +319,7 @@ def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) ->
         specs = [by_name[i.name] for i in session.get_inputs() if i.name in by_name]
         feed = greedy.step_feed(specs, ids, mask, positions, cache, bool(graphs[k].get("empty_cache")))
         out = session.run(None, {**{sp["name"]: v for sp, v in zip(specs, feed)}, **weight_feeds})
-        return greedy.split_outputs([o.name for o in session.get_outputs()], out)
+        return greedy.split_outputs([o.name for o in session.get_outputs()], out, gen.get("cache_feeds"))
 
     logits, cache = run(0, ids, mask, greedy.positions(mask))
     steps, failure = [], None

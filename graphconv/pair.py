@@ -45,9 +45,13 @@ _GENAI_CONFIG = "genai_config.json"
 _DTYPES = {1: "fp32", 10: "fp16", 16: "bf16"}
 
 
+_EXPORT_MANIFEST = "export.json"  # transformers.exporters' save_pretrained
+
+
 def is_pair_dir(path: Path) -> bool:
-    """A folder `graphconv compile` turns into a generation directory (an export pair or a builder folder)."""
-    return path.is_dir() and ((path / "generation.json").is_file() or (path / _GENAI_CONFIG).is_file())
+    """A folder `graphconv compile` turns into a generation directory: an export pair, a builder folder, or a
+    folder transformers' exporter wrote (`export_for_generation`)."""
+    return path.is_dir() and any((path / f).is_file() for f in ("generation.json", _GENAI_CONFIG, _EXPORT_MANIFEST))
 
 
 def split_inputs(inputs: tuple, graphs: tuple[str, ...] = GRAPHS) -> dict[str, tuple[Path, ...]]:
@@ -160,6 +164,96 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
     return meta, {step["mindir"]: path}
 
 
+def _onnx_dims(vi) -> list:
+    """A value's dims: ints, symbol names, and a name that is a number (transformers' exporter writes the cache's
+    fixed dims so) as that number."""
+    out = []
+    for d in vi.type.tensor_type.shape.dim:
+        name = d.dim_param if d.HasField("dim_param") else None
+        out.append(int(name) if name is not None and name.isdigit() else name if name is not None else d.dim_value)
+    return out
+
+
+def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[str, dict]]:
+    """generation.json for a folder transformers' exporter wrote (`OnnxExporter().export_for_generation(...)`
+    then `save_pretrained`: prefill.onnx, decode.onnx, export.json, config.json), its two graphs, and each
+    graph's dim sizes for the verification. Its graphs name every dim apart (the mask's batch and length are
+    symbols of their own), so the sizes are given here, related as the graphs compute them: the mask's length
+    is the prompt's (prefill) or past + new tokens (decode). The cache: the prefill's `cache.layers.{i}.keys`
+    and the decode's `output.cache.layers.{i}.keys` feed the next step's `input.cache.layers.{i}.keys`."""
+    import re
+
+    import onnx
+
+    where = folder / _EXPORT_MANIFEST
+    manifest = read_json(where)
+    components = manifest.get("components") or {}
+    if manifest.get("export_format") != "onnx":
+        raise InputError(f"{where}: export_format {manifest.get('export_format')!r}, not onnx")
+    if set(components) != set(GRAPHS):
+        raise InputError(f"{where}: components {sorted(components)}; a generation folder has prefill and decode "
+                         "(export_for_generation of a decoder-only model)")
+    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    generation_config = read_json(folder / "generation_config.json") \
+        if (folder / "generation_config.json").is_file() else {}
+    graphs, sources, dims, feeds = {}, {}, {}, {}
+    for g in GRAPHS:
+        path = folder / components[g].get("file", f"{g}.onnx")
+        if not path.is_file():
+            raise InputError(f"{folder}: {path.name} ({where.name}'s {g}) missing")
+        graph = onnx.load(str(path), load_external_data=False).graph
+        inputs = {vi.name: _onnx_dims(vi) for vi in graph.input}
+        outputs = {vi.name: _onnx_dims(vi) for vi in graph.output}
+        if not {"input_ids", "attention_mask"} <= set(inputs) or "logits" not in outputs:
+            raise InputError(f"{path}: takes {sorted(inputs)} and gives {sorted(outputs)[:3]}…; expected "
+                             "input_ids, attention_mask (and a cache) -> logits (and the cache)")
+        for name in outputs:
+            found = re.fullmatch(r"(?:output\.)?cache\.layers\.(\d+)\.(keys|values)", name)
+            if found:
+                feeds[name] = f"input.cache.layers.{found[1]}.{found[2]}"
+        graphs[g] = {"file": path.name, "inputs": inputs, "outputs": outputs}
+        sources[g] = path
+        batch, seq = inputs["input_ids"]
+        sizes = {batch: (3, 5), seq: (7, 9) if g == "prefill" else (1, 3)}
+        past = [d[2] for n, d in inputs.items() if n.startswith("input.cache.") and len(d) == 4]
+        if g == "decode" and (not past or not isinstance(past[0], str)):
+            raise InputError(f"{path}: its cache length is fixed ({past[0] if past else 'no input.cache.* inputs'}): "
+                             "export with OnnxConfig(dynamic=True) for generation")
+        if past:
+            sizes[past[0]] = (5, 7)
+        mask_batch, mask_length = inputs["attention_mask"]
+        sizes[mask_batch] = sizes[batch]
+        sizes[mask_length] = tuple(a + b for a, b in zip(sizes[seq], sizes[past[0]] if past else (0, 0)))
+        dims[g] = {k: v for k, v in sizes.items() if isinstance(k, str)}
+    missing = sorted(set(feeds.values()) - set(graphs["decode"]["inputs"]))
+    if missing or not feeds:
+        raise InputError(f"{folder}: the decode graph does not take the cache the graphs give "
+                         f"({', '.join(missing[:2]) or 'no cache.layers.* outputs'})")
+    past = [vi for vi in onnx.load(str(sources["decode"]), load_external_data=False).graph.input
+            if vi.name.startswith("input.cache.")]
+    dtype = _DTYPES.get(past[0].type.tensor_type.elem_type)
+    if dtype is None:
+        raise InputError(f"{sources['decode']}: cache dtype {past[0].type.tensor_type.elem_type} is not fp32, fp16 or "
+                         "bf16")
+    text = config.get("text_config") or config
+
+    def token(key):
+        return generation_config.get(key, text.get(key, config.get(key)))
+
+    meta = {
+        "model_type": config.get("model_type"), "task": "text-generation-with-past",
+        "source": f"transformers' exporter ({_EXPORT_MANIFEST})",
+        "bos_token_id": token("bos_token_id"), "eos_token_id": token("eos_token_id"),
+        "pad_token_id": token("pad_token_id"), "num_layers": len(past) // 2,
+        "num_kv_heads": _onnx_dims(past[0])[1], "head_dim": _onnx_dims(past[0])[3],
+        "vocab_size": graphs["decode"]["outputs"]["logits"][-1], "hidden_size": text.get("hidden_size"),
+        "dtype": dtype, "cache_dtype": dtype, "cache_layout": "BNSD: [batch, kv_heads, seq, head_dim]",
+        "cache_feeds": feeds, "position_ids": "position_ids = cumsum(attention_mask, -1) - 1, padded positions 0",
+        "graphs": graphs,
+    }
+    return meta, sources, dims
+
+
 def _bytes(path: Path) -> int:
     total = path.stat().st_size
     variables = path.with_name(path.stem + "_variables")
@@ -177,7 +271,12 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
     progress = progress or SILENT
     builder = (export_dir / _GENAI_CONFIG).is_file() and not (export_dir / "generation.json").is_file()
-    meta, sources = genai_generation(export_dir) if builder else _pair_sources(export_dir)
+    exported = (export_dir / _EXPORT_MANIFEST).is_file() and not (export_dir / "generation.json").is_file()
+    graph_dims: dict[str, dict] = {}
+    if exported:
+        meta, sources, graph_dims = transformers_generation(export_dir)
+    else:
+        meta, sources = genai_generation(export_dir) if builder else _pair_sources(export_dir)
     if gen_dir.exists():
         raise InputError(f"-o {gen_dir} already exists (a generation pair is written into a new folder)")
     if not gen_dir.parent.absolute().is_dir():
@@ -193,7 +292,7 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         raise InputError("--bundle is not supported for an onnxruntime-genai folder yet (its graph reads the mask as "
                          "lengths: the bundle's script would have to batch prompts by length)")
     per_inputs = split_inputs(inputs, tuple(sources))
-    if not builder:  # (a builder's graph has its own prompt case: graphconv.frontend.contrib.cases)
+    if not builder and not exported:  # (a builder's graph has its own prompt case: frontend.contrib.cases)
         options = _prompt_dims(meta, sources, options)
     target = options.get("target", "ascend")
     staging = partial_dir(gen_dir)
@@ -203,15 +302,16 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         for g, source in sources.items():
             progress.info(f"{g}: compile ({target})")
             graph_bundle = None if bundle_staging is None else bundle_staging / g
+            graph_options = {**options, "dims": {**graph_dims.get(g, {}), **(options.get("dims") or {})}}
             graphs[g] = compile_graph(source, staging / f"{g}.mindir", progress=progress,
-                                      inputs=per_inputs[g], bundle=graph_bundle, **options).to_dict()
+                                      inputs=per_inputs[g], bundle=graph_bundle, **graph_options).to_dict()
             twin = staging / f"{g}.cpu.mindir"
             if target == "cpu":
                 os.link(staging / f"{g}.mindir", twin)
             else:
                 progress.info(f"{g}: compile the cpu MindIR")
                 twins[g] = compile_graph(source, twin, progress=progress, inputs=per_inputs[g],
-                                         **{**options, "target": "cpu", "precision": "fp32",
+                                         **{**graph_options, "target": "cpu", "precision": "fp32",
                                             "keep_fp32": None}).to_dict()
             weights[g] = {"mindir_bytes": _bytes(staging / f"{g}.mindir"), "cpu_mindir_bytes": _bytes(twin)}
         meta = {**meta, "source_dir": str(export_dir.resolve())}

@@ -296,6 +296,31 @@ def test_sliding_window_mistral_generates_as_transformers(tmp_path):
     assert _hf_generate(full, PROMPTS, NEW, 2, 2)[0] != _hf_generate(src, PROMPTS, NEW, 2, 2)[0]
 
 
+@pytest.mark.parametrize("multi_token_decode", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_folder_from_transformers_own_exporter_generates_as_transformers(tmp_path, multi_token_decode):
+    """`transformers.exporters.OnnxExporter().export_for_generation(...)` + `save_pretrained` (prefill.onnx,
+    decode.onnx with a one-token or a multi-token query, export.json): `graphconv compile` takes the folder as
+    a generation source (its cache names and unrelated mask symbols translated) and `generate` gives
+    transformers' tokens."""
+    from transformers.exporters import OnnxConfig, OnnxExporter
+
+    from graphconv.pair import compile_pair
+
+    torch.manual_seed(0)
+    model = _llama().eval()
+    src = _save(model, tmp_path / "ckpt")
+    ids, mask = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]), torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    exported = OnnxExporter().export_for_generation(model, {"input_ids": ids, "attention_mask": mask},
+                                                    OnnxConfig(dynamic=True), multi_token_decode=multi_token_decode)
+    folder = tmp_path / "exported"
+    exported.save_pretrained(folder)
+    assert {"prefill.onnx", "decode.onnx", "export.json"} <= {p.name for p in folder.iterdir()}
+    gen = tmp_path / "gen"
+    report = compile_pair(folder, gen, target="cpu")
+    assert report["status"] == "verified" and report["steps"] == {"prefill": "prefill", "decode": "decode"}
+    _generate_matches_transformers(src, gen, eos=2, pad=2)
+
+
 def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):
     """GPT-2: learned absolute positions (the left-padded rows' position_ids matter), eos = pad = 127."""
     torch.manual_seed(0)

@@ -38,7 +38,7 @@ def generate(task: dict) -> dict:
         graph = task[name]
         feed = greedy.step_feed(graph["inputs"], ids, mask, positions, cache, graph.get("empty_cache", False))
         out = cells[graph["mindir"]](*[Tensor(a) if isinstance(a, np.ndarray) else a for a in feed])
-        return greedy.split_outputs(graph["outputs"], out)
+        return greedy.split_outputs(graph["outputs"], out, task.get("cache_feeds"))
 
     def on_step(step, logits):
         seconds.append(time.perf_counter() - clock[0])

@@ -75,10 +75,15 @@ def step_feed(specs, ids, mask, positions, cache, empty_cache):
     return feed
 
 
-def split_outputs(names, outputs):
-    """(logits, cache) of one step's outputs: the cache maps each present.* to the past_key_values.* name
-    the next step takes it as."""
-    cache = {"past_key_values." + n[len("present."):]: v for n, v in zip(names, outputs) if n.startswith("present.")}
+def split_outputs(names, outputs, feeds=None):
+    """(logits, cache) of one step's outputs: the cache maps each cache output to the input name the next step
+    takes it as: `feeds` {output: input} where generation.json gives cache_feeds, else present.* ->
+    past_key_values.*."""
+    if feeds:
+        cache = {feeds[n]: v for n, v in zip(names, outputs) if n in feeds}
+    else:
+        cache = {"past_key_values." + n[len("present."):]: v for n, v in zip(names, outputs)
+                 if n.startswith("present.")}
     return outputs[list(names).index("logits")], cache
 
 
