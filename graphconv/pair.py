@@ -1,8 +1,9 @@
 """Compile a generation model: `graphconv compile EXPORT_DIR -o GEN_DIR` on the folder `graphconv export
---task text-generation-with-past` wrote (prefill.onnx, decode.onnx, generation.json), or on an
-onnxruntime-genai model builder folder (model.onnx + genai_config.json: one graph serving the prompt, with
-an empty cache, and each decode step; `genai_generation` translates its config into generation.json, and
-GEN_DIR then holds model.mindir + model.cpu.mindir, which generation.json names for both steps).
+--task text-generation-with-past` wrote (prefill.onnx, decode.onnx, generation.json), on an onnxruntime-genai
+model builder folder (model.onnx + genai_config.json: one graph serving the prompt, with an empty cache, and
+each decode step; `genai_generation` translates its config into generation.json, and GEN_DIR then holds
+model.mindir + model.cpu.mindir, which generation.json names for both steps), or on a folder transformers' own
+exporter wrote (prefill.onnx, decode.onnx, export.json: `transformers_generation`).
 
 One graph serves both steps where it can: a builder's graph, and an export's decode.onnx where the export
 checked it at an empty cache against PyTorch's prompt (generation.json's graphs.decode.serves_prompt); it is

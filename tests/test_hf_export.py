@@ -357,6 +357,19 @@ def test_missing_shard_is_refused(tmp_path):
              tmp_path / "out")
 
 
+def test_a_cache_of_another_kind_is_refused(tmp_path):
+    """Qwen3-Next's linear-attention layers keep a recurrent state, not keys and values: with-past is refused
+    before anything is traced (config.json and an empty safetensors file are all it reads)."""
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    config = tf.Qwen3NextConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    config.architectures = ["Qwen3NextForCausalLM"]
+    config.save_pretrained(src)
+    (src / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    _refused(_export(src, tmp_path / "out", "text-generation-with-past"),
+             "model type 'qwen3_next' has linear_attention layers", tmp_path / "out")
+
+
 def test_truncated_shard_is_refused(tmp_path):
     """A shard cut short (an interrupted download or copy): its header promises more tensor bytes than it holds."""
     torch.manual_seed(0)
