@@ -269,6 +269,8 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
               help="The prompts: token ids separated by commas, prompts by semicolons.")
 @click.option("--input-ids-file", type=click.Path(dir_okay=False, path_type=Path),
               help="The prompts as a JSON list of lists of token ids.")
+@click.option("--prompt", "texts", multiple=True, metavar="TEXT",
+              help="A prompt as text (repeatable), encoded by the checkpoint's tokenizer; the output is decoded.")
 @click.option("--max-new-tokens", type=int, default=16, show_default=True, help="New tokens per prompt, at most.")
 @click.option("--device", type=click.Choice(["auto", "ascend", "cpu"]), default="auto", show_default=True,
               help="auto: the --target MindIRs on an Ascend host, else the cpu ones (*.cpu.mindir).")
@@ -281,20 +283,22 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but the ids and errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
-def generate_cmd(gen_dir, input_ids, input_ids_file, max_new_tokens, device, check, onnx_dir, atol, as_json,
+def generate_cmd(gen_dir, input_ids, input_ids_file, texts, max_new_tokens, device, check, onnx_dir, atol, as_json,
                  quiet, debug):
-    """Greedy decoding with the compiled prefill + decode pair in GEN_DIR (what `graphconv compile` writes for
-    an `export --task text-generation-with-past` folder). Prints one line per prompt: its new token ids."""
+    """Greedy decoding with the compiled generation folder GEN_DIR (what `graphconv compile` writes for an
+    `export --task text-generation-with-past` folder). Prints one line per prompt: its new token ids, or with
+    --prompt its new text as a JSON string."""
     from graphconv.generation import generate, parse_input_ids, read_input_ids_file
 
     _set_debug(debug)
-    if (input_ids is None) == (input_ids_file is None):
-        raise click.UsageError("give the prompts with --input-ids or --input-ids-file (one of them)")
-    prompts = parse_input_ids(input_ids) if input_ids is not None else read_input_ids_file(input_ids_file)
+    if [input_ids is not None, input_ids_file is not None, bool(texts)].count(True) != 1:
+        raise click.UsageError("give the prompts with --input-ids, --input-ids-file or --prompt (one of them)")
+    prompts = parse_input_ids(input_ids) if input_ids is not None else \
+        read_input_ids_file(input_ids_file) if input_ids_file is not None else None
     progress = Progress.for_cli(quiet)
     try:
         result = generate(gen_dir, prompts, max_new_tokens, check=check, device=device, onnx_dir=onnx_dir,
-                          atol=atol, progress=progress)
+                          atol=atol, progress=progress, text=list(texts) if texts else None)
     except GraphconvError as e:
         if getattr(e, "result", None) is not None and as_json:
             click.echo(e.result.to_json())
@@ -302,8 +306,9 @@ def generate_cmd(gen_dir, input_ids, input_ids_file, max_new_tokens, device, che
     if as_json:
         click.echo(result.to_json())
         return
-    for seq in result.sequences:
-        click.echo(" ".join(str(t) for t in seq))
+    for k, seq in enumerate(result.sequences):
+        click.echo(json.dumps(result.texts[k], ensure_ascii=False) if result.texts is not None
+                   else " ".join(str(t) for t in seq))
     if check and not quiet:
         worst = max(s["max_abs"] for s in result.steps)
         click.echo(f"check: {len(result.steps)} steps match onnxruntime (max_abs {worst:.3g})", err=True)

@@ -33,6 +33,7 @@ import numpy as np
 from graphconv.errors import InputError, UnsupportedError, VerificationError
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
+from graphconv import tokenizer
 from graphconv.runtime import greedy
 
 DEVICES = ("auto", "ascend", "cpu")
@@ -54,6 +55,7 @@ class GenerationResult:
     steps: list[dict]  # with check: {"step", "max_abs", "argmax_match"} per step (0 = prefill)
     timings: dict = dataclasses.field(default_factory=dict)  # seconds: load, prefill, decode per step
     notes: list[str] = dataclasses.field(default_factory=list)
+    texts: list[str] | None = None  # with text prompts: each prompt's new tokens decoded (special tokens skipped)
     # with check: each step's last-position logits [batch, vocab] (Python API only, not in the JSON)
     step_logits: list | None = dataclasses.field(default=None, repr=False)
 
@@ -205,11 +207,12 @@ def _onnx_pair(gen_dir: Path, gen: dict, onnx_dir: Path | None) -> tuple[Path, P
 
 
 def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = False, device: str = "auto", *,
-             onnx_dir: str | Path | None = None, atol: float = ATOL, progress: Progress | None = None
-             ) -> GenerationResult:
-    """Greedy decoding of the prompts `input_ids` (a list of token-id lists; one list is one prompt) with the
-    compiled pair in `gen_dir`. Raises InputError (bad input, exit 1) or, with check, VerificationError
-    (exit 2; the result is attached as `.result`)."""
+             onnx_dir: str | Path | None = None, atol: float = ATOL, progress: Progress | None = None,
+             text: list[str] | None = None) -> GenerationResult:
+    """Greedy decoding of the prompts `input_ids` (a list of token-id lists; one list is one prompt), or of the
+    `text` prompts (input_ids None) encoded by the folder's tokenizer, with the compiled model in `gen_dir`.
+    Raises InputError (bad input, exit 1) or, with check, VerificationError (exit 2; the result is attached as
+    `.result`)."""
     from graphconv.runtime.child import run_task
     from graphconv.workspace import Workspace
 
@@ -218,6 +221,14 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     gen = _load_generation(gen_dir)
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
+    tok = None
+    if text is not None:
+        if input_ids is not None:
+            raise InputError("give the prompts as token ids or as text, not both")
+        if isinstance(text, str) or not text or not all(isinstance(t, str) and t for t in text):
+            raise InputError("text prompts: expected a non-empty list of non-empty strings")
+        tok = tokenizer.load(gen_dir, gen)
+        input_ids = [tok(t)["input_ids"] for t in text]
     prompts = _prompts(input_ids, gen.get("vocab_size"))
     device, notes = _resolve_device(device)
     mindirs = [gen_dir / f for f in mindir_files(gen, device)]
@@ -264,7 +275,8 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     result = GenerationResult(sequences=sequences, prompt_lengths=[len(p) for p in prompts],
                               finish_reasons=reasons, device=device, steps=steps,
                               timings=timings, notes=notes,
-                              step_logits=(ms_logits[0] if len(ms_logits) == 1 else ms_logits) if check else None)
+                              step_logits=(ms_logits[0] if len(ms_logits) == 1 else ms_logits) if check else None,
+                              texts=None if tok is None else [tok.decode(s, skip_special_tokens=True) for s in sequences])
     if failure:
         error = VerificationError(failure)
         error.result = result

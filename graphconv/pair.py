@@ -34,6 +34,7 @@ import os
 import shutil
 from pathlib import Path
 
+from graphconv import tokenizer
 from graphconv.errors import InputError
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
@@ -316,6 +317,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
                                             "keep_fp32": None}).to_dict()
             weights[g] = {"mindir_bytes": _bytes(staging / f"{g}.mindir"), "cpu_mindir_bytes": _bytes(twin)}
         meta = {**meta, "source_dir": str(export_dir.resolve())}
+        if tokenizer.copy(export_dir / meta.get("tokenizer", "."), staging / "tokenizer"):  # (a builder's: at its top)
+            meta["tokenizer"] = "tokenizer"
         (staging / "generation.json").write_text(json.dumps(meta, indent=2))
         statuses = [r["status"] for r in [*graphs.values(), *twins.values()]]
         report = {

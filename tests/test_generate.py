@@ -189,6 +189,7 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("case", ["no generation.json", "no mindirs", "empty prompt", "outside the vocab",
+                                  "text without a tokenizer",
                                   "max-new-tokens 0", "ascend", "no onnx for --check", "both id options",
                                   "bad ids file"])
 def test_bad_input_is_one_line_exit_1(llama_gen, tmp_path, capsys, case):
@@ -212,6 +213,7 @@ def test_bad_input_is_one_line_exit_1(llama_gen, tmp_path, capsys, case):
         "ascend": ([str(gen), "--input-ids", "1,2", "--device", "ascend"], "no Ascend device"),
         "no onnx for --check": ([str(bare), "--input-ids", "1,2", "--check"], "not in"),
         "both id options": ([str(gen), "--input-ids", "1,2", "--input-ids-file", str(ids_file)], "one of them"),
+        "text without a tokenizer": ([str(gen), "--prompt", "hello"], "no tokenizer"),
         "bad ids file": ([str(gen), "--input-ids-file", str(ids_file)], "not JSON"),
     }[case]
     if case == "ascend" and ascend_available():
@@ -319,6 +321,37 @@ def test_a_folder_from_transformers_own_exporter_generates_as_transformers(tmp_p
     report = compile_pair(folder, gen, target="cpu")
     assert report["status"] == "verified" and report["steps"] == {"prefill": "prefill", "decode": "decode"}
     _generate_matches_transformers(src, gen, eos=2, pad=2)
+
+
+def test_text_prompts_are_encoded_and_the_output_decoded(tmp_path):
+    """--prompt TEXT: the checkpoint's tokenizer (a WordLevel one here, saved beside the weights) travels with
+    the export and the compile; the prompts are encoded by it and the new tokens decoded, as transformers'
+    tokenizer does for its own generate."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    model = _llama()
+    vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
+    words = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", bos_token="t1", eos_token="t2")
+    base = tmp_path / "m"
+    base.mkdir()
+    tok.save_pretrained(base / "ckpt")
+    src, out, gen = _gen_dir(model, base)
+    assert (out / "tokenizer" / "tokenizer.json").is_file() and (gen / "tokenizer" / "tokenizer.json").is_file()
+    texts = ["t5 t6 t7 t8 t9 t10 t11", "t12 t13", "t15 t16 t17 t18 t19"]
+    proc = _run(str(gen), *[a for t in texts for a in ("--prompt", t)], "--max-new-tokens", str(NEW), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    user = tf.AutoTokenizer.from_pretrained(str(src), local_files_only=True)  # as a user loads it
+    prompts = [user(t)["input_ids"] for t in texts]
+    assert result["prompt_lengths"] == [len(p) for p in prompts]
+    want, ties, _ = _hf_generate(src, prompts, NEW, 2, 2)
+    assert not any(t is not None for t in ties) and result["sequences"] == want
+    assert result["texts"] == [user.decode(w, skip_special_tokens=True) for w in want]
+    plain = _run(str(gen), "--prompt", texts[1], "--max-new-tokens", str(NEW))
+    assert plain.returncode == 0 and plain.stdout.splitlines() == [json.dumps(result["texts"][1])]
 
 
 def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):

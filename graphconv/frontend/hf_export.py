@@ -29,6 +29,7 @@ import os
 import shutil
 from pathlib import Path
 
+from graphconv import tokenizer
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend.export import ExportResult, check_against_torch, grown_inputs, require_torch
 from graphconv.frontend.load import read_json
@@ -396,6 +397,8 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
             generation["position_ids"] = POSITION_IDS
             generation["cache_names"] = {"past": "past_key_values.{i}.key|value", "present": "present.{i}.key|value"}
             generation["cache_dtype"] = _cache_dtype(graphs["decode"].path)
+            if tokenizer.copy(folder, tmp / "tokenizer"):
+                generation["tokenizer"] = "tokenizer"
         (tmp / "generation.json").write_text(json.dumps(generation, indent=2) + "\n")
         _out_dir_free(out_dir)
         os.rename(tmp, out_dir)
