@@ -172,7 +172,8 @@ def test_llama_prefill_and_three_decode_steps_reproduce_the_full_sequence(llama_
     _check_generation(src, out, num_layers=2)
 
 
-@pytest.mark.parametrize("route", ["one graph", "two graphs"])
+# (two graphs in CI through tests/test_generate.py's transformers-exporter folder)
+@pytest.mark.parametrize("route", ["one graph", pytest.param("two graphs", marks=pytest.mark.slow)])
 def test_llama_pair_compiles_into_a_generation_folder(llama_with_past, tmp_path, route):
     """`graphconv compile EXPORT_DIR -o GEN_DIR`, verified with no --inputs (the decode mask's dims are past +
     seq). One graph: the decode graph serves the prompt too (the export checked it at an empty cache), verified
