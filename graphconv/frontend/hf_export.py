@@ -527,8 +527,7 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
     graphs, shapes = _write(cls, config, checkpoint, task, tmp, opset, store, say, notes, folder)
     if full or not layers or layers <= CHECK_LAYERS:
         say("check against PyTorch")
-        real = _load_model(folder, cls, config, task, [])
-        _check_all(real, graphs)
+        _check_all(lambda: _load_model(folder, cls, config, task, []), graphs)
     else:
         small = _truncated(config, CHECK_LAYERS)
         say(f"check against PyTorch: the first {CHECK_LAYERS} of {layers} layers, with the checkpoint's weights "
@@ -537,7 +536,7 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
         part = tmp / ".check"
         part.mkdir()
         checked, _ = _write(cls, small, checkpoint, task, part, opset, store, lambda _m: None, [], folder)
-        _check_all(_load_model(folder, cls, small, task, []), checked)
+        _check_all(lambda: _load_model(folder, cls, small, task, []), checked)
         for name, r in graphs.items():
             r.checks = [{**c, "layers": f"first {CHECK_LAYERS} of {layers}"} for c in checked[name].checks]
             r.warnings += checked[name].warnings
@@ -622,24 +621,63 @@ def _tied(model) -> list[list[str]]:
     return [names for names in by_object.values() if len(names) > 1]
 
 
-def _check_all(real, results: dict) -> None:
+class _Recorded:
+    """A model wrapper's outputs at given inputs, computed once: the check runs PyTorch at every case first and
+    frees the model before onnxruntime loads its copy, so the two are never in memory together."""
+
+    def __init__(self, module, cases: list[dict]):
+        import torch
+
+        self._outputs = {}
+        with torch.no_grad():
+            for inputs in cases:
+                out = module(**inputs)
+                self._outputs[self._key(inputs)] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    @staticmethod
+    def _key(inputs: dict) -> tuple:
+        return tuple(id(v) for v in inputs.values())
+
+    def __call__(self, **inputs):
+        return self._outputs[self._key(inputs)]
+
+
+def _check_all(load_model, results: dict) -> None:
     """Each written graph against the real model's wrapper at its two shapes (export.check_against_torch); the
     decode graph also at an empty cache, where it computes a prompt as the prefill does: `serves_prompt` says
-    whether it did (the compile then writes that one graph for both steps, weights once)."""
+    whether it did (the compile then writes that one graph for both steps, weights once). `load_model()` gives
+    the model, whose outputs are recorded before any onnxruntime session (_Recorded)."""
+    import gc
+
     from graphconv.frontend.export import check_case
     from graphconv.verify.reference import Oracle
 
+    real = load_model()
+    recorded, prompt_failed = {}, {}
+    for name, r in results.items():
+        g = r.graph
+        module = g.wrap(real).eval()
+        second = g.second if g.second is not None else grown_inputs(g.inputs, g.axes)
+        recorded[name] = (_Recorded(module, [g.inputs, second]), second)
+        if g.prompt is not None:
+            try:
+                recorded[name] += (_Recorded(module, [g.prompt]),)
+            except Exception as e:  # noqa: BLE001 - PyTorch refused an empty cache: the prefill serves the prompt
+                prompt_failed[name] = e
+    del real, module
+    gc.collect()
     for name, r in results.items():
         g = r.graph
         graph_names = dict(zip(g.inputs, g.input_names))
-        second = g.second if g.second is not None else grown_inputs(g.inputs, g.axes)
-        module = g.wrap(real).eval()
-        check_against_torch(module, r, g.inputs, second, graph_names, g.output_names, g.masked_axes)
+        reference, second = recorded[name][:2]
+        check_against_torch(reference, r, g.inputs, second, graph_names, g.output_names, g.masked_axes)
         if g.prompt is None:
             continue
         try:
-            r.checks += check_case(module, Oracle(r.path), "empty cache", g.prompt, graph_names, g.output_names,
-                                   g.masked_axes)
+            if name in prompt_failed:
+                raise prompt_failed[name]
+            r.checks += check_case(recorded[name][2], Oracle(r.path), "empty cache", g.prompt, graph_names,
+                                   g.output_names, g.masked_axes)
             r.serves_prompt = True
         except Exception as e:  # noqa: BLE001 - any failure means: keep the prefill graph for the prompt
             first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
