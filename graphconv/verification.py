@@ -22,6 +22,8 @@ from graphconv.verify import census, outputs, piecewise, precision_checks, refer
 from graphconv.workspace import Workspace
 from passes import precision
 
+MAX_LISTED_FAILURES = 3  # the error line names the first failures; report.json has them all
+
 
 class Verification:
     """The emit and verify stages of one compile (`c`: its Compiler, whose options, report and progress they
@@ -121,7 +123,10 @@ class Verification:
                                        "of float32's range, where rounding is beyond any tolerance: which way they go "
                                        "depends on the order of the arithmetic)")
             if check.failures:
-                raise VerificationError("verification failed: " + "; ".join(check.failures))
+                listed = check.failures[:MAX_LISTED_FAILURES]
+                more = len(check.failures) - len(listed)
+                raise VerificationError("verification failed: " + "; ".join(listed) + (
+                    f" (and {more} more outputs or cases: report.json's validation has each)" if more else ""))
 
     def verify_blocks(self, plan: dict, cases, kept: list[dict], done: dict, run: dict) -> None:
         """The values every block passed on against onnxruntime's values of the same ONNX values; the first

@@ -148,6 +148,32 @@ def test_usage_errors_exit_1(tmp_path):
     assert proc.stderr.startswith("graphconv: error:")
 
 
+def test_a_verification_failure_of_many_outputs_is_one_short_line(tmp_path):
+    """Every output wrong at both shapes (Relu lowered as Sigmoid), with 6 inputs: the error names the first 3
+    failures, each with its first 4 inputs' shapes, and counts the rest; report.json keeps every comparison."""
+    xs = [f"x{i}" for i in range(6)]
+    nodes = [helper.make_node("Sum", xs, ["s"])] + \
+        [helper.make_node("Relu", ["s"], [f"r{k}"]) for k in range(4)] + \
+        [helper.make_node("Add", [f"r{k}", xs[k]], [f"y{k}"]) for k in range(4)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n", 4]) for x in xs],
+                              [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, ["n", 4]) for k in range(4)])
+    p = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), p)
+    plugin = tmp_path / "wrong_relu.py"
+    plugin.write_text("import opmap\nfrom opmap.registry import register\n"
+                      "register('Relu', since=1)(lambda n: n.call('ops.sigmoid', n.x(0)))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    code = "import wrong_relu, sys; from graphconv.cli import main; main(sys.argv[1:])"
+    proc = subprocess.run([sys.executable, "-c", code, "compile", str(p), "-q", "--report", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.count("elements exceed") == 3 and "and 5 more outputs or cases" in line, line
+    assert "x0[" in line and "x3[" in line and "x4[" not in line and "and 2 more inputs" in line
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert sum(not o["ok"] for c in saved["validation"]["cases"] for o in c["outputs"]) == 8
+
+
 def test_output_directory_must_exist(tmp_path):
     p = tmp_path / "m.onnx"
     onnx.save(_model(), p)

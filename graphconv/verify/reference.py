@@ -50,8 +50,12 @@ class ReferenceCase:
     inputs: dict[str, np.ndarray]
     mask: np.ndarray | None = None  # (B, S) 0/1 attention mask, used to skip padded output positions
 
-    def shape_text(self) -> str:
-        return " ".join(f"{k}{list(v.shape)}" for k, v in self.inputs.items())
+    def shape_text(self, most: int = 4) -> str:
+        """`input_ids[3, 5] attention_mask[3, 5] …`: the first `most` inputs' shapes, then how many more (a
+        decoder's 64 cache inputs would make one error line thousands of characters long)."""
+        items = [f"{k}{list(v.shape)}" for k, v in self.inputs.items()]
+        more = f" and {len(items) - most} more inputs" if len(items) > most else ""
+        return " ".join(items[:most]) + more
 
     def valid_positions(self, output: np.ndarray) -> np.ndarray | None:
         """Boolean mask over the leading dims of `output` when they are the attention mask's dims."""
