@@ -148,6 +148,18 @@ def test_usage_errors_exit_1(tmp_path):
     assert proc.stderr.startswith("graphconv: error:")
 
 
+def _compile_with_relu_as_sigmoid(model: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`graphconv compile MODEL -q --report tmp_path/r.json` with a wrong lowering (Relu lowered as Sigmoid, a
+    plugin module the children import too)."""
+    plugin = tmp_path / "wrong_relu.py"
+    plugin.write_text("import opmap\nfrom opmap.registry import register\n"
+                      "register('Relu', since=1)(lambda n: n.call('ops.sigmoid', n.x(0)))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    code = "import wrong_relu, sys; from graphconv.cli import main; main(sys.argv[1:])"
+    return subprocess.run([sys.executable, "-c", code, "compile", str(model), "-q", "--report", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, env=env)
+
+
 def test_a_verification_failure_of_many_outputs_is_one_short_line(tmp_path):
     """Every output wrong at both shapes (Relu lowered as Sigmoid), with 6 inputs: the error names the first 3
     failures, each with its first 4 inputs' shapes, and counts the rest; report.json keeps every comparison."""
@@ -159,13 +171,7 @@ def test_a_verification_failure_of_many_outputs_is_one_short_line(tmp_path):
                               [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, ["n", 4]) for k in range(4)])
     p = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), p)
-    plugin = tmp_path / "wrong_relu.py"
-    plugin.write_text("import opmap\nfrom opmap.registry import register\n"
-                      "register('Relu', since=1)(lambda n: n.call('ops.sigmoid', n.x(0)))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    code = "import wrong_relu, sys; from graphconv.cli import main; main(sys.argv[1:])"
-    proc = subprocess.run([sys.executable, "-c", code, "compile", str(p), "-q", "--report", str(tmp_path / "r.json")],
-                          capture_output=True, text=True, env=env)
+    proc = _compile_with_relu_as_sigmoid(p, tmp_path)
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.count("elements exceed") == 3 and "and 5 more outputs or cases" in line, line
@@ -186,13 +192,7 @@ def test_verification_failure_exits_2_and_writes_only_the_report(tmp_path, monke
     """A wrong lowering (Relu lowered as Sigmoid, patched in a child-visible way) fails verification."""
     p = tmp_path / "m.onnx"
     onnx.save(_model(), p)
-    plugin = tmp_path / "wrong_relu.py"
-    plugin.write_text("import opmap\nfrom opmap.registry import register\n"
-                      "register('Relu', since=1)(lambda n: n.call('ops.sigmoid', n.x(0)))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    code = "import wrong_relu, sys; from graphconv.cli import main; main(sys.argv[1:])"
-    proc = subprocess.run([sys.executable, "-c", code, "compile", str(p), "-q", "--report", str(tmp_path / "r.json")],
-                          capture_output=True, text=True, env=env)
+    proc = _compile_with_relu_as_sigmoid(p, tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "verification failed" in proc.stderr and "'y'" in proc.stderr
     assert not (tmp_path / "m.mindir").exists()
