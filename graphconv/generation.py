@@ -33,7 +33,7 @@ import numpy as np
 from graphconv.errors import InputError, UnsupportedError, VerificationError
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
-from graphconv import tokenizer
+from graphconv.frontend import tokenizer
 from graphconv.runtime import greedy
 
 DEVICES = ("auto", "ascend", "cpu")

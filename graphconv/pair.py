@@ -34,7 +34,7 @@ import os
 import shutil
 from pathlib import Path
 
-from graphconv import tokenizer
+from graphconv.frontend import tokenizer
 from graphconv.errors import InputError
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress

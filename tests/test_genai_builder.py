@@ -138,7 +138,7 @@ def test_builder_folder_compiles_into_a_generation_directory(builds, tmp_path):
     report = pair.compile_pair(folder, gen_dir, target="ascend")
     assert report["status"] == "verified"
     assert sorted(p.name for p in gen_dir.iterdir()) == ["generation.json", "model.cpu.mindir", "model.mindir",
-                                                         "report.json"]
+                                                         "report.json", "tokenizer"]  # (the builder folder's)
     result = generation.generate(gen_dir, [PROMPT, PROMPT[::-1], PROMPT[:3]], 12, check=True, device="cpu")
     assert result.sequences[0] == genai_tokens(folder, PROMPT, 12)
     assert result.sequences[2] == genai_tokens(folder, PROMPT[:3], 12)

@@ -29,7 +29,7 @@ import os
 import shutil
 from pathlib import Path
 
-from graphconv import tokenizer
+from graphconv.frontend import tokenizer
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend.export import ExportResult, check_against_torch, grown_inputs, require_torch
 from graphconv.frontend.load import read_json
