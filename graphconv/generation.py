@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from graphconv.errors import InputError, UnsupportedError, VerificationError
+from graphconv.frontend import tokenizer
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
-from graphconv.frontend import tokenizer
 from graphconv.runtime import greedy
 
 DEVICES = ("auto", "ascend", "cpu")
@@ -284,12 +284,18 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     return result
 
 
+def mindir_bytes(path: Path) -> int:
+    """A MindIR's bytes on disk: the file and its `_variables/` folder (where mindspore.export puts large
+    weights)."""
+    variables = path.with_name(path.stem + "_variables")
+    return path.stat().st_size + sum(f.stat().st_size for f in variables.rglob("*") if f.is_file())
+
+
 def _fits_in_memory(mindirs: list[Path], gen: dict) -> None:
     """Refuse, before starting MindSpore, a cpu run this host's memory cannot hold (it would be killed)."""
     import psutil
 
-    stored = sum(f.stat().st_size for m in mindirs
-                 for f in [m, *sorted(m.with_name(m.stem + "_variables").glob("*"))] if f.is_file())
+    stored = sum(mindir_bytes(m) for m in mindirs)
     fp32 = stored * (2 if gen.get("dtype") in ("bf16", "fp16") else 1)
     need, available = CPU_BYTES_PER_WEIGHT_BYTE * fp32, psutil.virtual_memory().available
     if need > available:

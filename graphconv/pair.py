@@ -34,9 +34,10 @@ import os
 import shutil
 from pathlib import Path
 
-from graphconv.frontend import tokenizer
 from graphconv.errors import InputError
-from graphconv.frontend.load import read_json
+from graphconv.frontend import tokenizer
+from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
+from graphconv.generation import mindir_bytes
 from graphconv.progress import SILENT, Progress
 from graphconv.workspace import partial_dir
 
@@ -44,7 +45,6 @@ GRAPHS = ("prefill", "decode")
 
 
 _GENAI_CONFIG = "genai_config.json"
-_DTYPES = {1: "fp32", 10: "fp16", 16: "bf16"}
 
 
 _EXPORT_MANIFEST = "export.json"  # transformers.exporters' save_pretrained
@@ -135,14 +135,13 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
         raise InputError(f"{where}: model.decoder.head_size must be a positive integer")
 
     def dims(vi):
-        out = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim]
         cache = vi.name.startswith(("past_key_values.", "present."))
-        return [head if cache and k == 3 and isinstance(d, str) else d for k, d in enumerate(out)]
+        return [head if cache and k == 3 and isinstance(d, str) else d for k, d in enumerate(value_dims(vi))]
 
     inputs = {vi.name: dims(vi) for vi in graph.input}
     outputs = {vi.name: dims(vi) for vi in graph.output}
     past = [vi for vi in graph.input if vi.name.startswith("past_key_values.")]
-    dtype = _DTYPES.get(past[0].type.tensor_type.elem_type if past else 1)
+    dtype = FLOAT_TYPE_NAMES.get(past[0].type.tensor_type.elem_type if past else onnx.TensorProto.FLOAT)
     if dtype is None:
         raise InputError(f"{path}: cache dtype {past[0].type.tensor_type.elem_type} is not fp32, fp16 or bf16")
     step = {"file": decoder["filename"], "mindir": Path(decoder["filename"]).stem, "inputs": inputs,
@@ -164,16 +163,6 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
         "graphs": {"prefill": {**step, "empty_cache": True}, "decode": step},
     }
     return meta, {step["mindir"]: path}
-
-
-def _onnx_dims(vi) -> list:
-    """A value's dims: ints, symbol names, and a name that is a number (transformers' exporter writes the cache's
-    fixed dims so) as that number."""
-    out = []
-    for d in vi.type.tensor_type.shape.dim:
-        name = d.dim_param if d.HasField("dim_param") else None
-        out.append(int(name) if name is not None and name.isdigit() else name if name is not None else d.dim_value)
-    return out
 
 
 def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[str, dict]]:
@@ -204,8 +193,8 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
         if not path.is_file():
             raise InputError(f"{folder}: {path.name} ({where.name}'s {g}) missing")
         graph = onnx.load(str(path), load_external_data=False).graph
-        inputs = {vi.name: _onnx_dims(vi) for vi in graph.input}
-        outputs = {vi.name: _onnx_dims(vi) for vi in graph.output}
+        inputs = {vi.name: value_dims(vi) for vi in graph.input}
+        outputs = {vi.name: value_dims(vi) for vi in graph.output}
         if not {"input_ids", "attention_mask"} <= set(inputs) or "logits" not in outputs:
             raise InputError(f"{path}: takes {sorted(inputs)} and gives {sorted(outputs)[:3]}…; expected "
                              "input_ids, attention_mask (and a cache) -> logits (and the cache)")
@@ -233,7 +222,7 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
                          f"({', '.join(missing[:2]) or 'no cache.layers.* outputs'})")
     past = [vi for vi in onnx.load(str(sources["decode"]), load_external_data=False).graph.input
             if vi.name.startswith("input.cache.")]
-    dtype = _DTYPES.get(past[0].type.tensor_type.elem_type)
+    dtype = FLOAT_TYPE_NAMES.get(past[0].type.tensor_type.elem_type)
     if dtype is None:
         raise InputError(f"{sources['decode']}: cache dtype {past[0].type.tensor_type.elem_type} is not fp32, fp16 or "
                          "bf16")
@@ -247,21 +236,13 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
         "source": f"transformers' exporter ({_EXPORT_MANIFEST})",
         "bos_token_id": token("bos_token_id"), "eos_token_id": token("eos_token_id"),
         "pad_token_id": token("pad_token_id"), "num_layers": len(past) // 2,
-        "num_kv_heads": _onnx_dims(past[0])[1], "head_dim": _onnx_dims(past[0])[3],
+        "num_kv_heads": value_dims(past[0])[1], "head_dim": value_dims(past[0])[3],
         "vocab_size": graphs["decode"]["outputs"]["logits"][-1], "hidden_size": text.get("hidden_size"),
         "dtype": dtype, "cache_dtype": dtype, "cache_layout": "BNSD: [batch, kv_heads, seq, head_dim]",
         "cache_feeds": feeds, "position_ids": "position_ids = cumsum(attention_mask, -1) - 1, padded positions 0",
         "graphs": graphs,
     }
     return meta, sources, dims
-
-
-def _bytes(path: Path) -> int:
-    total = path.stat().st_size
-    variables = path.with_name(path.stem + "_variables")
-    if variables.is_dir():
-        total += sum(f.stat().st_size for f in variables.rglob("*") if f.is_file())
-    return total
 
 
 def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progress | None = None,
@@ -315,7 +296,7 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
                 twins[g] = compile_graph(source, twin, progress=progress, inputs=per_inputs[g],
                                          **{**graph_options, "target": "cpu", "precision": "fp32",
                                             "keep_fp32": None}).to_dict()
-            weights[g] = {"mindir_bytes": _bytes(staging / f"{g}.mindir"), "cpu_mindir_bytes": _bytes(twin)}
+            weights[g] = {"mindir_bytes": mindir_bytes(staging / f"{g}.mindir"), "cpu_mindir_bytes": mindir_bytes(twin)}
         meta = {**meta, "source_dir": str(export_dir.resolve())}
         if tokenizer.copy(export_dir / meta.get("tokenizer", "."), staging / "tokenizer"):  # (a builder's: at its top)
             meta["tokenizer"] = "tokenizer"

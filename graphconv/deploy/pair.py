@@ -1,8 +1,8 @@
 """The deploy bundle of a generation directory (`graphconv compile EXPORT_DIR -o GEN_DIR --bundle DIR`): each
 graph's own bundle (DIR/decode/, and DIR/prefill/ where the prompt has its own graph: MindIR, ONNX, reference
-cases, the MindSpore, Lite and ATC routes, written by the one-graph writer), plus at the top generation.json and generate_mindspore.py, a greedy
-generation script for an Ascend host whose loop is graphconv's own (graphconv/runtime/greedy.py's source,
-copied, so the script needs numpy and MindSpore only), and a README."""
+cases, the MindSpore, Lite and ATC routes, written by the one-graph writer), plus at the top generation.json
+and generate_mindspore.py, a greedy generation script for an Ascend host whose loop is graphconv's own
+(graphconv/runtime/greedy.py's source, copied, so the script needs numpy and MindSpore only), and a README."""
 
 from __future__ import annotations
 

@@ -29,10 +29,10 @@ import os
 import shutil
 from pathlib import Path
 
-from graphconv.frontend import tokenizer
 from graphconv.errors import InputError, UnsupportedError
+from graphconv.frontend import tokenizer
 from graphconv.frontend.export import ExportResult, check_against_torch, grown_inputs, require_torch
-from graphconv.frontend.load import read_json
+from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.workspace import partial_dir
 
 TASKS = ("text-generation", "feature-extraction", "text-generation-with-past")
@@ -312,12 +312,8 @@ def _io(path: Path) -> dict:
 
     model = onnx.load(str(path), load_external_data=False)
     inits = {t.name for t in model.graph.initializer}
-
-    def dims(vi):
-        return [d.dim_param if d.dim_param else int(d.dim_value) for d in vi.type.tensor_type.shape.dim]
-
-    return {"inputs": {vi.name: dims(vi) for vi in model.graph.input if vi.name not in inits},
-            "outputs": {vi.name: dims(vi) for vi in model.graph.output}}
+    return {"inputs": {vi.name: value_dims(vi) for vi in model.graph.input if vi.name not in inits},
+            "outputs": {vi.name: value_dims(vi) for vi in model.graph.output}}
 
 
 def _token_ids(folder: Path, config) -> dict:
@@ -416,8 +412,7 @@ def _cache_dtype(path: Path) -> str:
 
     graph = onnx.load(str(path), load_external_data=False).graph
     past = next(vi for vi in graph.input if vi.name.startswith("past_key_values."))
-    return {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.BFLOAT16: "bf16",
-            onnx.TensorProto.FLOAT16: "fp16"}[past.type.tensor_type.elem_type]
+    return FLOAT_TYPE_NAMES[past.type.tensor_type.elem_type]
 
 
 def _div(a, b):
@@ -622,17 +617,18 @@ def _tied(model) -> list[list[str]]:
 
 
 class _Recorded:
-    """A model wrapper's outputs at given inputs, computed once: the check runs PyTorch at every case first and
-    frees the model before onnxruntime loads its copy, so the two are never in memory together."""
+    """A model wrapper's outputs at the inputs it was run at, computed up front: the check runs PyTorch at
+    every case first and frees the model before onnxruntime loads its copy, so the two are never in memory
+    together. Called with the same input tensors, it returns what the model returned."""
 
-    def __init__(self, module, cases: list[dict]):
+    def __init__(self):
+        self._outputs: dict[tuple, object] = {}
+
+    def record(self, module, inputs: dict) -> None:
         import torch
 
-        self._outputs = {}
         with torch.no_grad():
-            for inputs in cases:
-                out = module(**inputs)
-                self._outputs[self._key(inputs)] = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            self._outputs[self._key(inputs)] = module(**inputs)
 
     @staticmethod
     def _key(inputs: dict) -> tuple:
@@ -653,15 +649,17 @@ def _check_all(load_model, results: dict) -> None:
     from graphconv.verify.reference import Oracle
 
     real = load_model()
-    recorded, prompt_failed = {}, {}
+    recorded, seconds, prompt_failed = {}, {}, {}
     for name, r in results.items():
         g = r.graph
         module = g.wrap(real).eval()
-        second = g.second if g.second is not None else grown_inputs(g.inputs, g.axes)
-        recorded[name] = (_Recorded(module, [g.inputs, second]), second)
+        seconds[name] = g.second if g.second is not None else grown_inputs(g.inputs, g.axes)
+        recorded[name] = _Recorded()
+        for inputs in (g.inputs, seconds[name]):
+            recorded[name].record(module, inputs)
         if g.prompt is not None:
             try:
-                recorded[name] += (_Recorded(module, [g.prompt]),)
+                recorded[name].record(module, g.prompt)
             except Exception as e:  # noqa: BLE001 - PyTorch refused an empty cache: the prefill serves the prompt
                 prompt_failed[name] = e
     del real, module
@@ -669,14 +667,13 @@ def _check_all(load_model, results: dict) -> None:
     for name, r in results.items():
         g = r.graph
         graph_names = dict(zip(g.inputs, g.input_names))
-        reference, second = recorded[name][:2]
-        check_against_torch(reference, r, g.inputs, second, graph_names, g.output_names, g.masked_axes)
+        check_against_torch(recorded[name], r, g.inputs, seconds[name], graph_names, g.output_names, g.masked_axes)
         if g.prompt is None:
             continue
         try:
             if name in prompt_failed:
                 raise prompt_failed[name]
-            r.checks += check_case(recorded[name][2], Oracle(r.path), "empty cache", g.prompt, graph_names,
+            r.checks += check_case(recorded[name], Oracle(r.path), "empty cache", g.prompt, graph_names,
                                    g.output_names, g.masked_axes)
             r.serves_prompt = True
         except Exception as e:  # noqa: BLE001 - any failure means: keep the prefill graph for the prompt

@@ -191,6 +191,17 @@ def zero_sized_inputs(model: onnx.ModelProto) -> str | None:
     return None
 
 
+# A float value's type as generation.json and --dtype name it.
+FLOAT_TYPE_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
+
+
+def value_dims(vi: onnx.ValueInfoProto) -> list[int | str]:
+    """A graph input's or output's dims: ints and symbol names ("" where the dim is unknown); a name that is a
+    number (transformers' exporter writes fixed cache dims so) as that number."""
+    return [d.dim_value if d.HasField("dim_value") else int(d.dim_param) if d.dim_param.isdigit() else d.dim_param
+            for d in vi.type.tensor_type.shape.dim]
+
+
 def read_json(path: Path) -> dict:
     """A JSON object from `path` (config.json, generation.json), or a one-line InputError."""
     try:
