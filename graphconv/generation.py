@@ -38,9 +38,9 @@ from graphconv.runtime import greedy
 
 DEVICES = ("auto", "ascend", "cpu")
 ATOL = 1e-4
-# MindSpore's CPU backend running a whole decoder graph holds several fp32 copies of its weights: the 1.1B
-# benchmark (4.1 GiB of weights in fp32, stored bf16) reached 14.8 GiB in its first call and was killed at
-# 23.1 GiB while decoding (docs/performance.md). Below this many bytes per fp32 weight byte it is not tried.
+# MindSpore's CPU backend running a whole decoder graph holds several fp32 copies of its weights (measured on
+# the 1.1B: over 5.6 times them, docs/performance.md). A cpu run with less memory available per fp32 weight
+# byte than this is refused rather than started and killed.
 CPU_BYTES_PER_WEIGHT_BYTE = 6
 GRAPHS = ("prefill", "decode")
 _TASK = "text-generation-with-past"

@@ -2,7 +2,7 @@
 each initializer straight from the checkpoint's safetensors files, one tensor at a time.
 
 Why: exporting a materialised model holds the weights several times over (the fp32 model, the exporter's
-folded copies, the serialised proto: 17.6 GB for a 1.1B in bf16) and cannot reach 7B on a 24 GiB host.
+folded copies, the serialised proto) and cannot reach 7B on a 24 GiB host (docs/performance.md).
 torch.export traces FakeTensors (shape and dtype, no storage); torch.onnx keeps them as initializers it
 cannot serialise, so they are replaced here by `ir.LazyTensor`s that read the checkpoint when `ir.save`
 streams them to external data. Buffers (rotary inv_freq) stay real: they are computed at construction.
@@ -64,8 +64,8 @@ class Checkpoint:
 
     def tensor(self, key: str):
         """The stored tensor as torch (bf16 has no numpy dtype), read with plain file reads: a memory map (as
-        safetensors' safe_open) keeps every page it touched resident in the process, which counted 13 GiB of
-        RSS in a 7B export; a read holds one tensor."""
+        safetensors' safe_open) keeps every page it touched resident in the process, the whole checkpoint by
+        the end of an export; a read holds one tensor."""
         import torch
 
         path, dtype, shape = self.entries[key]
