@@ -165,17 +165,41 @@ def cache_dtype(gen: dict) -> str:
     return gen.get("cache_dtype") or gen.get("dtype", "fp32")
 
 
-def _specs(graph: dict, dtype: str) -> list[dict]:
-    """set_inputs placeholders from generation.json's dims: named dims dynamic, numbers fixed; ids, masks and
-    positions int64, the cache in the model's dtype."""
+def _specs(inputs: dict, dtype: str) -> list[dict]:
+    """set_inputs placeholders from generation.json's dims ({input: dims}): named dims dynamic, numbers fixed;
+    ids, masks and positions int64, the cache in the model's dtype."""
     float_dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, "float32")
     specs = []
-    for name, dims in graph["inputs"].items():
+    for name, dims in inputs.items():
         shape = [d if isinstance(d, int) else None for d in dims]
         cache = name not in ("input_ids", "attention_mask", "position_ids")
         specs.append({"name": name, "shape": shape, "ms_dtype": float_dtype if cache else "int64",
                       "np_dtype": "float32" if cache and dtype == "bf16" else float_dtype if cache else "int64"})
     return specs
+
+
+def mindir_io(graph: dict) -> tuple[dict, list[str]]:
+    """A step's MindIR inputs {name: dims} and output names: the ONNX graph's, or where its KV cache is held in
+    place (graphs.<g>.state, graphconv/pair.py), the ones the stateful MindIR takes and gives."""
+    state = graph.get("state")
+    if state is None:
+        return graph["inputs"], list(graph["outputs"])
+    return {n: graph["inputs"][n] for n in state["inputs"]}, list(state["outputs"])
+
+
+def _check_capacity(gen: dict, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """A cache held in place holds max_batch rows of max_seq_len positions: refuse what it cannot hold."""
+    state = gen["graphs"]["decode"].get("state")
+    if state is None:
+        return
+    if len(prompts) > state["max_batch"]:
+        raise InputError(f"{len(prompts)} prompts: the cache holds {state['max_batch']} rows (compile with a larger "
+                         "--max-batch)")
+    need = max(map(len, prompts)) + max_new_tokens - 1
+    if need > state["max_seq_len"]:
+        raise InputError(f"the prompts need {need} cache positions (longest prompt {max(map(len, prompts))} + "
+                         f"{max_new_tokens} new tokens - 1); the cache holds {state['max_seq_len']} (compile with a "
+                         "larger --max-seq-len, or ask fewer tokens)")
 
 
 def _batches(prompts: list[list[int]], gen: dict) -> list[list[int]]:
@@ -230,6 +254,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         tok = tokenizer.load(gen_dir, gen)
         input_ids = [tok(t)["input_ids"] for t in text]
     prompts = _prompts(input_ids, gen.get("vocab_size"))
+    _check_capacity(gen, prompts, max_new_tokens)
     device, notes = _resolve_device(device)
     mindirs = [gen_dir / f for f in mindir_files(gen, device)]
     missing = sorted({m.name for m in mindirs if not m.is_file()})
@@ -252,8 +277,8 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
             task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
                     "eos_token_ids": greedy.eos_ids(gen), "pad_token_id": pad, "cache_feeds": gen.get("cache_feeds"),
                     "logits": str(ws.path("logits.npz")) if check else None,
-                    **{g: {"mindir": str(m), "inputs": _specs(gen["graphs"][g], cache_dtype(gen)),
-                           "outputs": list(gen["graphs"][g]["outputs"]),
+                    **{g: {"mindir": str(m), "inputs": _specs(mindir_io(gen["graphs"][g])[0], cache_dtype(gen)),
+                           "outputs": mindir_io(gen["graphs"][g])[1],
                            "empty_cache": bool(gen["graphs"][g].get("empty_cache"))}
                        for g, m in zip(GRAPHS, mindirs)}}
             progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}")
@@ -333,7 +358,7 @@ def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) ->
 
     def run(k, ids, mask, positions, cache=None):
         session, weight_feeds = sessions[onnx_pair[k]]
-        by_name = {sp["name"]: sp for sp in _specs(graphs[k], cache_dtype(gen))}
+        by_name = {sp["name"]: sp for sp in _specs(graphs[k]["inputs"], cache_dtype(gen))}
         specs = [by_name[i.name] for i in session.get_inputs() if i.name in by_name]
         feed = greedy.step_feed(specs, ids, mask, positions, cache, bool(graphs[k].get("empty_cache")))
         out = session.run(None, {**{sp["name"]: v for sp, v in zip(specs, feed)}, **weight_feeds})

@@ -41,6 +41,9 @@ class CompileOptions:
     # (graphconv/verify/piecewise.py): None = when the model's weights exceed THRESHOLD_BYTES (2 GiB);
     # True / False force it either way
     layer_streamed: bool | None = None
+    # (max batch, max seq): a with-past graph's KV cache held in place, as Parameters of that capacity written
+    # by each call (passes/stateful_cache.py); None: the graph as given
+    cache_capacity: tuple[int, int] | None = None
 
 
 def tool_versions() -> dict[str, str]:

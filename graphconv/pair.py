@@ -34,6 +34,8 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from graphconv.errors import InputError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
@@ -42,6 +44,7 @@ from graphconv.progress import SILENT, Progress
 from graphconv.workspace import partial_dir
 
 GRAPHS = ("prefill", "decode")
+MAX_SEQ_LEN_DEFAULT_CAP = 4096  # --max-seq-len's default: the model's max_position_embeddings, at most this
 
 
 _GENAI_CONFIG = "genai_config.json"
@@ -245,10 +248,65 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
     return meta, sources, dims
 
 
+def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int | None) -> tuple[int, int]:
+    """(max batch, max seq) of a cache held in place, checked: one graph serving prompt and decode (the
+    stateful graph is called at past length 0 for the prompt) and a capacity to hold."""
+    if tuple(sources) != ("decode",) or not meta["graphs"]["prefill"].get("empty_cache") or meta.get("cache_feeds"):
+        raise InputError("--stateful-cache takes a `graphconv export --task text-generation-with-past` folder whose "
+                         "decode graph serves the prompt (generation.json's graphs.decode.serves_prompt)")
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise InputError(f"--max-batch {max_batch}: must be an integer >= 1")
+    if max_seq_len is None:
+        configured = meta.get("max_position_embeddings")
+        if not isinstance(configured, int) or configured < 1:
+            raise InputError("--max-seq-len is required: generation.json gives no max_position_embeddings")
+        max_seq_len = min(configured, MAX_SEQ_LEN_DEFAULT_CAP)
+    if not isinstance(max_seq_len, int) or max_seq_len < 2:
+        raise InputError(f"--max-seq-len {max_seq_len}: must be an integer >= 2")
+    return max_batch, max_seq_len
+
+
+def _stateful_options(meta: dict, capacity: tuple[int, int], options: dict) -> dict:
+    """The compile's options for the stateful graph: the capacity, and reference cases at past length 0 (the
+    prompt, the one call onnxruntime can run the stateful graph at: passes/stateful_cache.py) whose batch and
+    length fit the capacity."""
+    max_batch, max_seq = capacity
+    ids = meta["graphs"]["decode"]["inputs"]["input_ids"]  # [batch, sequence]
+    past = {dims[2] for name, dims in meta["graphs"]["decode"]["inputs"].items()
+            if name.startswith("past_key_values.") and isinstance(dims[2], str)}
+    sizes = {ids[0]: (min(2, max_batch), min(3, max_batch)), ids[1]: (min(5, max_seq), min(9, max_seq))}
+    sizes.update({d: (0, 0) for d in past})
+    dims = {k: v for k, v in sizes.items() if isinstance(k, str)}
+    return {**options, "cache_capacity": capacity, "dims": {**dims, **(options.get("dims") or {})}}
+
+
+def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
+    """The stateful graph's cached steps against onnxruntime on the ONNX pair: three prompts of different lengths
+    (left-padded), four greedy steps, every step's logits compared (graphconv.generation's --check)."""
+    from graphconv.generation import generate
+
+    capacity = meta["graphs"]["decode"]["state"]
+    rng = np.random.default_rng(0)
+    vocab = int(meta.get("vocab_size") or 2)
+    batch = min(3, capacity["max_batch"])
+    steps = min(4, capacity["max_seq_len"] - 7)
+    if steps < 1:
+        raise InputError(f"--max-seq-len {capacity['max_seq_len']}: too small to check a cached step (at least 8)")
+    prompts = [rng.integers(0, vocab, n).tolist() for n in (7, 3, 5)[:batch]]
+    progress.info(f"check the cache held in place: {batch} prompts, {steps} steps against onnxruntime")
+    result = generate(gen_dir, prompts, steps, check=True, device="cpu")
+    worst = max(s["max_abs"] for s in result.steps)
+    return {"prompts": [len(p) for p in prompts], "steps": len(result.steps), "max_abs": worst,
+            "argmax_match": all(s["argmax_match"] for s in result.steps)}
+
+
 def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progress | None = None,
-                 inputs: tuple = (), report_path: Path | None = None, **options) -> dict:
+                 inputs: tuple = (), report_path: Path | None = None, stateful_cache: bool = False,
+                 max_batch: int = 8, max_seq_len: int | None = None, **options) -> dict:
     """Compile and verify both graphs of a generation pair into the new folder `gen_dir`; returns the report
-    (a dict, the one written to report.json). Options are the compile's (CompileOptions fields)."""
+    (a dict, the one written to report.json). Options are the compile's (CompileOptions fields). With
+    `stateful_cache`, the one graph serving prompt and decode is compiled with its KV cache held in place
+    (capacity `max_batch` x `max_seq_len`, default the model's max_position_embeddings capped at 4,096)."""
     from graphconv.pipeline import compile as compile_graph
 
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
@@ -275,7 +333,16 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         raise InputError("--bundle is not supported for an onnxruntime-genai folder yet (its graph reads the mask as "
                          "lengths: the bundle's script would have to batch prompts by length)")
     per_inputs = split_inputs(inputs, tuple(sources))
-    if not builder and not exported:  # (a builder's graph has its own prompt case: frontend.contrib.cases)
+    capacity = _cache_capacity(meta, sources, max_batch, max_seq_len) if stateful_cache else None
+    if capacity is not None and bundle is not None:
+        raise InputError("--bundle with --stateful-cache is not supported yet (the bundle's script feeds the cache)")
+    if capacity is not None:
+        options = _stateful_options(meta, capacity, options)
+        state = {"max_batch": capacity[0], "max_seq_len": capacity[1], "inputs": ["input_ids", "attention_mask"]
+                 + [n for n in ("position_ids",) if n in meta["graphs"]["decode"]["inputs"]], "outputs": ["logits"]}
+        step = {**meta["graphs"]["decode"], "state": state}
+        meta = {**meta, "graphs": {"prefill": {**step, "empty_cache": True}, "decode": step}}
+    elif not builder and not exported:  # (a builder's graph has its own prompt case: frontend.contrib.cases)
         options = _prompt_dims(meta, sources, options)
     target = options.get("target", "ascend")
     staging = partial_dir(gen_dir)
@@ -302,6 +369,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
             meta["tokenizer"] = "tokenizer"
         (staging / "generation.json").write_text(json.dumps(meta, indent=2))
         statuses = [r["status"] for r in [*graphs.values(), *twins.values()]]
+        cached_steps = _check_cached_steps(staging, meta, progress) if capacity is not None and options.get(
+            "verify", True) else None
         report = {
             "graphconv_version": next(iter(graphs.values()))["graphconv_version"],
             "provenance": {**next(iter(graphs.values()))["provenance"], "source_dir": str(export_dir.resolve())},
@@ -315,6 +384,9 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
             "graphs": graphs, "cpu_twins": twins,
             "steps": {step: meta["graphs"][step].get("mindir", step) for step in GRAPHS},  # the graph each runs
         }
+        if capacity is not None:
+            held = next(s["detail"]["cache_held_in_place"] for s in graphs["decode"]["stages"] if s["name"] == "load")
+            report["cache"] = {**held, "cached_steps_check": cached_steps}
         if bundle_staging is not None:
             from graphconv.deploy.pair import write_pair_files
 

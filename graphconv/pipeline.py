@@ -26,7 +26,7 @@ import passes
 from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import quant
-from graphconv.frontend.load import LoadedModel, load
+from graphconv.frontend.load import LoadedModel, infer_shapes, load
 from graphconv.options import THRESHOLD_BYTES, CompileOptions, tool_versions
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report, model_info, op_histogram
@@ -37,7 +37,7 @@ from graphconv.stage_results import Emitted, Loaded, Lowered, Validated
 from graphconv import verification
 from graphconv.verification import Verification
 from graphconv.workspace import Workspace
-from passes import precision
+from passes import precision, stateful_cache
 
 
 class Compiler:
@@ -62,9 +62,14 @@ class Compiler:
         self.progress.info(f"load {self.model_path}")
         with self.report.stage("load") as st:
             model = load(self.model_path)  # (external weights stay on disk for the whole compile)
+            cache = None
+            if self.opt.cache_capacity is not None:
+                model, cache = self.hold_cache(model)
             st.nodes_after = len(model.proto.graph.node)
             if model.external_bytes:
                 st.detail = {"external_weight_bytes": model.external_bytes, "weights": "read in place"}
+            if cache is not None:
+                st.detail = {**(st.detail or {}), "cache_held_in_place": cache}
             if model.upgraded_from is not None:
                 st.detail["upgraded_from_opset"] = model.upgraded_from
                 self.report.warnings.append(f"opset {model.upgraded_from} upgraded to {model.opset} with "
@@ -83,6 +88,23 @@ class Compiler:
         streamed = self.opt.layer_streamed if self.opt.layer_streamed is not None \
             else model.external_bytes > THRESHOLD_BYTES
         return Loaded(model, layers.record_scopes(model.proto), param_names.WeightNames.record(model.proto), streamed)
+
+    def hold_cache(self, model: LoadedModel) -> tuple[LoadedModel, dict]:
+        """The with-past graph with its KV cache held in place (passes/stateful_cache.py), and what was done."""
+        max_batch, max_seq = self.opt.cache_capacity
+        if model.as_given is not None:
+            raise UnsupportedError("the KV cache cannot be held in place in a graph that loading rewrote (old opset, "
+                                   "onnxruntime contrib ops) yet")
+        try:
+            proto, layout = stateful_cache.make_stateful(model.proto, max_batch, max_seq)
+        except stateful_cache.NotStateful as e:
+            raise UnsupportedError(f"the KV cache cannot be held in place: {e}") from None
+        itemsize = {onnx.TensorProto.FLOAT: 4}.get(
+            next(i for i in proto.graph.initializer if i.name.startswith(stateful_cache.CACHE_PREFIX)).data_type, 2)
+        detail = {"max_batch": max_batch, "max_seq": max_seq, "layout": "[max_batch, max_seq, kv_heads, head_dim]",
+                  "caches": {past: cache for past, (cache, *_) in layout.caches.items()},
+                  "bytes": layout.cache_bytes(itemsize)}
+        return dataclasses.replace(model, proto=infer_shapes(proto, self.model_path)), detail
 
     def reference_cases(self, loaded: Loaded) -> list[reference.ReferenceCase]:
         model = loaded.model.proto
@@ -103,8 +125,11 @@ class Compiler:
             # External weights are stripped (graph inputs instead): onnxsim sees only the graph, never reads
             # or re-embeds them, and they come back as the same external references (graphconv.frontend.weights).
             bare, refs = weights.stripped(model)
-            if loaded.packed:  # (packed quantized weights stay packed: onnxsim must not fold their dequantization)
-                bare, held = quant.held_out(bare, loaded.packed)
+            # Held out of onnxsim: packed quantized weights (it would fold their dequantization) and caches held
+            # in place (it would merge them: their zeros are equal, their states are not).
+            keep = [*loaded.packed, *stateful_cache.cache_names(model)]
+            if keep:
+                bare, held = quant.held_out(bare, keep)
                 refs = {**refs, **held}
             onnx.save(bare, src)
             try:

@@ -104,6 +104,19 @@ def onnx_unsqueeze(x, axes):
     return x
 
 
+def kv_cache_update(cache, new, past_length):
+    """graphconv::KVCacheUpdate (passes/stateful_cache.py): rows (b, past + j) of the Parameter `cache` [max
+    batch, max seq, N, D] set to new[b, :, j] in place, then its first B rows and past + q positions read back
+    in BNSD. The read is of the scatter's result, so it follows the write."""
+    dims = ops.dyn_shape(new)
+    b, q = dims[0], dims[2]
+    past = past_length.reshape(()).astype(ms.int64)
+    rows = ops.broadcast_to(ops.arange(b).reshape(-1, 1), (b, q))
+    cols = ops.broadcast_to(ops.arange(q).reshape(1, -1) + past, (b, q))
+    written = ops.scatter_nd_update(cache, ops.stack([rows, cols], -1), ops.transpose(new, (0, 2, 1, 3)))
+    return ops.transpose(written[:b, :past + q], (0, 2, 1, 3))
+
+
 def dependencies(fn) -> list[str]:
     """Other helpers that `fn` calls (they are copied into the generated source before it)."""
     src = inspect.getsource(fn)

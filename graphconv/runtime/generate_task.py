@@ -38,6 +38,8 @@ def generate(task: dict) -> dict:
         graph = task[name]
         feed = greedy.step_feed(graph["inputs"], ids, mask, positions, cache, graph.get("empty_cache", False))
         out = cells[graph["mindir"]](*[Tensor(a) if isinstance(a, np.ndarray) else a for a in feed])
+        if not isinstance(out, (tuple, list)):  # (one output: a stateful graph gives the logits only)
+            out = (out,)
         return greedy.split_outputs(graph["outputs"], out, task.get("cache_feeds"))
 
     def on_step(step, logits):

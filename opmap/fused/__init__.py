@@ -39,20 +39,26 @@ def ascend_precision_variant(model: onnx.ModelProto) -> onnx.ModelProto | None:
     opset = default_opset(model)
     variant = onnx.ModelProto()
     variant.CopyFrom(model)
+    others = [f for f in variant.functions if f.domain != DOMAIN]
     del variant.functions[:]
+    variant.functions.extend(others)
     for name in sorted(used):
         variant.functions.append(FUSED_OPS[name].function(opset, ascend_precision=True))
     return variant
 
 
 def inline_fused(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The cpu form of a fused model: every `mindspore` node replaced by its function body."""
+    """The cpu form of a fused model: every `mindspore` node replaced by its function body. Functions of other
+    domains stay (graphconv::KVCacheUpdate, a cache written in place, is lowered as it is on both targets)."""
     import onnx.inliner
 
     if not any(n.domain == DOMAIN for n in model.graph.node):
         return model
-    inlined = onnx.inliner.inline_local_functions(model)
+    inlined = onnx.inliner.inline_selected_functions(
+        model, [(f.domain, f.name) for f in model.functions if f.domain == DOMAIN])
+    others = [f for f in inlined.functions if f.domain != DOMAIN]
     del inlined.functions[:]
+    inlined.functions.extend(others)
     kept = [i for i in inlined.opset_import if i.domain != DOMAIN]
     del inlined.opset_import[:]
     inlined.opset_import.extend(kept)

@@ -20,7 +20,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from graphconv.onnx_domains import is_default_domain
-from passes import match
+from passes import match, stateful_cache
 from passes.attention.scores import Refused
 from passes.attention.sdpa import Sdpa, SdpaRule
 
@@ -57,8 +57,10 @@ def check(s: Sdpa, opset: int) -> tuple[int, int]:
 
 def is_cache(value: ir.Value) -> bool:
     """A KV cache as exports write it: Concat along the sequence axis (2 of BNSD) of a graph input (the past)
-    and the new values."""
+    and the new values; or a cache held in place (passes/stateful_cache.py)."""
     node = value.producer()
+    if node is not None and (node.domain, node.op_type) == (stateful_cache.DOMAIN, stateful_cache.OP):
+        return True
     if node is None or node.op_type != "Concat" or not is_default_domain(node.domain):
         return False
     axis = node.attributes["axis"].value if "axis" in node.attributes else None

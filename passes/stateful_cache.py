@@ -1,0 +1,217 @@
+"""Past/present -> a KV cache held in place: the stateful-cache transform of a generation graph (issue 32 item 2).
+
+A with-past graph, as every exporter writes it, takes the cache as inputs (`past_key_values.*`, [batch, kv
+heads, past, head dim]) and returns it grown (`present.*`): a Concat of the past and the new keys/values along
+the sequence axis. The caller feeds each step's presents back, so every token moves the whole cache in and out
+of the graph. This transform keeps the graph's arithmetic and moves the cache inside:
+
+- each past input becomes an initializer `cache.<past name>` of fixed capacity [max_batch, max_seq, kv heads,
+  head dim] (zeros; BSND, so a step writes rows (b, past + j) of its first two axes), which the lowering turns
+  into a MindSpore Parameter;
+- each Concat(past, new) becomes `graphconv::KVCacheUpdate(cache, new, past_length)`: write the new keys/values
+  at positions past_length .. past_length + q of every row, in place, and read back the cache's first
+  past_length + q positions in BNSD: exactly what the Concat gave (opmap/state.py lowers it with
+  `ops.scatter_nd_update` on the Parameter);
+- past_length is computed in the graph as the attention mask's length minus the query's, so the caller passes
+  only ids, the mask and positions; each `Shape(past)` the exporter wrote (the batch, the past length) reads the
+  same numbers from there;
+- the presents leave the graph's outputs.
+
+A prompt is a call at past length 0, then one call per token. Nothing needs resetting between requests: a call
+writes positions [past, past + q) before it reads [0, past + q), so a position is never read before the current
+request wrote it.
+
+The node's ONNX function body is the same write and read on its `cache` input. onnxruntime runs it with the
+initializer's zeros as the cache, which is the stateful graph's value at past length 0 only (a prompt): the
+compile verifies the prompt calls so, and the cached steps by generating against the ONNX pair
+(graphconv/pair.py). Applied by graphconv/pair.py before the compile's pipeline, not by the PassManager (it
+changes the graph's inputs and outputs, which the pipeline's oracle reads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+DOMAIN = "graphconv"
+DOMAIN_VERSION = 1
+OP = "KVCacheUpdate"
+CACHE_PREFIX = "cache."
+
+
+class NotStateful(ValueError):
+    """The graph's cache is not the past -> Concat -> present pattern this transform rewrites (the reason)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    max_batch: int
+    max_seq: int
+    # past input name -> (cache initializer name, kv heads, head dim, the present output it replaced or None)
+    caches: dict[str, tuple[str, int, int, str | None]]
+
+    def cache_bytes(self, itemsize: int) -> int:
+        return sum(self.max_batch * self.max_seq * n * d * itemsize for _, n, d, _ in self.caches.values())
+
+
+def function(opset: int) -> onnx.FunctionProto:
+    """KVCacheUpdate(cache [MB, MS, N, D], new [B, N, q, D], past_length int64 [1]) -> kv [B, N, past + q, D]:
+    `cache` with rows (b, past + j) set to new[b, :, j], its first B rows and past + q positions, in BNSD."""
+    def const(name, value):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, np.int64),
+                                                                                        name))
+    nodes = [
+        const("zero", 0), const("one", 1), const("axis0", [0]), const("axis1", [1]), const("last", [-1]),
+        const("starts", [0, 0]), const("axes01", [0, 1]),
+        helper.make_node("Shape", ["new"], ["b1"], start=0, end=1),
+        helper.make_node("Shape", ["new"], ["q1"], start=2, end=3),
+        helper.make_node("Squeeze", ["b1", "axis0"], ["b"]),
+        helper.make_node("Squeeze", ["q1", "axis0"], ["q"]),
+        helper.make_node("Squeeze", ["past_length", "axis0"], ["past"]),
+        helper.make_node("Add", ["past", "q"], ["end"]),
+        helper.make_node("Range", ["zero", "b", "one"], ["rows"]),  # [B]
+        helper.make_node("Range", ["past", "end", "one"], ["cols"]),  # [q]
+        helper.make_node("Unsqueeze", ["rows", "last"], ["rows2"]),  # [B, 1]
+        helper.make_node("Concat", ["b1", "q1"], ["bq"], axis=0),
+        helper.make_node("Expand", ["rows2", "bq"], ["row_idx"]),  # [B, q]
+        helper.make_node("Expand", ["cols", "bq"], ["col_idx"]),  # [B, q]
+        helper.make_node("Unsqueeze", ["row_idx", "last"], ["row_idx3"]),
+        helper.make_node("Unsqueeze", ["col_idx", "last"], ["col_idx3"]),
+        helper.make_node("Concat", ["row_idx3", "col_idx3"], ["indices"], axis=-1),  # [B, q, 2]
+        helper.make_node("Transpose", ["new"], ["new_bsnd"], perm=[0, 2, 1, 3]),  # [B, q, N, D]
+        helper.make_node("ScatterND", ["cache", "indices", "new_bsnd"], ["written"]),
+        helper.make_node("Unsqueeze", ["end", "axis0"], ["end1"]),
+        helper.make_node("Concat", ["b1", "end1"], ["ends"], axis=0),
+        helper.make_node("Slice", ["written", "starts", "ends", "axes01"], ["read"]),  # [B, past + q, N, D]
+        helper.make_node("Transpose", ["read"], ["kv"], perm=[0, 2, 1, 3]),
+    ]
+    return helper.make_function(DOMAIN, OP, ["cache", "new", "past_length"], ["kv"], nodes,
+                                opset_imports=[helper.make_opsetid("", max(opset, 13))], doc_string=function.__doc__)
+
+
+def cache_names(model: onnx.ModelProto) -> list[str]:
+    """The caches held in place in `model`: the initializers KVCacheUpdate nodes write."""
+    inits = {t.name for t in model.graph.initializer}
+    return [n.input[0] for n in model.graph.node if (n.domain, n.op_type) == (DOMAIN, OP) and n.input[0] in inits]
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    uses: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses.setdefault(name, []).append(node)
+    return uses
+
+
+def _static_dims(vi: onnx.ValueInfoProto) -> list:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in vi.type.tensor_type.shape.dim]
+
+
+def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_names: list[str] | None = None,
+                  ids: str = "input_ids", mask: str = "attention_mask") -> tuple[onnx.ModelProto, CacheLayout]:
+    """The stateful graph of a with-past `model` (changed in place and returned) and its cache layout.
+    `past_names`: the cache inputs (default: every input named past_key_values.*). NotStateful says why not."""
+    graph = model.graph
+    inputs = {vi.name: vi for vi in graph.input}
+    if ids not in inputs or mask not in inputs:
+        raise NotStateful(f"the graph takes no {ids if ids not in inputs else mask!r}: the past length is read as the "
+                          "attention mask's length minus the query's")
+    past_names = past_names if past_names is not None else [n for n in inputs if n.startswith("past_key_values.")]
+    if not past_names:
+        raise NotStateful("the graph takes no past_key_values.* (no cache to hold in place)")
+    uses = _consumers(graph)
+    outputs = {vo.name for vo in graph.output}
+    caches: dict[str, tuple[str, int, int, str | None]] = {}
+    concat_of: dict[str, onnx.NodeProto] = {}
+    shapes_of: dict[str, list[onnx.NodeProto]] = {}
+    for name in past_names:
+        dims = _static_dims(inputs[name])
+        if len(dims) != 4 or not isinstance(dims[1], int) or not isinstance(dims[3], int):
+            raise NotStateful(f"{name}: shape {dims}, not [batch, kv heads, past, head dim] with static heads and "
+                              "head dim")
+        concats = [n for n in uses.get(name, []) if n.op_type == "Concat"]
+        others = [n for n in uses.get(name, []) if n.op_type not in ("Concat", "Shape")]
+        if len(concats) != 1 or others:
+            what = others[0].op_type if others else f"{len(concats)} Concats"
+            raise NotStateful(f"{name} is read by {what}: a cache is read once, by a Concat with the new values")
+        concat = concats[0]
+        axis = next((a.i for a in concat.attribute if a.name == "axis"), None)
+        if list(concat.input)[:1] != [name] or len(concat.input) != 2 or axis not in (2, -2):
+            raise NotStateful(f"{name}: its Concat ({concat.name}) is not [past, new] along the sequence axis")
+        present = concat.output[0] if concat.output[0] in outputs else None
+        caches[name] = (CACHE_PREFIX + name, dims[1], dims[3], present)
+        concat_of[name] = concat
+        shapes_of[name] = [n for n in uses.get(name, []) if n.op_type == "Shape"]
+
+    def fresh(base: str) -> str:
+        taken = {v for n in graph.node for v in [*n.input, *n.output]} | set(inputs) | \
+            {i.name for i in graph.initializer}
+        k, name = 0, base
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        return name
+
+    # past_length = len(mask) - len(ids), and each past's shape [batch, N, past_length, D], at the graph's top
+    p = fresh("gc_state")
+    top = [helper.make_node("Shape", [ids], [f"{p}_ids_shape"]), helper.make_node("Shape", [mask], [f"{p}_mask_shape"]),
+           helper.make_node("Slice", [f"{p}_ids_shape", f"{p}_i0", f"{p}_i1"], [f"{p}_batch"]),
+           helper.make_node("Slice", [f"{p}_ids_shape", f"{p}_i1", f"{p}_i2"], [f"{p}_q"]),
+           helper.make_node("Slice", [f"{p}_mask_shape", f"{p}_i1", f"{p}_i2"], [f"{p}_total"]),
+           helper.make_node("Sub", [f"{p}_total", f"{p}_q"], [f"{p}_past_length"])]
+    inits = [numpy_helper.from_array(np.array([k], np.int64), f"{p}_i{k}") for k in range(3)]
+    past_length = f"{p}_past_length"
+    dtype_of = {}
+    for name, (cache, n, d, _) in caches.items():
+        elem = inputs[name].type.tensor_type.elem_type
+        dtype_of[name] = elem
+        np_dtype = helper.tensor_dtype_to_np_dtype(elem)
+        if np_dtype.kind != "f" and elem != onnx.TensorProto.BFLOAT16:
+            raise NotStateful(f"{name}: cache dtype {onnx.TensorProto.DataType.Name(elem)} is not a float")
+        zeros = numpy_helper.from_array(np.zeros((max_batch, max_seq, n, d), np.float32), cache)
+        if elem != onnx.TensorProto.FLOAT:
+            zeros = helper.make_tensor(cache, elem, [max_batch, max_seq, n, d],
+                                       np.zeros(max_batch * max_seq * n * d, np.uint16 if elem == onnx.TensorProto.BFLOAT16
+                                                else np_dtype).tobytes(), raw=True)
+        inits.append(zeros)
+        shape_value = f"{p}_{len(top)}_shape"
+        inits += [numpy_helper.from_array(np.array([n], np.int64), f"{shape_value}_n"),
+                  numpy_helper.from_array(np.array([d], np.int64), f"{shape_value}_d")]
+        top.append(helper.make_node("Concat", [f"{p}_batch", f"{shape_value}_n", past_length, f"{shape_value}_d"],
+                                    [shape_value], axis=0))
+        for k, shape in enumerate(shapes_of[name]):
+            start = next((a.i for a in shape.attribute if a.name == "start"), 0)
+            end = next((a.i for a in shape.attribute if a.name == "end"), 4)
+            starts, ends = f"{shape.output[0]}_start", f"{shape.output[0]}_end"
+            inits += [numpy_helper.from_array(np.array([start], np.int64), starts),
+                      numpy_helper.from_array(np.array([end], np.int64), ends)]
+            shape.op_type = "Slice"
+            del shape.attribute[:]
+            shape.input[:] = [shape_value, starts, ends]
+        concat = concat_of[name]
+        concat.op_type, concat.domain = OP, DOMAIN
+        del concat.attribute[:]
+        concat.input[:] = [cache, concat.input[1], past_length]
+
+    kept_inputs = [vi for vi in graph.input if vi.name not in caches]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    presents = {c[3] for c in caches.values() if c[3]}
+    kept_outputs = [vo for vo in graph.output if vo.name not in presents]
+    # (a present's type stays as the KVCacheUpdate output's value_info: its dims are the Concat's)
+    graph.value_info.extend(vo for vo in graph.output if vo.name in presents)
+    del graph.output[:]
+    graph.output.extend(kept_outputs)
+    nodes = top + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(inits)
+    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    if not any(f.domain == DOMAIN and f.name == OP for f in model.functions):
+        model.functions.append(function(opset))
+    if not any(i.domain == DOMAIN for i in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    return model, CacheLayout(max_batch, max_seq, caches)
