@@ -120,13 +120,21 @@ def _precision_options(command):
 @click.option("--cann", metavar="VERSION", help="CANN version for the bundle's ATC commands (default: newest known).")
 @click.option("--shape-range", "shape_range", metavar="DIM=MIN..MAX,...",
               help="Ranges of the symbolic dims for the bundle's dynamic-shape profiles, e.g. batch=1..8,seq=1..2048.")
+@click.option("--stateful-cache", is_flag=True,
+              help="Generation folder: hold the KV cache in place (Parameters written by each call) instead of "
+                   "passing it in and out.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="With --stateful-cache: the cache's rows (prompts per generate call).")
+@click.option("--max-seq-len", type=click.IntRange(min=2),
+              help="With --stateful-cache: the cache's positions (default: the model's max_position_embeddings, "
+                   "at most 4096).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
 def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,
                 atol, rtol,
                 report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, layer_streamed, save_fused,
-                bundle, soc, cann, shape_range, as_json, quiet, debug):
+                bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, as_json, quiet, debug):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU.
 
     MODEL may be the folder `graphconv export --task text-generation-with-past` wrote: both graphs are
@@ -145,7 +153,8 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
             precision=precision, keep_fp32=keep_fp32, atol=atol, rtol=rtol, report_path=report_path,
             emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes), plugins=tuple(plugins),
             verify_each=verify_each, save_fused=save_fused, bundle=bundle, soc=soc, cann=cann,
-            shape_ranges=_parse_ranges(shape_range))
+            shape_ranges=_parse_ranges(shape_range), stateful_cache=stateful_cache, max_batch=max_batch,
+            max_seq_len=max_seq_len)
         if as_json:
             click.echo(json.dumps(report, indent=2, default=str))
         elif not quiet:
@@ -153,6 +162,9 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
         return
     if model.is_dir():
         raise click.UsageError(f"{model} is a folder without generation.json: give an .onnx file")
+    if stateful_cache or max_seq_len is not None:
+        raise click.UsageError("--stateful-cache and --max-seq-len apply to a generation folder (an export with "
+                               "--task text-generation-with-past)")
     for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):
         if path is not None and path.exists():
             raise click.UsageError(f"{flag} {path} already exists")

@@ -276,6 +276,9 @@ def _stateful_options(meta: dict, capacity: tuple[int, int], options: dict) -> d
             if name.startswith("past_key_values.") and isinstance(dims[2], str)}
     sizes = {ids[0]: (min(2, max_batch), min(3, max_batch)), ids[1]: (min(5, max_seq), min(9, max_seq))}
     sizes.update({d: (0, 0) for d in past})
+    mask = meta["graphs"]["decode"]["inputs"]["attention_mask"][1]  # past + sequence: a sum, or a name of its own
+    if isinstance(mask, str) and mask.isidentifier() and mask not in sizes:
+        sizes[mask] = sizes[ids[1]]
     dims = {k: v for k, v in sizes.items() if isinstance(k, str)}
     return {**options, "cache_capacity": capacity, "dims": {**dims, **(options.get("dims") or {})}}
 
@@ -420,6 +423,13 @@ def summary(report: dict) -> str:
         fused = ", ".join(f"{k} {v}" for k, v in r["census"].items() if k in fused_primitives())
         lines.append(f"  {g}: {r['status']}, attention {attention.get('fused', 0)}/{attention.get('candidates', 0)} "
                      f"fused ({fused or 'no fused primitive'})" + (f"; cpu MindIR {twin['status']}" if twin else ""))
+    cache = report.get("cache")
+    if cache:
+        check = cache.get("cached_steps_check") or {}
+        lines.append(f"  KV cache held in place: {cache['max_batch']} rows x {cache['max_seq']} positions, "
+                     f"{len(cache['caches'])} caches, {cache['bytes'] / 2**20:.1f} MiB"
+                     + (f"; {check['steps']} cached steps match onnxruntime (max_abs {check['max_abs']:.2g})"
+                        if check else ""))
     w = report["weights"]
     lines.append("  weights: " + ", ".join(f"{g} {w[g]['mindir_bytes'] / 2**20:.1f} MiB" for g in report["graphs"])
                  + (f" ({w['note']})" if len(report["graphs"]) > 1 else ""))

@@ -140,7 +140,7 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
         concat = concats[0]
         axis = next((a.i for a in concat.attribute if a.name == "axis"), None)
         if list(concat.input)[:1] != [name] or len(concat.input) != 2 or axis not in (2, -2):
-            raise NotStateful(f"{name}: its Concat ({concat.name}) is not [past, new] along the sequence axis")
+            raise NotStateful(f"{name}: its Concat ({concat.name or concat.output[0]}) is not [past, new] along the sequence axis")
         present = concat.output[0] if concat.output[0] in outputs else None
         caches[name] = (CACHE_PREFIX + name, dims[1], dims[3], present)
         concat_of[name] = concat

@@ -1,0 +1,220 @@
+"""The KV cache held in place (passes/stateful_cache.py, opmap/kv_cache.py, `compile --stateful-cache`).
+
+The transform turns past -> Concat -> present into a cache Parameter written by each call. Proven here:
+- on a hand-built with-past graph: the transform's structure, onnxruntime's equality at past length 0, and the
+  compiled MindIR called three times in a row on one GraphCell giving what the stateless graph gives when its
+  caller feeds the grown cache back (the state is kept between calls, and nothing else changes);
+- on a transformers export: the stateful generation directory generates transformers' tokens, every cached
+  step within 1e-4 of onnxruntime on the stateless pair, and the ascend MindIR holds one cached-attention
+  primitive and two cache writes (keys, values) per layer, no cache input and no cache output;
+- refusals, one line each.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphconv.runtime.child import run_task
+from graphconv.target import emit
+from graphconv.verify.census import primitive_census
+from passes import stateful_cache
+
+ROOT = Path(__file__).resolve().parent.parent
+RNG = np.random.default_rng(0)
+HEADS, DIM, VOCAB = 2, 4, 16
+
+
+def _with_past_graph() -> onnx.ModelProto:
+    """A cache as every exporter writes one: new = heads of Gather(embedding, ids) @ W, present = Concat(past,
+    new) along the sequence, y = sum over the sequence of present (every cached position counts); the batch
+    read from Shape(past), as dynamo writes it."""
+    weights = np.random.default_rng(1)  # (the same weights at every call)
+    emb = weights.standard_normal((VOCAB, 8)).astype(np.float32)
+    w = weights.standard_normal((8, HEADS * DIM)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["x"]),
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Reshape", ["xw", "heads_shape"], ["xh"]),
+        helper.make_node("Transpose", ["xh"], ["new"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["past_key_values.0.key", "new"], ["present.0.key"], axis=-2),
+        helper.make_node("ReduceSum", ["present.0.key", "axis2"], ["summed"], keepdims=0),
+        helper.make_node("Shape", ["past_key_values.0.key"], ["batch"], start=0, end=1),
+        helper.make_node("Concat", ["batch", "minus1"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["summed", "flat_shape"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(emb, "emb"), numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(np.array([0, 0, HEADS, DIM], np.int64), "heads_shape"),
+             numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    graph = helper.make_graph(
+        nodes, "with_past",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"]),
+         helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, ["batch", HEADS, "past_len", DIM])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", HEADS * DIM]),
+         helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, ["batch", HEADS, "total", DIM])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _ort(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+def test_the_transform_on_a_hand_built_graph():
+    original = _with_past_graph()
+    stateful, layout = stateful_cache.make_stateful(_with_past_graph(), max_batch=3, max_seq=10, past_names=["past_key_values.0.key"])
+    onnx.checker.check_model(stateful)
+    assert [i.name for i in stateful.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in stateful.graph.output] == ["y"]
+    updates = [n for n in stateful.graph.node if n.op_type == stateful_cache.OP]
+    assert len(updates) == 1 and updates[0].domain == stateful_cache.DOMAIN
+    assert layout.caches == {"past_key_values.0.key": ("cache.past_key_values.0.key", HEADS, DIM, "present.0.key")}
+    [cache] = [t for t in stateful.graph.initializer if t.name == "cache.past_key_values.0.key"]
+    assert list(cache.dims) == [3, 10, HEADS, DIM]
+    assert stateful_cache.cache_names(stateful) == ["cache.past_key_values.0.key"]
+    # at past length 0 (a prompt) onnxruntime runs the function body on the zeros: the stateless graph's value
+    ids = RNG.integers(0, VOCAB, (2, 5))
+    mask = np.ones((2, 5), np.int64)
+    want = _ort(original, {"input_ids": ids, "attention_mask": mask, "past_key_values.0.key": np.zeros((2, HEADS, 0, DIM), np.float32)})
+    got = _ort(stateful, {"input_ids": ids, "attention_mask": mask})
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_the_compiled_cache_keeps_its_state_between_calls(tmp_path):
+    """A prompt of 4 tokens, then steps of 1 and 2 tokens, on one GraphCell: each call's y equals the stateless
+    graph's fed the cache grown so far (computed by onnxruntime), so the Parameter kept every earlier write."""
+    import graphconv
+
+    path = tmp_path / "with_past.onnx"
+    onnx.save(_with_past_graph(), path)
+    mindir = tmp_path / "stateful.mindir"
+    report = graphconv.compile(path, mindir, target="cpu", cache_capacity=(3, 10),
+                               dims={"batch": (2, 3), "seq": (3, 5), "total": (3, 5)})
+    assert report.status == "verified"
+    held = next(s.detail["cache_held_in_place"] for s in report.stages if s.name == "load")
+    assert held["caches"] == {"past_key_values.0.key": "cache.past_key_values.0.key"} and held["bytes"] == 3 * 10 * HEADS * DIM * 4
+    assert primitive_census(mindir).get("ScatterNdUpdate") == 1
+
+    original, batch = _with_past_graph(), 2
+    past = np.zeros((batch, HEADS, 0, DIM), np.float32)
+    cases, expected = [], []
+    for q in (4, 1, 2):
+        ids = RNG.integers(0, VOCAB, (batch, q))
+        mask = np.ones((batch, past.shape[2] + q), np.int64)
+        y, past = _ort(original, {"input_ids": ids, "attention_mask": mask, "past_key_values.0.key": past})
+        cases.append({"input_ids": ids, "attention_mask": mask})
+        expected.append(y)
+    files, outs = [], []
+    for k, case in enumerate(cases):
+        np.savez(tmp_path / f"case{k}.npz", **case)
+        files.append(str(tmp_path / f"case{k}.npz"))
+        outs.append(str(tmp_path / f"case{k}.out.npz"))
+    stateful, _ = stateful_cache.make_stateful(_with_past_graph(), 3, 10, past_names=["past_key_values.0.key"])
+    placeholders = emit.placeholders(stateful)
+    run_task("run_mindir", {"mindir": str(mindir), "cases": files, "outputs": outs,
+                            "input_names": [s["name"] for s in placeholders], "inputs": placeholders},
+             tmp_path, "stateful GraphCell run")
+    for out, want in zip(outs, expected):
+        with np.load(out) as z:
+            np.testing.assert_allclose(z["out0"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda g: g.node.append(helper.make_node("Identity", ["past_key_values.0.key"], ["also"])), "past_key_values.0.key is read by Identity"),
+    (lambda g: g.input.remove(next(i for i in g.input if i.name == "attention_mask")), "no 'attention_mask'"),
+    (lambda g: next(n for n in g.node if n.output[0] == "present.0.key").input.reverse(),
+     "is not [past, new] along the sequence axis"),
+])
+def test_a_graph_the_transform_cannot_take_says_why(edit, reason):
+    model = _with_past_graph()
+    edit(model.graph)
+    with pytest.raises(stateful_cache.NotStateful, match=re.escape(reason)):
+        stateful_cache.make_stateful(model, 2, 8, past_names=["past_key_values.0.key"])
+
+
+# --- a real export ------------------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+from test_generate import PROMPTS, NEW, _generate_matches_transformers, _run  # noqa: E402
+from test_hf_export import _llama, _save  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama_stateful(tmp_path_factory):
+    """(checkpoint, export folder, GEN_DIR compiled with --stateful-cache --target ascend, its report)."""
+    from graphconv.frontend.hf_export import export_checkpoint
+
+    base = tmp_path_factory.mktemp("stateful-llama")
+    torch.manual_seed(0)
+    src = _save(_llama(), base / "ckpt")
+    out = base / "out"
+    export_checkpoint(src, out, "text-generation-with-past")
+    gen = base / "gen"
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(out), "-o", str(gen), "--stateful-cache",
+                           "--max-batch", "4", "--max-seq-len", "64", "--json"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return src, out, gen, json.loads(proc.stdout)
+
+
+def test_stateful_llama_generates_as_transformers(llama_stateful):
+    src, _, gen, report = llama_stateful
+    assert report["status"] == "verified"
+    check = report["cache"]["cached_steps_check"]
+    assert check["steps"] == 4 and check["max_abs"] <= 1e-4 and check["argmax_match"]
+    meta = json.loads((gen / "generation.json").read_text())
+    assert meta["graphs"]["decode"]["state"] == {"max_batch": 4, "max_seq_len": 64, "outputs": ["logits"],
+                                                 "inputs": ["input_ids", "attention_mask", "position_ids"]}
+    _generate_matches_transformers(src, gen, eos=2, pad=2)
+
+
+def test_stateful_ascend_mindir_holds_the_cache(llama_stateful):
+    """Per layer (2): one FusedInferAttentionScore reading the cache and two in-place writes (keys, values);
+    the graph takes ids, mask and positions and gives the logits only."""
+    _, _, gen, report = llama_stateful
+    census = primitive_census(gen / "decode.mindir")
+    assert census.get("FusedInferAttentionScore") == 2 and census.get("ScatterNdUpdate") == 4
+    decode = report["graphs"]["decode"]
+    assert [i["name"] for i in decode["model"]["inputs"]] == ["input_ids", "attention_mask", "position_ids"]
+    assert [o["name"] for o in decode["model"]["outputs"]] == ["logits"]
+    assert report["cache"]["bytes"] == 4 * 64 * 2 * 16 * 4 * 4  # rows x positions x heads x dim x fp32, 4 caches
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input-ids", ";".join(["1,2"] * 5)], "5 prompts: the cache holds 4 rows"),
+    (["--input-ids", ",".join(["3"] * 60), "--max-new-tokens", "8"], "the prompts need 67 cache positions"),
+])
+def test_a_request_beyond_the_capacity_is_one_line_exit_1(llama_stateful, args, message):
+    _, _, gen, _ = llama_stateful
+    proc = _run(str(gen), *args)
+    assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_stateful_cache_needs_a_graph_serving_the_prompt(llama_stateful, tmp_path):
+    """A folder whose decode graph did not serve the prompt (prefill + decode pair) is refused, one line."""
+    _, out, _, _ = llama_stateful
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    for f in ("prefill.onnx", "decode.onnx"):
+        (pair / f).symlink_to(out / f)
+    meta = json.loads((out / "generation.json").read_text())
+    meta["graphs"]["decode"].pop("serves_prompt", None)
+    (pair / "generation.json").write_text(json.dumps(meta))
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(pair), "-o", str(tmp_path / "gen"),
+                           "--stateful-cache", "--target", "cpu"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and "decode graph serves the prompt" in proc.stderr, proc.stderr
+    assert not (tmp_path / "gen").exists()
