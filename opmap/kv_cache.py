@@ -8,14 +8,13 @@ function body (which computes the same write and read on a cache passed in: opma
 
 from __future__ import annotations
 
-from graphconv.target.emission import AttrValue
 from opmap.registry import register
 
 
 @register("KVCacheUpdate", since=1, domain="graphconv")
 def kv_cache_update(n):
     cache = n.x(0)
-    if not isinstance(cache, AttrValue) or cache.attr.param is None:
+    if getattr(getattr(cache, "attr", None), "param", None) is None:  # (not self.<Parameter>)
         n.fail("the cache (input 0) must be an initializer: it becomes the Parameter written in place")
     if n.rank(0) != 4 or n.rank(1) != 4:
         n.fail("the cache is [max batch, max seq, kv heads, head dim] and the new values [batch, kv heads, q, "

@@ -149,8 +149,8 @@ def test_a_graph_the_transform_cannot_take_says_why(edit, reason):
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
-from test_generate import PROMPTS, NEW, _generate_matches_transformers, _run  # noqa: E402
-from test_hf_export import _llama, _save  # noqa: E402
+from test_generate import _DECODER, _generate_matches_transformers, _run  # noqa: E402
+from test_hf_export import _gpt2, _llama, _save  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +218,28 @@ def test_stateful_cache_needs_a_graph_serving_the_prompt(llama_stateful, tmp_pat
                            "--stateful-cache", "--target", "cpu"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and "decode graph serves the prompt" in proc.stderr, proc.stderr
     assert not (tmp_path / "gen").exists()
+
+
+STATEFUL_ARCHITECTURES = {  # beyond Llama: learned positions, sliding windows of 4 (shorter than the prompts)
+    "gpt2": lambda: _gpt2(),
+    "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**_DECODER, sliding_window=4)),
+    "gemma2": lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(**_DECODER, head_dim=16, sliding_window=4)),
+    "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**_DECODER, head_dim=16)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", STATEFUL_ARCHITECTURES)
+def test_architecture_with_the_cache_held_in_place_generates_as_transformers(arch, tmp_path):
+    from graphconv.frontend.hf_export import export_checkpoint
+    from graphconv.pair import compile_pair
+
+    torch.manual_seed(0)
+    model = STATEFUL_ARCHITECTURES[arch]()
+    src = _save(model, tmp_path / "ckpt")
+    export_checkpoint(src, tmp_path / "out", "text-generation-with-past")
+    report = compile_pair(tmp_path / "out", tmp_path / "gen", target="cpu", stateful_cache=True, max_batch=4,
+                          max_seq_len=32)
+    assert report["status"] == "verified" and report["cache"]["cached_steps_check"]["argmax_match"]
+    eos = model.config.eos_token_id
+    _generate_matches_transformers(src, tmp_path / "gen", eos=eos, pad=eos)
