@@ -260,8 +260,9 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     missing = sorted({m.name for m in mindirs if not m.is_file()})
     if missing:
         raise InputError(f"{gen_dir}: no {', '.join(missing)} (the {device} MindIRs; see `graphconv compile`)")
-    if device == "cpu":
-        _fits_in_memory(sorted(set(mindirs)), gen)
+    too_large = fits_in_memory(sorted(set(mindirs)), gen) if device == "cpu" else None
+    if too_large:
+        raise UnsupportedError(f"{too_large}: generate on an Ascend host")
     onnx_pair = _onnx_pair(gen_dir, gen, Path(onnx_dir) if onnx_dir else None) if check else None
     for note in notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
@@ -316,18 +317,19 @@ def mindir_bytes(path: Path) -> int:
     return path.stat().st_size + sum(f.stat().st_size for f in variables.rglob("*") if f.is_file())
 
 
-def _fits_in_memory(mindirs: list[Path], gen: dict) -> None:
-    """Refuse, before starting MindSpore, a cpu run this host's memory cannot hold (it would be killed)."""
+def fits_in_memory(mindirs: list[Path], gen: dict) -> str | None:
+    """Why this host's memory cannot hold a cpu run of `mindirs` (it would be killed), or None: checked before
+    MindSpore starts."""
     import psutil
 
     stored = sum(mindir_bytes(m) for m in mindirs)
     fp32 = stored * (2 if gen.get("dtype") in ("bf16", "fp16") else 1)
     need, available = CPU_BYTES_PER_WEIGHT_BYTE * fp32, psutil.virtual_memory().available
     if need > available:
-        raise UnsupportedError(
-            f"the cpu MindIR's weights ({fp32 / 2**30:.1f} GiB in fp32) need about {need / 2**30:.0f} GiB to "
-            f"generate on MindSpore CPU ({CPU_BYTES_PER_WEIGHT_BYTE}x, measured); this host has "
-            f"{available / 2**30:.1f} GiB available: generate on an Ascend host")
+        return (f"the cpu MindIR's weights ({fp32 / 2**30:.1f} GiB in fp32) need about {need / 2**30:.0f} GiB to "
+                f"generate on MindSpore CPU ({CPU_BYTES_PER_WEIGHT_BYTE}x, measured); this host has "
+                f"{available / 2**30:.1f} GiB available")
+    return None
 
 
 def _oracle_session(path: Path):

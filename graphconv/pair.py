@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -44,7 +45,10 @@ from graphconv.progress import SILENT, Progress
 from graphconv.workspace import partial_dir
 
 GRAPHS = ("prefill", "decode")
+STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what a stateful graph takes
 MAX_SEQ_LEN_DEFAULT_CAP = 4096  # --max-seq-len's default: the model's max_position_embeddings, at most this
+# The cache's zeros are initializers of the graph until they can be made at load: within protobuf's 2 GB.
+MAX_CACHE_BYTES = 1 << 30
 
 
 _GENAI_CONFIG = "genai_config.json"
@@ -241,6 +245,7 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
         "pad_token_id": token("pad_token_id"), "num_layers": len(past) // 2,
         "num_kv_heads": value_dims(past[0])[1], "head_dim": value_dims(past[0])[3],
         "vocab_size": graphs["decode"]["outputs"]["logits"][-1], "hidden_size": text.get("hidden_size"),
+        "max_position_embeddings": text.get("max_position_embeddings"),
         "dtype": dtype, "cache_dtype": dtype, "cache_layout": "BNSD: [batch, kv_heads, seq, head_dim]",
         "cache_feeds": feeds, "position_ids": "position_ids = cumsum(attention_mask, -1) - 1, padded positions 0",
         "graphs": graphs,
@@ -251,9 +256,16 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
 def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int | None) -> tuple[int, int]:
     """(max batch, max seq) of a cache held in place, checked: one graph serving prompt and decode (the
     stateful graph is called at past length 0 for the prompt) and a capacity to hold."""
-    if tuple(sources) != ("decode",) or not meta["graphs"]["prefill"].get("empty_cache") or meta.get("cache_feeds"):
+    decode = meta["graphs"]["decode"]
+    if meta.get("cache_feeds"):  # transformers' exporter: its decode graph serves the prompt if it takes any length
+        length = decode["inputs"]["input_ids"][1]
+        if isinstance(length, int) or str(length).isdigit():
+            raise InputError(f"--stateful-cache: the decode graph takes {length} token(s) "
+                             "a call, so it cannot take the prompt (export_for_generation(..., multi_token_decode=True))")
+    elif tuple(sources) != ("decode",) or not meta["graphs"]["prefill"].get("empty_cache"):
         raise InputError("--stateful-cache takes a `graphconv export --task text-generation-with-past` folder whose "
-                         "decode graph serves the prompt (generation.json's graphs.decode.serves_prompt)")
+                         "decode graph serves the prompt (generation.json's graphs.decode.serves_prompt), or a "
+                         "transformers export_for_generation folder")
     if not isinstance(max_batch, int) or max_batch < 1:
         raise InputError(f"--max-batch {max_batch}: must be an integer >= 1")
     if max_seq_len is None:
@@ -263,7 +275,19 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
         max_seq_len = min(configured, MAX_SEQ_LEN_DEFAULT_CAP)
     if not isinstance(max_seq_len, int) or max_seq_len < 2:
         raise InputError(f"--max-seq-len {max_seq_len}: must be an integer >= 2")
+    size = max_batch * max_seq_len * _cache_bytes_per_position(meta)
+    if size > MAX_CACHE_BYTES:
+        raise InputError(f"--max-batch {max_batch} x --max-seq-len {max_seq_len}: the cache's zeros would take "
+                         f"{size / 2**30:.1f} GiB, stored in the graph (at most {MAX_CACHE_BYTES / 2**30:.0f} GiB so "
+                         "far): lower either")
     return max_batch, max_seq_len
+
+
+def _cache_bytes_per_position(meta: dict) -> int:
+    """Bytes of keys and values one row's position takes over all layers."""
+    itemsize = 4 if (meta.get("cache_dtype") or meta.get("dtype", "fp32")) == "fp32" else 2
+    return 2 * int(meta.get("num_layers") or 0) * int(meta.get("num_kv_heads") or 0) * int(meta.get("head_dim") or 0) \
+        * itemsize
 
 
 def _stateful_options(meta: dict, capacity: tuple[int, int], options: dict) -> dict:
@@ -271,14 +295,18 @@ def _stateful_options(meta: dict, capacity: tuple[int, int], options: dict) -> d
     prompt, the one call onnxruntime can run the stateful graph at: passes/stateful_cache.py) whose batch and
     length fit the capacity."""
     max_batch, max_seq = capacity
-    ids = meta["graphs"]["decode"]["inputs"]["input_ids"]  # [batch, sequence]
-    past = {dims[2] for name, dims in meta["graphs"]["decode"]["inputs"].items()
-            if name.startswith("past_key_values.") and isinstance(dims[2], str)}
+    inputs = meta["graphs"]["decode"]["inputs"]
+    ids = inputs["input_ids"]  # [batch, sequence]
+    past = {dims[2] for name, dims in inputs.items()
+            if name not in STEP_INPUTS and len(dims) == 4 and isinstance(dims[2], str)}
     sizes = {ids[0]: (min(2, max_batch), min(3, max_batch)), ids[1]: (min(5, max_seq), min(9, max_seq))}
-    sizes.update({d: (0, 0) for d in past})
-    mask = meta["graphs"]["decode"]["inputs"]["attention_mask"][1]  # past + sequence: a sum, or a name of its own
-    if isinstance(mask, str) and mask.isidentifier() and mask not in sizes:
-        sizes[mask] = sizes[ids[1]]
+    # past 0, where the step's inputs still name the past's length (the stateful graph takes no cache)
+    named = " ".join(str(d) for n in STEP_INPUTS if n in inputs for d in inputs[n])
+    sizes.update({d: (0, 0) for d in past if re.search(rf"\b{re.escape(d)}\b", named)})
+    # the mask's [batch, past + sequence]: a sum, or (transformers' exporter) names of their own
+    for mask, same in zip(inputs["attention_mask"], ids):
+        if isinstance(mask, str) and mask.isidentifier() and mask not in sizes:
+            sizes[mask] = sizes[same]
     dims = {k: v for k, v in sizes.items() if isinstance(k, str)}
     return {**options, "cache_capacity": capacity, "dims": {**dims, **(options.get("dims") or {})}}
 
@@ -286,9 +314,13 @@ def _stateful_options(meta: dict, capacity: tuple[int, int], options: dict) -> d
 def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
     """The stateful graph's cached steps against onnxruntime on the ONNX pair: three prompts of different lengths
     (left-padded), four greedy steps, every step's logits compared (graphconv.generation's --check)."""
-    from graphconv.generation import generate
+    from graphconv.generation import fits_in_memory, generate, mindir_files
 
     capacity = meta["graphs"]["decode"]["state"]
+    too_large = fits_in_memory([gen_dir / f for f in sorted(set(mindir_files(meta, "cpu")))], meta)
+    if too_large:
+        progress.warn(f"the cached steps are not checked: {too_large}")
+        return {"skipped": too_large}
     rng = np.random.default_rng(0)
     vocab = int(meta.get("vocab_size") or 2)
     batch = min(3, capacity["max_batch"])
@@ -340,11 +372,17 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     if capacity is not None and bundle is not None:
         raise InputError("--bundle with --stateful-cache is not supported yet (the bundle's script feeds the cache)")
     if capacity is not None:
+        # One stateful graph, the decode graph, serves both steps; the prefill's entry keeps its ONNX graph, which
+        # `generate --check` runs for the prompt (an export's: the decode graph at an empty cache).
         options = _stateful_options(meta, capacity, options)
-        state = {"max_batch": capacity[0], "max_seq_len": capacity[1], "inputs": ["input_ids", "attention_mask"]
-                 + [n for n in ("position_ids",) if n in meta["graphs"]["decode"]["inputs"]], "outputs": ["logits"]}
-        step = {**meta["graphs"]["decode"], "state": state}
-        meta = {**meta, "graphs": {"prefill": {**step, "empty_cache": True}, "decode": step}}
+        decode = meta["graphs"]["decode"]
+        state = {"max_batch": capacity[0], "max_seq_len": capacity[1],
+                 "inputs": [n for n in STEP_INPUTS if n in decode["inputs"]], "outputs": ["logits"]}
+        step = {**decode, "mindir": "decode", "state": state}
+        meta = {**meta, "graphs": {"prefill": {**meta["graphs"]["prefill"], "mindir": "decode", "state": state},
+                                   "decode": step}}
+        sources = {"decode": sources["decode"]}
+        graph_dims = {}  # (_stateful_options sized them for past 0)
     elif not builder and not exported:  # (a builder's graph has its own prompt case: frontend.contrib.cases)
         options = _prompt_dims(meta, sources, options)
     target = options.get("target", "ascend")

@@ -98,6 +98,22 @@ def cache_names(model: onnx.ModelProto) -> list[str]:
     return [n.input[0] for n in model.graph.node if (n.domain, n.op_type) == (DOMAIN, OP) and n.input[0] in inits]
 
 
+def past_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph's cache inputs, by the pattern every exporter writes (whatever it names them:
+    past_key_values.*, transformers' exporter's input.cache.layers.*): a rank-4 input that is the first of a
+    Concat's two inputs along axis 2."""
+    graph = model.graph
+    rank4 = {vi.name for vi in graph.input if len(vi.type.tensor_type.shape.dim) == 4}
+    found = []
+    for node in graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+        if node.op_type == "Concat" and len(node.input) == 2 and axis in (2, -2) and node.input[0] in rank4 \
+                and node.input[0] not in found:
+            found.append(node.input[0])
+    order = [vi.name for vi in graph.input]
+    return sorted(found, key=order.index)
+
+
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     uses: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
@@ -107,21 +123,23 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
 
 
 def _static_dims(vi: onnx.ValueInfoProto) -> list:
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in vi.type.tensor_type.shape.dim]
+    """The dims, numbers as ints (also where an exporter wrote one as a dim_param: transformers' exporter's "2")."""
+    return [d.dim_value if d.HasField("dim_value") else int(d.dim_param) if d.dim_param.isdigit() else
+            (d.dim_param or None) for d in vi.type.tensor_type.shape.dim]
 
 
 def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_names: list[str] | None = None,
                   ids: str = "input_ids", mask: str = "attention_mask") -> tuple[onnx.ModelProto, CacheLayout]:
     """The stateful graph of a with-past `model` (changed in place and returned) and its cache layout.
-    `past_names`: the cache inputs (default: every input named past_key_values.*). NotStateful says why not."""
+    `past_names`: the cache inputs (default: past_inputs(model)). NotStateful says why not."""
     graph = model.graph
     inputs = {vi.name: vi for vi in graph.input}
     if ids not in inputs or mask not in inputs:
         raise NotStateful(f"the graph takes no {ids if ids not in inputs else mask!r}: the past length is read as the "
                           "attention mask's length minus the query's")
-    past_names = past_names if past_names is not None else [n for n in inputs if n.startswith("past_key_values.")]
+    past_names = past_names if past_names is not None else past_inputs(model)
     if not past_names:
-        raise NotStateful("the graph takes no past_key_values.* (no cache to hold in place)")
+        raise NotStateful("no graph input is a cache (a rank-4 input that a Concat along axis 2 extends)")
     uses = _consumers(graph)
     outputs = {vo.name for vo in graph.output}
     caches: dict[str, tuple[str, int, int, str | None]] = {}

@@ -24,6 +24,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import graphconv
 from graphconv.runtime.child import run_task
 from graphconv.target import emit
 from graphconv.verify.census import primitive_census
@@ -220,6 +221,28 @@ def test_stateful_cache_needs_a_graph_serving_the_prompt(llama_stateful, tmp_pat
     assert not (tmp_path / "gen").exists()
 
 
+def test_a_cache_too_large_to_store_is_refused_before_compiling(llama_stateful, tmp_path):
+    _, out, _, _ = llama_stateful
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(out), "-o", str(tmp_path / "gen"),
+                           "--stateful-cache", "--max-batch", "4096", "--max-seq-len", "4096"], capture_output=True,
+                          text=True, cwd=ROOT)
+    # 4096 x 4096 positions x 2 layers x (keys, values) x 2 heads x 16 dims x 4 bytes = 8 GiB
+    assert proc.returncode == 1 and "the cache's zeros would take 8.0 GiB" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "gen").exists()
+
+
+def test_cached_steps_too_large_for_this_host_are_skipped_with_the_reason(llama_stateful, tmp_path, monkeypatch):
+    """Where MindSpore CPU cannot hold the model (the 1.1B), the compile still verifies the prompt calls, and
+    the report says the cached steps were not checked and why."""
+    from graphconv import generation
+    from graphconv.pair import compile_pair
+
+    _, out, _, _ = llama_stateful
+    monkeypatch.setattr(generation, "fits_in_memory", lambda mindirs, gen: "needs about 25 GiB")
+    report = compile_pair(out, tmp_path / "gen", target="cpu", stateful_cache=True, max_batch=2, max_seq_len=16)
+    assert report["status"] == "verified" and report["cache"]["cached_steps_check"] == {"skipped": "needs about 25 GiB"}
+
+
 STATEFUL_ARCHITECTURES = {  # beyond Llama: learned positions, sliding windows of 4 (shorter than the prompts)
     "gpt2": lambda: _gpt2(),
     "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**_DECODER, sliding_window=4)),
@@ -243,3 +266,31 @@ def test_architecture_with_the_cache_held_in_place_generates_as_transformers(arc
     assert report["status"] == "verified" and report["cache"]["cached_steps_check"]["argmax_match"]
     eos = model.config.eos_token_id
     _generate_matches_transformers(src, tmp_path / "gen", eos=eos, pad=eos)
+
+
+@pytest.mark.slow
+def test_a_transformers_exporter_folder_compiles_to_the_stateful_form(tmp_path):
+    """export_for_generation(..., multi_token_decode=True): its decode graph (cache inputs input.cache.layers.*)
+    takes the prompt at past 0, so it alone is compiled with the cache held in place; the prompt step is checked
+    against its own prefill.onnx. One-token decode graphs are refused with the reason."""
+    from transformers.exporters import OnnxConfig, OnnxExporter
+
+    from graphconv.pair import compile_pair
+
+    torch.manual_seed(0)
+    model = _llama().eval()
+    src = _save(model, tmp_path / "ckpt")
+    ids, mask = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]), torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    for multi in (False, True):
+        exported = OnnxExporter().export_for_generation(model, {"input_ids": ids, "attention_mask": mask},
+                                                        OnnxConfig(dynamic=True), multi_token_decode=multi)
+        exported.save_pretrained(tmp_path / f"exported-{multi}")
+    with pytest.raises(graphconv.InputError, match="cannot take the prompt"):
+        compile_pair(tmp_path / "exported-False", tmp_path / "gen1", target="cpu", stateful_cache=True)
+    gen = tmp_path / "gen"
+    report = compile_pair(tmp_path / "exported-True", gen, target="cpu", stateful_cache=True, max_batch=4)
+    assert report["status"] == "verified" and report["steps"] == {"prefill": "decode", "decode": "decode"}
+    assert report["cache"]["max_seq"] == 128 and report["cache"]["cached_steps_check"]["argmax_match"]
+    assert sorted(report["cache"]["caches"]) == [f"input.cache.layers.{i}.{kv}" for i in (0, 1)
+                                                 for kv in ("keys", "values")]
+    _generate_matches_transformers(src, gen, eos=2, pad=2)
