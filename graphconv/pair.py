@@ -369,8 +369,6 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
                          "lengths: the bundle's script would have to batch prompts by length)")
     per_inputs = split_inputs(inputs, tuple(sources))
     capacity = _cache_capacity(meta, sources, max_batch, max_seq_len) if stateful_cache else None
-    if capacity is not None and bundle is not None:
-        raise InputError("--bundle with --stateful-cache is not supported yet (the bundle's script feeds the cache)")
     if capacity is not None:
         # One stateful graph, the decode graph, serves both steps; the prefill's entry keeps its ONNX graph, which
         # `generate --check` runs for the prompt (an export's: the decode graph at an empty cache).

@@ -101,7 +101,7 @@ class Compiler:
             raise UnsupportedError(f"the KV cache cannot be held in place: {e}") from None
         itemsize = {onnx.TensorProto.FLOAT: 4}.get(
             next(i for i in proto.graph.initializer if i.name.startswith(stateful_cache.CACHE_PREFIX)).data_type, 2)
-        detail = {"max_batch": max_batch, "max_seq": max_seq, "layout": "[max_batch, max_seq, kv_heads, head_dim]",
+        detail = {"max_batch": max_batch, "max_seq": max_seq, "layout": "[max_batch, kv_heads, max_seq, head_dim]",
                   "caches": {past: cache for past, (cache, *_) in layout.caches.items()},
                   "bytes": layout.cache_bytes(itemsize)}
         return dataclasses.replace(model, proto=infer_shapes(proto, self.model_path)), detail

@@ -105,16 +105,17 @@ def onnx_unsqueeze(x, axes):
 
 
 def kv_cache_update(cache, new, past_length):
-    """graphconv::KVCacheUpdate (passes/stateful_cache.py): rows (b, past + j) of the Parameter `cache` [max
-    batch, max seq, N, D] set to new[b, :, j] in place, then its first B rows and past + q positions read back
-    in BNSD. The read is of the scatter's result, so it follows the write."""
+    """graphconv::KVCacheUpdate (passes/stateful_cache.py): positions past + j of every row and head of the
+    Parameter `cache` [max batch, N, max seq, D] set to new[:, :, j] in place, then its first B rows and
+    past + q positions read back. The read is of the scatter's result, so it follows the write."""
     dims = ops.dyn_shape(new)
-    b, q = dims[0], dims[2]
+    b, n, q = dims[0], dims[1], dims[2]
     past = past_length.reshape(()).astype(ms.int64)
-    rows = ops.broadcast_to(ops.arange(b).reshape(-1, 1), (b, q))
-    cols = ops.broadcast_to(ops.arange(q).reshape(1, -1) + past, (b, q))
-    written = ops.scatter_nd_update(cache, ops.stack([rows, cols], -1), ops.transpose(new, (0, 2, 1, 3)))
-    return ops.transpose(written[:b, :past + q], (0, 2, 1, 3))
+    rows = ops.broadcast_to(ops.arange(b).reshape(-1, 1, 1), (b, n, q))
+    heads = ops.broadcast_to(ops.arange(n).reshape(1, -1, 1), (b, n, q))
+    cols = ops.broadcast_to(ops.arange(q).reshape(1, 1, -1) + past, (b, n, q))
+    written = ops.scatter_nd_update(cache, ops.stack([rows, heads, cols], -1), new)
+    return written[:b, :, :past + q]
 
 
 def dependencies(fn) -> list[str]:

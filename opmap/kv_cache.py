@@ -17,6 +17,6 @@ def kv_cache_update(n):
     if getattr(getattr(cache, "attr", None), "param", None) is None:  # (not self.<Parameter>)
         n.fail("the cache (input 0) must be an initializer: it becomes the Parameter written in place")
     if n.rank(0) != 4 or n.rank(1) != 4:
-        n.fail("the cache is [max batch, max seq, kv heads, head dim] and the new values [batch, kv heads, q, "
+        n.fail("the cache is [max batch, kv heads, max seq, head dim] and the new values [batch, kv heads, q, "
                "head dim]")
     return n.call(n.helper("kv_cache_update"), cache, n.x(1), n.x(2))

@@ -5,9 +5,9 @@ heads, past, head dim]) and returns it grown (`present.*`): a Concat of the past
 the sequence axis. The caller feeds each step's presents back, so every token moves the whole cache in and out
 of the graph. This transform keeps the graph's arithmetic and moves the cache inside:
 
-- each past input becomes an initializer `cache.<past name>` of fixed capacity [max_batch, max_seq, kv heads,
-  head dim] (zeros; BSND, so a step writes rows (b, past + j) of its first two axes), which the lowering turns
-  into a MindSpore Parameter;
+- each past input becomes an initializer `cache.<past name>` of fixed capacity [max_batch, kv heads, max_seq,
+  head dim] (zeros; BNSD, the layout of the past it replaces and of FusedInferAttentionScore's keys), which the
+  lowering turns into a MindSpore Parameter;
 - each Concat(past, new) becomes `graphconv::KVCacheUpdate(cache, new, past_length)`: write the new keys/values
   at positions past_length .. past_length + q of every row, in place, and read back the cache's first
   past_length + q positions in BNSD: exactly what the Concat gave (opmap/state.py lowers it with
@@ -58,35 +58,41 @@ class CacheLayout:
 
 
 def function(opset: int) -> onnx.FunctionProto:
-    """KVCacheUpdate(cache [MB, MS, N, D], new [B, N, q, D], past_length int64 [1]) -> kv [B, N, past + q, D]:
-    `cache` with rows (b, past + j) set to new[b, :, j], its first B rows and past + q positions, in BNSD."""
+    """KVCacheUpdate(cache [MB, N, MS, D], new [B, N, q, D], past_length int64 [1]) -> kv [B, N, past + q, D]:
+    `cache` with positions past + j of every row and head set to new[:, :, j], then its first B rows and
+    past + q positions."""
     def const(name, value):
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, np.int64),
                                                                                         name))
     nodes = [
-        const("zero", 0), const("one", 1), const("axis0", [0]), const("axis1", [1]), const("last", [-1]),
-        const("starts", [0, 0]), const("axes01", [0, 1]),
+        const("zero", 0), const("one", 1), const("axis0", [0]), const("last", [-1]), const("col", [-1, 1]),
+        const("starts", [0, 0]), const("axes02", [0, 2]),
+        helper.make_node("Shape", ["new"], ["bnq"], start=0, end=3),
         helper.make_node("Shape", ["new"], ["b1"], start=0, end=1),
+        helper.make_node("Shape", ["new"], ["n1"], start=1, end=2),
         helper.make_node("Shape", ["new"], ["q1"], start=2, end=3),
         helper.make_node("Squeeze", ["b1", "axis0"], ["b"]),
+        helper.make_node("Squeeze", ["n1", "axis0"], ["n"]),
         helper.make_node("Squeeze", ["q1", "axis0"], ["q"]),
         helper.make_node("Squeeze", ["past_length", "axis0"], ["past"]),
         helper.make_node("Add", ["past", "q"], ["end"]),
         helper.make_node("Range", ["zero", "b", "one"], ["rows"]),  # [B]
+        helper.make_node("Range", ["zero", "n", "one"], ["heads"]),  # [N]
         helper.make_node("Range", ["past", "end", "one"], ["cols"]),  # [q]
-        helper.make_node("Unsqueeze", ["rows", "last"], ["rows2"]),  # [B, 1]
-        helper.make_node("Concat", ["b1", "q1"], ["bq"], axis=0),
-        helper.make_node("Expand", ["rows2", "bq"], ["row_idx"]),  # [B, q]
-        helper.make_node("Expand", ["cols", "bq"], ["col_idx"]),  # [B, q]
-        helper.make_node("Unsqueeze", ["row_idx", "last"], ["row_idx3"]),
-        helper.make_node("Unsqueeze", ["col_idx", "last"], ["col_idx3"]),
-        helper.make_node("Concat", ["row_idx3", "col_idx3"], ["indices"], axis=-1),  # [B, q, 2]
-        helper.make_node("Transpose", ["new"], ["new_bsnd"], perm=[0, 2, 1, 3]),  # [B, q, N, D]
-        helper.make_node("ScatterND", ["cache", "indices", "new_bsnd"], ["written"]),
+        const("rows_shape", [-1, 1, 1]), const("heads_shape", [1, -1, 1]),
+        helper.make_node("Reshape", ["rows", "rows_shape"], ["rows3"]),
+        helper.make_node("Reshape", ["heads", "heads_shape"], ["heads3"]),
+        helper.make_node("Expand", ["rows3", "bnq"], ["row_idx"]),  # [B, N, q]
+        helper.make_node("Expand", ["heads3", "bnq"], ["head_idx"]),
+        helper.make_node("Expand", ["cols", "bnq"], ["col_idx"]),
+        helper.make_node("Unsqueeze", ["row_idx", "last"], ["row_idx4"]),
+        helper.make_node("Unsqueeze", ["head_idx", "last"], ["head_idx4"]),
+        helper.make_node("Unsqueeze", ["col_idx", "last"], ["col_idx4"]),
+        helper.make_node("Concat", ["row_idx4", "head_idx4", "col_idx4"], ["indices"], axis=-1),  # [B, N, q, 3]
+        helper.make_node("ScatterND", ["cache", "indices", "new"], ["written"]),
         helper.make_node("Unsqueeze", ["end", "axis0"], ["end1"]),
         helper.make_node("Concat", ["b1", "end1"], ["ends"], axis=0),
-        helper.make_node("Slice", ["written", "starts", "ends", "axes01"], ["read"]),  # [B, past + q, N, D]
-        helper.make_node("Transpose", ["read"], ["kv"], perm=[0, 2, 1, 3]),
+        helper.make_node("Slice", ["written", "starts", "ends", "axes02"], ["kv"]),  # [B, N, past + q, D]
     ]
     return helper.make_function(DOMAIN, OP, ["cache", "new", "past_length"], ["kv"], nodes,
                                 opset_imports=[helper.make_opsetid("", max(opset, 13))], doc_string=function.__doc__)
@@ -189,9 +195,9 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
         np_dtype = helper.tensor_dtype_to_np_dtype(elem)
         if np_dtype.kind != "f" and elem != onnx.TensorProto.BFLOAT16:
             raise NotStateful(f"{name}: cache dtype {onnx.TensorProto.DataType.Name(elem)} is not a float")
-        zeros = numpy_helper.from_array(np.zeros((max_batch, max_seq, n, d), np.float32), cache)
+        zeros = numpy_helper.from_array(np.zeros((max_batch, n, max_seq, d), np.float32), cache)
         if elem != onnx.TensorProto.FLOAT:
-            zeros = helper.make_tensor(cache, elem, [max_batch, max_seq, n, d],
+            zeros = helper.make_tensor(cache, elem, [max_batch, n, max_seq, d],
                                        np.zeros(max_batch * max_seq * n * d, np.uint16 if elem == onnx.TensorProto.BFLOAT16
                                                 else np_dtype).tobytes(), raw=True)
         inits.append(zeros)

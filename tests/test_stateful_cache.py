@@ -83,7 +83,7 @@ def test_the_transform_on_a_hand_built_graph():
     assert len(updates) == 1 and updates[0].domain == stateful_cache.DOMAIN
     assert layout.caches == {"past_key_values.0.key": ("cache.past_key_values.0.key", HEADS, DIM, "present.0.key")}
     [cache] = [t for t in stateful.graph.initializer if t.name == "cache.past_key_values.0.key"]
-    assert list(cache.dims) == [3, 10, HEADS, DIM]
+    assert list(cache.dims) == [3, HEADS, 10, DIM]
     assert stateful_cache.cache_names(stateful) == ["cache.past_key_values.0.key"]
     # at past length 0 (a prompt) onnxruntime runs the function body on the zeros: the stateless graph's value
     ids = RNG.integers(0, VOCAB, (2, 5))
@@ -219,6 +219,26 @@ def test_stateful_cache_needs_a_graph_serving_the_prompt(llama_stateful, tmp_pat
                            "--stateful-cache", "--target", "cpu"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and "decode graph serves the prompt" in proc.stderr, proc.stderr
     assert not (tmp_path / "gen").exists()
+
+
+def test_the_stateful_bundle_script_generates_the_same_tokens(llama_stateful, tmp_path):
+    """--bundle with --stateful-cache: generate_mindspore.py, run with MindSpore alone (--device CPU on a --target
+    cpu compile), passes ids, mask and positions only and prints the tokens `graphconv generate` does."""
+    import os
+
+    from graphconv.pair import compile_pair
+
+    _, out, _, _ = llama_stateful
+    bundle, gen = tmp_path / "bundle", tmp_path / "gen"
+    compile_pair(out, gen, target="cpu", bundle=bundle, stateful_cache=True, max_batch=4, max_seq_len=64)
+    assert "held in place" in (bundle / "README.md").read_text()
+    prompts = "5,6,7,8,9,10,11;12,13,14;15,16,17,18,19"
+    ran = subprocess.run([sys.executable, str(bundle / "generate_mindspore.py"), "--input-ids", prompts,
+                          "--max-new-tokens", "6", "--device", "CPU"], capture_output=True, text=True,
+                         cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    ours = _run(str(gen), "--input-ids", prompts, "--max-new-tokens", "6")
+    assert ours.returncode == 0 and ran.stdout.split("\n") == ours.stdout.split("\n")
 
 
 def test_a_cache_too_large_to_store_is_refused_before_compiling(llama_stateful, tmp_path):

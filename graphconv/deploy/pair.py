@@ -41,5 +41,16 @@ def write_pair_files(directory: Path, generation: dict, reports: dict[str, dict]
         f"- `generate_mindspore.py`: greedy generation on an Ascend host ({how}):\n"
         "  `python generate_mindspore.py --input-ids '1,2,3;4,5' --max-new-tokens 16`.\n"
         "- `generation.json`: token ids, layer and head counts, the cache layout "
-        f"({generation.get('cache_layout', 'BNSD')}), each graph's inputs and outputs.\n")
+        f"({generation.get('cache_layout', 'BNSD')}), each graph's inputs and outputs.\n" + _state_note(generation))
     return ["README.md", "generate_mindspore.py", "generation.json"]
+
+
+def _state_note(generation: dict) -> str:
+    state = generation["graphs"]["decode"].get("state")
+    if not state:
+        return ""
+    return (f"- The KV cache is held in place, in the graph's own Parameters: {state['max_batch']} rows of "
+            f"{state['max_seq_len']} positions\n  (a prompt plus its new tokens, less one, must fit). Each call "
+            "takes only ids, mask and positions; nothing\n  needs resetting between requests (a call writes its "
+            "positions before it reads them). Load the MindIR once\n  per process: the cache lives in its "
+            "GraphCell.\n")
