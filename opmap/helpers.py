@@ -104,18 +104,13 @@ def onnx_unsqueeze(x, axes):
     return x
 
 
-def kv_cache_update(cache, new, past_length):
-    """graphconv::KVCacheUpdate (passes/stateful_cache.py): positions past + j of every row and head of the
-    Parameter `cache` [max batch, N, max seq, D] set to new[:, :, j] in place, then its first B rows and
-    past + q positions read back. The read is of the scatter's result, so it follows the write."""
-    dims = ops.dyn_shape(new)
-    b, n, q = dims[0], dims[1], dims[2]
-    past = past_length.reshape(()).astype(ms.int64)
-    rows = ops.broadcast_to(ops.arange(b).reshape(-1, 1, 1), (b, n, q))
-    heads = ops.broadcast_to(ops.arange(n).reshape(1, -1, 1), (b, n, q))
-    cols = ops.broadcast_to(ops.arange(q).reshape(1, 1, -1) + past, (b, n, q))
-    written = ops.scatter_nd_update(cache, ops.stack([rows, heads, cols], -1), new)
-    return written[:b, :, :past + q]
+def kv_cache_update(cache, new, indices, total_length):
+    """graphconv::KVCacheUpdate (passes/stateful_cache.py): new[b, n, j] written in place into the Parameter
+    `cache` [max batch, N, max seq, D] at indices[b, n, j] = (b, n, past + j), then its first B rows and
+    `total_length` (past + q) positions read back. The read is of the scatter's result, so it follows the
+    write."""
+    written = ops.scatter_nd_update(cache, indices, new)
+    return written[:ops.dyn_shape(new)[0], :, :total_length.reshape(()).astype(ms.int64)]
 
 
 def dependencies(fn) -> list[str]:

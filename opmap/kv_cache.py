@@ -19,4 +19,4 @@ def kv_cache_update(n):
     if n.rank(0) != 4 or n.rank(1) != 4:
         n.fail("the cache is [max batch, kv heads, max seq, head dim] and the new values [batch, kv heads, q, "
                "head dim]")
-    return n.call(n.helper("kv_cache_update"), cache, n.x(1), n.x(2))
+    return n.call(n.helper("kv_cache_update"), cache, n.x(1), n.x(2), n.x(3))

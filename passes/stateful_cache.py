@@ -8,10 +8,10 @@ of the graph. This transform keeps the graph's arithmetic and moves the cache in
 - each past input becomes an initializer `cache.<past name>` of fixed capacity [max_batch, kv heads, max_seq,
   head dim] (zeros; BNSD, the layout of the past it replaces and of FusedInferAttentionScore's keys), which the
   lowering turns into a MindSpore Parameter;
-- each Concat(past, new) becomes `graphconv::KVCacheUpdate(cache, new, past_length)`: write the new keys/values
-  at positions past_length .. past_length + q of every row, in place, and read back the cache's first
-  past_length + q positions in BNSD: exactly what the Concat gave (opmap/state.py lowers it with
-  `ops.scatter_nd_update` on the Parameter);
+- each Concat(past, new) becomes `graphconv::KVCacheUpdate(cache, new, indices, total_length)`: write the new
+  keys/values at positions past_length .. past_length + q of every row and head, in place, and read back the
+  cache's first past_length + q positions: exactly what the Concat gave (opmap/kv_cache.py lowers it with
+  `ops.scatter_nd_update` on the Parameter). The write positions are computed once per graph, at its top;
 - past_length is computed in the graph as the attention mask's length minus the query's, so the caller passes
   only ids, the mask and positions; each `Shape(past)` the exporter wrote (the batch, the past length) reads the
   same numbers from there;
@@ -58,44 +58,46 @@ class CacheLayout:
 
 
 def function(opset: int) -> onnx.FunctionProto:
-    """KVCacheUpdate(cache [MB, N, MS, D], new [B, N, q, D], past_length int64 [1]) -> kv [B, N, past + q, D]:
-    `cache` with positions past + j of every row and head set to new[:, :, j], then its first B rows and
-    past + q positions."""
-    def const(name, value):
-        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, np.int64),
-                                                                                        name))
+    """KVCacheUpdate(cache [MB, N, MS, D], new [B, N, q, D], indices int64 [B, N, q, 3], total_length int64 [1])
+    -> kv [B, N, total, D]: `cache` with new[b, n, j] written at indices[b, n, j] (b, n, past + j), then its
+    first B rows and `total` (past + q) positions."""
     nodes = [
-        const("zero", 0), const("one", 1), const("axis0", [0]), const("last", [-1]), const("col", [-1, 1]),
-        const("starts", [0, 0]), const("axes02", [0, 2]),
-        helper.make_node("Shape", ["new"], ["bnq"], start=0, end=3),
-        helper.make_node("Shape", ["new"], ["b1"], start=0, end=1),
-        helper.make_node("Shape", ["new"], ["n1"], start=1, end=2),
-        helper.make_node("Shape", ["new"], ["q1"], start=2, end=3),
-        helper.make_node("Squeeze", ["b1", "axis0"], ["b"]),
-        helper.make_node("Squeeze", ["n1", "axis0"], ["n"]),
-        helper.make_node("Squeeze", ["q1", "axis0"], ["q"]),
-        helper.make_node("Squeeze", ["past_length", "axis0"], ["past"]),
-        helper.make_node("Add", ["past", "q"], ["end"]),
-        helper.make_node("Range", ["zero", "b", "one"], ["rows"]),  # [B]
-        helper.make_node("Range", ["zero", "n", "one"], ["heads"]),  # [N]
-        helper.make_node("Range", ["past", "end", "one"], ["cols"]),  # [q]
-        const("rows_shape", [-1, 1, 1]), const("heads_shape", [1, -1, 1]),
-        helper.make_node("Reshape", ["rows", "rows_shape"], ["rows3"]),
-        helper.make_node("Reshape", ["heads", "heads_shape"], ["heads3"]),
-        helper.make_node("Expand", ["rows3", "bnq"], ["row_idx"]),  # [B, N, q]
-        helper.make_node("Expand", ["heads3", "bnq"], ["head_idx"]),
-        helper.make_node("Expand", ["cols", "bnq"], ["col_idx"]),
-        helper.make_node("Unsqueeze", ["row_idx", "last"], ["row_idx4"]),
-        helper.make_node("Unsqueeze", ["head_idx", "last"], ["head_idx4"]),
-        helper.make_node("Unsqueeze", ["col_idx", "last"], ["col_idx4"]),
-        helper.make_node("Concat", ["row_idx4", "head_idx4", "col_idx4"], ["indices"], axis=-1),  # [B, N, q, 3]
+        helper.make_node("Constant", [], ["starts"], value=numpy_helper.from_array(np.array([0, 0], np.int64))),
+        helper.make_node("Constant", [], ["axes02"], value=numpy_helper.from_array(np.array([0, 2], np.int64))),
         helper.make_node("ScatterND", ["cache", "indices", "new"], ["written"]),
-        helper.make_node("Unsqueeze", ["end", "axis0"], ["end1"]),
-        helper.make_node("Concat", ["b1", "end1"], ["ends"], axis=0),
-        helper.make_node("Slice", ["written", "starts", "ends", "axes02"], ["kv"]),  # [B, N, past + q, D]
+        helper.make_node("Shape", ["new"], ["b1"], start=0, end=1),
+        helper.make_node("Concat", ["b1", "total_length"], ["ends"], axis=0),
+        helper.make_node("Slice", ["written", "starts", "ends", "axes02"], ["kv"]),
     ]
-    return helper.make_function(DOMAIN, OP, ["cache", "new", "past_length"], ["kv"], nodes,
+    return helper.make_function(DOMAIN, OP, ["cache", "new", "indices", "total_length"], ["kv"], nodes,
                                 opset_imports=[helper.make_opsetid("", max(opset, 13))], doc_string=function.__doc__)
+
+
+def _write_positions(p: str, heads: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
+    """Nodes computing, once per graph, where a step writes: indices [B, N, q, 3] = (b, n, past + j), from the
+    top's `{p}_batch`, `{p}_q`, `{p}_past_length`, `{p}_total` ([1] each)."""
+    k = f"{p}_n{heads}"
+    inits = [numpy_helper.from_array(np.array(v, np.int64), f"{k}_{name}") for name, v in
+             (("zero", 0), ("one", 1), ("axis0", [0]), ("last", [-1]), ("heads", [heads]), ("rows_shape", [-1, 1, 1]),
+              ("heads_shape", [1, -1, 1]), ("cols_shape", [1, 1, -1]), ("n", heads))]
+    nodes = [
+        helper.make_node("Concat", [f"{p}_batch", f"{k}_heads", f"{p}_q"], [f"{k}_bnq"], axis=0),
+        helper.make_node("Squeeze", [f"{p}_batch", f"{k}_axis0"], [f"{k}_b"]),
+        helper.make_node("Squeeze", [f"{p}_past_length", f"{k}_axis0"], [f"{k}_past"]),
+        helper.make_node("Squeeze", [f"{p}_total", f"{k}_axis0"], [f"{k}_end"]),
+        helper.make_node("Range", [f"{k}_zero", f"{k}_b", f"{k}_one"], [f"{k}_rows"]),
+        helper.make_node("Range", [f"{k}_zero", f"{k}_n", f"{k}_one"], [f"{k}_heads_range"]),
+        helper.make_node("Range", [f"{k}_past", f"{k}_end", f"{k}_one"], [f"{k}_cols"]),
+    ]
+    parts = []
+    for axis in ("rows", "heads_range", "cols"):
+        shape = {"rows": "rows_shape", "heads_range": "heads_shape", "cols": "cols_shape"}[axis]
+        nodes += [helper.make_node("Reshape", [f"{k}_{axis}", f"{k}_{shape}"], [f"{k}_{axis}3"]),
+                  helper.make_node("Expand", [f"{k}_{axis}3", f"{k}_bnq"], [f"{k}_{axis}_bnq"]),
+                  helper.make_node("Unsqueeze", [f"{k}_{axis}_bnq", f"{k}_last"], [f"{k}_{axis}4"])]
+        parts.append(f"{k}_{axis}4")
+    nodes.append(helper.make_node("Concat", parts, [f"{k}_indices"], axis=-1))
+    return nodes, inits, f"{k}_indices"
 
 
 def cache_names(model: onnx.ModelProto) -> list[str]:
@@ -188,6 +190,11 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
            helper.make_node("Sub", [f"{p}_total", f"{p}_q"], [f"{p}_past_length"])]
     inits = [numpy_helper.from_array(np.array([k], np.int64), f"{p}_i{k}") for k in range(3)]
     past_length = f"{p}_past_length"
+    indices = {}
+    for n in sorted({c[1] for c in caches.values()}):
+        index_nodes, index_inits, indices[n] = _write_positions(p, n)
+        top += index_nodes
+        inits += index_inits
     dtype_of = {}
     for name, (cache, n, d, _) in caches.items():
         elem = inputs[name].type.tensor_type.elem_type
@@ -218,7 +225,7 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
         concat = concat_of[name]
         concat.op_type, concat.domain = OP, DOMAIN
         del concat.attribute[:]
-        concat.input[:] = [cache, concat.input[1], past_length]
+        concat.input[:] = [cache, concat.input[1], indices[n], f"{p}_total"]
 
     kept_inputs = [vi for vi in graph.input if vi.name not in caches]
     del graph.input[:]
