@@ -151,20 +151,14 @@ torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
 from test_generate import _DECODER, _generate_matches_transformers, _run  # noqa: E402
-from test_hf_export import _gpt2, _llama, _save  # noqa: E402
+from test_hf_export import _gpt2, _llama, _save, llama_with_past  # noqa: E402,F401  (a fixture)
 
 
 @pytest.fixture(scope="module")
-def llama_stateful(tmp_path_factory):
+def llama_stateful(llama_with_past, tmp_path_factory):
     """(checkpoint, export folder, GEN_DIR compiled with --stateful-cache --target ascend, its report)."""
-    from graphconv.frontend.hf_export import export_checkpoint
-
-    base = tmp_path_factory.mktemp("stateful-llama")
-    torch.manual_seed(0)
-    src = _save(_llama(), base / "ckpt")
-    out = base / "out"
-    export_checkpoint(src, out, "text-generation-with-past")
-    gen = base / "gen"
+    src, out, _ = llama_with_past
+    gen = tmp_path_factory.mktemp("stateful-llama") / "gen"
     proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(out), "-o", str(gen), "--stateful-cache",
                            "--max-batch", "4", "--max-seq-len", "64", "--json"], capture_output=True, text=True,
                           cwd=ROOT)
