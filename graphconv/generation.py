@@ -9,6 +9,9 @@ per new token, present.* fed back as past_key_values.* and a 1 appended to the m
 eos is finished: it is fed the pad id from then on (its mask keeps growing, as transformers' generate does)
 and its sequence ends at the eos. The loop ends when every row is finished or max_new_tokens were made.
 
+A GEN_DIR compiled with --stateful-cache holds its cache in the MindIR's Parameters (generation.json's
+graphs.<step>.state): each call then takes ids, mask and positions only, within the capacity it states.
+
 MindSpore runs in a child process (graphconv.runtime.worker's "generate" task: both GraphCells loaded once,
 the whole loop there); this parent checks the arguments and, with check=True, replays the same token feed
 through onnxruntime on the ONNX pair and compares every step's logits (the last position's) on the rows still

@@ -22,6 +22,11 @@ generation script for an Ascend host.
                                            compile's report (and `cpu_twins` for the cpu ones)
 Each graph is compiled and verified by the one pipeline (graphconv/pipeline.py) with the options given.
 
+With --stateful-cache (`stateful_cache=True`), the one graph is first rewritten with its KV cache held in place
+(passes/stateful_cache.py, applied by the compile's load stage): the MindIRs take ids, mask and positions and
+give the logits, generation.json's graphs.<step>.state gives the capacity, and the cached steps are verified by
+generating against onnxruntime on the ONNX pair (report.json's `cache`).
+
 Weights: each MindIR holds its own copy. A MindIR cannot reference another file's Parameters (mindspore.load
 reads a graph's weights from the file itself or its own `_variables/` folder), so two graphs store the
 weights twice; report.json's `weights` says how many bytes each file holds.
