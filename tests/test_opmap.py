@@ -1118,6 +1118,32 @@ case("TensorScatter_circular_axis1", "TensorScatter",
      [x("batch", 5, 3), x("batch", 3, 3), x("batch", dtype=I64, gen=ints(0, 9))], {"mode": "circular", "axis": 1},
      opset=24)
 case("TensorScatter_no_write_indices", "TensorScatter", [x("batch", 6, 4), x("batch", 2, 4)], opset=24)
+def _kv_cache_update_case():
+    """graphconv::KVCacheUpdate, the KV cache held in place, on a with-past graph rewritten by
+    passes/stateful_cache.py: a call at past 0 (a prompt), whose value onnxruntime computes with the node's
+    function body (the write into the zero cache, read back). Calls in a row, whose state onnxruntime cannot
+    hold: tests/test_stateful_cache.py."""
+    from passes import stateful_cache
+
+    f32 = oh.np_dtype_to_tensor_dtype(np.dtype(F32))
+    graph = oh.make_graph(
+        [node("Concat", ["past_key_values.0.key", "new"], ["present.0.key"], axis=2),
+         node("Mul", ["present.0.key", "two"], ["y"])], "kv",
+        [oh.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
+         oh.make_tensor_value_info("attention_mask", onnx.TensorProto.INT64, ["batch", "seq"]),
+         oh.make_tensor_value_info("new", f32, ["batch", 2, "seq", 4]),
+         oh.make_tensor_value_info("past_key_values.0.key", f32, ["batch", 2, "past", 4])],
+        [onnx.ValueInfoProto(name="y")], [numpy_helper.from_array(np.array(2.0, F32), "two")])
+    model, _ = stateful_cache.make_stateful(oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)]),
+                                            max_batch=4, max_seq=8)
+    rng = np.random.default_rng(0)
+    feeds = [{"input_ids": np.zeros((d["batch"], d["seq"]), np.int64),
+              "attention_mask": np.ones((d["batch"], d["seq"]), np.int64),
+              "new": rng.standard_normal((d["batch"], 2, d["seq"], 4)).astype(F32)} for d in DIMS]
+    CASES.append(Case("KVCacheUpdate", "KVCacheUpdate", OPSET, model, feeds, domain=stateful_cache.DOMAIN))
+
+
+_kv_cache_update_case()
 case("Swish_alpha_0.7", "Swish", [x("batch", "seq", 4, gen=wide)], {"alpha": 0.7}, opset=24)
 case("SwiGLU_alpha", "SwiGLU", [x("batch", "seq", 8, gen=wide), x("batch", "seq", 8)], {"alpha": 1.5}, opset=28)
 case("LinearAttention_gated_delta_gqa_past", "LinearAttention",
