@@ -128,13 +128,17 @@ def _precision_options(command):
 @click.option("--max-seq-len", type=click.IntRange(min=2),
               help="With --stateful-cache: the cache's positions (default: the model's max_position_embeddings, "
                    "at most 4096).")
+@click.option("--cpu-twin/--no-cpu-twin", "cpu_twin", default=None,
+              help="Generation folder, --target ascend: write the cpu MindIRs too (default: where this host's "
+                   "memory can run them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
 def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,
                 atol, rtol,
                 report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, layer_streamed, save_fused,
-                bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, as_json, quiet, debug):
+                bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, cpu_twin, as_json, quiet,
+                debug):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU.
 
     MODEL may be the folder `graphconv export --task text-generation-with-past` wrote: both graphs are
@@ -154,7 +158,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
             emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes), plugins=tuple(plugins),
             verify_each=verify_each, save_fused=save_fused, bundle=bundle, soc=soc, cann=cann,
             shape_ranges=_parse_ranges(shape_range), stateful_cache=stateful_cache, max_batch=max_batch,
-            max_seq_len=max_seq_len)
+            max_seq_len=max_seq_len, cpu_twin=cpu_twin)
         if as_json:
             click.echo(json.dumps(report, indent=2, default=str))
         elif not quiet:
@@ -162,9 +166,9 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
         return
     if model.is_dir():
         raise click.UsageError(f"{model} is a folder without generation.json: give an .onnx file")
-    if stateful_cache or max_seq_len is not None:
-        raise click.UsageError("--stateful-cache and --max-seq-len apply to a generation folder (an export with "
-                               "--task text-generation-with-past)")
+    if stateful_cache or max_seq_len is not None or cpu_twin is not None:
+        raise click.UsageError("--stateful-cache, --max-seq-len and --cpu-twin apply to a generation folder (an "
+                               "export with --task text-generation-with-past)")
     for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):
         if path is not None and path.exists():
             raise click.UsageError(f"{flag} {path} already exists")

@@ -261,6 +261,9 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     device, notes = _resolve_device(device)
     mindirs = [gen_dir / f for f in mindir_files(gen, device)]
     missing = sorted({m.name for m in mindirs if not m.is_file()})
+    if missing and device == "cpu" and gen.get("cpu_twin", {}).get("written") is False:
+        raise UnsupportedError(f"{gen_dir}: no cpu MindIR, the compile did not write it: {gen['cpu_twin']['reason']} "
+                               "(generate on an Ascend host, or compile with --cpu-twin)")
     if missing:
         raise InputError(f"{gen_dir}: no {', '.join(missing)} (the {device} MindIRs; see `graphconv compile`)")
     too_large = fits_in_memory(sorted(set(mindirs)), gen) if device == "cpu" else None

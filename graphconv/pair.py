@@ -316,12 +316,23 @@ def _stateful_options(meta: dict, capacity: tuple[int, int], options: dict) -> d
     return {**options, "cache_capacity": capacity, "dims": {**dims, **(options.get("dims") or {})}}
 
 
+def _twin_unusable(mindir: Path, meta: dict, precision: str) -> str | None:
+    """Why `graphconv generate` could not run the cpu MindIR of the ascend MindIR `mindir` on this host (its
+    memory rule, graphconv.generation.fits_in_memory, on the weights in fp32), or None."""
+    from graphconv.generation import fits_in_memory
+
+    low = meta.get("dtype") in ("bf16", "fp16") or precision in ("fp16", "bf16")  # (the MindIR's weights: 2 bytes)
+    return fits_in_memory([mindir], {**meta, "dtype": "bf16" if low else "fp32"})
+
+
 def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
     """The stateful graph's cached steps against onnxruntime on the ONNX pair: three prompts of different lengths
     (left-padded), four greedy steps, every step's logits compared (graphconv.generation's --check)."""
     from graphconv.generation import fits_in_memory, generate, mindir_files
 
     capacity = meta["graphs"]["decode"]["state"]
+    if not all((gen_dir / f).is_file() for f in mindir_files(meta, "cpu")):
+        return {"skipped": f"no cpu MindIR: {meta.get('cpu_twin', {}).get('reason')}"}
     too_large = fits_in_memory([gen_dir / f for f in sorted(set(mindir_files(meta, "cpu")))], meta)
     if too_large:
         progress.warn(f"the cached steps are not checked: {too_large}")
@@ -342,11 +353,14 @@ def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
 
 def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progress | None = None,
                  inputs: tuple = (), report_path: Path | None = None, stateful_cache: bool = False,
-                 max_batch: int = 8, max_seq_len: int | None = None, **options) -> dict:
+                 max_batch: int = 8, max_seq_len: int | None = None, cpu_twin: bool | None = None,
+                 **options) -> dict:
     """Compile and verify both graphs of a generation pair into the new folder `gen_dir`; returns the report
     (a dict, the one written to report.json). Options are the compile's (CompileOptions fields). With
     `stateful_cache`, the one graph serving prompt and decode is compiled with its KV cache held in place
-    (capacity `max_batch` x `max_seq_len`, default the model's max_position_embeddings capped at 4,096)."""
+    (capacity `max_batch` x `max_seq_len`, default the model's max_position_embeddings capped at 4,096).
+    `cpu_twin`: write the cpu MindIRs beside an ascend compile's (None: where this host's memory can run them,
+    `graphconv generate`'s own rule)."""
     from graphconv.pipeline import compile as compile_graph
 
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
@@ -400,19 +414,27 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
             graphs[g] = compile_graph(source, staging / f"{g}.mindir", progress=progress,
                                       inputs=per_inputs[g], bundle=graph_bundle, **graph_options).to_dict()
             twin = staging / f"{g}.cpu.mindir"
+            unusable = None if target == "cpu" or cpu_twin else \
+                "not asked for (--no-cpu-twin)" if cpu_twin is False else \
+                _twin_unusable(staging / f"{g}.mindir", meta, options.get("precision", "fp32"))
             if target == "cpu":
                 os.link(staging / f"{g}.mindir", twin)
+            elif unusable:
+                progress.warn(f"{g}: the cpu MindIR is not written: {unusable}")
+                twins[g] = {"status": "not written", "reason": unusable}
+                meta = {**meta, "cpu_twin": {"written": False, "reason": unusable}}
             else:
                 progress.info(f"{g}: compile the cpu MindIR")
                 twins[g] = compile_graph(source, twin, progress=progress, inputs=per_inputs[g],
                                          **{**graph_options, "target": "cpu", "precision": "fp32",
                                             "keep_fp32": None}).to_dict()
-            weights[g] = {"mindir_bytes": mindir_bytes(staging / f"{g}.mindir"), "cpu_mindir_bytes": mindir_bytes(twin)}
+            weights[g] = {"mindir_bytes": mindir_bytes(staging / f"{g}.mindir"),
+                          "cpu_mindir_bytes": mindir_bytes(twin) if twin.exists() else 0}
         meta = {**meta, "source_dir": str(export_dir.resolve())}
         if tokenizer.copy(export_dir / meta.get("tokenizer", "."), staging / "tokenizer"):  # (a builder's: at its top)
             meta["tokenizer"] = "tokenizer"
         (staging / "generation.json").write_text(json.dumps(meta, indent=2))
-        statuses = [r["status"] for r in [*graphs.values(), *twins.values()]]
+        statuses = [r["status"] for r in [*graphs.values(), *twins.values()] if r["status"] != "not written"]
         cached_steps = _check_cached_steps(staging, meta, progress) if capacity is not None and options.get(
             "verify", True) else None
         report = {
@@ -421,7 +443,7 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
             "status": "verified" if all(s == "verified" for s in statuses) else "unverified",
             "exit_code": 0,
             "artifacts": {g: str(gen_dir / f"{g}.mindir") for g in sources}
-            | {f"{g}_cpu": str(gen_dir / f"{g}.cpu.mindir") for g in sources},
+            | {f"{g}_cpu": str(gen_dir / f"{g}.cpu.mindir") for g in sources if (staging / f"{g}.cpu.mindir").exists()},
             "weights": {**weights, "shared": False,
                         "note": "each MindIR holds its own copy of the weights: a MindIR cannot reference another "
                                 "file's Parameters"},

@@ -422,3 +422,27 @@ def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tm
     assert ran.returncode == 0, ran.stderr[-2000:]
     ours = _run(str(gen), "--input-ids", _ids_arg(PROMPTS), "--max-new-tokens", "6")
     assert ours.returncode == 0 and ran.stdout.split("\n") == ours.stdout.split("\n")
+
+
+def test_the_cpu_twin_is_written_only_where_this_host_can_run_it(llama_gen, tmp_path, monkeypatch):
+    """An ascend compile writes decode.cpu.mindir where `generate` could run it here (its memory rule); where
+    it could not, the MindIR is not written (the ascend MindIR is verified all the same, on its twin network),
+    the report and generation.json say why, and a cpu generate names the reason and --cpu-twin. --cpu-twin
+    writes it anyway."""
+    from graphconv import generation
+    from graphconv.pair import compile_pair
+
+    _, out, _ = llama_gen
+    monkeypatch.setattr(generation, "fits_in_memory", lambda mindirs, gen: "needs about 25 GiB, 23.0 available")
+    gen = tmp_path / "gen"
+    report = compile_pair(out, gen, target="ascend")
+    assert report["status"] == "verified" and (gen / "decode.mindir").is_file()
+    assert not (gen / "decode.cpu.mindir").exists() and "decode_cpu" not in report["artifacts"]
+    assert report["cpu_twins"]["decode"] == {"status": "not written", "reason": "needs about 25 GiB, 23.0 available"}
+    import graphconv
+
+    with pytest.raises(graphconv.UnsupportedError, match=r"no cpu MindIR, the compile did not write it: needs about 25 "
+                                                          r"GiB.*--cpu-twin"):
+        graphconv.generate(gen, [[1, 2, 3]], 2, device="cpu")
+    forced = compile_pair(out, tmp_path / "forced", target="ascend", cpu_twin=True)
+    assert (tmp_path / "forced" / "decode.cpu.mindir").is_file() and forced["cpu_twins"]["decode"]["status"] == "verified"
