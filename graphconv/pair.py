@@ -45,7 +45,7 @@ import numpy as np
 from graphconv.errors import InputError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
-from graphconv.generation import mindir_bytes
+from graphconv.generation import cache_dtype, mindir_bytes
 from graphconv.progress import SILENT, Progress
 from graphconv.workspace import partial_dir
 
@@ -264,7 +264,7 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
     decode = meta["graphs"]["decode"]
     if meta.get("cache_feeds"):  # transformers' exporter: its decode graph serves the prompt if it takes any length
         length = decode["inputs"]["input_ids"][1]
-        if isinstance(length, int) or str(length).isdigit():
+        if isinstance(length, int):
             raise InputError(f"--stateful-cache: the decode graph takes {length} token(s) "
                              "a call, so it cannot take the prompt (export_for_generation(..., multi_token_decode=True))")
     elif tuple(sources) != ("decode",) or not meta["graphs"]["prefill"].get("empty_cache"):
@@ -290,7 +290,7 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
 
 def _cache_bytes_per_position(meta: dict) -> int:
     """Bytes of keys and values one row's position takes over all layers."""
-    itemsize = 4 if (meta.get("cache_dtype") or meta.get("dtype", "fp32")) == "fp32" else 2
+    itemsize = 4 if cache_dtype(meta) == "fp32" else 2
     return 2 * int(meta.get("num_layers") or 0) * int(meta.get("num_kv_heads") or 0) * int(meta.get("head_dim") or 0) \
         * itemsize
 

@@ -99,11 +99,8 @@ class Compiler:
             proto, layout = stateful_cache.make_stateful(model.proto, max_batch, max_seq)
         except stateful_cache.NotStateful as e:
             raise UnsupportedError(f"the KV cache cannot be held in place: {e}") from None
-        itemsize = {onnx.TensorProto.FLOAT: 4}.get(
-            next(i for i in proto.graph.initializer if i.name.startswith(stateful_cache.CACHE_PREFIX)).data_type, 2)
         detail = {"max_batch": max_batch, "max_seq": max_seq, "layout": "[max_batch, kv_heads, max_seq, head_dim]",
-                  "caches": {past: cache for past, (cache, *_) in layout.caches.items()},
-                  "bytes": layout.cache_bytes(itemsize)}
+                  "caches": {past: cache for past, (cache, *_) in layout.caches.items()}, "bytes": layout.nbytes}
         return dataclasses.replace(model, proto=infer_shapes(proto, self.model_path)), detail
 
     def reference_cases(self, loaded: Loaded) -> list[reference.ReferenceCase]:

@@ -36,6 +36,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from graphconv.frontend.load import value_dims
+
 DOMAIN = "graphconv"
 DOMAIN_VERSION = 1
 OP = "KVCacheUpdate"
@@ -52,9 +54,7 @@ class CacheLayout:
     max_seq: int
     # past input name -> (cache initializer name, kv heads, head dim, the present output it replaced or None)
     caches: dict[str, tuple[str, int, int, str | None]]
-
-    def cache_bytes(self, itemsize: int) -> int:
-        return sum(self.max_batch * self.max_seq * n * d * itemsize for _, n, d, _ in self.caches.values())
+    nbytes: int  # the caches' zeros, stored as initializers
 
 
 def function(opset: int) -> onnx.FunctionProto:
@@ -130,12 +130,6 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     return uses
 
 
-def _static_dims(vi: onnx.ValueInfoProto) -> list:
-    """The dims, numbers as ints (also where an exporter wrote one as a dim_param: transformers' exporter's "2")."""
-    return [d.dim_value if d.HasField("dim_value") else int(d.dim_param) if d.dim_param.isdigit() else
-            (d.dim_param or None) for d in vi.type.tensor_type.shape.dim]
-
-
 def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_names: list[str] | None = None,
                   ids: str = "input_ids", mask: str = "attention_mask") -> tuple[onnx.ModelProto, CacheLayout]:
     """The stateful graph of a with-past `model` (changed in place and returned) and its cache layout.
@@ -154,7 +148,7 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
     concat_of: dict[str, onnx.NodeProto] = {}
     shapes_of: dict[str, list[onnx.NodeProto]] = {}
     for name in past_names:
-        dims = _static_dims(inputs[name])
+        dims = value_dims(inputs[name])
         if len(dims) != 4 or not isinstance(dims[1], int) or not isinstance(dims[3], int):
             raise NotStateful(f"{name}: shape {dims}, not [batch, kv heads, past, head dim] with static heads and "
                               "head dim")
@@ -195,19 +189,15 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
         index_nodes, index_inits, indices[n] = _write_positions(p, n)
         top += index_nodes
         inits += index_inits
-    dtype_of = {}
+    nbytes = 0
     for name, (cache, n, d, _) in caches.items():
         elem = inputs[name].type.tensor_type.elem_type
-        dtype_of[name] = elem
         np_dtype = helper.tensor_dtype_to_np_dtype(elem)
         if np_dtype.kind != "f" and elem != onnx.TensorProto.BFLOAT16:
             raise NotStateful(f"{name}: cache dtype {onnx.TensorProto.DataType.Name(elem)} is not a float")
-        zeros = numpy_helper.from_array(np.zeros((max_batch, n, max_seq, d), np.float32), cache)
-        if elem != onnx.TensorProto.FLOAT:
-            zeros = helper.make_tensor(cache, elem, [max_batch, n, max_seq, d],
-                                       np.zeros(max_batch * max_seq * n * d, np.uint16 if elem == onnx.TensorProto.BFLOAT16
-                                                else np_dtype).tobytes(), raw=True)
-        inits.append(zeros)
+        size = max_batch * n * max_seq * d * np_dtype.itemsize
+        inits.append(helper.make_tensor(cache, elem, [max_batch, n, max_seq, d], bytes(size), raw=True))  # zeros
+        nbytes += size
         shape_value = f"{p}_{len(top)}_shape"
         inits += [numpy_helper.from_array(np.array([n], np.int64), f"{shape_value}_n"),
                   numpy_helper.from_array(np.array([d], np.int64), f"{shape_value}_d")]
@@ -245,4 +235,4 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
         model.functions.append(function(opset))
     if not any(i.domain == DOMAIN for i in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
-    return model, CacheLayout(max_batch, max_seq, caches)
+    return model, CacheLayout(max_batch, max_seq, caches, nbytes)
