@@ -489,10 +489,10 @@ def summary(report: dict) -> str:
     cache = report.get("cache")
     if cache:
         check = cache.get("cached_steps_check") or {}
+        checked = f"; cached steps not checked: {check['skipped']}" if "skipped" in check else \
+            f"; {check['steps']} cached steps match onnxruntime (max_abs {check['max_abs']:.2g})" if check else ""
         lines.append(f"  KV cache held in place: {cache['max_batch']} rows x {cache['max_seq']} positions, "
-                     f"{len(cache['caches'])} caches, {cache['bytes'] / 2**20:.1f} MiB"
-                     + (f"; {check['steps']} cached steps match onnxruntime (max_abs {check['max_abs']:.2g})"
-                        if check else ""))
+                     f"{len(cache['caches'])} caches, {cache['bytes'] / 2**20:.1f} MiB" + checked)
     w = report["weights"]
     lines.append("  weights: " + ", ".join(f"{g} {w[g]['mindir_bytes'] / 2**20:.1f} MiB" for g in report["graphs"])
                  + (f" ({w['note']})" if len(report["graphs"]) > 1 else ""))

@@ -249,12 +249,13 @@ def test_cached_steps_too_large_for_this_host_are_skipped_with_the_reason(llama_
     """Where MindSpore CPU cannot hold the model (the 1.1B), the compile still verifies the prompt calls, and
     the report says the cached steps were not checked and why."""
     from graphconv import generation
-    from graphconv.pair import compile_pair
+    from graphconv.pair import compile_pair, summary
 
     _, out, _, _ = llama_stateful
     monkeypatch.setattr(generation, "fits_in_memory", lambda mindirs, gen: "needs about 25 GiB")
     report = compile_pair(out, tmp_path / "gen", target="cpu", stateful_cache=True, max_batch=2, max_seq_len=16)
     assert report["status"] == "verified" and report["cache"]["cached_steps_check"] == {"skipped": "needs about 25 GiB"}
+    assert "cached steps not checked: needs about 25 GiB" in summary(report)  # (what the CLI prints)
 
 
 STATEFUL_ARCHITECTURES = {  # beyond Llama: learned positions, sliding windows of 4 (shorter than the prompts)
