@@ -42,17 +42,17 @@ def transformers_tokens(ckpt: Path) -> tuple[list[list[int]], list[int | None]]:
     import torch
     import transformers
 
-    from graphconv.runtime import greedy
+    from graphconv.runtime import decoding
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
     generation = model.generation_config.to_dict()
-    eos, pad = greedy.eos_ids(generation), greedy.pad_id(generation)
-    ids, mask = greedy.left_pad(PROMPTS, pad)
+    eos, pad = decoding.eos_ids(generation), decoding.pad_id(generation)
+    ids, mask = decoding.left_pad(PROMPTS, pad)
     with torch.no_grad():
         out = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), do_sample=False,
                              max_new_tokens=NEW_TOKENS, pad_token_id=pad, return_dict_in_generate=True,
                              output_scores=True)
-    rows, _ = greedy.sequences(out.sequences[:, ids.shape[1]:].numpy(), eos)
+    rows, _ = decoding.sequences(out.sequences[:, ids.shape[1]:].numpy(), eos)
     gaps = [[float(torch.topk(out.scores[k][r], 2).values.diff().abs()) for k in range(len(row))]
             for r, row in enumerate(rows)]
     ties = [next((k for k, g in enumerate(row) if g < TIE), None) for row in gaps]

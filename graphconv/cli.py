@@ -296,25 +296,38 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
               help="With --check: the folder of prefill.onnx + decode.onnx (default: generation.json's "
                    "source_dir, else GEN_DIR/onnx).")
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="With --check: the logits' tolerance.")
+@click.option("--do-sample", is_flag=True,
+              help="Sample each token as transformers' generate(do_sample=True) does (default: greedy).")
+@click.option("--temperature", type=float, help="With --do-sample (default: the checkpoint's generation_config, else 1).")
+@click.option("--top-k", type=int, help="With --do-sample: keep the k highest logits, 0 keeps all (default: the "
+              "checkpoint's, else 50).")
+@click.option("--top-p", type=float, help="With --do-sample: keep the smallest set of tokens whose probability "
+              "reaches p (default: the checkpoint's, else 1).")
+@click.option("--seed", type=int, help="With --do-sample: the random seed (default: one is drawn, and printed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but the ids and errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
-def generate_cmd(gen_dir, input_ids, input_ids_file, texts, max_new_tokens, device, check, onnx_dir, atol, as_json,
-                 quiet, debug):
-    """Greedy decoding with the compiled generation folder GEN_DIR (what `graphconv compile` writes for an
-    `export --task text-generation-with-past` folder). Prints one line per prompt: its new token ids, or with
-    --prompt its new text as a JSON string."""
+def generate_cmd(gen_dir, input_ids, input_ids_file, texts, max_new_tokens, device, check, onnx_dir, atol, do_sample,
+                 temperature, top_k, top_p, seed, as_json, quiet, debug):
+    """Greedy decoding (or, with --do-sample, sampling) with the compiled generation folder GEN_DIR (what
+    `graphconv compile` writes for an `export --task text-generation-with-past` folder). Prints one line per
+    prompt: its new token ids, or with --prompt its new text as a JSON string."""
     from graphconv.generation import generate, parse_input_ids, read_input_ids_file
 
     _set_debug(debug)
     if [input_ids is not None, input_ids_file is not None, bool(texts)].count(True) != 1:
         raise click.UsageError("give the prompts with --input-ids, --input-ids-file or --prompt (one of them)")
+    given = {"--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--seed": seed}
+    if not do_sample and any(v is not None for v in given.values()):
+        raise click.UsageError(f"{', '.join(k for k, v in given.items() if v is not None)} "
+                               "go(es) with --do-sample (greedy decoding draws nothing)")
     prompts = parse_input_ids(input_ids) if input_ids is not None else \
         read_input_ids_file(input_ids_file) if input_ids_file is not None else None
     progress = Progress.for_cli(quiet)
     try:
+        sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed} if do_sample else None
         result = generate(gen_dir, prompts, max_new_tokens, check=check, device=device, onnx_dir=onnx_dir,
-                          atol=atol, progress=progress, text=list(texts) if texts else None)
+                          atol=atol, progress=progress, text=list(texts) if texts else None, sampling=sampling)
     except GraphconvError as e:
         if getattr(e, "result", None) is not None and as_json:
             click.echo(e.result.to_json())

@@ -1,4 +1,4 @@
-"""`graphconv generate GEN_DIR`: greedy decoding with a compiled prefill + decode pair (issue 15 item 5).
+"""`graphconv generate GEN_DIR`: greedy decoding (or sampling) with a compiled prefill + decode pair.
 
 GEN_DIR holds what `graphconv compile X` writes for an `export --task text-generation-with-past` folder X:
 prefill.mindir + decode.mindir (the --target's MindIRs), prefill.cpu.mindir + decode.cpu.mindir (MindSpore
@@ -8,6 +8,8 @@ cumsum(mask) - 1, padded positions 0, as generation.json says); the prefill runs
 per new token, present.* fed back as past_key_values.* and a 1 appended to the mask. A row that produced an
 eos is finished: it is fed the pad id from then on (its mask keeps growing, as transformers' generate does)
 and its sequence ends at the eos. The loop ends when every row is finished or max_new_tokens were made.
+With sampling, each token is drawn as transformers' generate(do_sample=True) draws it (runtime/decoding.sampler),
+with the checkpoint's temperature, top_k and top_p unless given.
 
 A GEN_DIR compiled with --stateful-cache holds its cache in the MindIR's Parameters (generation.json's
 graphs.<step>.state): each call then takes ids, mask and positions only, within the capacity it states.
@@ -15,8 +17,8 @@ graphs.<step>.state): each call then takes ids, mask and positions only, within 
 MindSpore runs in a child process (graphconv.runtime.worker's "generate" task: both GraphCells loaded once,
 the whole loop there); this parent checks the arguments and, with check=True, replays the same token feed
 through onnxruntime on the ONNX pair and compares every step's logits (the last position's) on the rows still
-generating: max_abs beyond the tolerance, or an argmax that differs from the token MindSpore chose (unless
-the two are tied within the tolerance in onnxruntime's logits), is a VerificationError (exit 2).
+generating: max_abs beyond the tolerance, or an argmax that differs from MindSpore's (unless the two are tied
+within the tolerance in onnxruntime's logits), is a VerificationError (exit 2).
 
 The ONNX pair for the check: `onnx_dir` if given, else generation.json's "source_dir", else GEN_DIR/onnx/;
 file names from generation.json's graphs.{prefill,decode}.file.
@@ -37,7 +39,7 @@ from graphconv.errors import InputError, UnsupportedError, VerificationError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
-from graphconv.runtime import greedy
+from graphconv.runtime import decoding
 
 DEVICES = ("auto", "ascend", "cpu")
 ATOL = 1e-4
@@ -59,6 +61,7 @@ class GenerationResult:
     timings: dict = dataclasses.field(default_factory=dict)  # seconds: load, prefill, decode per step
     notes: list[str] = dataclasses.field(default_factory=list)
     texts: list[str] | None = None  # with text prompts: each prompt's new tokens decoded (special tokens skipped)
+    sampling: dict | None = None  # with do_sample: temperature, top_k, top_p and the seed drawn with
     # with check: each step's last-position logits [batch, vocab] (Python API only, not in the JSON)
     step_logits: list | None = dataclasses.field(default=None, repr=False)
 
@@ -216,6 +219,25 @@ def _batches(prompts: list[list[int]], gen: dict) -> list[list[int]]:
     return list(groups.values())
 
 
+def sampling_options(gen: dict, temperature=None, top_k=None, top_p=None, seed=None) -> dict:
+    """The sampling settings: each given one, else the checkpoint's (generation.json's `sampling`, from its
+    generation_config.json), else transformers' default; a seed drawn when none is given (reported, so a run
+    can be repeated). InputError on a value transformers refuses."""
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    saved = gen.get("sampling") or {}
+    out = {k: v if v is not None else saved.get(k, decoding.SAMPLING_DEFAULTS[k]) for k, v in given.items()}
+    if not isinstance(out["temperature"], (int, float)) or not out["temperature"] > 0:
+        raise InputError(f"temperature must be > 0 (got {out['temperature']!r})")
+    if not _is_int(out["top_k"]) or out["top_k"] < 0:
+        raise InputError(f"top_k must be an integer >= 0 (got {out['top_k']!r}; 0 keeps every token)")
+    if not isinstance(out["top_p"], (int, float)) or not 0 < out["top_p"] <= 1:
+        raise InputError(f"top_p must be in (0, 1] (got {out['top_p']!r}; 1 keeps every token)")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise InputError(f"seed must be an integer >= 0 (got {seed!r})")
+    return {"temperature": float(out["temperature"]), "top_k": int(out["top_k"]), "top_p": float(out["top_p"]),
+            "seed": int(np.random.SeedSequence().entropy % 2**32) if seed is None else int(seed)}
+
+
 def _onnx_pair(gen_dir: Path, gen: dict, onnx_dir: Path | None) -> tuple[Path, Path]:
     if onnx_dir is not None:
         where, how = Path(onnx_dir), "--onnx-dir"
@@ -235,8 +257,9 @@ def _onnx_pair(gen_dir: Path, gen: dict, onnx_dir: Path | None) -> tuple[Path, P
 
 def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = False, device: str = "auto", *,
              onnx_dir: str | Path | None = None, atol: float = ATOL, progress: Progress | None = None,
-             text: list[str] | None = None) -> GenerationResult:
-    """Greedy decoding of the prompts `input_ids` (a list of token-id lists; one list is one prompt), or of the
+             text: list[str] | None = None, sampling: dict | None = None) -> GenerationResult:
+    """Greedy decoding (or, with `sampling` {temperature, top_k, top_p, seed}, each None for the default: see
+    sampling_options, sampling) of the prompts `input_ids` (a list of token-id lists; one list is one prompt), or of the
     `text` prompts (input_ids None) encoded by the folder's tokenizer, with the compiled model in `gen_dir`.
     Raises InputError (bad input, exit 1) or, with check, VerificationError (exit 2; the result is attached as
     `.result`)."""
@@ -258,7 +281,11 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         input_ids = [tok(t)["input_ids"] for t in text]
     prompts = _prompts(input_ids, gen.get("vocab_size"))
     _check_capacity(gen, prompts, max_new_tokens)
+    if sampling is not None:
+        sampling = sampling_options(gen, **sampling)
     device, notes = _resolve_device(device)
+    if sampling is not None:  # (the seed printed, so that a run can be repeated)
+        notes.append("sampling: " + ", ".join(f"{k} {v}" for k, v in sampling.items()))
     mindirs = [gen_dir / f for f in mindir_files(gen, device)]
     missing = sorted({m.name for m in mindirs if not m.is_file()})
     if missing and device == "cpu" and gen.get("cpu_twin", {}).get("written") is False:
@@ -273,17 +300,19 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     for note in notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
 
-    pad = greedy.pad_id(gen)
+    pad = decoding.pad_id(gen)
     sequences, reasons, steps, ms_logits, timings = [None] * len(prompts), [None] * len(prompts), [], [], {}
     failure = None
-    for batch in _batches(prompts, gen):
-        ids, mask = greedy.left_pad([prompts[k] for k in batch], pad)
+    for number, batch in enumerate(_batches(prompts, gen)):
+        ids, mask = decoding.left_pad([prompts[k] for k in batch], pad)
         with Workspace(Path(tempfile.gettempdir()) / "graphconv-generate") as ws:
             prompt_path = ws.path("prompt.npz")
             np.savez(prompt_path, input_ids=ids, attention_mask=mask)
             task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
-                    "eos_token_ids": greedy.eos_ids(gen), "pad_token_id": pad, "cache_feeds": gen.get("cache_feeds"),
+                    "eos_token_ids": decoding.eos_ids(gen), "pad_token_id": pad, "cache_feeds": gen.get("cache_feeds"),
                     "logits": str(ws.path("logits.npz")) if check else None,
+                    # each batch its own stream of draws, all from the one seed
+                    "sampling": {**sampling, "seed": [sampling["seed"], number]} if sampling else None,
                     **{g: {"mindir": str(m), "inputs": _specs(mindir_io(gen["graphs"][g])[0], cache_dtype(gen)),
                            "outputs": mindir_io(gen["graphs"][g])[1],
                            "empty_cache": bool(gen["graphs"][g].get("empty_cache"))}
@@ -296,16 +325,16 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
                     logits = [data[f"step{k}"] for k in range(tokens.shape[1])]
                 ms_logits.append(logits)
                 batch_steps, batch_failure = _check(onnx_pair, gen, ids, mask, tokens, logits,
-                                                    greedy.eos_ids(gen), atol, progress)
+                                                    decoding.eos_ids(gen), atol, progress)
                 steps += [{**s, "prompts": [k + 1 for k in batch]} if len(batch) < len(prompts) else s
                           for s in batch_steps]
                 failure = failure or batch_failure
-        for k, seq, why in zip(batch, *greedy.sequences(tokens, greedy.eos_ids(gen))):
+        for k, seq, why in zip(batch, *decoding.sequences(tokens, decoding.eos_ids(gen))):
             sequences[k], reasons[k] = seq, why
         for key, value in done.get("timings", {}).items():
             timings.setdefault(key, value)
     result = GenerationResult(sequences=sequences, prompt_lengths=[len(p) for p in prompts],
-                              finish_reasons=reasons, device=device, steps=steps,
+                              finish_reasons=reasons, device=device, steps=steps, sampling=sampling,
                               timings=timings, notes=notes,
                               step_logits=(ms_logits[0] if len(ms_logits) == 1 else ms_logits) if check else None,
                               texts=None if tok is None else [tok.decode(s, skip_special_tokens=True) for s in sequences])
@@ -368,25 +397,25 @@ def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) ->
         session, weight_feeds = sessions[onnx_pair[k]]
         by_name = {sp["name"]: sp for sp in _specs(graphs[k]["inputs"], cache_dtype(gen))}
         specs = [by_name[i.name] for i in session.get_inputs() if i.name in by_name]
-        feed = greedy.step_feed(specs, ids, mask, positions, cache, bool(graphs[k].get("empty_cache")))
+        feed = decoding.step_feed(specs, ids, mask, positions, cache, bool(graphs[k].get("empty_cache")))
         out = session.run(None, {**{sp["name"]: v for sp, v in zip(specs, feed)}, **weight_feeds})
-        return greedy.split_outputs([o.name for o in session.get_outputs()], out, gen.get("cache_feeds"))
+        return decoding.split_outputs([o.name for o in session.get_outputs()], out, gen.get("cache_feeds"))
 
-    logits, cache = run(0, ids, mask, greedy.positions(mask))
+    logits, cache = run(0, ids, mask, decoding.positions(mask))
     steps, failure = [], None
     running = np.ones(ids.shape[0], bool)
     t0 = time.perf_counter()
     for k in range(tokens.shape[1]):
         if k > 0:
             mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
-            logits, cache = run(1, tokens[:, k - 1:k], mask, greedy.positions(mask)[:, -1:], cache)
+            logits, cache = run(1, tokens[:, k - 1:k], mask, decoding.positions(mask)[:, -1:], cache)
         ref = logits[:, -1]
         got = ms_logits[k]
         rows = np.flatnonzero(running)
         diff = np.abs(ref[rows].astype(np.float64) - got[rows])
         max_abs = float(diff.max()) if diff.size and np.isfinite(diff).all() else float("inf") if diff.size else 0.0
         ort_tokens = ref[rows].argmax(-1)
-        chosen = tokens[rows, k]
+        chosen = got[rows].argmax(-1)  # (what greedy decoding chose; a sampled token may be another)
         match = bool((ort_tokens == chosen).all())
         steps.append({"step": k, "max_abs": max_abs, "argmax_match": match})
         if failure is None:
@@ -397,8 +426,8 @@ def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) ->
                 for r, o, c in zip(rows, ort_tokens, chosen):
                     gap = float(ref[r, o] - ref[r, c])
                     if o != c and gap > atol:  # not a tie within the tolerance
-                        failure = (f"--check: step {k}, prompt {r + 1}: MindSpore chose token {c}, onnxruntime "
-                                   f"{o} (its logits {gap:.3g} apart)")
+                        failure = (f"--check: step {k}, prompt {r + 1}: MindSpore's highest logit is token {c}, "
+                                   f"onnxruntime's {o} (its logits {gap:.3g} apart)")
                         break
         running &= ~np.isin(tokens[:, k], eos)
     progress.info(f"check: {len(steps)} steps in {time.perf_counter() - t0:.1f}s, max_abs "

@@ -47,6 +47,7 @@ from graphconv.frontend import tokenizer
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.generation import cache_dtype, mindir_bytes
 from graphconv.progress import SILENT, Progress
+from graphconv.runtime import decoding
 from graphconv.workspace import partial_dir
 
 GRAPHS = ("prefill", "decode")
@@ -163,6 +164,7 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
         "source": "onnxruntime-genai model builder (genai_config.json)",
         "bos_token_id": model.get("bos_token_id"), "eos_token_id": model.get("eos_token_id"),
         "pad_token_id": model.get("pad_token_id"), "num_layers": decoder.get("num_hidden_layers"),
+        "sampling": decoding.sampling_settings(config.get("search")),
         "num_kv_heads": decoder.get("num_key_value_heads"), "head_dim": head,
         "vocab_size": model.get("vocab_size"), "hidden_size": decoder.get("hidden_size"), "dtype": dtype,
         "cache_dtype": dtype,
@@ -248,6 +250,7 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
         "source": f"transformers' exporter ({_EXPORT_MANIFEST})",
         "bos_token_id": token("bos_token_id"), "eos_token_id": token("eos_token_id"),
         "pad_token_id": token("pad_token_id"), "num_layers": len(past) // 2,
+        "sampling": decoding.sampling_settings(generation_config),
         "num_kv_heads": value_dims(past[0])[1], "head_dim": value_dims(past[0])[3],
         "vocab_size": graphs["decode"]["outputs"]["logits"][-1], "hidden_size": text.get("hidden_size"),
         "max_position_embeddings": text.get("max_position_embeddings"),

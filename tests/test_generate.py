@@ -398,6 +398,41 @@ def test_gen_dir_layout_is_what_generate_reads(llama_gen):
     assert meta["graphs"]["decode"]["mindir"] == "decode"
 
 
+def test_sampling_repeats_with_its_seed_and_top_k_1_is_greedy(llama_gen):
+    """--do-sample: the seed repeats the tokens and another seed changes them (temperature 3 over the tiny
+    model's vocabulary); top_k 1 leaves one token, so it gives greedy's tokens; --check holds (it compares the
+    logits on the sampled feed, and each step's argmax with onnxruntime's); the settings used are reported."""
+    _, _, gen = llama_gen
+    args = (str(gen), "--input-ids", _ids_arg(PROMPTS), "--max-new-tokens", "8")
+    greedy = _run(*args)
+    first = _run(*args, "--do-sample", "--temperature", "3", "--seed", "5", "--check", "--json")
+    again = _run(*args, "--do-sample", "--temperature", "3", "--seed", "5")
+    other = _run(*args, "--do-sample", "--temperature", "3", "--seed", "6")
+    top1 = _run(*args, "--do-sample", "--top-k", "1", "--seed", "9")
+    for proc in (greedy, first, again, other, top1):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(first.stdout)
+    assert result["sampling"] == {"temperature": 3.0, "top_k": 50, "top_p": 1.0, "seed": 5}
+    assert len(result["steps"]) == 8 and all(s["argmax_match"] for s in result["steps"])
+    sampled = [" ".join(map(str, s)) for s in result["sequences"]]
+    assert again.stdout.split("\n")[:3] == sampled
+    assert other.stdout.split("\n")[:3] != sampled
+    assert sampled != greedy.stdout.split("\n")[:3]
+    assert top1.stdout == greedy.stdout
+    assert "note: sampling: temperature 1.0, top_k 1, top_p 1.0, seed 9" in top1.stderr
+
+
+@pytest.mark.parametrize("flags, code, says", [
+    (["--temperature", "0.5", "--seed", "1"], 1, "--temperature, --seed go(es) with --do-sample"),
+    (["--do-sample", "--temperature", "0"], 1, "temperature must be > 0"),
+    (["--do-sample", "--top-p", "1.5"], 1, "top_p must be in (0, 1]"),
+])
+def test_sampling_flags_are_checked(llama_gen, flags, code, says):
+    _, _, gen = llama_gen
+    proc = _run(str(gen), "--input-ids", "5,6", *flags)
+    assert proc.returncode == code and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tmp_path):
     """--bundle on a pair: each graph's bundle and generate_mindspore.py, which carries graphconv's greedy loop
     verbatim and, run with MindSpore alone (--device CPU: a --target cpu pair), prints the tokens
@@ -405,7 +440,7 @@ def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tm
     import inspect
 
     from graphconv.pair import compile_pair
-    from graphconv.runtime import greedy
+    from graphconv.runtime import decoding
 
     _, out, gen = llama_gen
     bundle = tmp_path / "bundle"
@@ -414,7 +449,7 @@ def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tm
                                                         "generation.json"]
     assert (bundle / "decode" / "model" / "decode.mindir").is_file()
     script = (bundle / "generate_mindspore.py").read_text()
-    assert inspect.getsource(greedy.greedy) in script  # the loop, copied
+    assert inspect.getsource(decoding.decode_loop) in script  # the loop, copied
     assert "import graphconv" not in script and "from graphconv" not in script
     ran = subprocess.run([sys.executable, str(bundle / "generate_mindspore.py"), "--input-ids", _ids_arg(PROMPTS),
                           "--max-new-tokens", "6", "--device", "CPU"], capture_output=True, text=True,
@@ -422,6 +457,13 @@ def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tm
     assert ran.returncode == 0, ran.stderr[-2000:]
     ours = _run(str(gen), "--input-ids", _ids_arg(PROMPTS), "--max-new-tokens", "6")
     assert ours.returncode == 0 and ran.stdout.split("\n") == ours.stdout.split("\n")
+    sample = ["--do-sample", "--temperature", "3", "--seed", "11"]
+    ran = subprocess.run([sys.executable, str(bundle / "generate_mindspore.py"), "--input-ids", _ids_arg(PROMPTS),
+                          "--max-new-tokens", "6", "--device", "CPU", *sample], capture_output=True, text=True,
+                         cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
+    ours_sampled = _run(str(gen), "--input-ids", _ids_arg(PROMPTS), "--max-new-tokens", "6", *sample)
+    assert ran.returncode == 0 and ours_sampled.returncode == 0, ran.stderr[-2000:] + ours_sampled.stderr[-2000:]
+    assert ran.stdout == ours_sampled.stdout != ours.stdout
 
 
 def test_the_cpu_twin_is_written_only_where_this_host_can_run_it(llama_gen, tmp_path, monkeypatch):

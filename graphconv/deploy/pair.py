@@ -1,8 +1,8 @@
 """The deploy bundle of a generation directory (`graphconv compile EXPORT_DIR -o GEN_DIR --bundle DIR`): each
 graph's own bundle (DIR/decode/, and DIR/prefill/ where the prompt has its own graph: MindIR, ONNX, reference
 cases, the MindSpore, Lite and ATC routes, written by the one-graph writer), plus at the top generation.json
-and generate_mindspore.py, a greedy generation script for an Ascend host whose loop is graphconv's own
-(graphconv/runtime/greedy.py's source, copied, so the script needs numpy and MindSpore only), and a README."""
+and generate_mindspore.py, a generation script (greedy, or sampling) for an Ascend host whose loop is graphconv's own
+(graphconv/runtime/decoding.py's source, copied, so the script needs numpy and MindSpore only), and a README."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import json
 from pathlib import Path
 
 from graphconv.deploy.scripts import fill, template
-from graphconv.runtime import greedy
+from graphconv.runtime import decoding
 
 
 def generate_script(inputs: dict[str, list[dict]]) -> str:
     """generate_mindspore.py; `inputs`: per graph, its inputs (name, dtype, shape) in order."""
-    source = inspect.getsource(greedy)
+    source = inspect.getsource(decoding)
     body = source[source.index("import numpy as np\n") + len("import numpy as np\n"):].strip("\n")
-    head = fill(template("generate_mindspore.head.py.tmpl"), SOURCE=greedy.__name__.replace(".", "/") + ".py",
+    head = fill(template("generate_mindspore.head.py.tmpl"), SOURCE=decoding.__name__.replace(".", "/") + ".py",
                 INPUTS=json.dumps(inputs))
     return head + "\n\n" + body + "\n" + template("generate_mindspore.main.py.tmpl")
 
@@ -39,7 +39,8 @@ def write_pair_files(directory: Path, generation: dict, reports: dict[str, dict]
         f"- {', '.join(f'`{g}/`' for g in reports)}: each graph's bundle (its own README: the MindSpore, Lite and\n"
         "  ATC routes and the reference check `compare_outputs.py`).\n"
         f"- `generate_mindspore.py`: greedy generation on an Ascend host ({how}):\n"
-        "  `python generate_mindspore.py --input-ids '1,2,3;4,5' --max-new-tokens 16`.\n"
+        "  `python generate_mindspore.py --input-ids '1,2,3;4,5' --max-new-tokens 16`; `--do-sample` (with\n"
+        "  `--temperature`, `--top-k`, `--top-p`, `--seed`) samples as transformers does.\n"
         "- `generation.json`: token ids, layer and head counts, the cache layout "
         f"({generation.get('cache_layout', 'BNSD')}), each graph's inputs and outputs.\n" + _state_note(generation))
     return ["README.md", "generate_mindspore.py", "generation.json"]

@@ -33,6 +33,7 @@ from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.export import ExportResult, check_against_torch, grown_inputs, require_torch
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
+from graphconv.runtime import decoding
 from graphconv.workspace import partial_dir
 
 TASKS = ("text-generation", "feature-extraction", "text-generation-with-past")
@@ -316,18 +317,21 @@ def _io(path: Path) -> dict:
             "outputs": {vi.name: value_dims(vi) for vi in model.graph.output}}
 
 
-def _token_ids(folder: Path, config) -> dict:
+def _generation_config(folder: Path, config) -> dict:
+    """The token ids (generation_config.json's over config.json's) and the sampling settings it gives."""
     ids = {k: getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     gen = folder / "generation_config.json"
+    raw = {}
     if gen.is_file():
         try:
             raw = json.loads(gen.read_text())
         except ValueError:
-            raw = {}
+            pass
         for k in ids:
-            if raw.get(k) is not None:
+            if isinstance(raw, dict) and raw.get(k) is not None:
                 ids[k] = raw[k]
-    return ids
+    sampling = decoding.sampling_settings(raw)
+    return {**ids, **({"sampling": sampling} if sampling else {})}
 
 
 def _out_dir_free(out_dir: Path) -> None:
@@ -369,7 +373,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
         generation = {
             "model_type": config.model_type,
             "task": task,
-            **_token_ids(folder, config),
+            **_generation_config(folder, config),
             "num_layers": shapes.get("num_layers", getattr(text, "num_hidden_layers", None)),
             "num_kv_heads": shapes.get("num_kv_heads", getattr(text, "num_key_value_heads", None)
                                        or getattr(text, "num_attention_heads", None)),

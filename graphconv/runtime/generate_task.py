@@ -1,4 +1,4 @@
-"""The child's generation task: greedy decoding with a compiled prefill + decode pair (graphconv.generation)."""
+"""The child's generation task: greedy decoding (or sampling) with a compiled prefill + decode pair (graphconv.generation)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def generate(task: dict) -> dict:
     import numpy as np
     from mindspore import Tensor, nn
 
-    from graphconv.runtime import greedy, network
+    from graphconv.runtime import decoding, network
 
     ms.set_device("Ascend" if task["device"] == "ascend" else "CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -36,20 +36,23 @@ def generate(task: dict) -> dict:
     def run(name, ids, mask, positions, cache=None):
         clock[0] = time.perf_counter()
         graph = task[name]
-        feed = greedy.step_feed(graph["inputs"], ids, mask, positions, cache, graph.get("empty_cache", False))
+        feed = decoding.step_feed(graph["inputs"], ids, mask, positions, cache, graph.get("empty_cache", False))
         out = cells[graph["mindir"]](*[Tensor(a) if isinstance(a, np.ndarray) else a for a in feed])
         if not isinstance(out, (tuple, list)):  # (one output: a stateful graph gives the logits only)
             out = (out,)
-        return greedy.split_outputs(graph["outputs"], out, task.get("cache_feeds"))
+        return decoding.split_outputs(graph["outputs"], out, task.get("cache_feeds"))
 
     def on_step(step, logits):
         seconds.append(time.perf_counter() - clock[0])
         if task.get("logits"):
             saved[f"step{step}"] = logits
 
-    tokens = greedy.greedy(lambda i, m, p: run("prefill", i, m, p), lambda i, m, p, cache: run("decode", i, m, p, cache),
-                           lambda logits: logits.asnumpy()[:, -1], ids, mask, task["max_new_tokens"],
-                           task["eos_token_ids"], task["pad_token_id"], on_step)
+    sampling = task.get("sampling")
+    choose = decoding.sampler(**sampling) if sampling else decoding.argmax
+    tokens = decoding.decode_loop(lambda i, m, p: run("prefill", i, m, p),
+                                  lambda i, m, p, cache: run("decode", i, m, p, cache),
+                                  lambda logits: logits.asnumpy()[:, -1], ids, mask, task["max_new_tokens"],
+                                  task["eos_token_ids"], task["pad_token_id"], on_step, choose)
     if task.get("logits"):
         np.savez(task["logits"], **saved)
     return {"tokens": tokens.tolist(), "logits": task.get("logits"),

@@ -1,6 +1,7 @@
-"""Greedy decoding over a prefill + decode pair, written once for `graphconv generate` (graphconv/target/
-generate_task.generate, in the MindSpore child) and for the pair bundle's generate_mindspore.py (graphconv/deploy/
-pair.py copies this module's source into the script, so the bundle needs numpy and MindSpore only).
+"""The decoding loop over a prefill + decode pair (greedy, or sampling as transformers samples), written once for
+`graphconv generate` (graphconv/runtime/generate_task.generate, in the MindSpore child) and for the pair bundle's
+generate_mindspore.py (graphconv/deploy/pair.py copies this module's source into the script, so the bundle needs
+numpy and MindSpore only).
 
 Imports nothing but numpy: the two graphs come in as callables, so the loop does not know MindSpore.
 """
@@ -87,12 +88,65 @@ def split_outputs(names, outputs, feeds=None):
     return outputs[list(names).index("logits")], cache
 
 
-def greedy(prefill, decode, logits_of, ids, mask, max_new_tokens, eos, pad, on_step=None):
+def argmax(logits):
+    """Greedy decoding's choice: the highest logit of each row (the first on a tie, as torch's argmax)."""
+    return logits.argmax(-1)
+
+
+# transformers' GenerationConfig defaults for what sampling reads (GenerationConfig._get_default_generation_params)
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+def sampling_settings(config):
+    """temperature, top_k and top_p where a generation config sets them (transformers' generation_config.json,
+    onnxruntime-genai's genai_config.json `search`): what sampling uses unless told otherwise."""
+    return {k: config[k] for k in SAMPLING_DEFAULTS if isinstance(config, dict) and config.get(k) is not None}
+
+
+def sampling_probs(logits, temperature=1.0, top_k=50, top_p=1.0):
+    """The distribution transformers' generate(do_sample=True) draws from: its warpers in its order
+    (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper; top_k 0 and top_p 1 are off), computed in
+    float32 as there, then the softmax of what is left. [batch, vocab] -> [batch, vocab] float64."""
+    scores = logits.astype(np.float32) / np.float32(temperature)
+    if top_k:
+        kth = np.sort(scores, axis=-1)[:, -min(top_k, scores.shape[-1])][:, None]
+        scores = np.where(scores < kth, -np.inf, scores)
+    if top_p < 1.0:
+        order = np.argsort(scores, axis=-1, kind="stable")  # ascending, as the warper sorts
+        cumulative = np.cumsum(softmax(np.take_along_axis(scores, order, -1)), axis=-1)
+        drop = cumulative <= np.float32(1 - top_p)
+        drop[:, -1] = False  # min_tokens_to_keep = 1
+        removed = np.zeros_like(drop)
+        np.put_along_axis(removed, order, drop, -1)
+        scores = np.where(removed, -np.inf, scores)
+    probs = softmax(scores).astype(np.float64)
+    return probs / probs.sum(-1, keepdims=True)
+
+
+def sampler(temperature=1.0, top_k=50, top_p=1.0, seed=None):
+    """A choice drawing one token per row from sampling_probs. The draws come from numpy's generator seeded
+    with `seed` (an int or a list of ints), not torch's: transformers' distribution, not its draws."""
+    rng = np.random.default_rng(seed)
+
+    def choose(logits):
+        return np.array([rng.choice(p.size, p=p) for p in sampling_probs(logits, temperature, top_k, top_p)],
+                        np.int64)
+
+    return choose
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def decode_loop(prefill, decode, logits_of, ids, mask, max_new_tokens, eos, pad, on_step=None, choose=argmax):
     """prefill(ids, mask, position_ids) and decode(ids, mask, position_ids, cache) each return
     (logits, cache) in the framework's tensors, `cache` passed back as it came (never copied to the host);
-    `logits_of(logits)` gives the last position's logits as numpy [batch, vocab]. A row that produced one
-    of the `eos` ids is fed `pad` from then on, and its mask keeps growing. `on_step(step, logits)` sees every
-    step's logits (step 0 the prefill's). Returns the chosen tokens [batch, steps]."""
+    `logits_of(logits)` gives the last position's logits as numpy [batch, vocab]; `choose(logits)` the next
+    token of each row (argmax, or a sampler). A row that produced one of the `eos` ids is fed `pad` from then
+    on, and its mask keeps growing. `on_step(step, logits)` sees every step's logits (step 0 the prefill's).
+    Returns the chosen tokens [batch, steps]."""
     finished = np.zeros(ids.shape[0], bool)
     tokens = []
     logits, cache = prefill(ids, mask, positions(mask))
@@ -103,7 +157,7 @@ def greedy(prefill, decode, logits_of, ids, mask, max_new_tokens, eos, pad, on_s
         last = logits_of(logits)
         if on_step is not None:
             on_step(step, last)
-        chosen = np.where(finished, pad, last.argmax(-1)).astype(np.int64)
+        chosen = np.where(finished, pad, choose(last)).astype(np.int64)
         tokens.append(chosen)
         finished |= np.isin(chosen, eos)
         if finished.all():
