@@ -315,7 +315,8 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
                     "sampling": {**sampling, "seed": [sampling["seed"], number]} if sampling else None,
                     **{g: {"mindir": str(m), "inputs": _specs(mindir_io(gen["graphs"][g])[0], cache_dtype(gen)),
                            "outputs": mindir_io(gen["graphs"][g])[1],
-                           "empty_cache": bool(gen["graphs"][g].get("empty_cache"))}
+                           "empty_cache": bool(gen["graphs"][g].get("empty_cache")),
+                           "state_params": (gen["graphs"][g].get("state") or {}).get("params")}
                        for g, m in zip(GRAPHS, mindirs)}}
             progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}")
             done = run_task("generate", task, ws.dir, f"MindSpore {device} generation")

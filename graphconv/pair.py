@@ -53,7 +53,8 @@ from graphconv.workspace import partial_dir
 GRAPHS = ("prefill", "decode")
 STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what a stateful graph takes
 MAX_SEQ_LEN_DEFAULT_CAP = 4096  # --max-seq-len's default: the model's max_position_embeddings, at most this
-# The cache's zeros are initializers of the graph until they can be made at load: within protobuf's 2 GB.
+# While it compiles, the rewritten graph holds the cache's zeros as initializers (the MindIRs do not store them:
+# runtime/mindir_state.py): within protobuf's 2 GB.
 MAX_CACHE_BYTES = 1 << 30
 
 
@@ -286,8 +287,8 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
     size = max_batch * max_seq_len * _cache_bytes_per_position(meta)
     if size > MAX_CACHE_BYTES:
         raise InputError(f"--max-batch {max_batch} x --max-seq-len {max_seq_len}: the cache's zeros would take "
-                         f"{size / 2**30:.1f} GiB, stored in the graph (at most {MAX_CACHE_BYTES / 2**30:.0f} GiB so "
-                         "far): lower either")
+                         f"{size / 2**30:.1f} GiB, held in the graph while it compiles (at most "
+                         f"{MAX_CACHE_BYTES / 2**30:.0f} GiB so far): lower either")
     return max_batch, max_seq_len
 
 
@@ -326,6 +327,18 @@ def _twin_unusable(mindir: Path, meta: dict, precision: str) -> str | None:
 
     low = meta.get("dtype") in ("bf16", "fp16") or precision in ("fp16", "bf16")  # (the MindIR's weights: 2 bytes)
     return fits_in_memory([mindir], {**meta, "dtype": "bf16" if low else "fp32"})
+
+
+def _strip_state(mindirs: list[Path]) -> dict[str, dict]:
+    """The cache Parameters' bytes removed from each MindIR (graphconv/runtime/mindir_state.py); their names,
+    shapes and dtypes, which every loader gives zeros for."""
+    from graphconv.runtime import mindir_state
+    from passes.stateful_cache import CACHE_PREFIX
+
+    params = {}
+    for mindir in mindirs:
+        params = mindir_state.strip(mindir, CACHE_PREFIX) or params
+    return params
 
 
 def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
@@ -416,6 +429,9 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
             graph_options = {**options, "dims": {**graph_dims.get(g, {}), **(options.get("dims") or {})}}
             graphs[g] = compile_graph(source, staging / f"{g}.mindir", progress=progress,
                                       inputs=per_inputs[g], bundle=graph_bundle, **graph_options).to_dict()
+            if capacity is not None:  # the cache's zeros are made at load, not stored
+                state["params"] = _strip_state([staging / f"{g}.mindir"] + (
+                    [graph_bundle / "model" / f"{g}.mindir"] if graph_bundle is not None else []))
             twin = staging / f"{g}.cpu.mindir"
             unusable = None if target == "cpu" or cpu_twin else \
                 "not asked for (--no-cpu-twin)" if cpu_twin is False else \
@@ -431,6 +447,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
                 twins[g] = compile_graph(source, twin, progress=progress, inputs=per_inputs[g],
                                          **{**graph_options, "target": "cpu", "precision": "fp32",
                                             "keep_fp32": None}).to_dict()
+                if capacity is not None:
+                    _strip_state([twin])
             weights[g] = {"mindir_bytes": mindir_bytes(staging / f"{g}.mindir"),
                           "cpu_mindir_bytes": mindir_bytes(twin) if twin.exists() else 0}
         meta = {**meta, "source_dir": str(export_dir.resolve())}
@@ -455,7 +473,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         }
         if capacity is not None:
             held = next(s["detail"]["cache_held_in_place"] for s in graphs["decode"]["stages"] if s["name"] == "load")
-            report["cache"] = {**held, "cached_steps_check": cached_steps}
+            report["cache"] = {**held, "stored": "no: zeros made at load (generation.json's state.params)",
+                               "cached_steps_check": cached_steps}
         if bundle_staging is not None:
             from graphconv.deploy.pair import write_pair_files
 

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graphconv
 from graphconv.runtime.child import run_task
 from graphconv.target import emit
-from graphconv.verify.census import primitive_census
+from graphconv.verify.census import mind_ir_pb2, primitive_census
 from passes import stateful_cache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,9 +172,24 @@ def test_stateful_llama_generates_as_transformers(llama_stateful):
     check = report["cache"]["cached_steps_check"]
     assert check["steps"] == 4 and check["max_abs"] <= 1e-4 and check["argmax_match"]
     meta = json.loads((gen / "generation.json").read_text())
+    caches = {f"cache.past_key_values.{i}.{kv}": {"shape": [4, 2, 64, 16], "dtype": "float32"}  # rows, heads, pos, dim
+              for i in range(2) for kv in ("key", "value")}
     assert meta["graphs"]["decode"]["state"] == {"max_batch": 4, "max_seq_len": 64, "outputs": ["logits"],
-                                                 "inputs": ["input_ids", "attention_mask", "position_ids"]}
+                                                 "inputs": ["input_ids", "attention_mask", "position_ids"],
+                                                 "params": caches}
+    for mindir in ("decode.mindir", "decode.cpu.mindir"):  # the cache's zeros are not stored: made at load
+        assert _stored_bytes(gen / mindir, caches) == {name: 0 for name in caches}
     _generate_matches_transformers(src, gen, eos=2, pad=2)
+
+
+def _stored_bytes(mindir: Path, names) -> dict[str, int]:
+    """The bytes each named Parameter has in the MindIR (inline or in its data file)."""
+    from graphconv.runtime.mindir_stream import parameter_name
+    from graphconv.verify import census
+
+    model = census.mind_ir_pb2().ModelProto.FromString(mindir.read_bytes())
+    return {parameter_name(t.name): len(t.raw_data) + (t.external_data.length if t.HasField("external_data") else 0)
+            for t in model.graph.parameter if parameter_name(t.name) in names}
 
 
 def test_stateful_ascend_mindir_holds_the_cache(llama_stateful):
@@ -309,3 +324,35 @@ def test_a_transformers_exporter_folder_compiles_to_the_stateful_form(tmp_path):
     assert sorted(report["cache"]["caches"]) == [f"input.cache.layers.{i}.{kv}" for i in (0, 1)
                                                  for kv in ("keys", "values")]
     _generate_matches_transformers(src, gen, eos=2, pad=2)
+
+
+def test_a_streamed_mindir_keeps_no_cache_bytes_in_its_data_file(llama_stateful, tmp_path, monkeypatch):
+    """Weights arriving as external data past emit.STREAM_MIN_BYTES (lowered so the tiny model takes it) go to
+    the split MindIR (decode_variables/data_0): the cache's bytes are cut out of that file too, the other
+    Parameters moved up, and the generation gives the tokens of the inline MindIR."""
+    from graphconv.pair import compile_pair
+    from graphconv.target import emit
+
+    _, out, gen_inline, _ = llama_stateful
+    src = tmp_path / "external"
+    src.mkdir()
+    onnx.save(onnx.load(str(out / "decode.onnx")), str(src / "decode.onnx"), save_as_external_data=True,
+              location="decode.onnx.data", size_threshold=0)
+    for f in ("prefill.onnx", "generation.json"):
+        (src / f).symlink_to(out / f)
+    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    gen = tmp_path / "gen"
+    compile_pair(src, gen, target="cpu", stateful_cache=True, max_batch=4, max_seq_len=64)
+    model = mind_ir_pb2().ModelProto.FromString((gen / "decode.mindir").read_bytes())
+    entries = [t.external_data for t in model.graph.parameter if t.HasField("external_data")]
+    assert entries and {e.location for e in entries} == {"decode_variables/data_0"}
+    caches = json.loads((gen / "generation.json").read_text())["graphs"]["decode"]["state"]["params"]
+    assert len(caches) == 4 and _stored_bytes(gen / "decode.mindir", caches) == {n: 0 for n in caches}
+    # data_0: the 64-byte header, then every other Parameter at a multiple of 64, nothing else
+    padded = sum(-(-e.length // 64) * 64 for e in entries)
+    assert (gen / "decode_variables" / "data_0").stat().st_size == 64 + padded
+    assert sorted(e.offset for e in entries) == [64 + sum(-(-e.length // 64) * 64 for e in sorted(
+        entries, key=lambda e: e.offset)[:k]) for k in range(len(entries))]
+    prompts = "5,6,7,8,9,10,11;12,13,14;15,16,17,18,19"
+    ran = [_run(str(g), "--input-ids", prompts, "--max-new-tokens", "6") for g in (gen, gen_inline)]
+    assert ran[0].returncode == 0 and ran[0].stdout == ran[1].stdout, ran[0].stderr[-2000:]

@@ -54,4 +54,6 @@ def _state_note(generation: dict) -> str:
             f"{state['max_seq_len']} positions\n  (a prompt plus its new tokens, less one, must fit). Each call "
             "takes only ids, mask and positions; nothing\n  needs resetting between requests (a call writes its "
             "positions before it reads them). Load the MindIR once\n  per process: the cache lives in its "
-            "GraphCell.\n")
+            "GraphCell. Its Parameters are stored without their bytes\n  (generation.json's `state.params`): "
+            "give them zeros at load, `nn.GraphCell(graph, params_init={name:\n  Tensor(shape=..., dtype=..., "
+            "init=Zero())})`, as generate_mindspore.py does.\n")

@@ -16,7 +16,7 @@ def generate(task: dict) -> dict:
     import numpy as np
     from mindspore import Tensor, nn
 
-    from graphconv.runtime import decoding, network
+    from graphconv.runtime import decoding, mindir_state, network
 
     ms.set_device("Ascend" if task["device"] == "ascend" else "CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -25,7 +25,8 @@ def generate(task: dict) -> dict:
     for name in ("prefill", "decode"):
         path = task[name]["mindir"]
         if path not in cells:
-            cell = nn.GraphCell(ms.load(path))
+            # a stateful graph's cache: stored without its bytes, made as zeros here (runtime/mindir_state.py)
+            cell = nn.GraphCell(ms.load(path), params_init=mindir_state.params_init(task[name].get("state_params")))
             cell.set_inputs(*network.placeholders(task[name]["inputs"]))
             cells[path] = cell
     load_seconds = time.perf_counter() - t0
