@@ -120,14 +120,14 @@ def _precision_options(command):
 @click.option("--cann", metavar="VERSION", help="CANN version for the bundle's ATC commands (default: newest known).")
 @click.option("--shape-range", "shape_range", metavar="DIM=MIN..MAX,...",
               help="Ranges of the symbolic dims for the bundle's dynamic-shape profiles, e.g. batch=1..8,seq=1..2048.")
-@click.option("--stateful-cache", is_flag=True,
-              help="Generation folder: hold the KV cache in place (Parameters written by each call) instead of "
-                   "passing it in and out.")
+@click.option("--stateful-cache/--no-stateful-cache", "stateful_cache", default=None,
+              help="Generation folder: hold the KV cache in place (Parameters written by each call), or pass it in "
+                   "and out (default: in place where the graph and the capacity allow, else in and out, saying why).")
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
-              help="With --stateful-cache: the cache's rows (prompts per generate call).")
+              help="Generation folder, cache held in place: its rows (prompts per generate call).")
 @click.option("--max-seq-len", type=click.IntRange(min=2),
-              help="With --stateful-cache: the cache's positions (default: the model's max_position_embeddings, "
-                   "at most 4096).")
+              help="Generation folder, cache held in place: its positions (default: the model's "
+                   "max_position_embeddings, at most 4096).")
 @click.option("--cpu-twin/--no-cpu-twin", "cpu_twin", default=None,
               help="Generation folder, --target ascend: write the cpu MindIRs too (default: where this host's "
                    "memory can run them).")
@@ -166,7 +166,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
         return
     if model.is_dir():
         raise click.UsageError(f"{model} is a folder without generation.json: give an .onnx file")
-    if stateful_cache or max_seq_len is not None or cpu_twin is not None:
+    if stateful_cache is not None or max_seq_len is not None or cpu_twin is not None:
         raise click.UsageError("--stateful-cache, --max-seq-len and --cpu-twin apply to a generation folder (an "
                                "export with --task text-generation-with-past)")
     for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):

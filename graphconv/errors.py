@@ -22,6 +22,11 @@ class UnsupportedError(InputError):
     """The model is well formed but uses something graphconv cannot lower (ops, opsets, dtypes)."""
 
 
+class CacheNotHeld(UnsupportedError):
+    """A generation graph whose KV cache cannot be held in place (the reason): by default its folder then
+    passes the cache in and out instead; with --stateful-cache it is an error."""
+
+
 class VerificationError(GraphconvError):
     """The emitted network ran but disagrees with the oracle beyond tolerance."""
 

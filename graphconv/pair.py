@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphconv.errors import InputError
+from graphconv.errors import CacheNotHeld, InputError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.generation import cache_dtype, mindir_bytes
@@ -264,31 +264,32 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
 
 def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int | None) -> tuple[int, int]:
     """(max batch, max seq) of a cache held in place, checked: one graph serving prompt and decode (the
-    stateful graph is called at past length 0 for the prompt) and a capacity to hold."""
+    stateful graph is called at past length 0 for the prompt) and a capacity to hold. CacheNotHeld says why
+    not; InputError for a capacity that is no capacity."""
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise InputError(f"--max-batch {max_batch}: must be an integer >= 1")
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
+        raise InputError(f"--max-seq-len {max_seq_len}: must be an integer >= 2")
     decode = meta["graphs"]["decode"]
     if meta.get("cache_feeds"):  # transformers' exporter: its decode graph serves the prompt if it takes any length
         length = decode["inputs"]["input_ids"][1]
         if isinstance(length, int):
-            raise InputError(f"--stateful-cache: the decode graph takes {length} token(s) "
-                             "a call, so it cannot take the prompt (export_for_generation(..., multi_token_decode=True))")
+            raise CacheNotHeld(f"the decode graph takes {length} token(s) a call, so it cannot take the prompt "
+                               "(export_for_generation(..., multi_token_decode=True) writes one that can)")
     elif tuple(sources) != ("decode",) or not meta["graphs"]["prefill"].get("empty_cache"):
-        raise InputError("--stateful-cache takes a `graphconv export --task text-generation-with-past` folder whose "
-                         "decode graph serves the prompt (generation.json's graphs.decode.serves_prompt), or a "
-                         "transformers export_for_generation folder")
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise InputError(f"--max-batch {max_batch}: must be an integer >= 1")
+        raise CacheNotHeld("it takes one graph serving prompt and decode: a `graphconv export --task "
+                           "text-generation-with-past` folder whose decode graph serves the prompt (generation.json's "
+                           "graphs.decode.serves_prompt), or a transformers export_for_generation folder")
     if max_seq_len is None:
         configured = meta.get("max_position_embeddings")
         if not isinstance(configured, int) or configured < 1:
-            raise InputError("--max-seq-len is required: generation.json gives no max_position_embeddings")
+            raise CacheNotHeld("--max-seq-len is required: generation.json gives no max_position_embeddings")
         max_seq_len = min(configured, MAX_SEQ_LEN_DEFAULT_CAP)
-    if not isinstance(max_seq_len, int) or max_seq_len < 2:
-        raise InputError(f"--max-seq-len {max_seq_len}: must be an integer >= 2")
     size = max_batch * max_seq_len * _cache_bytes_per_position(meta)
     if size > MAX_CACHE_BYTES:
-        raise InputError(f"--max-batch {max_batch} x --max-seq-len {max_seq_len}: the cache's zeros would take "
-                         f"{size / 2**30:.1f} GiB, held in the graph while it compiles (at most "
-                         f"{MAX_CACHE_BYTES / 2**30:.0f} GiB so far): lower either")
+        raise CacheNotHeld(f"--max-batch {max_batch} x --max-seq-len {max_seq_len}: the cache's zeros would take "
+                           f"{size / 2**30:.1f} GiB, held in the graph while it compiles (at most "
+                           f"{MAX_CACHE_BYTES / 2**30:.0f} GiB so far): lower either")
     return max_batch, max_seq_len
 
 
@@ -368,17 +369,17 @@ def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
 
 
 def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progress | None = None,
-                 inputs: tuple = (), report_path: Path | None = None, stateful_cache: bool = False,
+                 inputs: tuple = (), report_path: Path | None = None, stateful_cache: bool | None = None,
                  max_batch: int = 8, max_seq_len: int | None = None, cpu_twin: bool | None = None,
                  **options) -> dict:
     """Compile and verify both graphs of a generation pair into the new folder `gen_dir`; returns the report
-    (a dict, the one written to report.json). Options are the compile's (CompileOptions fields). With
-    `stateful_cache`, the one graph serving prompt and decode is compiled with its KV cache held in place
-    (capacity `max_batch` x `max_seq_len`, default the model's max_position_embeddings capped at 4,096).
+    (a dict, the one written to report.json). Options are the compile's (CompileOptions fields). The one graph
+    serving prompt and decode is compiled with its KV cache held in place (capacity `max_batch` x
+    `max_seq_len`, default the model's max_position_embeddings capped at 4,096) where it can be; where it
+    cannot (the reason in report.json's `cache.why` and a warning), the folder passes the cache in and out.
+    `stateful_cache` True: held in place or an error; False: passed in and out.
     `cpu_twin`: write the cpu MindIRs beside an ascend compile's (None: where this host's memory can run them,
     `graphconv generate`'s own rule)."""
-    from graphconv.pipeline import compile as compile_graph
-
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
     progress = progress or SILENT
     builder = (export_dir / _GENAI_CONFIG).is_file() and not (export_dir / "generation.json").is_file()
@@ -403,21 +404,45 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         raise InputError("--bundle is not supported for an onnxruntime-genai folder yet (its graph reads the mask as "
                          "lengths: the bundle's script would have to batch prompts by length)")
     per_inputs = split_inputs(inputs, tuple(sources))
-    capacity = _cache_capacity(meta, sources, max_batch, max_seq_len) if stateful_cache else None
-    if capacity is not None:
-        # One stateful graph, the decode graph, serves both steps; the prefill's entry keeps its ONNX graph, which
-        # `generate --check` runs for the prompt (an export's: the decode graph at an empty cache).
-        options = _stateful_options(meta, capacity, options)
-        decode = meta["graphs"]["decode"]
-        state = {"max_batch": capacity[0], "max_seq_len": capacity[1],
-                 "inputs": [n for n in STEP_INPUTS if n in decode["inputs"]], "outputs": ["logits"]}
-        step = {**decode, "mindir": "decode", "state": state}
-        meta = {**meta, "graphs": {"prefill": {**meta["graphs"]["prefill"], "mindir": "decode", "state": state},
-                                   "decode": step}}
-        sources = {"decode": sources["decode"]}
-        graph_dims = {}  # (_stateful_options sized them for past 0)
-    elif not builder and not exported:  # (a builder's graph has its own prompt case: frontend.contrib.cases)
-        options = _prompt_dims(meta, sources, options)
+    pair_plan = (meta, sources, options if builder or exported else _prompt_dims(meta, sources, options),
+                 graph_dims, None)  # (a builder's graph has its own prompt case: frontend.contrib.cases)
+    if stateful_cache is False:
+        return _compile_into(gen_dir, bundle, export_dir, *pair_plan, per_inputs, cpu_twin, progress, report_path,
+                             "not asked for (--no-stateful-cache)")
+    try:
+        plan = _stateful_plan(meta, sources, options, _cache_capacity(meta, sources, max_batch, max_seq_len))
+        return _compile_into(gen_dir, bundle, export_dir, *plan, per_inputs, cpu_twin, progress, report_path)
+    except CacheNotHeld as e:
+        if stateful_cache:
+            raise CacheNotHeld(f"--stateful-cache: the KV cache cannot be held in place: {e}") from None
+        why = str(e)
+    progress.warn(f"the KV cache is passed in and out, not held in place: {why}")
+    return _compile_into(gen_dir, bundle, export_dir, *pair_plan, per_inputs, cpu_twin, progress, report_path, why)
+
+
+def _stateful_plan(meta: dict, sources: dict, options: dict, capacity: tuple[int, int]) -> tuple:
+    """(meta, sources, options, graph dims, state) for the one graph serving prompt and decode with its KV
+    cache held in place. The prefill's entry keeps its ONNX graph, which `generate --check` runs for the
+    prompt (an export's: the decode graph at an empty cache)."""
+    options = _stateful_options(meta, capacity, options)
+    decode = meta["graphs"]["decode"]
+    state = {"max_batch": capacity[0], "max_seq_len": capacity[1],
+             "inputs": [n for n in STEP_INPUTS if n in decode["inputs"]], "outputs": ["logits"]}
+    step = {**decode, "mindir": "decode", "state": state}
+    meta = {**meta, "graphs": {"prefill": {**meta["graphs"]["prefill"], "mindir": "decode", "state": state},
+                               "decode": step}}
+    return meta, {"decode": sources["decode"]}, options, {}, state  # (_stateful_options sized the dims)
+
+
+def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: dict, sources: dict, options: dict,
+                  graph_dims: dict, state: dict | None, per_inputs: dict, cpu_twin: bool | None, progress: Progress,
+                  report_path: Path | None, not_held: str | None = None) -> dict:
+    """Compile `sources` into the new folder gen_dir (and the bundle), with the cache held in place where
+    `state` is given (else `not_held` says why not); returns the report. CacheNotHeld where the graph cannot
+    hold it, with nothing written."""
+    from graphconv.pipeline import compile as compile_graph
+
+    capacity = (state["max_batch"], state["max_seq_len"]) if state else None
     target = options.get("target", "ascend")
     staging = partial_dir(gen_dir)
     bundle_staging = None if bundle is None else partial_dir(bundle)
@@ -475,6 +500,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
             held = next(s["detail"]["cache_held_in_place"] for s in graphs["decode"]["stages"] if s["name"] == "load")
             report["cache"] = {**held, "stored": "no: zeros made at load (generation.json's state.params)",
                                "cached_steps_check": cached_steps}
+        else:
+            report["cache"] = {"held_in_place": False, "why": not_held}
         if bundle_staging is not None:
             from graphconv.deploy.pair import write_pair_files
 
@@ -509,7 +536,9 @@ def summary(report: dict) -> str:
         lines.append(f"  {g}: {r['status']}, attention {attention.get('fused', 0)}/{attention.get('candidates', 0)} "
                      f"fused ({fused or 'no fused primitive'})" + (f"; cpu MindIR {twin['status']}" if twin else ""))
     cache = report.get("cache")
-    if cache:
+    if cache and cache.get("held_in_place") is False:
+        lines.append(f"  KV cache passed in and out, not held in place: {cache['why']}")
+    elif cache:
         check = cache.get("cached_steps_check") or {}
         checked = f"; cached steps not checked: {check['skipped']}" if "skipped" in check else \
             f"; {check['steps']} cached steps match onnxruntime (max_abs {check['max_abs']:.2g})" if check else ""

@@ -23,7 +23,8 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv.errors import GraphconvError, InputError, InternalError, UnsupportedError, VerificationError
+from graphconv.errors import (CacheNotHeld, GraphconvError, InputError, InternalError, UnsupportedError,
+                              VerificationError)
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import quant
 from graphconv.frontend.load import LoadedModel, infer_shapes, load
@@ -93,12 +94,11 @@ class Compiler:
         """The with-past graph with its KV cache held in place (passes/stateful_cache.py), and what was done."""
         max_batch, max_seq = self.opt.cache_capacity
         if model.as_given is not None:
-            raise UnsupportedError("the KV cache cannot be held in place in a graph that loading rewrote (old opset, "
-                                   "onnxruntime contrib ops) yet")
+            raise CacheNotHeld("not in a graph that loading rewrote (old opset, onnxruntime contrib ops) yet")
         try:
             proto, layout = stateful_cache.make_stateful(model.proto, max_batch, max_seq)
         except stateful_cache.NotStateful as e:
-            raise UnsupportedError(f"the KV cache cannot be held in place: {e}") from None
+            raise CacheNotHeld(str(e)) from None
         detail = {"max_batch": max_batch, "max_seq": max_seq, "layout": "[max_batch, kv_heads, max_seq, head_dim]",
                   "caches": {past: cache for past, (cache, *_) in layout.caches.items()}, "bytes": layout.nbytes}
         return dataclasses.replace(model, proto=infer_shapes(proto, self.model_path)), detail

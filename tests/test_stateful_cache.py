@@ -230,6 +230,40 @@ def test_stateful_cache_needs_a_graph_serving_the_prompt(llama_stateful, tmp_pat
     assert not (tmp_path / "gen").exists()
 
 
+def test_by_default_a_pair_that_cannot_hold_the_cache_passes_it_and_says_why(llama_stateful, tmp_path):
+    """The default compile holds the cache in place where it can; a folder whose decode graph did not serve the
+    prompt cannot, so it compiles the prefill + decode pair with the cache passed in and out: exit 0, the
+    reason on stderr, in the summary and in report.json, and the folder generates the tokens of the stateful
+    one. --no-stateful-cache passes it in and out on request."""
+    _, out, gen_stateful, _ = llama_stateful
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    for f in ("prefill.onnx", "decode.onnx"):
+        (pair / f).symlink_to(out / f)
+    meta = json.loads((out / "generation.json").read_text())
+    meta["graphs"]["decode"].pop("serves_prompt", None)
+    (pair / "generation.json").write_text(json.dumps(meta))
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(pair), "-o", str(tmp_path / "gen"),
+                           "--target", "cpu"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    why = "it takes one graph serving prompt and decode"
+    assert f"KV cache passed in and out, not held in place: {why}" in proc.stdout
+    report = json.loads((tmp_path / "gen" / "report.json").read_text())
+    assert report["cache"]["held_in_place"] is False and report["cache"]["why"].startswith(why)
+    assert report["steps"] == {"prefill": "prefill", "decode": "decode"}
+    assert "state" not in json.loads((tmp_path / "gen" / "generation.json").read_text())["graphs"]["decode"]
+    prompts = "5,6,7,8,9,10,11;12,13,14;15,16,17,18,19"
+    ran = [_run(str(g), "--input-ids", prompts, "--max-new-tokens", "6") for g in (tmp_path / "gen", gen_stateful)]
+    assert ran[0].returncode == 0 and ran[0].stdout == ran[1].stdout, ran[0].stderr[-2000:]
+
+    asked = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(out), "-o", str(tmp_path / "gen2"),
+                            "--target", "cpu", "--no-stateful-cache", "--no-verify", "--json"], capture_output=True,
+                           text=True, cwd=ROOT)
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout)["cache"] == {"held_in_place": False,
+                                                 "why": "not asked for (--no-stateful-cache)"}
+
+
 def test_the_stateful_bundle_script_generates_the_same_tokens(llama_stateful, tmp_path):
     """--bundle with --stateful-cache: generate_mindspore.py, run with MindSpore alone (--device CPU on a --target
     cpu compile), passes ids, mask and positions only and prints the tokens `graphconv generate` does."""
