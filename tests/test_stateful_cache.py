@@ -202,6 +202,40 @@ def test_stateful_ascend_mindir_holds_the_cache(llama_stateful):
     assert [i["name"] for i in decode["model"]["inputs"]] == ["input_ids", "attention_mask", "position_ids"]
     assert [o["name"] for o in decode["model"]["outputs"]] == ["logits"]
     assert report["cache"]["bytes"] == 4 * 64 * 2 * 16 * 4 * 4  # rows x positions x heads x dim x fp32, 4 caches
+    # the cache path: the write, the read of its rows and positions, and (fp32 compile: the attention takes fp16
+    # or bf16 on Ascend) a Cast, into the attention's key or value list: no Concat
+    assert _cache_paths(gen / "decode.mindir") == [
+        ["ScatterNdUpdate", "StridedSlice", "Cast", "MakeTuple", "FusedInferAttentionScore"]] * 4
+
+
+def _cache_paths(mindir: Path) -> list[list[str]]:
+    """Per cache write in the MindIR (each ScatterNdUpdate), the primitives its result flows through to the
+    attention that reads it (the data users: not the side-effect order, UpdateState, nor TensorShape, which
+    reads the shape only): the cache path, where a Concat would be the copy the held cache avoids."""
+    from graphconv.verify import census
+
+    def prim(node) -> str:
+        found = census._PRIM.match(node.op_type)
+        return found.group(1) if found else node.op_type
+
+    paths = []
+    for graph, calls in census.executed_graphs(census.read_mindir(mindir)):
+        users: dict[str, list] = {}
+        for n in graph.node:
+            for i in n.input:
+                users.setdefault(i, []).append(n)
+        for n in graph.node:
+            if prim(n) != "ScatterNdUpdate":
+                continue
+            path, node = [prim(n)], n
+            while path[-1] != "FusedInferAttentionScore":
+                data = [u for u in users.get(node.output[0], []) if prim(u) not in ("UpdateState", "TensorShape")]
+                if len(data) != 1:
+                    break
+                node = data[0]
+                path.append(prim(node))
+            paths += [path] * calls
+    return paths
 
 
 @pytest.mark.parametrize("args, message", [
@@ -214,16 +248,22 @@ def test_a_request_beyond_the_capacity_is_one_line_exit_1(llama_stateful, args, 
     assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def test_stateful_cache_needs_a_graph_serving_the_prompt(llama_stateful, tmp_path):
-    """A folder whose decode graph did not serve the prompt (prefill + decode pair) is refused, one line."""
-    _, out, _, _ = llama_stateful
-    pair = tmp_path / "pair"
+def _two_graph_folder(out: Path, pair: Path) -> Path:
+    """The export folder `out` as one whose decode graph was not checked to serve the prompt (written before
+    that check): its prefill and decode compile as a pair."""
     pair.mkdir()
     for f in ("prefill.onnx", "decode.onnx"):
         (pair / f).symlink_to(out / f)
     meta = json.loads((out / "generation.json").read_text())
     meta["graphs"]["decode"].pop("serves_prompt", None)
     (pair / "generation.json").write_text(json.dumps(meta))
+    return pair
+
+
+def test_stateful_cache_needs_a_graph_serving_the_prompt(llama_stateful, tmp_path):
+    """A folder whose decode graph did not serve the prompt (prefill + decode pair) is refused, one line."""
+    _, out, _, _ = llama_stateful
+    pair = _two_graph_folder(out, tmp_path / "pair")
     proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(pair), "-o", str(tmp_path / "gen"),
                            "--stateful-cache", "--target", "cpu"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and "decode graph serves the prompt" in proc.stderr, proc.stderr
@@ -233,16 +273,10 @@ def test_stateful_cache_needs_a_graph_serving_the_prompt(llama_stateful, tmp_pat
 def test_by_default_a_pair_that_cannot_hold_the_cache_passes_it_and_says_why(llama_stateful, tmp_path):
     """The default compile holds the cache in place where it can; a folder whose decode graph did not serve the
     prompt cannot, so it compiles the prefill + decode pair with the cache passed in and out: exit 0, the
-    reason on stderr, in the summary and in report.json, and the folder generates the tokens of the stateful
-    one. --no-stateful-cache passes it in and out on request."""
+    reason in the summary and in report.json (a warning where progress shows), and the folder generates the
+    tokens of the stateful one. --no-stateful-cache passes it in and out on request."""
     _, out, gen_stateful, _ = llama_stateful
-    pair = tmp_path / "pair"
-    pair.mkdir()
-    for f in ("prefill.onnx", "decode.onnx"):
-        (pair / f).symlink_to(out / f)
-    meta = json.loads((out / "generation.json").read_text())
-    meta["graphs"]["decode"].pop("serves_prompt", None)
-    (pair / "generation.json").write_text(json.dumps(meta))
+    pair = _two_graph_folder(out, tmp_path / "pair")
     proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(pair), "-o", str(tmp_path / "gen"),
                            "--target", "cpu"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
