@@ -148,9 +148,9 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     from graphconv.pipeline import compile as compile_model
 
     _set_debug(debug)
-    if pair.is_pair_dir(model):
+    if pair.is_pair_dir(model) or (stateful_cache and model.is_file()):  # (a with-past graph, as a generation folder)
         if output is None:
-            raise click.UsageError(f"{model} is a generation pair: -o GEN_DIR (a new folder) is required")
+            raise click.UsageError(f"{model} is a generation source: -o GEN_DIR (a new folder) is required")
         report = pair.compile_pair(
             model, output, progress=Progress.for_cli(quiet), target=target, simplify=not no_simplify,
             verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims), mask_inputs=tuple(mask_inputs),
@@ -167,8 +167,9 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     if model.is_dir():
         raise click.UsageError(f"{model} is a folder without generation.json: give an .onnx file")
     if stateful_cache is not None or max_seq_len is not None or cpu_twin is not None:
-        raise click.UsageError("--stateful-cache, --max-seq-len and --cpu-twin apply to a generation folder (an "
-                               "export with --task text-generation-with-past)")
+        raise click.UsageError("--[no-]stateful-cache, --max-seq-len and --cpu-twin apply to a generation folder (an "
+                               "export with --task text-generation-with-past) or, with --stateful-cache, to a "
+                               "with-past .onnx graph")
     for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):
         if path is not None and path.exists():
             raise click.UsageError(f"{flag} {path} already exists")

@@ -180,6 +180,61 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
     return meta, {step["mindir"]: path}
 
 
+def decode_graph_generation(path: Path) -> tuple[dict, dict[str, Path]]:
+    """generation.json for one with-past ONNX graph exported by other means (torch.onnx.export of a wrapper
+    taking the cache as tensors, say), and the graph: it takes input_ids, attention_mask (position_ids) and
+    its cache inputs, found by the pattern whatever their names (passes/stateful_cache.past_present_pairs), and
+    gives logits and the grown caches. Token ids and max_position_embeddings come from a checkpoint's
+    config.json and generation_config.json beside the file, where there are."""
+    import onnx
+
+    from passes.stateful_cache import past_present_pairs
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    inputs = {vi.name: value_dims(vi) for vi in graph.input if vi.name not in inits}
+    outputs = {vi.name: value_dims(vi) for vi in graph.output}
+    if not {"input_ids", "attention_mask"} <= set(inputs) or "logits" not in outputs:
+        raise InputError(f"{path}: takes {', '.join(list(inputs)[:4])} and gives {', '.join(list(outputs)[:3])}; a "
+                         "decode graph takes input_ids, attention_mask (and position_ids) and its cache, and gives "
+                         "logits and the grown cache")
+    pairs = past_present_pairs(model)
+    if not pairs:
+        raise InputError(f"{path}: no cache input (a rank-4 input that a Concat along axis 2 extends, the result "
+                         "returned by the graph)")
+    first = next(vi for vi in graph.input if vi.name == next(iter(pairs)))
+    dtype = FLOAT_TYPE_NAMES.get(first.type.tensor_type.elem_type)
+    heads, head_dim = inputs[first.name][1], inputs[first.name][3]
+    vocab = outputs["logits"][-1]
+    if dtype is None or not isinstance(heads, int) or not isinstance(head_dim, int) or not isinstance(vocab, int):
+        raise InputError(f"{path}: cache {first.name} {inputs[first.name]} of {dtype or 'a non-float dtype'} and logits "
+                         f"{outputs['logits']}: expected fp32/fp16/bf16 [batch, kv heads, past, head dim] and "
+                         "[batch, seq, vocab] with static heads, head dim and vocab")
+    config = read_json(path.parent / "config.json") if (path.parent / "config.json").is_file() else {}
+    generation_config = read_json(path.parent / "generation_config.json") \
+        if (path.parent / "generation_config.json").is_file() else {}
+    text = config.get("text_config") or config
+
+    def token(key):
+        return generation_config.get(key, text.get(key, config.get(key)))
+
+    step = {"file": path.name, "mindir": "decode", "inputs": inputs, "outputs": outputs}
+    meta = {
+        "model_type": config.get("model_type"), "task": "text-generation-with-past",
+        "source": f"a with-past ONNX graph ({path.name})" + (" beside a checkpoint's config.json" if config else ""),
+        "bos_token_id": token("bos_token_id"), "eos_token_id": token("eos_token_id"),
+        "pad_token_id": token("pad_token_id"), "sampling": decoding.sampling_settings(generation_config),
+        "num_layers": len(pairs) // 2, "num_kv_heads": heads, "head_dim": head_dim, "vocab_size": vocab,
+        "hidden_size": text.get("hidden_size"), "max_position_embeddings": text.get("max_position_embeddings"),
+        "dtype": dtype, "cache_dtype": dtype, "cache_layout": "BNSD: [batch, kv_heads, seq, head_dim]",
+        "cache_feeds": {present: past for past, present in pairs.items()},
+        "position_ids": "position_ids = cumsum(attention_mask, -1) - 1, padded positions 0",
+        "graphs": {"prefill": {**step, "empty_cache": True}, "decode": step},
+    }
+    return meta, {"decode": path}
+
+
 def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[str, dict]]:
     """generation.json for a folder transformers' exporter wrote (`OnnxExporter().export_for_generation(...)`
     then `save_pretrained`: prefill.onnx, decode.onnx, export.json, config.json), its two graphs, and each
@@ -283,7 +338,8 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
     if max_seq_len is None:
         configured = meta.get("max_position_embeddings")
         if not isinstance(configured, int) or configured < 1:
-            raise CacheNotHeld("--max-seq-len is required: generation.json gives no max_position_embeddings")
+            raise CacheNotHeld("--max-seq-len is required: no max_position_embeddings is known (generation.json, or a "
+                               "config.json beside the graph)")
         max_seq_len = min(configured, MAX_SEQ_LEN_DEFAULT_CAP)
     size = max_batch * max_seq_len * _cache_bytes_per_position(meta)
     if size > MAX_CACHE_BYTES:
@@ -385,7 +441,14 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     builder = (export_dir / _GENAI_CONFIG).is_file() and not (export_dir / "generation.json").is_file()
     exported = (export_dir / _EXPORT_MANIFEST).is_file() and not (export_dir / "generation.json").is_file()
     graph_dims: dict[str, dict] = {}
-    if exported:
+    if export_dir.is_file():  # one with-past graph: its cache held in place (the pair route needs an export's checks)
+        if stateful_cache is False:
+            raise InputError(f"{export_dir}: a single with-past graph compiles with its cache held in place only "
+                             "(--stateful-cache)")
+        stateful_cache = True
+        meta, sources = decode_graph_generation(export_dir)
+        export_dir = export_dir.parent
+    elif exported:
         meta, sources, graph_dims = transformers_generation(export_dir)
     else:
         meta, sources = genai_generation(export_dir) if builder else _pair_sources(export_dir)

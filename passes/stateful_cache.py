@@ -122,6 +122,14 @@ def past_inputs(model: onnx.ModelProto) -> list[str]:
     return sorted(found, key=order.index)
 
 
+def past_present_pairs(model: onnx.ModelProto) -> dict[str, str]:
+    """{cache input: the graph output its Concat gives} (past_inputs whose grown cache the graph returns), in
+    input order: how a caller feeds one step's presents to the next step, whatever the exporter named them."""
+    outputs = {vo.name for vo in model.graph.output}
+    concat = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "Concat" and n.input}
+    return {name: concat[name] for name in past_inputs(model) if concat.get(name) in outputs}
+
+
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     uses: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:

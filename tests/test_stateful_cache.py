@@ -424,3 +424,65 @@ def test_a_streamed_mindir_keeps_no_cache_bytes_in_its_data_file(llama_stateful,
     prompts = "5,6,7,8,9,10,11;12,13,14;15,16,17,18,19"
     ran = [_run(str(g), "--input-ids", prompts, "--max-new-tokens", "6") for g in (gen, gen_inline)]
     assert ran[0].returncode == 0 and ran[0].stdout == ran[1].stdout, ran[0].stderr[-2000:]
+
+
+def _torch_decode_export(model, path: Path) -> None:
+    """A decode graph as a user exports it with torch alone: a wrapper taking the cache as tensors (their own
+    names: k0, v0, ...), torch.onnx.export(dynamo=True) with every dim dynamic (torch names them s18, s70, ...,
+    the mask's apart from the ids')."""
+    import torch
+    from transformers import DynamicCache
+
+    layers = model.config.num_hidden_layers
+    names = [f"{kv}{i}" for i in range(layers) for kv in ("k", "v")]
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(layers)])
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                         use_cache=True, return_dict=True)
+        return (out.logits, *[t for layer in out.cache.layers for t in (layer.keys, layer.values)])
+
+    Step.forward = forward
+    heads = model.config.num_key_value_heads
+    dim = model.config.hidden_size // model.config.num_attention_heads
+    past = [torch.randn(2, heads, 5, dim) for _ in names]
+    ids = torch.randint(0, model.config.vocab_size, (2, 3))
+    dynamic = torch.export.Dim.DYNAMIC
+    shapes = ({0: dynamic, 1: dynamic},) * 3 + (({0: dynamic, 2: dynamic},) * len(names),)  # (*past: one tuple)
+    torch.onnx.export(Step().eval(), (ids, torch.ones(2, 8, dtype=torch.long), torch.arange(5, 8).expand(2, 3), *past),
+                      str(path), input_names=["input_ids", "attention_mask", "position_ids", *names],
+                      output_names=["logits", *[f"{n}_out" for n in names]], dynamic_shapes=shapes, dynamo=True)
+
+
+def test_a_decode_graph_exported_by_torch_directly_generates_as_transformers(tmp_path):
+    """`compile decode.onnx -o GEN --stateful-cache` on a with-past graph torch exported from the user's own
+    wrapper: the cache inputs are found by the pattern (named k0, v0, ...), the capacity and the token ids come
+    from the checkpoint's config beside the graph, and generate gives transformers' tokens. Without a config
+    beside it, --max-seq-len is required (one line, exit 1, nothing written)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    src = _save(_llama(), tmp_path / "ckpt")
+    model = tf.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    _torch_decode_export(model, src / "decode.onnx")
+    gen = tmp_path / "gen"
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(src / "decode.onnx"), "-o", str(gen),
+                           "--stateful-cache", "--target", "cpu", "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["cache"]["max_seq"] == 128 and report["cache"]["cached_steps_check"]["argmax_match"]
+    meta = json.loads((gen / "generation.json").read_text())
+    assert meta["cache_feeds"] == {f"{n}_out": n for n in ("k0", "v0", "k1", "v1")} and meta["eos_token_id"] == 2
+    _generate_matches_transformers(src, gen, eos=2, pad=2)
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "decode.onnx").symlink_to(src / "decode.onnx")
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(bare / "decode.onnx"), "-o",
+                           str(tmp_path / "gen2"), "--stateful-cache"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and "--max-seq-len is required" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "gen2").exists()
