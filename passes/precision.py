@@ -282,25 +282,37 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
     """Every `precision` value of a lowered model as fp32 holding values rounded to `precision`.
 
     Each node that produced a low-precision value now computes in fp32 and rounds its result (Cast to the
-    low dtype and back); low-precision weights become fp32 tensors of the rounded values. Used to run a bf16
-    network on MindSpore CPU, whose bf16 kernels are missing (module docstring).
+    low dtype and back). Low-precision weights stay as they are and are read through a Cast to fp32 (an exact
+    widening): an fp32 copy would double their bytes, on disk in the spill and in memory, and the low ones are
+    the target network's own Parameters, which the verification shares with this network where they agree
+    (graphconv/runtime/network.shareable). A graph whose subgraphs read weights (If, Loop) gets fp32 copies
+    instead, since a Cast at the top would not reach them. Used to run a bf16 network on MindSpore CPU, whose
+    bf16 kernels are missing (module docstring).
     """
     low = LOW_DTYPES[precision]
     typed = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.value_info) + list(model.graph.output)}
     result = onnx.ModelProto()
     result.CopyFrom(model)
     g = result.graph
+    subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute)
+    widened = {}
     for t in g.initializer:
-        if t.data_type == low:
+        if t.data_type != low:
+            continue
+        if subgraphs:
             wide = weights.to_array(t).astype(np.float32)
             external = spill is not None and t.data_location == TensorProto.EXTERNAL
             t.CopyFrom(spill.tensor_proto(t.name, wide) if external else numpy_helper.from_array(wide, t.name))
-    new_nodes = []
+        else:
+            widened[t.name] = f"{t.name}__wide"
+    new_nodes = [helper.make_node("Cast", [name], [wide], name=f"{name}_widen", to=TensorProto.FLOAT)
+                 for name, wide in widened.items()]
     for n in g.node:
         if n.op_type == "Constant":
             for a in n.attribute:
                 if a.name == "value" and a.t.data_type == low:
                     a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+        n.input[:] = [widened.get(x, x) for x in n.input]
         new_nodes.append(n)
         if n.op_type == "Constant":
             continue

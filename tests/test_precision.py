@@ -106,9 +106,14 @@ def test_bf16_emulation_rounds_every_low_result_through_bf16():
     emu = precision.emulate_in_fp32(low, "bf16")
     onnx.checker.check_model(emu, full_check=True)
     types = _types(emu)
-    # bf16 lives only between the two Casts of each rounding point
+    # bf16 lives only between the two Casts of each rounding point, and in the weights, kept bf16 (no fp32 copy)
+    # and each read by one Cast to fp32
+    weights_low = {t.name for t in emu.graph.initializer if t.data_type == TensorProto.BFLOAT16}
+    assert weights_low == {"w", "v"}
     stray = [n for n, t in types.items() if t == TensorProto.BFLOAT16 and not n.endswith(("__wide", "__rounded"))]
-    assert not stray
+    assert set(stray) == weights_low
+    readers = [(n.op_type, [a.i for a in n.attribute]) for n in emu.graph.node if set(n.input) & weights_low]
+    assert readers == [("Cast", [TensorProto.FLOAT])] * 2
     exposed = onnx.ModelProto()
     exposed.CopyFrom(emu)
     exposed.graph.output.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, None))
