@@ -326,6 +326,9 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
         raise InputError(f"--max-seq-len {max_seq_len}: must be an integer >= 2")
     decode = meta["graphs"]["decode"]
+    if str(meta.get("source", "")).startswith("onnxruntime-genai"):
+        raise CacheNotHeld("onnxruntime-genai's graph reads its cache inside GroupQueryAttention (a contrib op), "
+                           "not by the past -> Concat -> present pattern the rewrite takes (not yet)")
     if meta.get("cache_feeds"):  # transformers' exporter: its decode graph serves the prompt if it takes any length
         length = decode["inputs"]["input_ids"][1]
         if isinstance(length, int):

@@ -137,6 +137,8 @@ def test_builder_folder_compiles_into_a_generation_directory(builds, tmp_path):
     gen_dir = tmp_path / "gen"
     report = pair.compile_pair(folder, gen_dir, target="ascend")
     assert report["status"] == "verified"
+    # by default the cache would be held in place; a builder's graph cannot be rewritten yet, and says why
+    assert report["cache"]["held_in_place"] is False and "GroupQueryAttention" in report["cache"]["why"]
     assert sorted(p.name for p in gen_dir.iterdir()) == ["generation.json", "model.cpu.mindir", "model.mindir",
                                                          "report.json", "tokenizer"]  # (the builder folder's)
     result = generation.generate(gen_dir, [PROMPT, PROMPT[::-1], PROMPT[:3]], 12, check=True, device="cpu")

@@ -169,3 +169,26 @@ def test_bad_precision_options_are_one_line_errors(args, message, tmp_path):
     assert proc.returncode == 1
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not out.exists()
+
+
+def test_bf16_verification_writes_no_fp32_copy_of_the_weights(tmp_path, monkeypatch):
+    """A model whose weights come from files (as large models do) compiled in bf16: its weights are spilled once,
+    in bf16 (passes/precision._to_low), and the cpu twin reads those through a Cast; no fp32 copy of any of
+    them is written (at the 7B that copy was 26 GB in the compile's private directory)."""
+    from graphconv.frontend import weights
+
+    model = onnx.load(str(EXAMPLES_DIR / "tiny_llama.onnx"))
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    spilled = []
+    original = weights.SpillFile.tensor_proto
+
+    def recording(self, name, array):
+        spilled.append((name, array.dtype.name, array.nbytes))
+        return original(self, name, array)
+
+    monkeypatch.setattr(weights.SpillFile, "tensor_proto", recording)
+    report = graphconv.compile(tmp_path / "m.onnx", tmp_path / "m.mindir", precision="bf16")
+    assert report.status == "verified"
+    low = {name for name, dtype, _ in spilled if dtype == "bfloat16"}
+    assert 10 < len(low) <= report.validation["precision"]["weights_converted"]  # (those from files)
+    assert not [(name, dtype) for name, dtype, _ in spilled if name in low and dtype != "bfloat16"]
