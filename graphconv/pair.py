@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphconv.errors import CacheNotHeld, InputError
+from graphconv.errors import CacheNotHeld, InputError, UnsupportedError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.generation import cache_dtype, mindir_bytes
@@ -268,6 +268,13 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
         if not {"input_ids", "attention_mask"} <= set(inputs) or "logits" not in outputs:
             raise InputError(f"{path}: takes {sorted(inputs)} and gives {sorted(outputs)[:3]}…; expected "
                              "input_ids, attention_mask (and a cache) -> logits (and the cache)")
+        if len(inputs["attention_mask"]) != 2:
+            static = any(n.endswith(".cumulative_length") for n in inputs) or \
+                any(n.op_type == "ScatterND" for n in graph.node)
+            raise UnsupportedError(
+                f"{path}: its attention_mask is {inputs['attention_mask']}, not [batch, length]"
+                + (": a static cache (written by ScatterND at cumulative_length), which is not taken yet; export "
+                   "with the default dynamic cache (no cache_implementation='static')" if static else ""))
         for name in outputs:
             found = re.fullmatch(r"(?:output\.)?cache\.layers\.(\d+)\.(keys|values)", name)
             if found:

@@ -323,6 +323,26 @@ def test_a_folder_from_transformers_own_exporter_generates_as_transformers(tmp_p
     _generate_matches_transformers(src, gen, eos=2, pad=2)
 
 
+def test_a_static_cache_folder_from_transformers_exporter_is_refused_with_the_reason(tmp_path):
+    """export_for_generation with `cache_implementation="static"` writes graphs whose cache is a fixed-size
+    buffer written by ScatterND at a cumulative length, with a 4-D mask: refused in one line naming that
+    (it was an internal error), exit 1, nothing written."""
+    from transformers import GenerationConfig
+    from transformers.exporters import OnnxConfig, OnnxExporter
+
+    torch.manual_seed(0)
+    model = _llama().eval()
+    ids, mask = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]), torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    exported = OnnxExporter().export_for_generation(
+        model, {"input_ids": ids, "attention_mask": mask}, OnnxConfig(dynamic=True),
+        generation_config=GenerationConfig(cache_implementation="static", max_length=32))
+    exported.save_pretrained(tmp_path / "exported")
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(tmp_path / "exported"), "-o",
+                           str(tmp_path / "gen")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and "a static cache (written by ScatterND at cumulative_length)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "gen").exists(), proc.stderr
+
+
 def test_text_prompts_are_encoded_and_the_output_decoded(tmp_path):
     """--prompt TEXT: the checkpoint's tokenizer (a WordLevel one here, saved beside the weights) travels with
     the export and the compile; the prompts are encoded by it and the new tokens decoded, as transformers'
