@@ -180,6 +180,16 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
     return meta, {step["mindir"]: path}
 
 
+def _checkpoint_config(folder: Path) -> tuple[dict, dict, dict, object]:
+    """A checkpoint's config.json (its text config) and generation_config.json in `folder`, each {} where
+    absent, and token(key): generation_config's value, else the text config's, else the config's."""
+    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    generation_config = read_json(folder / "generation_config.json") \
+        if (folder / "generation_config.json").is_file() else {}
+    text = config.get("text_config") or config
+    return config, text, generation_config, lambda key: generation_config.get(key, text.get(key, config.get(key)))
+
+
 def decode_graph_generation(path: Path) -> tuple[dict, dict[str, Path]]:
     """generation.json for one with-past ONNX graph exported by other means (torch.onnx.export of a wrapper
     taking the cache as tensors, say), and the graph: it takes input_ids, attention_mask (position_ids) and
@@ -211,14 +221,7 @@ def decode_graph_generation(path: Path) -> tuple[dict, dict[str, Path]]:
         raise InputError(f"{path}: cache {first.name} {inputs[first.name]} of {dtype or 'a non-float dtype'} and logits "
                          f"{outputs['logits']}: expected fp32/fp16/bf16 [batch, kv heads, past, head dim] and "
                          "[batch, seq, vocab] with static heads, head dim and vocab")
-    config = read_json(path.parent / "config.json") if (path.parent / "config.json").is_file() else {}
-    generation_config = read_json(path.parent / "generation_config.json") \
-        if (path.parent / "generation_config.json").is_file() else {}
-    text = config.get("text_config") or config
-
-    def token(key):
-        return generation_config.get(key, text.get(key, config.get(key)))
-
+    config, text, generation_config, token = _checkpoint_config(path.parent)
     step = {"file": path.name, "mindir": "decode", "inputs": inputs, "outputs": outputs}
     meta = {
         "model_type": config.get("model_type"), "task": "text-generation-with-past",
@@ -254,9 +257,7 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
     if set(components) != set(GRAPHS):
         raise InputError(f"{where}: components {sorted(components)}; a generation folder has prefill and decode "
                          "(export_for_generation of a decoder-only model)")
-    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-    generation_config = read_json(folder / "generation_config.json") \
-        if (folder / "generation_config.json").is_file() else {}
+    config, text, generation_config, token = _checkpoint_config(folder)
     graphs, sources, dims, feeds = {}, {}, {}, {}
     for g in GRAPHS:
         path = folder / components[g].get("file", f"{g}.onnx")
@@ -303,11 +304,6 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
     if dtype is None:
         raise InputError(f"{sources['decode']}: cache dtype {past[0].type.tensor_type.elem_type} is not fp32, fp16 or "
                          "bf16")
-    text = config.get("text_config") or config
-
-    def token(key):
-        return generation_config.get(key, text.get(key, config.get(key)))
-
     meta = {
         "model_type": config.get("model_type"), "task": "text-generation-with-past",
         "source": f"transformers' exporter ({_EXPORT_MANIFEST})",
