@@ -40,8 +40,11 @@ def _gen_dir(model, base: Path, dtype: str = "fp32") -> tuple[Path, Path, Path]:
     export_checkpoint(src, out, "text-generation-with-past", dtype=dtype)
     gen = base / "gen"
     report = compile_pair(out, gen, target="cpu")
-    # one graph serves both steps: the export found the decode graph at an empty cache equal to PyTorch's prompt
+    # one graph serves both steps: the export found the decode graph at an empty cache equal to PyTorch's prompt;
+    # by default its cache is held in place, and its cached steps were checked against onnxruntime
     assert report["status"] == "verified" and report["steps"] == {"prefill": "decode", "decode": "decode"}
+    assert report["cache"].get("held_in_place", True), report["cache"]
+    assert report["cache"]["cached_steps_check"]["argmax_match"]
     return src, out, gen
 
 
