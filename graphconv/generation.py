@@ -281,11 +281,10 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         input_ids = [tok(t)["input_ids"] for t in text]
     prompts = _prompts(input_ids, gen.get("vocab_size"))
     _check_capacity(gen, prompts, max_new_tokens)
+    device, notes = _resolve_device(device)
     if sampling is not None:
         sampling = sampling_options(gen, **sampling)
-    device, notes = _resolve_device(device)
-    if sampling is not None:  # (the seed printed, so that a run can be repeated)
-        notes.append("sampling: " + ", ".join(f"{k} {v}" for k, v in sampling.items()))
+        notes.append("sampling: " + ", ".join(f"{k} {v}" for k, v in sampling.items()))  # (the seed: a rerun)
     mindirs = [gen_dir / f for f in mindir_files(gen, device)]
     missing = sorted({m.name for m in mindirs if not m.is_file()})
     if missing and device == "cpu" and gen.get("cpu_twin", {}).get("written") is False:

@@ -180,6 +180,18 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
     return meta, {step["mindir"]: path}
 
 
+def _step_io(path: Path, graph) -> tuple[dict, dict]:
+    """A generation step graph's inputs (initializers left out) and outputs with their dims; InputError unless
+    it takes input_ids and attention_mask and gives logits."""
+    inits = {t.name for t in graph.initializer}
+    inputs = {vi.name: value_dims(vi) for vi in graph.input if vi.name not in inits}
+    outputs = {vi.name: value_dims(vi) for vi in graph.output}
+    if not {"input_ids", "attention_mask"} <= set(inputs) or "logits" not in outputs:
+        raise InputError(f"{path}: takes {sorted(inputs)[:6]} and gives {sorted(outputs)[:3]}…; expected "
+                         "input_ids, attention_mask (position_ids) and a cache -> logits and the cache")
+    return inputs, outputs
+
+
 def _checkpoint_config(folder: Path) -> tuple[dict, dict, dict, object]:
     """A checkpoint's config.json (its text config) and generation_config.json in `folder`, each {} where
     absent, and token(key): generation_config's value, else the text config's, else the config's."""
@@ -202,13 +214,7 @@ def decode_graph_generation(path: Path) -> tuple[dict, dict[str, Path]]:
 
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
-    inits = {t.name for t in graph.initializer}
-    inputs = {vi.name: value_dims(vi) for vi in graph.input if vi.name not in inits}
-    outputs = {vi.name: value_dims(vi) for vi in graph.output}
-    if not {"input_ids", "attention_mask"} <= set(inputs) or "logits" not in outputs:
-        raise InputError(f"{path}: takes {', '.join(list(inputs)[:4])} and gives {', '.join(list(outputs)[:3])}; a "
-                         "decode graph takes input_ids, attention_mask (and position_ids) and its cache, and gives "
-                         "logits and the grown cache")
+    inputs, outputs = _step_io(path, graph)
     pairs = past_present_pairs(model)
     if not pairs:
         raise InputError(f"{path}: no cache input (a rank-4 input that a Concat along axis 2 extends, the result "
@@ -264,11 +270,7 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
         if not path.is_file():
             raise InputError(f"{folder}: {path.name} ({where.name}'s {g}) missing")
         graph = onnx.load(str(path), load_external_data=False).graph
-        inputs = {vi.name: value_dims(vi) for vi in graph.input}
-        outputs = {vi.name: value_dims(vi) for vi in graph.output}
-        if not {"input_ids", "attention_mask"} <= set(inputs) or "logits" not in outputs:
-            raise InputError(f"{path}: takes {sorted(inputs)} and gives {sorted(outputs)[:3]}…; expected "
-                             "input_ids, attention_mask (and a cache) -> logits (and the cache)")
+        inputs, outputs = _step_io(path, graph)
         if len(inputs["attention_mask"]) != 2:
             static = any(n.endswith(".cumulative_length") for n in inputs) or \
                 any(n.op_type == "ScatterND" for n in graph.node)
