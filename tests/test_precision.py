@@ -174,7 +174,8 @@ def test_bad_precision_options_are_one_line_errors(args, message, tmp_path):
 def test_bf16_verification_writes_no_fp32_copy_of_the_weights(tmp_path, monkeypatch):
     """A model whose weights come from files (as large models do) compiled in bf16: its weights are spilled once,
     in bf16 (passes/precision._to_low), and the cpu twin reads those through a Cast; no fp32 copy of any of
-    them is written (at the 7B that copy was 26 GB in the compile's private directory)."""
+    them is written (at real sizes that copy doubled the weights' bytes in the compile's private
+    directory)."""
     from graphconv.frontend import weights
 
     model = onnx.load(str(EXAMPLES_DIR / "tiny_llama.onnx"))

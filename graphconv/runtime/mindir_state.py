@@ -6,11 +6,10 @@ passes/stateful_cache.py), yet mindspore.export stores it like a weight: at a re
 zeros in the file, and twice that in memory while `mindspore.load` copies them out of its read buffer. MindSpore
 2.10 loads a graph.parameter entry that has neither raw_data nor external_data by allocating it without filling it
 (load_model.cc: "Parameter will load initialized data"), and `nn.GraphCell(graph, params_init={name: Tensor})`
-replaces a Parameter's value by its plain name (the part after the graph id). Measured on CPU (1 GiB cache): the
-stored zeros peak at 2.45 GiB of RSS at load; stripped and given `Tensor(shape, dtype, init=Zero())` through
-params_init, 0.40 GiB at load and 1.50 GiB after two calls (the scatter touches only the pages it writes), with the
-same outputs. So the compile strips the state's bytes (`strip`), records the Parameters (generation.json's
-`state.params`), and each loader passes zeros for them (`params_init`).
+replaces a Parameter's value by its plain name (the part after the graph id); given `Tensor(shape, dtype,
+init=Zero())`, only the pages a call writes are ever touched (docs/performance.md has the measurement). So the
+compile strips the state's bytes (`strip`), records the Parameters (generation.json's `state.params`), and each
+loader passes zeros for them (`params_init`).
 """
 
 from __future__ import annotations
