@@ -22,10 +22,11 @@ generation script for an Ascend host.
                                            compile's report (and `cpu_twins` for the cpu ones)
 Each graph is compiled and verified by the one pipeline (graphconv/pipeline.py) with the options given.
 
-With --stateful-cache (`stateful_cache=True`), the one graph is first rewritten with its KV cache held in place
-(passes/stateful_cache.py, applied by the compile's load stage): the MindIRs take ids, mask and positions and
-give the logits, generation.json's graphs.<step>.state gives the capacity, and the cached steps are verified by
-generating against onnxruntime on the ONNX pair (report.json's `cache`).
+By default (`stateful_cache` None; True: or an error), the one graph is first rewritten with its KV cache held in
+place (passes/stateful_cache.py, applied by the compile's load stage; a builder's GroupQueryAttention in its
+decomposition): the MindIRs take ids, mask and positions and give the logits, generation.json's
+graphs.<step>.state gives the capacity, and the cached steps are verified by generating against onnxruntime on
+the ONNX pair (report.json's `cache`).
 
 Weights: each MindIR holds its own copy. A MindIR cannot reference another file's Parameters (mindspore.load
 reads a graph's weights from the file itself or its own `_variables/` folder), so two graphs store the
@@ -167,7 +168,8 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
         "pad_token_id": model.get("pad_token_id"), "num_layers": decoder.get("num_hidden_layers"),
         "sampling": decoding.sampling_settings(config.get("search")),
         "num_kv_heads": decoder.get("num_key_value_heads"), "head_dim": head,
-        "vocab_size": model.get("vocab_size"), "hidden_size": decoder.get("hidden_size"), "dtype": dtype,
+        "vocab_size": model.get("vocab_size"), "hidden_size": decoder.get("hidden_size"),
+        "max_position_embeddings": model.get("context_length"), "dtype": dtype,
         "cache_dtype": dtype,
         "cache_layout": "BNSD: [batch, kv_heads, seq, head_dim]",
         "cache_names": {"past": "past_key_values.{i}.key|value", "present": "present.{i}.key|value"},
@@ -332,9 +334,8 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
         raise InputError(f"--max-seq-len {max_seq_len}: must be an integer >= 2")
     decode = meta["graphs"]["decode"]
     if str(meta.get("source", "")).startswith("onnxruntime-genai"):
-        raise CacheNotHeld("onnxruntime-genai's graph reads its cache inside GroupQueryAttention (a contrib op), "
-                           "not by the past -> Concat -> present pattern the rewrite takes (not yet)")
-    if meta.get("cache_feeds"):  # transformers' exporter: its decode graph serves the prompt if it takes any length
+        pass  # one graph for prompt and decode; GroupQueryAttention's decomposition is the pattern the rewrite takes
+    elif meta.get("cache_feeds"):  # transformers' exporter: its decode graph serves the prompt if it takes any length
         length = decode["inputs"]["input_ids"][1]
         if isinstance(length, int):
             raise CacheNotHeld(f"the decode graph takes {length} token(s) a call, so it cannot take the prompt "
@@ -499,10 +500,12 @@ def _stateful_plan(meta: dict, sources: dict, options: dict, capacity: tuple[int
     decode = meta["graphs"]["decode"]
     state = {"max_batch": capacity[0], "max_seq_len": capacity[1],
              "inputs": [n for n in STEP_INPUTS if n in decode["inputs"]], "outputs": ["logits"]}
-    step = {**decode, "mindir": "decode", "state": state}
-    meta = {**meta, "graphs": {"prefill": {**meta["graphs"]["prefill"], "mindir": "decode", "state": state},
+    name = decode.get("mindir", "decode")  # (a builder's: its model file's name)
+    step = {**decode, "mindir": name, "state": state}
+    meta = {**meta, "graphs": {"prefill": {**meta["graphs"]["prefill"], "mindir": name, "state": state},
                                "decode": step}}
-    return meta, {"decode": sources["decode"]}, options, {}, state  # (_stateful_options sized the dims)
+    source = sources["decode"] if "decode" in sources else sources[name]
+    return meta, {name: source}, options, {}, state  # (_stateful_options sized the dims)
 
 
 def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: dict, sources: dict, options: dict,
@@ -568,7 +571,8 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
             "steps": {step: meta["graphs"][step].get("mindir", step) for step in GRAPHS},  # the graph each runs
         }
         if capacity is not None:
-            held = next(s["detail"]["cache_held_in_place"] for s in graphs["decode"]["stages"] if s["name"] == "load")
+            held = next(s["detail"]["cache_held_in_place"] for s in next(iter(graphs.values()))["stages"]
+                        if s["name"] == "load")
             report["cache"] = {**held, "stored": "no: zeros made at load (generation.json's state.params)",
                                "cached_steps_check": cached_steps}
         else:

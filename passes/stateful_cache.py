@@ -139,11 +139,17 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
 
 
 def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_names: list[str] | None = None,
-                  ids: str = "input_ids", mask: str = "attention_mask") -> tuple[onnx.ModelProto, CacheLayout]:
+                  ids: str = "input_ids", mask: str = "attention_mask",
+                  presents: dict[str, str] | None = None) -> tuple[onnx.ModelProto, CacheLayout]:
     """The stateful graph of a with-past `model` (changed in place and returned) and its cache layout.
-    `past_names`: the cache inputs (default: past_inputs(model)). NotStateful says why not."""
+    `past_names`: the cache inputs (default: past_inputs(model)). `presents`: {past: the output returning it
+    grown} where that output is not the Concat's own, but equals it on the calls the generation makes
+    (GroupQueryAttention's present, decomposed by graphconv.frontend.contrib.gqa: the Concat gathered into the
+    kernel's layout, the same rows when no row is padded); it leaves the outputs too. NotStateful says why not."""
     graph = model.graph
     inputs = {vi.name: vi for vi in graph.input}
+    typed = {vi.name: vi for vi in [*graph.value_info, *graph.output]}
+    presents = presents or {}
     if ids not in inputs or mask not in inputs:
         raise NotStateful(f"the graph takes no {ids if ids not in inputs else mask!r}: the past length is read as the "
                           "attention mask's length minus the query's")
@@ -157,10 +163,13 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
     shapes_of: dict[str, list[onnx.NodeProto]] = {}
     for name in past_names:
         dims = value_dims(inputs[name])
+        concats = [n for n in uses.get(name, []) if n.op_type == "Concat"]
+        new = value_dims(typed[concats[0].input[-1]]) if len(concats) == 1 and concats[0].input[-1] in typed else []
+        if len(dims) == 4 and len(new) == 4 and not isinstance(dims[3], int):
+            dims[3] = new[3]  # a symbolic head dim (the builder's `kv_cache_dim`): the new values' static one
         if len(dims) != 4 or not isinstance(dims[1], int) or not isinstance(dims[3], int):
             raise NotStateful(f"{name}: shape {dims}, not [batch, kv heads, past, head dim] with static heads and "
                               "head dim")
-        concats = [n for n in uses.get(name, []) if n.op_type == "Concat"]
         others = [n for n in uses.get(name, []) if n.op_type not in ("Concat", "Shape")]
         if len(concats) != 1 or others:
             what = others[0].op_type if others else f"{len(concats)} Concats"
@@ -169,7 +178,9 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
         axis = next((a.i for a in concat.attribute if a.name == "axis"), None)
         if list(concat.input)[:1] != [name] or len(concat.input) != 2 or axis not in (2, -2):
             raise NotStateful(f"{name}: its Concat ({concat.name or concat.output[0]}) is not [past, new] along the sequence axis")
-        present = concat.output[0] if concat.output[0] in outputs else None
+        present = concat.output[0] if concat.output[0] in outputs else presents.get(name)
+        if present is not None and present not in outputs:
+            raise NotStateful(f"{name}: its present {present!r} is not a graph output")
         caches[name] = (CACHE_PREFIX + name, dims[1], dims[3], present)
         concat_of[name] = concat
         shapes_of[name] = [n for n in uses.get(name, []) if n.op_type == "Shape"]
@@ -228,10 +239,10 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
     kept_inputs = [vi for vi in graph.input if vi.name not in caches]
     del graph.input[:]
     graph.input.extend(kept_inputs)
-    presents = {c[3] for c in caches.values() if c[3]}
-    kept_outputs = [vo for vo in graph.output if vo.name not in presents]
-    # (a present's type stays as the KVCacheUpdate output's value_info: its dims are the Concat's)
-    graph.value_info.extend(vo for vo in graph.output if vo.name in presents)
+    dropped = {c[3] for c in caches.values() if c[3]}
+    kept_outputs = [vo for vo in graph.output if vo.name not in dropped]
+    # (a present's type stays as its producer's value_info)
+    graph.value_info.extend(vo for vo in graph.output if vo.name in dropped)
     del graph.output[:]
     graph.output.extend(kept_outputs)
     nodes = top + list(graph.node)

@@ -8,6 +8,7 @@ directory whose `graphconv generate` gives onnxruntime-genai's own greedy tokens
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -132,19 +133,51 @@ def genai_tokens(folder, prompt: list[int], new_tokens: int) -> list[int]:
     return [int(t) for t in generator.get_sequence(0)][len(prompt):]
 
 
+def transformers_tokens(checkpoint, prompt: list[int], new_tokens: int, eos: list[int]) -> list[int]:
+    """transformers' greedy generate on the checkpoint the builder read: the new ids, up to and including eos."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+    return out[0, len(prompt):].tolist()
+
+
 def test_builder_folder_compiles_into_a_generation_directory(builds, tmp_path):
+    """The builder's one graph, with its KV cache held in place (the default): GroupQueryAttention's
+    decomposition is past -> Concat -> present, rewritten like any export's; the prompts run grouped by length
+    (the graph reads the mask as lengths). The tokens are onnxruntime-genai's and transformers'."""
+    from test_stateful_cache import _cache_paths
+
+    from graphconv.verify.census import primitive_census
+
     folder = builds("llama", "fp32")
     gen_dir = tmp_path / "gen"
     report = pair.compile_pair(folder, gen_dir, target="ascend")
     assert report["status"] == "verified"
-    # by default the cache would be held in place; a builder's graph cannot be rewritten yet, and says why
-    assert report["cache"]["held_in_place"] is False and "GroupQueryAttention" in report["cache"]["why"]
+    assert report["cache"]["max_seq"] == 256  # genai_config's context_length (the checkpoint's 256)
+    check = report["cache"]["cached_steps_check"]  # against onnxruntime's GroupQueryAttention on model.onnx
+    assert check["argmax_match"] and check["max_abs"] <= 1e-4 and check["steps"] == 3 * 4
     assert sorted(p.name for p in gen_dir.iterdir()) == ["generation.json", "model.cpu.mindir", "model.mindir",
                                                          "report.json", "tokenizer"]  # (the builder folder's)
-    result = generation.generate(gen_dir, [PROMPT, PROMPT[::-1], PROMPT[:3]], 12, check=True, device="cpu")
-    assert result.sequences[0] == genai_tokens(folder, PROMPT, 12)
-    assert result.sequences[2] == genai_tokens(folder, PROMPT[:3], 12)
+    meta = json.loads((gen_dir / "generation.json").read_text())
+    assert meta["graphs"]["decode"]["state"]["inputs"] == ["input_ids", "attention_mask"]
+    # per layer one attention reading the cache and one write per cache tensor, with no Concat on the path
+    assert primitive_census(gen_dir / "model.mindir").get("FusedInferAttentionScore") == LAYERS
+    assert _cache_paths(gen_dir / "model.mindir") == [
+        ["ScatterNdUpdate", "StridedSlice", "Cast", "MakeTuple", "FusedInferAttentionScore"]] * 2 * LAYERS
+    prompts = [PROMPT, PROMPT[::-1], PROMPT[:3]]
+    result = generation.generate(gen_dir, prompts, 12, check=True, device="cpu")
     assert all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in result.steps)
+    eos = meta["eos_token_id"] if isinstance(meta["eos_token_id"], list) else [meta["eos_token_id"]]
+    hf = [transformers_tokens(folder.parent.parent / "hf_llama", p, 12, eos) for p in prompts]
+    assert result.sequences == hf
+    assert result.sequences == [genai_tokens(folder, p, 12) for p in prompts]
+    # passed in and out on request: the same tokens
+    plain = pair.compile_pair(folder, tmp_path / "plain", target="cpu", stateful_cache=False)
+    assert plain["cache"] == {"held_in_place": False, "why": "not asked for (--no-stateful-cache)"}
+    assert generation.generate(tmp_path / "plain", prompts, 12, device="cpu").sequences == hf
 
 
 def test_int4_builder_folder_generates_the_exact_semantics_tokens(builds, tmp_path):

@@ -132,6 +132,93 @@ def test_the_compiled_cache_keeps_its_state_between_calls(tmp_path):
             np.testing.assert_allclose(z["out0"], want, rtol=1e-5, atol=1e-5)
 
 
+def _gqa_step_graph() -> onnx.ModelProto:
+    """A builder-style step: packed q/k/v = Gather(embedding, ids), one com.microsoft GroupQueryAttention with
+    rotary reading graph-input caches (their head dim symbolic, as the builder writes `kv_cache_dim`), seqlens_k
+    and total_sequence_length from the mask's lengths; y = its output, present.0.* the grown caches."""
+    from tests.contrib_utils import model
+
+    n, kv, h, max_pos = 2, 1, 16, 32
+    weights = np.random.default_rng(2)
+    inv = 10000.0 ** (-np.arange(h // 2) * 2 / h)
+    angles = np.arange(max_pos)[:, None] * inv[None]
+    vi = helper.make_tensor_value_info
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["qkv"]),
+        helper.make_node("ReduceSum", ["attention_mask", "axis1"], ["lengths"], keepdims=0),
+        helper.make_node("Sub", ["lengths", "one"], ["seqlens64"]),
+        helper.make_node("Cast", ["seqlens64"], ["seqlens_k"], to=TensorProto.INT32),
+        helper.make_node("Shape", ["attention_mask"], ["total1"], start=1, end=2),
+        helper.make_node("Squeeze", ["total1"], ["total64"]),
+        helper.make_node("Cast", ["total64"], ["total_sequence_length"], to=TensorProto.INT32),
+        helper.make_node("GroupQueryAttention", ["qkv", "", "", "past_key_values.0.key", "past_key_values.0.value",
+                                                 "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"],
+                         ["y", "present.0.key", "present.0.value"], domain="com.microsoft", num_heads=n,
+                         kv_num_heads=kv, do_rotary=1),
+    ]
+    inits = [numpy_helper.from_array(weights.standard_normal((VOCAB, (n + 2 * kv) * h)).astype(np.float32), "emb"),
+             numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos_cache"),
+             numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin_cache")]
+    cache = ["batch", kv, "past", "kv_cache_dim"]
+    return model(nodes, [vi("input_ids", TensorProto.INT64, ["batch", "seq"]),
+                         vi("attention_mask", TensorProto.INT64, ["batch", "total"]),
+                         vi("past_key_values.0.key", TensorProto.FLOAT, cache),
+                         vi("past_key_values.0.value", TensorProto.FLOAT, cache)],
+                 [vi("y", TensorProto.FLOAT, ["batch", "seq", n * h]),
+                  vi("present.0.key", TensorProto.FLOAT, ["batch", kv, "total", "kv_cache_dim"]),
+                  vi("present.0.value", TensorProto.FLOAT, ["batch", kv, "total", "kv_cache_dim"])], inits)
+
+
+def test_group_query_attention_caches_are_held_in_place(tmp_path):
+    """GroupQueryAttention reads its cache inside the op; decomposed on load, it is past -> Concat -> attention,
+    and its presents (the Concat in the kernel's layout) leave the outputs like a Concat's. Compiled, a prompt
+    of 4 tokens then two 1-token steps on one GraphCell give onnxruntime's kernel fed the presents back."""
+    import graphconv
+    from graphconv.frontend.load import load
+    from graphconv.pipeline import gqa_presents
+
+    path = tmp_path / "gqa_step.onnx"
+    onnx.save(_gqa_step_graph(), path)
+    loaded = load(path)
+    assert gqa_presents(loaded.as_given) == {f"past_key_values.0.{kv}": f"present.0.{kv}" for kv in ("key", "value")}
+    stateful, layout = stateful_cache.make_stateful(loaded.proto, 3, 10, presents=gqa_presents(loaded.as_given))
+    assert [i.name for i in stateful.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in stateful.graph.output] == ["y"]
+    assert {past: c[1:] for past, c in layout.caches.items()} == {  # (heads, head dim found from the new keys)
+        f"past_key_values.0.{kv}": (1, 16, f"present.0.{kv}") for kv in ("key", "value")}
+    mindir = tmp_path / "stateful.mindir"
+    report = graphconv.compile(path, mindir, target="cpu", cache_capacity=(3, 10),
+                               dims={"batch": (2, 3), "seq": (3, 5), "total": (3, 5)})
+    assert report.status == "verified", report.error
+    assert primitive_census(mindir).get("ScatterNdUpdate") == 2
+
+    batch = 2
+    past_k = past_v = np.zeros((batch, 1, 0, 16), np.float32)
+    cases, expected = [], []
+    for q in (4, 1, 1):  # (onnxruntime's kernel takes one new token over a cache at batch > 1)
+        ids = RNG.integers(0, VOCAB, (batch, q))
+        mask = np.ones((batch, past_k.shape[2] + q), np.int64)
+        y, past_k, past_v = _ort(_gqa_step_graph(), {"input_ids": ids, "attention_mask": mask,
+                                                     "past_key_values.0.key": past_k,
+                                                     "past_key_values.0.value": past_v})
+        cases.append({"input_ids": ids, "attention_mask": mask})
+        expected.append(y)
+    files, outs = [], []
+    for k, case in enumerate(cases):
+        np.savez(tmp_path / f"case{k}.npz", **case)
+        files.append(str(tmp_path / f"case{k}.npz"))
+        outs.append(str(tmp_path / f"case{k}.out.npz"))
+    placeholders = emit.placeholders(stateful)
+    run_task("run_mindir", {"mindir": str(mindir), "cases": files, "outputs": outs,
+                            "input_names": [s["name"] for s in placeholders], "inputs": placeholders},
+             tmp_path, "stateful GraphCell run")
+    for out, want in zip(outs, expected):
+        with np.load(out) as z:
+            np.testing.assert_allclose(z["out0"], want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("edit, reason", [
     (lambda g: g.node.append(helper.make_node("Identity", ["past_key_values.0.key"], ["also"])), "past_key_values.0.key is read by Identity"),
     (lambda g: g.input.remove(next(i for i in g.input if i.name == "attention_mask")), "no 'attention_mask'"),
