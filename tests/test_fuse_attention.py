@@ -5,7 +5,10 @@ FlashAttentionScore arguments (head_num, scale, layout, sparse_mode) are the fus
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -636,6 +639,52 @@ def test_bloom_export_fuses_alibi_into_real_shift(export_cache, tmp_path):
     assert report.coverage["attention"]["fused"] == 2
     calls = _fa_calls(tmp_path / "m.mindir")
     assert len(calls) == 2 and all(isinstance(c[REAL_SHIFT], str) and ":CNode" in c[REAL_SHIFT] for c in calls)
+
+
+_RECORD_REAL_SHIFT = """
+import json, sys
+import numpy as np
+import mindspore as ms
+from mindspore import ops
+
+ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+seen = []
+
+def flash_attention_score(q, k, v, head_num, real_shift=None, attn_mask=None, **_):
+    # no CPU kernel: record the shapes the device's shape check would see, return the output's shape
+    seen.append({"q": list(q.shape), "k": list(k.shape), "real_shift": list(real_shift.shape)})
+    return ops.zeros(q.shape, q.dtype)
+
+ops.flash_attention_score = flash_attention_score
+sys.path.insert(0, sys.argv[1])
+import network
+
+net = network.Network()
+for batch, seq in ((2, 5), (3, 9)):
+    ids = np.arange(batch * seq, dtype=np.int64).reshape(batch, seq) % 100
+    net(ms.Tensor(ids), ms.Tensor(np.ones((batch, seq), np.int64)))
+print(json.dumps(seen))
+"""
+
+
+def test_bloom_real_shift_has_a_shape_mindspore_accepts(export_cache, tmp_path):
+    """MindSpore's FlashAttentionScore shape check (flash_attention_score.cc) takes real_shift (B, N1, S1, S2)
+    or (1, N1, S1, S2) (and S1 = 1024) and throws on CANN's (B, N1, 1, S2), which is how Bloom's ALiBi arrives.
+    The ascend network's own source, run on CPU at two shapes with the primitive (no CPU kernel) replaced by a
+    recorder, gives every call's real_shift in the accepted list."""
+    pytest.importorskip("transformers")
+    src = tmp_path / "src"
+    report = graphconv.compile(export_cache("hf/bloom", 18, "dynamo"), tmp_path / "m.mindir", emit_source=src)
+    assert report.status == "verified" and report.census.get("FlashAttentionScore") == 2
+    script = tmp_path / "record.py"
+    script.write_text(_RECORD_REAL_SHIFT)
+    proc = subprocess.run([sys.executable, str(script), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(seen) == 2 * 2  # two layers at two shapes
+    for call in seen:
+        (b, n1, s1, _), s2 = call["q"], call["k"][2]
+        assert call["real_shift"] in ([b, n1, s1, s2], [1, n1, s1, s2]), call
 
 
 @pytest.mark.slow  # (~35 s: export and compile)

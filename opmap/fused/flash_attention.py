@@ -19,7 +19,8 @@ and the ascend cost of Where(c, 0, fill) < 0 instead of not(c) is one elementwis
 
 real_shift (the primitive's `pse`) is an additive position bias, added to Q . K^T BEFORE the scale: docs/fused_ops.md,
 and CANN's aclnnFlashAttentionScoreV2, whose pse_type 1 "is the FlashAttentionScore formula" while its other
-types "mul first, then add". Shapes (B, N1, S1, S2), (B, N1, 1, S2) or (1, N1, S1, S2) (CANN's list). A scalar
+types "mul first, then add". Any shape broadcastable to (B, N1, S1, S2) here; the ascend lowering expands it
+to (B|1, N1, S1, S2), the shapes MindSpore's check takes (full_real_shift). A scalar
 0 means none (the ascend lowering passes None). ALiBi (Bloom: scores = inv_norm * Q . K^T + alibi) arrives as
 real_shift = alibi / inv_norm.
 
@@ -159,6 +160,25 @@ def discard_mask(n, head_num: int):
     return n.call("ops.cast", full, n.ms_dtype(ir.DataType.UINT8))
 
 
+def full_real_shift(n, pse, head_num: int):
+    """real_shift in a shape MindSpore's FlashAttentionScore accepts: its shape inference (ops/infer/ops_func_impl/
+    flash_attention_score.cc) takes (B, N1, S1, S2) and (1, N1, S1, S2) (and S1 = 1024 rows, not used here) and
+    throws on any other, though CANN's list also has (B, N1, 1, S2). So a bias broadcast over the query rows
+    (Bloom's ALiBi), the heads or part of the batch is expanded, as MindFormers builds its full (B, N, S, S) bias;
+    one already full is passed as it is."""
+    shape, q = n.shape(4) or [], n.shape(0) or []
+    if len(shape) == 4 and len(q) == 4 and shape[0] in (1, q[0]) and shape[0] is not None \
+            and shape[1] == head_num and shape[2] is not None and shape[2] == q[2]:
+        return pse
+    q_dims, k_dims = n.call("ops.dyn_shape", n.x(0)), n.call("ops.dyn_shape", n.x(1))
+    batch = n.const_tensor(np.array([1], np.int64), "one") if len(shape) == 4 and shape[0] == 1 else \
+        n.getitem(q_dims, slice(0, 1))
+    target = n.call("ops.concat", n.tuple(batch, n.const_tensor(np.array([head_num], np.int64), "heads"),
+                                          n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
+    zeros = n.call("ops.zeros", n.call(n.helper("onnx_dims"), target), n.ms_dtype(n.dtype(4)))
+    return n.named(n.call("ops.add", pse, zeros), "real_shift")
+
+
 @register("FlashAttentionScore", since=1, domain="mindspore")
 def lower_flash_attention_score(n):
     model_dt, compute, cdt, (q, k, v) = ascend_qkv(n)
@@ -167,7 +187,8 @@ def lower_flash_attention_score(n):
     pse = None
     shift = n.const(4) if n.has(4) else np.zeros(())
     if shift is None or shift.size != 1 or float(shift.reshape(-1)[0]) != 0.0:  # not a scalar 0: a real bias
-        pse = n.x(4) if n.dtype(4) == compute else n.call("ops.cast", n.x(4), cdt)
+        pse = full_real_shift(n, n.x(4), head_num)
+        pse = pse if n.dtype(4) == compute else n.call("ops.cast", pse, cdt)
     out = n.call("ops.flash_attention_score", q, k, v, head_num, real_shift=pse, attn_mask=mask, keep_prob=1.0,
                  scalar_value=scale, input_layout="BNSD", sparse_mode=0)
     if model_dt != compute:
