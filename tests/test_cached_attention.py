@@ -88,3 +88,27 @@ def test_ascend_mindir_holds_the_cached_primitive_and_the_twin_verifies(tmp_path
     assert "FlashAttentionScore" not in report.census and "Softmax" not in report.census
     assert report.status == "verified" and report.validation["checked"].startswith("cpu twin of")
     assert report.validation["ascend_precision"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("n1, kind", [(128, "FusedInferAttentionScore"), (130, "FlashAttentionScore")])
+def test_more_than_64_query_heads_per_kv_head_is_flash_attention_score(n1, kind):
+    """FusedInferAttentionScore's docstring limits N1 / N2 to 64: above it the cache is read by
+    FlashAttentionScore, which takes any ratio."""
+    original = _decode_graph(n1, 2)
+    count, fused = fuse(original, "fuse-attention")
+    assert count == 1 and [n.op_type for n in fused_nodes(fused)] == [kind]
+    assert_same_numerics(original, fused)
+
+
+@pytest.mark.parametrize("mask_dims, takes", [(None, True), ([3, 1, 5, 9], True), ([5, 9], True),
+                                               ([3, 4, 5, 9], False)])
+def test_a_per_head_mask_is_not_given_to_fused_infer_attention_score(mask_dims, takes):
+    """Its documented mask shapes have no per-head form ((B|1, 1, S1, S2) and lower ranks)."""
+    import onnx_ir as ir
+
+    from passes.attention.flash import infer_attention_takes
+
+    class Sdpa:  # (only the mask is read)
+        mask = None if mask_dims is None else ir.Value(shape=ir.Shape(mask_dims))
+
+    assert infer_attention_takes(Sdpa(), 4, 2) is takes

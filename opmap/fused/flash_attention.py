@@ -142,7 +142,14 @@ def ascend_qkv(n):
 
 def discard_mask(n, head_num: int):
     """The attention mask input (3) as the primitives' uint8 discard mask (1 = discard) broadcast to
-    (B, 1, S1, S2), or (B, N1, S1, S2) for a per-head mask; None for mask_kind none."""
+    (B, 1, S1, S2), or (B, N1, S1, S2) for a per-head mask; None for mask_kind none.
+
+    A row that discards every key (a left-padded query row of a prompt) keeps every key instead. The kernels'
+    output for a fully discarded row is not defined unless inner_precise enables their row-invalid correction,
+    which FusedInferAttentionScore supports only for query lengths > 1 (its 2.10 docstring), while one
+    generation graph serves both lengths; and a row left undefined (NaN) would reach the valid rows through the
+    next layer's P.V. Keeping every key is what the reference body computes for such a row (its mask clamped
+    to -1e30 shifts the whole row, which softmax ignores) and what transformers' SDPA path does for padded rows."""
     kind = n.attr("mask_kind", "none")
     if kind not in MASK_KINDS:
         n.fail(f"unknown mask_kind {kind!r}")
@@ -157,6 +164,8 @@ def discard_mask(n, head_num: int):
                                           n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
     zeros = n.call("ops.zeros", n.call(n.helper("onnx_dims"), target), n.ms_dtype(ir.DataType.BOOL))
     full = n.call("ops.logical_or", discard, zeros)
+    dead_rows = n.call("ops.all", full, -1, True)
+    full = n.named(n.call("ops.logical_and", full, n.call("ops.logical_not", dead_rows)), "discard_rows_kept")
     return n.call("ops.cast", full, n.ms_dtype(ir.DataType.UINT8))
 
 

@@ -1,7 +1,8 @@
 """Stage 4 of fuse-attention: graphconv::SDPA -> mindspore::FlashAttentionScore, where the primitive can take it;
 attention over a KV cache (keys and values a Concat of a graph input, the past, and the new ones along the
 sequence axis: a decode-step graph) -> mindspore::FusedInferAttentionScore (opmap/fused/fused_infer_attention.py),
-the primitive whose query-length-1 branch is IncreFlashAttention, when it has no position bias.
+the primitive whose query-length-1 branch is IncreFlashAttention, when it has no position bias, N1/N2 <= 64 and a
+mask of one of its documented shapes (no per-head mask).
 
 FlashAttentionScore (opmap/fused/flash_attention.py) takes BNSD q/k/v of one float dtype with a static head
 dim that is a multiple of 16 and at most 512, N1 a multiple of N2 (it does GQA itself), an additive mask
@@ -71,6 +72,15 @@ def is_cache(value: ir.Value) -> bool:
     return len(node.inputs) == 2 and node.inputs[0] in graph_inputs
 
 
+def infer_attention_takes(s: Sdpa, n1: int, n2: int) -> bool:
+    """Whether FusedInferAttentionScore's documented limits (mindspore 2.10 docstring) hold beyond
+    FlashAttentionScore's: N1 / N2 at most 64, and a mask of a documented shape, which has no per-head
+    form ((B|1, 1, S1, S2) and lower ranks). Otherwise FlashAttentionScore, which takes both, reads the cache."""
+    mask = (match.dims(s.mask) if s.mask is not None else None) or []
+    per_head = len(mask) == 4 and mask[1] == n1 and n1 != 1
+    return n1 // n2 <= 64 and not per_head
+
+
 class ToFlashAttention(SdpaRule):
     def __init__(self):
         super().__init__("FlashAttentionScore")
@@ -92,8 +102,8 @@ class ToFlashAttention(SdpaRule):
         # scale·qk + bias = (qk + bias/scale)·scale: FlashAttentionScore's real_shift
         pse = zero if s.bias is None else \
             op.Mul(s.bias, op.Constant(value=ir.tensor(np.array(1.0 / s.scale, s.bias.dtype.numpy()))))
-        kind = "FusedInferAttentionScore" if s.bias is None and is_cache(s.k) and is_cache(s.v) else \
-            "FlashAttentionScore"
+        kind = "FusedInferAttentionScore" if s.bias is None and is_cache(s.k) and is_cache(s.v) and \
+            infer_attention_takes(s, n1, n2) else "FlashAttentionScore"
         result = getattr(op, kind)(s.q, s.k, s.v, mask, pse, _domain="mindspore", scale=float(s.scale),
                                    head_num=n1, kv_head_num=n2, mask_kind=s.mask_kind, input_layout="BNSD",
                                    sparse_mode=0)
