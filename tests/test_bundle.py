@@ -576,6 +576,19 @@ def test_mindspore_script_loads_the_ascend_mindir_on_cpu(built):
                            "--load-only"], capture_output=True, text=True, cwd=directory.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "loaded tiny_llama.mindir on CPU" in proc.stdout
+    # the context the MindIR is written for, set by the loader itself (and said in the README)
+    assert "'infer_boost': 'off'" in proc.stdout
+    assert "jit_config={'infer_boost': 'off'}" in (directory / "README.md").read_text()
+
+
+def test_the_cann_versions_the_bundle_states_are_the_installed_mindspores():
+    """README's CANN list is MindSpore's own environment check's, for the MindSpore that writes the MindIR."""
+    import mindspore
+    from mindspore.run_check._check_version import AscendEnvChecker
+
+    from graphconv.deploy.options import MINDSPORE_CANN
+
+    assert list(MINDSPORE_CANN[mindspore.__version__]) == AscendEnvChecker(None).version
 
 
 def test_cpu_bundle_runs_route_a_and_passes_its_own_comparison(built_cpu, tmp_path):

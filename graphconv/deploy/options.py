@@ -35,6 +35,16 @@ DOC = {
 }
 
 # ----------------------------------------------------------------------------------------------------------
+# The execution context the MindIRs are written for, which the bundle's loaders set (docs/fused_ops.md): the
+# default aclnn kernels. jit_config infer_boost "on" (MindFormers' and vllm-mindspore's setting) routes
+# FlashAttentionScore to an internal kernel with other conventions (TH layout, a 128x128 compressed mask, a bf16
+# mask value of 1.0), which graphconv's calls do not follow.
+JIT_CONFIG = {"infer_boost": "off"}
+# The CANN versions a MindSpore release's own environment check accepts (mindspore/run_check/_check_version.py,
+# AscendEnvChecker.version; read from the installed wheel): a device host for a MindIR written by that release.
+MINDSPORE_CANN = {"2.10.0": ("8.2", "8.3", "8.5", "9.0", "9.1")}
+
+# ----------------------------------------------------------------------------------------------------------
 # CANN version -> ONNX opsets its ATC accepts (the documented ranges quoted in the bundle issue; graphconv
 # could not re-find one page stating them all, so the bundle README says where they come from).
 # (label, predicate on (major, minor), lowest opset, highest opset), oldest first; the last row is the default.

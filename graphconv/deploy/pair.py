@@ -10,7 +10,9 @@ import inspect
 import json
 from pathlib import Path
 
+from graphconv.deploy.options import JIT_CONFIG
 from graphconv.deploy.scripts import fill, template
+from graphconv.options import tool_versions
 from graphconv.runtime import decoding
 
 
@@ -19,7 +21,7 @@ def generate_script(inputs: dict[str, list[dict]]) -> str:
     source = inspect.getsource(decoding)
     body = source[source.index("import numpy as np\n") + len("import numpy as np\n"):].strip("\n")
     head = fill(template("generate_mindspore.head.py.tmpl"), SOURCE=decoding.__name__.replace(".", "/") + ".py",
-                INPUTS=json.dumps(inputs))
+                INPUTS=json.dumps(inputs), JIT_CONFIG=repr(JIT_CONFIG), WRITTEN_BY=tool_versions()["mindspore"])
     return head + "\n\n" + body + "\n" + template("generate_mindspore.main.py.tmpl")
 
 
@@ -42,7 +44,9 @@ def write_pair_files(directory: Path, generation: dict, reports: dict[str, dict]
         "  `python generate_mindspore.py --input-ids '1,2,3;4,5' --max-new-tokens 16`; `--do-sample` (with\n"
         "  `--temperature`, `--top-k`, `--top-p`, `--seed`) samples as transformers does.\n"
         "- `generation.json`: token ids, layer and head counts, the cache layout "
-        f"({generation.get('cache_layout', 'BNSD')}), each graph's inputs and outputs.\n" + _state_note(generation))
+        f"({generation.get('cache_layout', 'BNSD')}), each graph's inputs and outputs.\n"
+        f"- Context: the script sets `jit_config={JIT_CONFIG!r}`, as each graph's README says (\"Context\").\n"
+        + _state_note(generation))
     return ["README.md", "generate_mindspore.py", "generation.json"]
 
 

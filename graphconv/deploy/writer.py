@@ -17,8 +17,8 @@ import onnx
 
 from graphconv.verify import compare, reference
 from graphconv.deploy.opset import AtcOnnx, clamp_opset
-from graphconv.deploy.options import (CANN_OPSETS, DEFAULT_CANN, DOC, PRECISIONS, TOLERANCE_KEY, CommandError,
-                                      cann_opset_range, check_command, check_lite_config, command,
+from graphconv.deploy.options import (CANN_OPSETS, DEFAULT_CANN, DOC, JIT_CONFIG, MINDSPORE_CANN, PRECISIONS,
+                                      TOLERANCE_KEY, CommandError, cann_opset_range, check_command, check_lite_config, command,
                                       extract_commands, shell_line)
 from graphconv.deploy.profiles import Dims, atc_input_shape, collect_dims, dim_key, profile_values, profiles
 from graphconv.deploy.scripts import compare_script, fill, template
@@ -289,7 +289,8 @@ class _Plan:
     def mindspore_script(self) -> str:
         return fill(template("infer_mindspore.py.tmpl"), NAME=self.name, INPUTS=repr(self.ctx.inputs),
                     OUTPUTS=repr([o["name"] for o in self.ctx.outputs]), PRECISION_MODE=self.atc_precision,
-                    DEVICE_PRECISION=self.device_precision)
+                    DEVICE_PRECISION=self.device_precision, JIT_CONFIG=repr(JIT_CONFIG),
+                    WRITTEN_BY=self.ctx.tools.get("mindspore", "unknown"))
 
     # --- route (b)
     def _lite_layout(self) -> tuple[str, dict[str, dict[str, str]], dict[str, str]]:
@@ -456,6 +457,8 @@ class _Plan:
                                            "(ND profiles), because `[ascend_context]` `dynamic_dims` only covers "
                                            "4-D inputs with a dynamic batch or image size"}[lite_how],
             SOC_NOTE=self.soc_note, PRODUCER=producer, WARNINGS=warnings, TOOLS=tool_lines,
+            JIT_CONFIG=repr(JIT_CONFIG), CANN_ACCEPTED=", ".join(MINDSPORE_CANN.get(ms_version, ())) or
+            f"(not recorded for MindSpore {ms_version}: see its installation guide)",
             ATOL=f"{compare.default_tolerance(TOLERANCE_KEY[ctx.precision])[0]:g}",
             RTOL=f"{compare.default_tolerance(TOLERANCE_KEY[ctx.precision])[1]:g}",
             SOURCES="\n".join(f"- {k}: {v}" for k, v in DOC.items()),

@@ -21,6 +21,8 @@ MINDIR = BUNDLE / "model" / "tiny_llama.mindir"
 INPUTS = [{'name': 'input_ids', 'dtype': 'int64', 'shape': ['batch', 'seq']}, {'name': 'attention_mask', 'dtype': 'int64', 'shape': ['batch', 'seq']}]
 OUTPUTS = ['output']
 PRECISION_MODE = "must_keep_origin_dtype"  # Ascend operator precision: keep the model's dtypes
+JIT_CONFIG = {'infer_boost': 'off'}  # the execution context the MindIR is written for (README, "Context")
+WRITTEN_BY = "2.10.0"  # the MindSpore that exported the MindIR
 MS_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
              "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool_"}
 
@@ -50,7 +52,10 @@ def main(argv=None):
         ms.set_device(args.device, args.device_id)
     except AttributeError:  # MindSpore before set_device
         ms.set_context(device_target=args.device, device_id=args.device_id)
-    ms.set_context(mode=ms.GRAPH_MODE)
+    # the context the MindIR is written for (README, "Context"): the default aclnn kernels, not infer_boost's
+    ms.set_context(mode=ms.GRAPH_MODE, jit_config=JIT_CONFIG)
+    if ms.__version__ != WRITTEN_BY:
+        print(f"note: MindSpore {ms.__version__} loading a MindIR written by MindSpore {WRITTEN_BY}", file=sys.stderr)
     if args.device == "Ascend":
         try:
             from mindspore.device_context.ascend.op_precision import precision_mode
@@ -65,7 +70,7 @@ def main(argv=None):
     dtype = {s["name"]: getattr(ms, MS_DTYPES[s["dtype"]]) for s in INPUTS}
     cell.set_inputs(*[Tensor(shape=[d if isinstance(d, int) else None for d in s["shape"]], dtype=dtype[s["name"]])
                       for s in INPUTS])
-    print(f"loaded {MINDIR.name} on {args.device}")
+    print(f"loaded {MINDIR.name} on {args.device} (jit_config {ms.get_context('jit_config')})")
     if args.load_only:
         return 0
     meta = json.loads((BUNDLE / "reference" / "cases.json").read_text())
