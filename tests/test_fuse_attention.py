@@ -630,17 +630,6 @@ def test_flattened_scores_need_a_flattened_v():
     assert c["fused"] == 0
 
 
-def test_bloom_export_fuses_alibi_into_real_shift(export_cache, tmp_path):
-    """hf/bloom (transformers' BloomForCausalLM, default settings), dynamo 18: ALiBi through real_shift, read
-    back from the ascend MindIR (FlashAttentionScore's real_shift argument, after q, k, v, is a computed
-    tensor; the other models pass None there)."""
-    pytest.importorskip("transformers")
-    report = _compile_and_check(export_cache("hf/bloom", 18, "dynamo"), tmp_path, bias=True)
-    assert report.coverage["attention"]["fused"] == 2
-    calls = _fa_calls(tmp_path / "m.mindir")
-    assert len(calls) == 2 and all(isinstance(c[REAL_SHIFT], str) and ":CNode" in c[REAL_SHIFT] for c in calls)
-
-
 _RECORD_REAL_SHIFT = """
 import json, sys
 import numpy as np
@@ -667,15 +656,21 @@ print(json.dumps(seen))
 """
 
 
-def test_bloom_real_shift_has_a_shape_mindspore_accepts(export_cache, tmp_path):
-    """MindSpore's FlashAttentionScore shape check (flash_attention_score.cc) takes real_shift (B, N1, S1, S2)
-    or (1, N1, S1, S2) (and S1 = 1024) and throws on CANN's (B, N1, 1, S2), which is how Bloom's ALiBi arrives.
-    The ascend network's own source, run on CPU at two shapes with the primitive (no CPU kernel) replaced by a
-    recorder, gives every call's real_shift in the accepted list."""
+def test_bloom_export_fuses_alibi_into_real_shift(export_cache, tmp_path):
+    """hf/bloom (transformers' BloomForCausalLM, default settings), dynamo 18: ALiBi through real_shift, read
+    back from the ascend MindIR (FlashAttentionScore's real_shift argument, after q, k, v, is a computed
+    tensor; the other models pass None there).
+
+    And in a shape MindSpore accepts: its FlashAttentionScore shape check (flash_attention_score.cc) takes
+    real_shift (B, N1, S1, S2) or (1, N1, S1, S2) (and S1 = 1024) and throws on CANN's (B, N1, 1, S2), which is how
+    Bloom's ALiBi arrives. The ascend network's own source, run on CPU at two shapes with the primitive (no CPU
+    kernel) replaced by a recorder, gives every call's real_shift in the accepted list."""
     pytest.importorskip("transformers")
     src = tmp_path / "src"
-    report = graphconv.compile(export_cache("hf/bloom", 18, "dynamo"), tmp_path / "m.mindir", emit_source=src)
-    assert report.status == "verified" and report.census.get("FlashAttentionScore") == 2
+    report = _compile_and_check(export_cache("hf/bloom", 18, "dynamo"), tmp_path, bias=True, emit_source=src)
+    assert report.coverage["attention"]["fused"] == 2
+    calls = _fa_calls(tmp_path / "m.mindir")
+    assert len(calls) == 2 and all(isinstance(c[REAL_SHIFT], str) and ":CNode" in c[REAL_SHIFT] for c in calls)
     script = tmp_path / "record.py"
     script.write_text(_RECORD_REAL_SHIFT)
     proc = subprocess.run([sys.executable, str(script), str(src)], capture_output=True, text=True)
@@ -685,6 +680,8 @@ def test_bloom_real_shift_has_a_shape_mindspore_accepts(export_cache, tmp_path):
     for call in seen:
         (b, n1, s1, _), s2 = call["q"], call["k"][2]
         assert call["real_shift"] in ([b, n1, s1, s2], [1, n1, s1, s2]), call
+
+
 
 
 @pytest.mark.slow  # (~35 s: export and compile)
