@@ -117,19 +117,27 @@ def test_the_compiled_cache_keeps_its_state_between_calls(tmp_path):
         y, past = _ort(original, {"input_ids": ids, "attention_mask": mask, "past_key_values.0.key": past})
         cases.append({"input_ids": ids, "attention_mask": mask})
         expected.append(y)
+    stateful, _ = stateful_cache.make_stateful(_with_past_graph(), 3, 10, past_names=["past_key_values.0.key"])
+    for got, want in zip(_calls_on_one_cell(mindir, stateful, cases, tmp_path), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _calls_on_one_cell(mindir: Path, stateful: onnx.ModelProto, cases: list[dict], tmp_path: Path) -> list:
+    """The MindIR's first output at each case, the cases called in order on one GraphCell (its state kept)."""
     files, outs = [], []
     for k, case in enumerate(cases):
         np.savez(tmp_path / f"case{k}.npz", **case)
         files.append(str(tmp_path / f"case{k}.npz"))
         outs.append(str(tmp_path / f"case{k}.out.npz"))
-    stateful, _ = stateful_cache.make_stateful(_with_past_graph(), 3, 10, past_names=["past_key_values.0.key"])
     placeholders = emit.placeholders(stateful)
     run_task("run_mindir", {"mindir": str(mindir), "cases": files, "outputs": outs,
                             "input_names": [s["name"] for s in placeholders], "inputs": placeholders},
              tmp_path, "stateful GraphCell run")
-    for out, want in zip(outs, expected):
+    results = []
+    for out in outs:
         with np.load(out) as z:
-            np.testing.assert_allclose(z["out0"], want, rtol=1e-5, atol=1e-5)
+            results.append(z["out0"])
+    return results
 
 
 def _gqa_step_graph() -> onnx.ModelProto:
@@ -205,18 +213,8 @@ def test_group_query_attention_caches_are_held_in_place(tmp_path):
                                                      "past_key_values.0.value": past_v})
         cases.append({"input_ids": ids, "attention_mask": mask})
         expected.append(y)
-    files, outs = [], []
-    for k, case in enumerate(cases):
-        np.savez(tmp_path / f"case{k}.npz", **case)
-        files.append(str(tmp_path / f"case{k}.npz"))
-        outs.append(str(tmp_path / f"case{k}.out.npz"))
-    placeholders = emit.placeholders(stateful)
-    run_task("run_mindir", {"mindir": str(mindir), "cases": files, "outputs": outs,
-                            "input_names": [s["name"] for s in placeholders], "inputs": placeholders},
-             tmp_path, "stateful GraphCell run")
-    for out, want in zip(outs, expected):
-        with np.load(out) as z:
-            np.testing.assert_allclose(z["out0"], want, rtol=1e-5, atol=1e-5)
+    for got, want in zip(_calls_on_one_cell(mindir, stateful, cases, tmp_path), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("edit, reason", [
