@@ -514,3 +514,14 @@ def test_the_cpu_twin_is_written_only_where_this_host_can_run_it(llama_gen, tmp_
         graphconv.generate(gen, [[1, 2, 3]], 2, device="cpu")
     forced = compile_pair(out, tmp_path / "forced", target="ascend", cpu_twin=True)
     assert (tmp_path / "forced" / "decode.cpu.mindir").is_file() and forced["cpu_twins"]["decode"]["status"] == "verified"
+
+
+def test_a_pad_id_outside_the_vocabulary_is_passed_over():
+    """GPTJConfig's default eos 50256 with a 256-token vocabulary: padding with it failed MindSpore's Gather
+    (exit 3 in the generation check); the next candidate inside the vocabulary pads instead."""
+    from graphconv.runtime.decoding import pad_id
+
+    assert pad_id({"eos_token_id": 50256, "vocab_size": 256}) == 0
+    assert pad_id({"pad_token_id": 300, "eos_token_id": [7, 9], "vocab_size": 256}) == 7
+    assert pad_id({"pad_token_id": 5, "eos_token_id": 7, "vocab_size": 256}) == 5
+    assert pad_id({"eos_token_id": 50256}) == 50256  # (no vocabulary size known: as configured)

@@ -18,11 +18,15 @@ def eos_ids(generation):
 
 
 def pad_id(generation):
-    """The id padding and finished rows get: pad_token_id, else the first eos, else 0."""
-    if generation.get("pad_token_id") is not None:
-        return int(generation["pad_token_id"])
-    eos = eos_ids(generation)
-    return eos[0] if eos else 0
+    """The id padding and finished rows get: pad_token_id, else the first eos, else 0; an id outside the
+    vocabulary is passed over (a config's default eos 50256 with a small vocabulary: the embedding lookup of the
+    padding would fail, and the mask hides the padding's embedding anyway)."""
+    vocab = generation.get("vocab_size")
+    pad = generation.get("pad_token_id")
+    for candidate in ([] if pad is None else [int(pad)]) + eos_ids(generation):
+        if 0 <= candidate and (vocab is None or candidate < int(vocab)):
+            return candidate
+    return 0
 
 
 def left_pad(prompts, pad):
