@@ -383,7 +383,12 @@ def _stateful_options(meta: dict, capacity: tuple[int, int], options: dict) -> d
         if isinstance(mask, str) and mask.isidentifier() and mask not in sizes:
             sizes[mask] = sizes[same]
     dims = {k: v for k, v in sizes.items() if isinstance(k, str)}
-    return {**options, "cache_capacity": capacity, "dims": {**dims, **(options.get("dims") or {})}}
+    # the capacity declares the ranges of batch and length (the fusions' constraints are checked at their ends)
+    spans = {ids[0]: (1, max_batch), ids[1]: (1, max_seq)}
+    spans.update({mask: spans[same] for mask, same in zip(inputs["attention_mask"], ids) if same in spans})
+    ranges = {k: v for k, v in spans.items() if isinstance(k, str) and k.isidentifier()}
+    return {**options, "cache_capacity": capacity, "dims": {**dims, **(options.get("dims") or {})},
+            "shape_ranges": {**ranges, **(options.get("shape_ranges") or {})}}
 
 
 def _twin_unusable(mindir: Path, meta: dict, precision: str) -> str | None:

@@ -571,3 +571,17 @@ def test_a_decode_graph_exported_by_torch_directly_generates_as_transformers(tmp
                            str(tmp_path / "gen2"), "--stateful-cache"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and "--max-seq-len is required" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "gen2").exists()
+
+
+def test_the_cache_capacity_declares_the_batch_and_length_ranges():
+    """--max-batch and --max-seq-len bound the graph's batch and length dims for the fusions' size limits
+    (passes/dim_bounds.py); a --shape-range the user gave wins."""
+    from graphconv.pair import _stateful_options
+
+    inputs = {"input_ids": ["batch", "sequence_length"], "position_ids": ["batch", "sequence_length"],
+              "attention_mask": ["batch", "past_sequence_length + sequence_length"],
+              "past_key_values.0.key": ["batch", 2, "past_sequence_length", 16]}
+    meta = {"graphs": {"decode": {"inputs": inputs}}}
+    assert _stateful_options(meta, (512, 64), {})["shape_ranges"] == {"batch": (1, 512), "sequence_length": (1, 64)}
+    given = _stateful_options(meta, (512, 64), {"shape_ranges": {"batch": (1, 4)}})["shape_ranges"]
+    assert given == {"batch": (1, 4), "sequence_length": (1, 64)}
