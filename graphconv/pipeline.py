@@ -37,8 +37,9 @@ from graphconv.verify import census, compare, precision_checks, reference
 from graphconv.stage_results import Emitted, Loaded, Lowered, Validated
 from graphconv import verification
 from graphconv.verification import Verification
+from graphconv.deploy.profiles import collect_dims
 from graphconv.workspace import Workspace
-from passes import precision, stateful_cache
+from passes import dim_bounds, precision, stateful_cache
 
 
 def gqa_presents(model: onnx.ModelProto | None) -> dict[str, str]:
@@ -224,6 +225,8 @@ class Compiler:
         with self.report.stage("passes") as st:
             st.nodes_before = len(model.graph.node)
             ir_model = ir.from_proto(model)
+            dims = collect_dims(self.report.model["inputs"], cases or [], self.opt.shape_ranges)
+            dim_bounds.declare(ir_model, dims.ranges, dims.ref_sizes)
             tracker = self.progress.track("passes", len(self.pass_manager.names), "passes")
             spilled = 0
 
@@ -325,6 +328,7 @@ class Compiler:
     def run(self) -> Report:
         self._check_options()
         loaded = self.load()
+        collect_dims(self.report.model["inputs"], [], self.opt.shape_ranges)  # names no symbolic dim: exit 1 now
         if self.opt.bundle:  # refuse bad bundle options now, not after a long compile
             from graphconv import deploy
 

@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from graphconv.onnx_domains import is_default_domain
 from opmap.fused import moe_gating
-from passes import coverage, match
+from passes import coverage, dim_bounds, match
 from passes.manager import PassResult, register_pass
 
 _DOMAIN = "mindspore"
@@ -95,8 +95,11 @@ def refusal(topk: ir.Node, opset: int) -> str | None:
     if k is None or len(k) != 1:
         return "k is not a constant"
     experts = (match.dims(x) or [None])[-1]
-    if not 1 <= k[0] <= moe_gating.MAX_K or (isinstance(experts, int) and k[0] > experts):
-        return f"k={k[0]} outside 1..min(experts, {moe_gating.MAX_K})"
+    sizes = {"k": k[0], "E": experts if isinstance(experts, int) else None}
+    broken = moe_gating.MOE_GATING.broken(sizes)
+    if broken:
+        shown = {name: f"{name}={v}" for name, v in sizes.items() if v is not None}
+        return dim_bounds.refusal("MoeGatingTopKSoftmax", broken, shown)
     others = [u.node for u in softmax.outputs[0].uses() if u.node is not topk]
     if others or softmax.outputs[0].is_graph_output():
         return "the router probabilities are read beyond the top-k (MoeGatingTopKSoftmax returns only the k)"

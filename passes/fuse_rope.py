@@ -60,12 +60,10 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from graphconv.onnx_domains import is_default_domain
-from passes import coverage, match
+from opmap.fused.rotary import ROTARY_POSITION_EMBEDDING
+from passes import coverage, dim_bounds, match
 from passes.manager import rewrite_pass
 from passes.shapes import _snapshot, _symbolic_shapes  # noqa: F401  (tests patch them here)
-
-MAX_HEAD_DIM = 896  # D < 896 (docs/fused_ops.md)
-MAX_BATCH_HEADS = 1000  # B, N < 1000 (the primitive's docstring)
 
 # The cos/sin shapes RotaryPositionEmbedding accepts, as the axes among x's first three where cos/sin have size
 # 1 (every other axis has x's size): (0, 1) 11SD of BNSD, (1,) B1SD of BNSD, () x's own shape, (0, 2) 1S1D of
@@ -74,7 +72,7 @@ MAX_BATCH_HEADS = 1000  # B, N < 1000 (the primitive's docstring)
 _LAYOUTS = {0: [(0, 1), (1,), (), (0, 2), (2,), (1, 2)], 1: [(0, 1), (0, 2), (1, 2)]}
 _ACCEPTED = {0: "11SD, B1SD or BNSD for x as BNSD (BSND: 1S1D, BS1D, BSND; SBND: S11D, SB1D, SBND)",
              1: "11SD for x as BNSD (BSND: 1S1D; SBND: S11D)"}
-# Where B and N sit in x for the layout a cos/sin shape implies (for the static B, N < 1000 check).
+# Where B and N sit in x for the layout a cos/sin shape implies (for the record's B and N constraints).
 _BN_AXES = {(0, 1): (0, 1), (1,): (0, 1), (): (0, 1), (0, 2): (0, 2), (2,): (0, 2), (1, 2): (1, 2)}
 
 
@@ -399,8 +397,9 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
         d = facts.static(x, 3)
         if d is None:
             return result.fail(f"the rotated size (x's last dim) of {x.name} is not static", x)
-        if d % 2 or d >= MAX_HEAD_DIM:
-            return result.fail(f"the rotated size {d} is not even and < {MAX_HEAD_DIM}", x)
+        why = _broken(context.model, x, {}, d, self.mode)
+        if why:
+            return result.fail(why, x)
         if x.dtype not in match.FLOATS or cos.dtype != x.dtype or sin.dtype != x.dtype:
             return result.fail(f"dtypes x={x.dtype}, cos={cos.dtype}, sin={sin.dtype}: RotaryPositionEmbedding "
                                "takes one of fp16/bf16/fp32 for all three", x)
@@ -418,10 +417,9 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
         common = [ones for ones in fits[0] if ones in fits[1]]
         if not common:
             return result.fail(f"cos {_show(cos)} and sin {_show(sin)} broadcast to x differently", cos)
-        for axis in _BN_AXES[common[0]]:
-            n = facts.static(x, axis, deep=False)
-            if n is not None and n >= MAX_BATCH_HEADS:
-                return result.fail(f"x {_show(x)}: B and N must be < {MAX_BATCH_HEADS}", x)
+        why = _broken(context.model, x, dict(zip("BN", _BN_AXES[common[0]])), d, self.mode)
+        if why:
+            return result.fail(why, x)
         if self.mode == 1:
             memo: dict = {}
             for c in (cos, sin):
@@ -435,6 +433,17 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
         shared = self._facts.unsqueezed
         return op.RotaryPositionEmbedding(x, _rank4(op, cos, shared), _rank4(op, sin, shared), mode=self.mode,
                                           _domain="mindspore")
+
+
+def _broken(model: ir.Model, x: ir.Value, axes: dict[str, int], d: int, mode: int, n: int | None = None) -> str | None:
+    """The refusal of the first of the record's constraints that x's largest sizes break (B and N at `axes` of
+    x, or N given; D the rotated size), or None."""
+    sizes, shown = dim_bounds.sizes(model, x, axes)
+    sizes["D"], shown["D"] = d, f"D={d}"
+    if n is not None:
+        sizes["N"], shown["N"] = n, f"N={n}"
+    c = ROTARY_POSITION_EMBEDDING.broken(sizes, {"mode": mode})
+    return dim_bounds.refusal("RotaryPositionEmbedding", c, shown) if c else None
 
 
 def _rank4(op, value: ir.Value, unsqueezed: dict[int, ir.Value]) -> ir.Value:
@@ -618,8 +627,9 @@ class NativeRotaryEmbedding(pattern.RewriteRuleClassBase):
         r = attrs.get_int("rotary_embedding_dim", 0) or d
         if r > d:
             return result.fail(f"rotary_embedding_dim {r} exceeds the head dim {d}", x)
-        if r % 2 or r >= MAX_HEAD_DIM:
-            return result.fail(f"the rotated size {r} (of head dim {d}) is not even and < {MAX_HEAD_DIM}", x)
+        why = _broken(context.model, x, {}, r, interleaved)
+        if why:
+            return result.fail(why, x)
         if x.dtype not in match.FLOATS:
             return result.fail(f"dtype {x.dtype}: RotaryPositionEmbedding takes fp16/bf16/fp32", x)
         for c in (cos, sin):
@@ -636,12 +646,10 @@ class NativeRotaryEmbedding(pattern.RewriteRuleClassBase):
             where = "position_ids" if self._positions else "cos/sin"
             return result.fail(f"interleaved: mode 1 takes cos/sin of 11SD (1S1D) only, and the batch of {where} "
                                f"is {batch if isinstance(batch, int) else 'not static'}, not 1", x)
-        for axis in ((0, 1) if rank == 4 else (0,)):
-            n = x.shape[axis]
-            if isinstance(n, int) and n >= MAX_BATCH_HEADS:
-                return result.fail(f"x {_show(x)}: B and N must be < {MAX_BATCH_HEADS}", x)
-        if rank == 3 and heads >= MAX_BATCH_HEADS:
-            return result.fail(f"num_heads {heads}: N must be < {MAX_BATCH_HEADS}", x)
+        why = _broken(context.model, x, {"B": 0, "N": 1}, r, interleaved) if rank == 4 else \
+            _broken(context.model, x, {"B": 0}, r, interleaved, n=heads)
+        if why:
+            return result.fail(why, x)
         return match.float_guard(context, result, x, "RotaryPositionEmbedding")
 
     def rewrite(self, op, x, cos, sin, y, position_ids=None, **_):

@@ -108,7 +108,8 @@ def test_a_per_head_mask_is_not_given_to_fused_infer_attention_score(mask_dims, 
 
     from passes.attention.flash import infer_attention_takes
 
-    class Sdpa:  # (only the mask is read)
+    class Sdpa:  # (the mask, and q and k for the record's size constraints)
         mask = None if mask_dims is None else ir.Value(shape=ir.Shape(mask_dims))
+        q, k = ir.Value(shape=ir.Shape([3, 4, 5, 16])), ir.Value(shape=ir.Shape([3, 2, 9, 16]))
 
     assert infer_attention_takes(Sdpa(), 4, 2) is takes

@@ -228,10 +228,15 @@ def _rope_graph(form="slices", *, layout="BNSD", cos_shape=("seq", D), source="i
     return g.model(y, elem, shape)
 
 
-def _run(model: onnx.ModelProto) -> tuple[int, list[str], onnx.ModelProto]:
-    """fuse-rope alone: (count, skip reasons, fused model with function bodies)."""
+def _run(model: onnx.ModelProto, ranges: dict | None = None,
+         reference_sizes: dict | None = None) -> tuple[int, list[str], onnx.ModelProto]:
+    """fuse-rope alone: (count, skip reasons, fused model with function bodies); `ranges` and `reference_sizes`
+    declare the symbolic dims' bounds as the compile does (passes/dim_bounds.py)."""
+    from passes import dim_bounds
+
     model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     m = ir.from_proto(model)
+    dim_bounds.declare(m, ranges or {}, reference_sizes or {})
     pm = passes.PassManager("fuse-rope")
     count = pm.run(m)["fuse-rope"]
     fused = onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(ir.to_proto(m)), data_prop=True)
@@ -349,8 +354,8 @@ REFUSALS = {
     "cos seq not provably x's": (dict(cos_shape=("other_seq", D)), "not provably equal"),
     "cos broadcast over the head dim": (dict(cos_shape=("seq", 1)), "not the rotated size 16"),
     "head dim not static": (dict(x_shape=["batch", N, "seq", "head_dim"]), "not static"),
-    "head dim 896": (dict(d=896, cos_shape=("seq", 896)), "not even and < 896"),
-    "1000 heads": (dict(heads=1000), "B and N must be < 1000"),
+    "head dim 896": (dict(d=896, cos_shape=("seq", 896)), "D even and < 896"),
+    "1000 heads": (dict(heads=1000), "N < 1000 (mindspore 2.10"),
     "x of rank 3": (dict(x_shape=["batch", "seq", D]), "takes a 4-D x"),
     "fp16 below opset 15": (dict(opset=14, elem=TensorProto.FLOAT16), "below opset 15"),
     "cos of another dim than the rotated one": (dict(cos_shape=("seq", 8)), "not the rotated size 16"),
@@ -917,10 +922,43 @@ def test_opset23_native_rotary_embedding_fuses(name):
     assert_same_numerics(original, fused, 1e-5, 1e-5)
 
 
+# The documented limits with B declared up to `hi`: MindSpore's docstring takes B < 1000 in both modes; CANN's
+# aclnnRotaryPositionEmbedding page limits B·N < 1000 in mode 1 (N = 4 here: B up to 249 fits, 250 does not).
+BOUNDED_BATCH = {
+    "mode 1, B·N = 996": (dict(form="interleaved", source="interleaved", cos_shape=(1, 1, "seq", D)), 249, None),
+    "mode 1, B·N = 1000": (dict(form="interleaved", source="interleaved", cos_shape=(1, 1, "seq", D)), 250,
+                           "B·N < 1000 in mode 1 (interleaved) (CANN's aclnnRotaryPositionEmbedding page) at "
+                           "B up to 250 (declared range batch=1..250), N=4"),
+    "mode 0, B·N = 3996": (dict(), 999, None),
+    "mode 0, B = 1000": (dict(), 1000, "B < 1000 (mindspore 2.10 ops.rotary_position_embedding docstring) at "
+                                       "B up to 1000 (declared range batch=1..1000)"),
+}
+
+
+@pytest.mark.parametrize("name", BOUNDED_BATCH)
+def test_the_declared_batch_range_is_checked_against_the_documented_limits(name):
+    spelling, hi, refusal = BOUNDED_BATCH[name]
+    count, skipped, _ = _run(_rope_graph(**spelling), ranges={"batch": (1, hi)})
+    if refusal is None:
+        assert (count, skipped) == (1, []), skipped
+    else:
+        assert count == 0 and len(skipped) == 1 and skipped[0].endswith(refusal), skipped
+
+
+def test_an_undeclared_dim_is_checked_at_its_reference_sizes():
+    """No --shape-range: the largest reference size bounds the dim (and the refusal says so); a dim with neither
+    is not checked."""
+    spelling = dict(form="interleaved", source="interleaved", cos_shape=(1, 1, "seq", D))
+    count, skipped, _ = _run(_rope_graph(**spelling), reference_sizes={"batch": [2, 300]})
+    assert count == 0 and skipped[0].endswith("at B up to 300 (reference sizes batch=2,300), N=4"), skipped
+    assert _run(_rope_graph(**spelling), reference_sizes={"batch": [2, 3]})[0] == 1
+    assert _run(_rope_graph(**spelling))[0] == 1
+
+
 NATIVE_REFUSALS = {
     "pairs with position_ids of any batch": (dict(interleaved=1, positions="input"),
                                              "mode 1 takes cos/sin of 11SD"),
-    "head dim 896": (dict(d=896), "not even and < 896"),
+    "head dim 896": (dict(d=896), "D even and < 896"),
     "3-D x without num_heads": (dict(rank=3, heads=0), "needs num_heads"),
 }
 

@@ -41,7 +41,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused.record import FusedOp, attr_constant, define, from_fp32, int64_constant
+from opmap.fused.record import Constraint, FusedOp, attr_constant, define, from_fp32, int64_constant
 from opmap.registry import register
 
 ATTRIBUTES = ("scale", "head_num", "kv_head_num", "mask_kind", "input_layout", "sparse_mode", "dtype")
@@ -106,12 +106,24 @@ def _make_body(round_to: int | None):
     return body
 
 
+_DOCSTRING = "mindspore 2.10 ops.flash_attention_score docstring"
+# Its "Value range" list of B, N1, N2, S1, S2 and D (sizes over q (B, N1, S1, D) and k (B, N2, S2, D)).
+CONSTRAINTS = (
+    Constraint("D a multiple of 16 and at most 512", _DOCSTRING, ("D",), lambda D: D % 16 == 0 and D <= 512),
+    Constraint("N1 at most 256", _DOCSTRING, ("N1",), lambda N1: N1 <= 256),
+    Constraint("N2 a factor of N1", _DOCSTRING, ("N1", "N2"), lambda N1, N2: N2 > 0 and N1 % N2 == 0),
+    Constraint("B at most 2k (read as 2048)", _DOCSTRING, ("B",), lambda B: B <= 2048),
+    Constraint("S1 at most 512k", _DOCSTRING, ("S1",), lambda S1: S1 <= 512 * 1024),
+    Constraint("S2 at most 512k", _DOCSTRING, ("S2",), lambda S2: S2 <= 512 * 1024),
+)
+
 FLASH_ATTENTION_SCORE = define(FusedOp(
     name="FlashAttentionScore", inputs=("query", "key", "value", "attn_mask", "real_shift"),
     outputs=("attention_out",), attributes=ATTRIBUTES, body=_make_body(None), primitive="FlashAttentionScore",
     doc=__doc__, ascend_body=_make_body(TensorProto.FLOAT16), producer="fuse-attention", family="attention",
     as_is_inputs=(3,), ascend_compute="fp16",
-    likely_causes="mask polarity (1 = discard), scale, head counts, real_shift before the scale, fp16 casts of q/k/v"))
+    likely_causes="mask polarity (1 = discard), scale, head counts, real_shift before the scale, fp16 casts of q/k/v",
+    constraints=CONSTRAINTS))
 
 
 def compute_dtype(model_dtype: ir.DataType | None, requested: str | None) -> ir.DataType:

@@ -24,13 +24,27 @@ from __future__ import annotations
 import dataclasses
 
 from opmap.fused.flash_attention import FLASH_ATTENTION_SCORE, ascend_qkv, discard_mask
-from opmap.fused.record import define
+from opmap.fused.record import Constraint, define
 from opmap.registry import register
+
+_DOCSTRING = "mindspore 2.10 ops.fused_infer_attention_score docstring"
+# Beyond FlashAttentionScore's (an SDPA reaches this choice only through that record's checks): its "num_heads
+# / num_key_value_heads not greater than 64" and the limits it lists for both branches (B at most 65535 in its
+# PromptFlashAttention branch, 65536 in IncreFlashAttention's).
+CONSTRAINTS = (
+    Constraint("N1/N2 at most 64", _DOCSTRING, ("N1", "N2"), lambda N1, N2: N1 // N2 <= 64),
+    Constraint("B at most 65535", _DOCSTRING, ("B",), lambda B: B <= 65535),
+    Constraint("N1 at most 256", _DOCSTRING, ("N1",), lambda N1: N1 <= 256),
+    Constraint("D at most 512", _DOCSTRING, ("D",), lambda D: D <= 512),
+    Constraint("S1 and S2 at most 20M (20971520)", _DOCSTRING, ("S1", "S2"),
+               lambda S1, S2: max(S1, S2) <= 20971520),
+)
 
 # FlashAttentionScore's record with this primitive's name: the same inputs, attributes and reference bodies.
 FUSED_INFER_ATTENTION_SCORE = define(dataclasses.replace(
     FLASH_ATTENTION_SCORE, name="FusedInferAttentionScore", primitive="FusedInferAttentionScore", doc=__doc__,
-    likely_causes="mask polarity (1 = discard), scale, head counts, the cache's sequence axis, fp16 casts"))
+    likely_causes="mask polarity (1 = discard), scale, head counts, the cache's sequence axis, fp16 casts",
+    constraints=CONSTRAINTS))
 
 
 @register("FusedInferAttentionScore", since=1, domain="mindspore")

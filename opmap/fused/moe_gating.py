@@ -27,10 +27,13 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from opmap.fused.record import FusedOp, attr_constant, define, fp32_island
+from opmap.fused.record import Constraint, FusedOp, attr_constant, define, fp32_island
 from opmap.registry import register
 
-MAX_K = 1024  # CANN's limit on k
+CONSTRAINTS = (  # k: the top-k's k; E: the experts (x's last dim)
+    Constraint("1 <= k <= 1024", "CANN's aclnnMoeGatingTopKSoftmax page", ("k",), lambda k: 1 <= k <= 1024),
+    Constraint("k at most the experts E", "CANN's aclnnMoeGatingTopKSoftmax page", ("k", "E"), lambda k, E: k <= E),
+)
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
@@ -48,7 +51,8 @@ def _body(opset: int) -> list[onnx.NodeProto]:
 MOE_GATING = define(FusedOp(
     name="MoeGatingTopKSoftmax", inputs=("x",), outputs=("y", "indices"), attributes=("k",), body=_body,
     primitive="MoeGatingTopKSoftmax", doc=__doc__, producer="fuse-moe", family="moe",
-    likely_causes="the softmax axis (the experts' axis, last), k, or a router whose softmax comes after the top-k"))
+    likely_causes="the softmax axis (the experts' axis, last), k, or a router whose softmax comes after the top-k",
+    constraints=CONSTRAINTS))
 
 
 @register("MoeGatingTopKSoftmax", since=1, domain="mindspore")

@@ -15,6 +15,25 @@ ISLAND_OPSET = 15
 
 
 @dataclasses.dataclass(frozen=True)
+class Constraint:
+    """A documented limit of a fused primitive over named sizes of one call (B, N, S, D, ...), with its source.
+
+    `holds(**sizes)` reads the sizes named in `reads`. Every limit here is an upper bound (a size below a
+    maximum, a ratio below a maximum) or a property of a static size (D even), so it is checked at the largest
+    size each dim can take: its --shape-range maximum, else its reference sizes (passes/dim_bounds.py). `when`:
+    the attribute values it applies under (mode 1 only)."""
+
+    text: str
+    source: str
+    reads: tuple[str, ...]
+    holds: Callable[..., bool]
+    when: tuple[tuple[str, int], ...] = ()
+
+    def applies(self, attrs: dict) -> bool:
+        return all(attrs.get(k) == v for k, v in self.when)
+
+
+@dataclasses.dataclass(frozen=True)
 class FusedOp:
     name: str
     inputs: tuple[str, ...]
@@ -32,6 +51,15 @@ class FusedOp:
     as_is_inputs: tuple[int, ...] = ()  # inputs --precision leaves in their dtype (a mask is not data)
     ascend_compute: str | None = None  # "fp16": the ascend lowering computes in fp16 whatever the model's dtype
     likely_causes: str = ""  # what usually makes it disagree (graphconv debug)
+    constraints: tuple[Constraint, ...] = ()  # its documented size limits, checked by the pass that makes it
+
+    def broken(self, sizes: dict, attrs: dict | None = None) -> Constraint | None:
+        """The first constraint these sizes break (None: all hold, or cannot be checked: a size is unknown)."""
+        for c in self.constraints:
+            if c.applies(attrs or {}) and all(sizes.get(r) is not None for r in c.reads) and \
+                    not c.holds(**{r: sizes[r] for r in c.reads}):
+                return c
+        return None
 
     def function(self, opset: int, ascend_precision: bool = False) -> onnx.FunctionProto:
         body = self.ascend_body if ascend_precision and self.ascend_body else self.body

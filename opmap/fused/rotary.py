@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from opmap.fused.record import FusedOp, attr_constant, define, fp32_island, int64_constant, to_fp32
+from opmap.fused.record import Constraint, FusedOp, attr_constant, define, fp32_island, int64_constant, to_fp32
 from opmap.registry import register
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -75,10 +75,20 @@ def _body(opset: int) -> list[onnx.NodeProto]:
 
 
 
+_DOCSTRING = "mindspore 2.10 ops.rotary_position_embedding docstring"
+CONSTRAINTS = (
+    Constraint("D even and < 896", _DOCSTRING, ("D",), lambda D: D % 2 == 0 and D < 896),
+    Constraint("B < 1000", _DOCSTRING, ("B",), lambda B: B < 1000),
+    Constraint("N < 1000", _DOCSTRING, ("N",), lambda N: N < 1000),
+    Constraint("B·N < 1000 in mode 1 (interleaved)", "CANN's aclnnRotaryPositionEmbedding page", ("B", "N"),
+               lambda B, N: B * N < 1000, when=(("mode", 1),)),
+)
+
 ROTARY_POSITION_EMBEDDING = define(FusedOp(
     name="RotaryPositionEmbedding", inputs=("x", "cos", "sin"), outputs=("y",), attributes=("mode",),
     body=_body, primitive="RotaryPositionEmbedding", doc=__doc__, producer="fuse-rope", family="rotary",
-    likely_causes="rotary direction (rotate_half vs interleaved), the cos/sin layout, a partial rotary's slice"))
+    likely_causes="rotary direction (rotate_half vs interleaved), the cos/sin layout, a partial rotary's slice",
+    constraints=CONSTRAINTS))
 
 
 @register("RotaryPositionEmbedding", since=1, domain="mindspore")

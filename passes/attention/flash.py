@@ -21,13 +21,23 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from graphconv.onnx_domains import is_default_domain
-from passes import match, stateful_cache
+from opmap.fused.flash_attention import FLASH_ATTENTION_SCORE
+from opmap.fused.fused_infer_attention import FUSED_INFER_ATTENTION_SCORE
+from passes import dim_bounds, match, stateful_cache
 from passes.attention.scores import Refused
 from passes.attention.sdpa import Sdpa, SdpaRule
 
 
-def check(s: Sdpa, opset: int) -> tuple[int, int]:
-    """(N1, N2) when FlashAttentionScore can compute the SDPA, else Refused."""
+def call_sizes(s: Sdpa, model: ir.Model | None = None) -> tuple[dict, dict]:
+    """The largest B, N1, N2, S1, S2, D of the call (passes/dim_bounds.py), and each as a refusal shows it."""
+    sizes, shown = dim_bounds.sizes(model, s.q, {"B": 0, "N1": 1, "S1": 2, "D": 3})
+    more, more_shown = dim_bounds.sizes(model, s.k, {"N2": 1, "S2": 2})
+    return {**sizes, **more}, {**shown, **more_shown}
+
+
+def check(s: Sdpa, opset: int, model: ir.Model | None = None) -> tuple[int, int]:
+    """(N1, N2) when FlashAttentionScore can compute the SDPA, else Refused. `model` carries the dims' bounds
+    for the record's constraints (without it, the static sizes are checked)."""
     dtypes = {s.q.dtype, s.k.dtype, s.v.dtype}
     if len(dtypes) != 1 or not dtypes <= match.FLOATS:
         raise Refused(f"q/k/v dtypes {sorted(str(d) for d in dtypes)}: FlashAttentionScore takes one float dtype "
@@ -40,8 +50,6 @@ def check(s: Sdpa, opset: int) -> tuple[int, int]:
     n1, d = qd[1], qd[3]
     if not isinstance(n1, int) or not isinstance(d, int):
         raise Refused(f"the query's head count and head dim must be static (shape {qd})")
-    if d % 16 or d > 512:
-        raise Refused(f"head dim {d}: FlashAttentionScore needs a multiple of 16, at most 512")
     if kd[3] != d or vd[3] != d:
         raise Refused(f"head dims q={d}, k={kd[3]}, v={vd[3]} differ")
     if not (match.may_equal(qd[0], kd[0]) and match.may_equal(qd[0], vd[0]) and match.may_equal(kd[2], vd[2])):
@@ -49,8 +57,10 @@ def check(s: Sdpa, opset: int) -> tuple[int, int]:
     n2 = kd[1]
     if not isinstance(n2, int) or n2 != vd[1]:
         raise Refused(f"key and value head counts differ ({n2} vs {vd[1]})")
-    if n1 % n2:
-        raise Refused(f"query heads {n1} are not a multiple of kv heads {n2}")
+    sizes, shown = call_sizes(s, model)
+    broken = FLASH_ATTENTION_SCORE.broken(sizes)
+    if broken:
+        raise Refused(dim_bounds.refusal("FlashAttentionScore", broken, shown))
     if s.mask is not None and not s.mask_proven:
         raise Refused("the mask is not proven 0 / large negative")
     return n1, n2
@@ -72,13 +82,14 @@ def is_cache(value: ir.Value) -> bool:
     return len(node.inputs) == 2 and node.inputs[0] in graph_inputs
 
 
-def infer_attention_takes(s: Sdpa, n1: int, n2: int) -> bool:
-    """Whether FusedInferAttentionScore's documented limits (mindspore 2.10 docstring) hold beyond
-    FlashAttentionScore's: N1 / N2 at most 64, and a mask of a documented shape, which has no per-head
-    form ((B|1, 1, S1, S2) and lower ranks). Otherwise FlashAttentionScore, which takes both, reads the cache."""
+def infer_attention_takes(s: Sdpa, n1: int, n2: int, model: ir.Model | None = None) -> bool:
+    """Whether FusedInferAttentionScore's documented limits hold beyond FlashAttentionScore's: its record's
+    constraints (N1 / N2 at most 64, ...), and a mask of a documented shape, which has no per-head form
+    ((B|1, 1, S1, S2) and lower ranks). Otherwise FlashAttentionScore, which takes both, reads the cache."""
     mask = (match.dims(s.mask) if s.mask is not None else None) or []
     per_head = len(mask) == 4 and mask[1] == n1 and n1 != 1
-    return n1 // n2 <= 64 and not per_head
+    sizes = {**call_sizes(s, model)[0], "N1": n1, "N2": n2}
+    return FUSED_INFER_ATTENTION_SCORE.broken(sizes) is None and not per_head
 
 
 class ToFlashAttention(SdpaRule):
@@ -89,10 +100,10 @@ class ToFlashAttention(SdpaRule):
         result = pattern.MatchResult()
         s = Sdpa.read(out.producer())
         try:
-            self._heads = check(s, match.opset(context))
+            self._heads = check(s, match.opset(context), context.model)
         except Refused as e:
             return result.fail(str(e), out.producer())
-        self._sdpa = s
+        self._sdpa, self._model = s, context.model
         return result
 
     def rewrite(self, op, out, **_):
@@ -103,7 +114,7 @@ class ToFlashAttention(SdpaRule):
         pse = zero if s.bias is None else \
             op.Mul(s.bias, op.Constant(value=ir.tensor(np.array(1.0 / s.scale, s.bias.dtype.numpy()))))
         kind = "FusedInferAttentionScore" if s.bias is None and is_cache(s.k) and is_cache(s.v) and \
-            infer_attention_takes(s, n1, n2) else "FlashAttentionScore"
+            infer_attention_takes(s, n1, n2, self._model) else "FlashAttentionScore"
         result = getattr(op, kind)(s.q, s.k, s.v, mask, pse, _domain="mindspore", scale=float(s.scale),
                                    head_num=n1, kv_head_num=n2, mask_kind=s.mask_kind, input_layout="BNSD",
                                    sparse_mode=0)
