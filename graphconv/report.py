@@ -102,13 +102,23 @@ class Report:
             lines.append(f"  validation: {v.get('status')} (oracle {v.get('oracle')}, checked {v.get('checked', '-')})")
             if v.get("oracle_exact"):
                 lines.append(f"    {v['oracle_exact']}")
+            exact = v.get("exact") or {}
+            if exact.get("status") == "computed":
+                lines.append(f"    fp16/bf16 outputs against the exact (float64) values; beside them onnxruntime's "
+                             f"own distance (passes within {exact['factor']:g}x it)")
+            elif exact:
+                lines.append(f"    exact values not computed ({exact['why'][:160]}): held to onnxruntime's")
             for case in v.get("cases", []):
                 for out in case.get("outputs", []):
                     flag = "ok" if out["ok"] else "FAIL"
+                    ort = out.get("exact")
+                    beside = f"  (onnxruntime {ort['onnxruntime_max_abs']:.3g}, x{ort['ratio']:.2f})" if ort else ""
                     lines.append(f"    {case['name']:<8} {out['name']:<20} max_abs {out['max_abs']:.3g}  "
-                                 f"mean_abs {out['mean_abs']:.3g}  cosine {out['cosine']:.6f}  {flag}")
+                                 f"mean_abs {out['mean_abs']:.3g}  cosine {out['cosine']:.6f}  {flag}{beside}")
         ap = self.validation.get("ascend_precision")
-        if ap:
+        if ap and "outputs" not in ap:  # (not measured: e.g. an fp16 model's fused ops take fp16 already)
+            lines.append(f"  ascend precision: {ap['status']} ({ap.get('why', '')})")
+        elif ap:
             worst = max((o["max_abs"] for o in ap["outputs"]), default=0.0)
             lines.append(f"  ascend precision ({ap['precision']} casts): {ap['status']}, max_abs {worst:.3g} "
                          f"(atol {ap['atol']:g}, rtol {ap['rtol']:g})")

@@ -18,7 +18,7 @@ from graphconv.options import THRESHOLD_BYTES
 from graphconv.runtime import child, scheduling
 from graphconv.stage_results import Emitted, Loaded, Lowered, OracleValues, Validated
 from graphconv.target import emit
-from graphconv.verify import census, outputs, piecewise, precision_checks, reference
+from graphconv.verify import census, compare, exact, outputs, piecewise, precision_checks, reference
 from graphconv.workspace import Workspace
 from passes import precision
 
@@ -68,9 +68,9 @@ class Verification:
             if partition is not None else []
         keep = {n for _, names in boundaries for n in names}
         # (onnxruntime runs what it is given: integer products made exact first, reference.exact_integer_products)
-        model, exact = reference.exact_integer_products(checked.oracle_model)
-        if exact:
-            self.c.report.validation["oracle_exact"] = reference.exact_note(exact)
+        model, rewritten = reference.exact_integer_products(checked.oracle_model)
+        if rewritten:
+            self.c.report.validation["oracle_exact"] = reference.exact_note(rewritten)
         variant = dataclasses.replace(variant, model=reference.exact_integer_products(variant.model)[0]) \
             if variant else None
         pieces = piecewise.cut(model, boundaries) if boundaries else None
@@ -83,11 +83,12 @@ class Verification:
                 expected = outputs.oracle_values(model, sorted(keep), cases)
                 self.c.report.validation["oracle"] = "onnxruntime"
                 got = reference.Oracle(variant.model).run(cases) if variant else None
-            return OracleValues(expected, expected, got)
+            return OracleValues(expected, expected, got, self.exact_values(model, cases))
         runs = [(model, pieces, keep)]
         variant_pieces = piecewise.cut(variant.model, boundaries) if variant else None
         if variant_pieces:
             runs.append((variant.model, variant_pieces, set()))
+
         self.c.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces"
                            + (", with the ascend-precision variant's)" if variant_pieces else ")"))
         with self.c.report.stage("oracle") as st:
@@ -100,9 +101,31 @@ class Verification:
                 st.detail["ascend_precision_variant_pieces"] = len(results[1][2])
                 st.detail["variant_weights_made_from_parts"] = sum(r["weights_made_from_parts"] for r in results[1][2])
         got = results[1][0] if variant_pieces else reference.Oracle(variant.model).run(cases) if variant else None
-        return OracleValues(expected, kept, got)
+        return OracleValues(expected, kept, got, self.exact_values(model, cases, pieces))
 
-    def verify(self, network: Lowered, checked_what: str, cases, expected: list[dict], done: dict) -> None:
+    def exact_values(self, model: onnx.ModelProto, cases, pieces=None) -> list[dict] | None:
+        """A low-precision model's exact values (graphconv/verify/exact.py), by the oracle's `pieces` (None:
+        whole); None for any other model (its oracle's values are the reference), or where they cannot be
+        computed (the report says why, and the network is held to onnxruntime's values)."""
+        if not exact.computes_in_low_precision(model):
+            return None
+        self.c.progress.info("exact values (the model in float64" + (", layer by layer)" if pieces else ")"))
+        with self.c.report.stage("exact-values") as st:
+            try:
+                values, _, rows = piecewise.run(model, pieces or piecewise.whole(model), cases, exact=True,
+                                                progress=self.c.progress if pieces else None)
+            except UnsupportedError as e:
+                self.c.report.validation["exact"] = {"status": "not computed", "why": str(e)}
+                return None
+            st.detail = {"pieces": len(rows), "engines": sorted({r["engine"] for r in rows})}
+        self.c.report.validation["exact"] = {
+            "status": "computed", "factor": compare.EXACT_FACTOR,
+            "rule": "an fp16/bf16 output passes within the tolerance of its exact (float64) values, or within "
+                    f"{compare.EXACT_FACTOR:g}x onnxruntime's own max abs distance from them"}
+        return values
+
+    def verify(self, network: Lowered, checked_what: str, cases, expected: list[dict], done: dict,
+               exact_values: list[dict] | None = None) -> None:
         """Every case's outputs (the child's run, `done`) against the oracle's, by the comparison rule."""
         self.c.progress.info(f"verify (MindSpore CPU vs oracle, {checked_what})")
         with self.c.report.stage("verify") as st:
@@ -110,7 +133,7 @@ class Verification:
                 raise InternalError(f"{checked_what} does not run on CPU: {done['error']}")
             st.detail = {k: done[k] for k in ("build_seconds", "case_seconds", "shared_parameters") if k in done}
             check = outputs.compare_outputs(cases, expected, done["outputs"], network.net.output_names,
-                                            lambda ref: self.c.tolerance(True, ref))
+                                            lambda ref: self.c.tolerance(True, ref), exact_values)
             atol, rtol = self.c.tolerance(compiled=True)
             self.c.report.validation.update({"status": "failed" if check.failures else "verified", "atol": atol,
                                            "rtol": rtol, "cases": check.cases})
@@ -172,7 +195,7 @@ class Verification:
                 emitted = self.emit(network, ws, run, twin)
                 kept = None if plan is None else outputs.oracle_values(checked.oracle_model,
                                                                        sorted(set(plan["onnx_names"].values())), cases)
-                oracle = OracleValues(checked.expected, kept)
+                oracle = OracleValues(checked.expected, kept, exact=self.exact_values(checked.oracle_model, cases))
             else:
                 weight_bytes = sum(ref[2] for ref in network.task.get("external_weights", {}).values())
                 (emitted, oracle), how = scheduling.both(
@@ -188,7 +211,7 @@ class Verification:
         try:
             if plan is not None:
                 self.verify_blocks(plan, cases, oracle.kept, emitted.run, run)
-            self.verify(checked_net, what, cases, oracle.expected, emitted.run)
+            self.verify(checked_net, what, cases, oracle.expected, emitted.run, oracle.exact)
         except InternalError as e:
             if twin is not None or "lazy_inline" not in str(e):
                 raise refusal(e, loaded, checked) from None
@@ -201,7 +224,7 @@ class Verification:
             emitted = self.emit(network, ws, run)
             self.c.report.census = census.primitive_census(emitted.mindir)
             try:
-                self.verify(network, what, cases, oracle.expected, emitted.run)
+                self.verify(network, what, cases, oracle.expected, emitted.run, oracle.exact)
             except InternalError as again:
                 raise refusal(again, loaded, checked) from None
         if variant is not None:

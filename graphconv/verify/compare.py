@@ -19,6 +19,10 @@ DEFAULT_TOLERANCE = {
     "bfloat16": (3e-2, 3e-2),
 }
 SUSPICIOUS_FACTOR = 100.0
+# A low-precision network against the model's exact values (graphconv/verify/exact.py): it passes where it
+# meets the rule against them, or where its largest distance from them is at most this many times onnxruntime's
+# own at the same precision (docs/design.md, Comparison rule, gives the measurements behind it).
+EXACT_FACTOR = 1.2
 # A float32 tensor reaching this magnitude is at the end of its range (float32 ends at 3.4e38); failures no
 # larger than EDGE_ROUNDING times its magnitude are float rounding (Comparison.overflow).
 EDGE_OF_RANGE = 1e30
@@ -44,6 +48,8 @@ class Comparison:
     # more than float rounding at the end of the range: float overflow, whose outcome depends on the order
     # of the arithmetic
     overflow: bool = False
+    # judged against the exact values (judge_against_exact): both distances from them
+    exact: dict | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -117,3 +123,23 @@ def compare(
             and bool(np.all(diff[~within] <= EDGE_ROUNDING * scale)))
     return Comparison(False, suspicious, mx, mean, cos, n,
                       f"{int((~within).sum())} of {n} elements exceed atol={atol:g} + rtol={rtol:g}*|ref|", edge)
+
+
+def judge_against_exact(actual: np.ndarray, oracle: np.ndarray, exact: np.ndarray, atol: float, rtol: float,
+                        valid: np.ndarray | None = None) -> Comparison:
+    """A low-precision network's output against the model's exact values `exact`, onnxruntime's own run at
+    the same precision being `oracle`: ok when it meets the rule against `exact`, or when its largest distance
+    from them is at most EXACT_FACTOR times onnxruntime's. The Comparison's numbers are the network's
+    distances from the exact values; `exact` gives onnxruntime's beside them."""
+    net = compare(actual, exact, atol, rtol, valid)
+    ort = compare(oracle, exact, atol, rtol, valid)
+    within_factor = bool(np.isfinite(net.max_abs)) and net.max_abs <= EXACT_FACTOR * ort.max_abs and \
+        not net.reason.endswith("inf/NaN kind from the reference") and net.compared == ort.compared
+    ok = net.ok or within_factor
+    ratio = net.max_abs / ort.max_abs if ort.max_abs else (0.0 if net.max_abs == 0 else float("inf"))
+    reason = "" if ok else (f"{net.reason} of the exact values, and its max abs {net.max_abs:.3g} is more than "
+                            f"{EXACT_FACTOR:g}x onnxruntime's {ort.max_abs:.3g}")
+    return dataclasses.replace(net, ok=ok, suspicious=net.suspicious and not ok, reason=reason, exact={
+        "onnxruntime_max_abs": ort.max_abs, "onnxruntime_mean_abs": ort.mean_abs, "onnxruntime_cosine": ort.cosine,
+        "onnxruntime_within_tolerance": ort.ok, "ratio": ratio, "passed_by": "tolerance" if net.ok else
+        "factor" if ok else None})

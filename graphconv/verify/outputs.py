@@ -19,17 +19,22 @@ class OutputCheck:
 
 
 def compare_outputs(cases, expected: list[dict], out_files: list[str], output_names: list[str],
-                    tolerance) -> OutputCheck:
+                    tolerance, exact: list[dict] | None = None) -> OutputCheck:
     """Each case's outputs (the child's out<i> files, in graph-output order) against the oracle's;
-    `tolerance(reference)` gives (atol, rtol)."""
+    `tolerance(reference)` gives (atol, rtol). With `exact` (the model's exact values per case), an fp16/bf16
+    output is judged against its exact values (compare.judge_against_exact)."""
     results, failures, overflows = [], [], []
-    for case, exp, out_file in zip(cases, expected, out_files):
+    for number, (case, exp, out_file) in enumerate(zip(cases, expected, out_files)):
         with np.load(out_file) as got:
             outs = []
             for i, name in enumerate(output_names):
                 ref = exp[name]
                 atol, rtol = tolerance(ref)
-                c = compare.compare(reference.typed(got[f"out{i}"]), ref, atol, rtol, case.valid_positions(ref))
+                actual, valid = reference.typed(got[f"out{i}"]), case.valid_positions(ref)
+                if exact is not None and ref.dtype.name in ("float16", "bfloat16") and name in exact[number]:
+                    c = compare.judge_against_exact(actual, ref, exact[number][name], atol, rtol, valid)
+                else:
+                    c = compare.compare(actual, ref, atol, rtol, valid)
                 outs.append({"name": name, "shape": list(ref.shape), **c.as_dict()})
                 if not c.ok:
                     failures.append(f"output {name!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})")

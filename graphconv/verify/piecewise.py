@@ -25,6 +25,7 @@ import onnx
 
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
+from graphconv.verify.exact import as_float64, reference_ops, upcast
 
 
 @dataclasses.dataclass
@@ -85,6 +86,14 @@ def cut(model: onnx.ModelProto, boundaries: list[tuple[str, list[str]]]) -> list
     return pieces if len(pieces) >= 2 else None
 
 
+def whole(model: onnx.ModelProto) -> list[Piece]:
+    """The whole graph as one piece (a model run at once)."""
+    nodes = list(model.graph.node)
+    makes = {o for n in nodes for o in n.output if o}
+    reads = list(dict.fromkeys(r for n in nodes for r in _reads(n) if r not in makes))
+    return [Piece("model", nodes, reads, makes)]
+
+
 def _piece_model(model: onnx.ModelProto, piece: Piece, inputs: dict[str, onnx.ValueInfoProto],
                  outputs: list[str]) -> onnx.ModelProto:
     typed = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.output)}
@@ -103,20 +112,23 @@ def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
     return onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype), None)
 
 
-def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = frozenset(), progress=None):
+def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = frozenset(), progress=None,
+        exact: bool = False):
     """onnxruntime's outputs of `model` for every case, piece by piece; also the values pieces pass on and
     those named in `keep` (per case, by name), and a row per piece (name, nodes, weight bytes, seconds).
+    `exact`: the model's exact values instead, computed in float64 (graphconv/verify/exact.py).
 
     `model` holds its big weights as external references (read in place, never loaded): each piece maps
     only its own and unmaps them before the next."""
-    return run_together([(model, pieces, keep)], cases, progress)[0]
+    return run_together([(model, pieces, keep, exact)], cases, progress)[0]
 
 
-def run_together(runs: list[tuple[onnx.ModelProto, list[Piece], set[str]]], cases, progress=None) -> list[tuple]:
-    """`run` for several models of the same layers (the model and its ascend-precision variant), their
-    pieces interleaved by name (each run's pieces still in its own order): a layer's weights are read from
-    disk once for all of them, the later runs finding them in the page cache. One (outputs, kept, rows) per run."""
-    runners = [_Runner(model, pieces, cases, keep) for model, pieces, keep in runs]
+def run_together(runs: list[tuple], cases, progress=None) -> list[tuple]:
+    """`run` for several models of the same layers (the model, its ascend-precision variant, its exact
+    values), each (model, pieces, keep[, exact]), their pieces interleaved by name (each run's pieces still in
+    its own order): a layer's weights are read from disk once for all of them, the later runs finding them in
+    the page cache. One (outputs, kept, rows) per run."""
+    runners = [_Runner(run[0], run[1], cases, *run[2:]) for run in runs]
     tracker = progress.track("oracle (layer by layer)", sum(len(r.pieces) for r in runners), "pieces") \
         if progress else None
 
@@ -143,12 +155,12 @@ def run_together(runs: list[tuple[onnx.ModelProto, list[Piece], set[str]]], case
 class _Runner:
     """One model run piece by piece over the cases (`run`): `step` runs the next piece."""
 
-    def __init__(self, model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str]):
-        self.pieces, self.keep, self.next = pieces, keep, 0
+    def __init__(self, model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str], exact: bool = False):
+        self.pieces, self.keep, self.next, self.exact = pieces, keep, 0, exact
         self.bare, self.refs = weights.stripped(model)
         self.declared = {i.name: i for i in self.bare.graph.input}
         self.graph_outputs = [o.name for o in model.graph.output]
-        self.envs = [dict(c.inputs) for c in cases]
+        self.envs = [{k: as_float64(v) if exact else v for k, v in c.inputs.items()} for c in cases]
         self.kept: list[dict[str, np.ndarray]] = [{} for _ in cases]
         self.rows: list[dict] = []
 
@@ -160,12 +172,16 @@ class _Runner:
         later = {r for p in self.pieces[k + 1:] for r in p.reads} | set(self.graph_outputs)
         outputs = [o for n in piece.nodes for o in n.output if o and (o in later or o in self.keep)]
         feeds = {r: weights.read(self.refs[r]) for r in piece.reads if r in self.refs}
+        if self.exact:
+            feeds = {r: as_float64(a) for r, a in feeds.items()}
         ort_feeds = {r: reference.ort_feed(a) for r, a in feeds.items()}
         inputs = {r: self.declared[r] for r in piece.reads if r in self.declared}
         inputs.update({r: _value_info(r, envs[0][r]) for r in piece.reads if r not in inputs and r in envs[0]})
         sub = _piece_model(self.bare, piece, inputs, outputs)
+        if self.exact:
+            sub = upcast(sub)
         try:
-            sess = reference.ort_session(sub.SerializeToString())
+            sess, engine = _session(sub, self.exact)
             for env, saved in zip(envs, self.kept):
                 given = {r: env[r] for r in piece.reads if r in env}
                 for name, value in zip(outputs, sess.run(outputs, {**given, **ort_feeds})):
@@ -173,8 +189,10 @@ class _Runner:
                     # and with it to everything the piece allocated (an fp16 model's fp32 weight casts)
                     env[name] = saved[name] = np.array(value, copy=True)  # (every output is passed on or kept)
         except Exception as e:  # noqa: BLE001 - onnxruntime's message, in one line
-            raise UnsupportedError(f"onnxruntime could not run the model's {piece.name} (the oracle runs it "
-                                   f"layer by layer): {str(e).strip().splitlines()[0][:300]}") from None
+            what = "neither onnxruntime nor onnx.reference could run the exact (float64) values of" if self.exact \
+                else "onnxruntime could not run"
+            raise UnsupportedError(f"{what} the model's {piece.name} (the oracle runs it layer by layer): "
+                                   f"{str(e).strip().splitlines()[0][:300]}") from None
         mapped = sum(f.nbytes for f in feeds.values())
         made = sum(bool(self.refs[r].parts) for r in feeds)  # (weights.read concatenated their parts)
         del sess, feeds, ort_feeds
@@ -182,10 +200,25 @@ class _Runner:
         for env in envs:  # values no later piece reads
             for name in [n for n in env if n not in later]:
                 del env[name]
-        self.rows.append({"piece": piece.name, "nodes": len(piece.nodes), "weight_bytes": mapped,
+        self.rows.append({"piece": piece.name, "engine": engine, "nodes": len(piece.nodes), "weight_bytes": mapped,
                           "weights_made_from_parts": made, "seconds": round(time.perf_counter() - t0, 3)})
         self.next += 1
 
     def results(self) -> tuple:
         outputs = [{o: env[o] for o in self.graph_outputs} for env in self.envs]
         return outputs, self.kept, self.rows
+
+
+def _session(model: onnx.ModelProto, exact: bool):
+    """(something with onnxruntime's `run(outputs, feeds)`, the engine's name) for one piece: onnxruntime's
+    session; for an exact piece with a node onnxruntime has no double kernel for, onnx.reference's evaluator."""
+    from graphconv.verify import reference
+
+    try:
+        return reference.ort_session(model.SerializeToString()), "onnxruntime"
+    except Exception:  # noqa: BLE001 - only an exact piece has somewhere else to go
+        if not exact:
+            raise
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model, new_ops=reference_ops()), "onnx.reference"

@@ -1,0 +1,103 @@
+"""The model's exact values: its graph evaluated in float64 on its own weights, the reference a low-precision
+network is judged against (compare.judge_against_exact).
+
+Why: at fp16, onnxruntime's own run of a deep model is itself off the exact values by more than the fp16
+tolerance (a 7B: 100 of 480,000 logits, max 0.017), so a network that rounds differently from onnxruntime
+could not pass against onnxruntime even when it is as close to the truth. The exact values judge both.
+
+`upcast` turns every float tensor type of the graph (inputs, outputs, initializers, Constant values,
+ConstantOfShape's value, Cast and dtype targets) into double; fp16/bf16 weights become float64 exactly.
+graphconv/verify/piecewise.py runs it as it runs the oracle (one piece, or layer by layer with each layer's
+weights upcast as they are read): onnxruntime where it has a double kernel for every node of a piece, else
+onnx.reference for that piece (onnxruntime has no double Erf, for one), with the ops it computes in float32
+replaced (`reference_ops`: its Erf rounds to float32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
+FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE} | LOW_PRECISION
+_DTYPE_ATTRS = ("to", "dtype")  # Cast's target; EyeLike's, the Random ops' and Bernoulli's output dtype
+
+
+def computes_in_low_precision(model: onnx.ModelProto) -> bool:
+    """Whether the model's outputs are fp16 or bf16: its oracle is onnxruntime's own low-precision run."""
+    return any(o.type.tensor_type.elem_type in LOW_PRECISION for o in model.graph.output)
+
+
+def upcast(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` computing in float64 (its external weights stay references: cast them as read)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    _graph(out.graph)
+    for f in out.functions:
+        for n in f.node:
+            _node(n)
+    return out
+
+
+def as_float64(array: np.ndarray) -> np.ndarray:
+    """A float array (fp16, bf16, fp32) as float64; any other as it is."""
+    return array.astype(np.float64) if array.dtype.kind == "f" or array.dtype.name == "bfloat16" else array
+
+
+def reference_ops() -> list:
+    """onnx.reference ops to use instead of its own, which compute in float32 whatever the input (Erf)."""
+    from onnx.reference.op_run import OpRun
+
+    class Erf(OpRun):
+        op_domain = ""
+
+        def _run(self, x):
+            return (np.vectorize(math.erf, otypes=[x.dtype])(x),)
+
+    return [Erf]
+
+
+def _type(tp: onnx.TypeProto) -> None:
+    if tp.HasField("tensor_type") and tp.tensor_type.elem_type in FLOATS:
+        tp.tensor_type.elem_type = TensorProto.DOUBLE
+    elif tp.HasField("sequence_type"):
+        _type(tp.sequence_type.elem_type)
+    elif tp.HasField("optional_type"):
+        _type(tp.optional_type.elem_type)
+
+
+def _tensor(t: onnx.TensorProto) -> None:
+    if t.data_type in FLOATS and t.data_type != TensorProto.DOUBLE and not t.external_data:
+        t.CopyFrom(numpy_helper.from_array(as_float64(numpy_helper.to_array(t)), t.name))
+    elif t.data_type in FLOATS:  # (an external weight: its reader casts it)
+        t.data_type = TensorProto.DOUBLE
+
+
+def _graph(g: onnx.GraphProto) -> None:
+    for v in list(g.input) + list(g.output):
+        _type(v.type)
+    del g.value_info[:]  # (the types in it are float's; onnxruntime infers them again)
+    for t in g.initializer:
+        _tensor(t)
+    for n in g.node:
+        _node(n)
+
+
+def _node(n: onnx.NodeProto) -> None:
+    for a in list(n.attribute):
+        if a.type == onnx.AttributeProto.TENSOR:
+            _tensor(a.t)
+        elif a.type == onnx.AttributeProto.INT and a.name in _DTYPE_ATTRS and a.i in FLOATS:
+            a.i = TensorProto.DOUBLE
+        elif a.type == onnx.AttributeProto.GRAPH:
+            _graph(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                _graph(g)
+        elif n.op_type == "Constant" and a.name in ("value_float", "value_floats") and not a.ref_attr_name:
+            values = np.array(a.f if a.name == "value_float" else list(a.floats), np.float32).astype(np.float64)
+            n.attribute.remove(a)
+            n.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(values)))

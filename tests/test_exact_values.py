@@ -1,0 +1,115 @@
+"""A low-precision model's exact values (graphconv/verify/exact.py) and the rule that judges a network against
+them (compare.judge_against_exact): the float64 upcast against numpy in float64, the rule's three outcomes, and
+a compile of an fp16 model through the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphconv.verify import compare, exact, piecewise
+from graphconv.verify.reference import ReferenceCase
+
+RNG = np.random.default_rng(0)
+W1 = (RNG.standard_normal((16, 32)) * 0.25).astype(np.float16)
+W2 = (RNG.standard_normal((32, 8)) * 0.25).astype(np.float16)
+
+
+def _mlp(elem=TensorProto.FLOAT16) -> onnx.ModelProto:
+    """y = gelu_erf(x @ W1) @ W2 * 0.5 + ones, in fp16, with the constants spelled the ways an upcast must reach:
+    a Constant's value_float, ConstantOfShape's value, a Cast to fp16 inside, Erf (no double kernel in
+    onnxruntime: onnx.reference runs it)."""
+    np_dt = helper.tensor_dtype_to_np_dtype(elem)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Cast", ["h"], ["h32"], to=TensorProto.FLOAT),
+        helper.make_node("Constant", [], ["sqrt2"], value_float=math.sqrt(2.0)),
+        helper.make_node("Div", ["h32", "sqrt2"], ["hs"]),
+        helper.make_node("Erf", ["hs"], ["e"]),
+        helper.make_node("Constant", [], ["one"], value_float=1.0),
+        helper.make_node("Add", ["e", "one"], ["e1"]),
+        helper.make_node("Mul", ["h32", "e1"], ["g2"]),
+        helper.make_node("Constant", [], ["half"], value_float=0.5),
+        helper.make_node("Mul", ["g2", "half"], ["g32"]),
+        helper.make_node("Cast", ["g32"], ["g"], to=elem),
+        helper.make_node("MatMul", ["g", "w2"], ["z"]),
+        helper.make_node("Shape", ["z"], ["zs"]),
+        helper.make_node("ConstantOfShape", ["zs"], ["ones"],
+                         value=numpy_helper.from_array(np.array([1.0], np_dt))),
+        helper.make_node("Add", ["z", "ones"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", elem, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", elem, ["batch", 8])],
+                              [numpy_helper.from_array(W1.astype(np_dt), "w1"),
+                               numpy_helper.from_array(W2.astype(np_dt), "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _numpy_exact(x: np.ndarray) -> np.ndarray:
+    """The same function in float64 on the same fp16 weights and inputs."""
+    h = x.astype(np.float64) @ W1.astype(np.float64)
+    g = h * (1 + np.vectorize(math.erf)(h / np.float64(np.float32(math.sqrt(2.0))))) * 0.5
+    return g @ W2.astype(np.float64) + 1.0
+
+
+def test_the_upcast_graph_computes_what_numpy_computes_in_float64():
+    model = _mlp()
+    assert exact.computes_in_low_precision(model)
+    cases = [ReferenceCase("case0", {"x": RNG.standard_normal((3, 16)).astype(np.float16)})]
+    values, _, rows = piecewise.run(model, piecewise.whole(model), cases, exact=True)
+    assert rows[0]["engine"] == "onnx.reference"  # (onnxruntime has no double Erf)
+    got = values[0]["y"]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, _numpy_exact(cases[0].inputs["x"]), rtol=0, atol=1e-12)
+    upcast = exact.upcast(model)
+    types = {t.name: t.data_type for t in upcast.graph.initializer}
+    assert types == {"w1": TensorProto.DOUBLE, "w2": TensorProto.DOUBLE}
+    assert not exact.computes_in_low_precision(_mlp(TensorProto.FLOAT))
+
+
+def test_the_rule_passes_within_tolerance_or_within_the_factor_and_fails_beyond():
+    truth = np.linspace(-4, 4, 64)
+    onnxruntime = (truth + 0.05).astype(np.float16)  # 0.05 off: beyond fp16's 1e-2 + 1e-2·|x|
+    atol, rtol = compare.default_tolerance("float16")
+    close = compare.judge_against_exact(truth + 0.001, onnxruntime, truth, atol, rtol)
+    assert close.ok and close.exact["passed_by"] == "tolerance"
+    near = truth + 0.059  # beyond the tolerance, within 1.2 x onnxruntime's distance
+    within = compare.judge_against_exact(near, onnxruntime, truth, atol, rtol)
+    ort_distance = float(np.abs(onnxruntime.astype(np.float64) - truth).max())
+    assert within.ok and within.exact["passed_by"] == "factor"
+    assert within.max_abs == pytest.approx(0.059) and within.exact["onnxruntime_max_abs"] == ort_distance
+    far = compare.judge_against_exact(truth + 1.21 * ort_distance, onnxruntime, truth, atol, rtol)
+    assert not far.ok and "more than 1.2x onnxruntime's" in far.reason
+
+
+def test_an_fp16_model_compiles_judged_against_its_exact_values(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(), path)
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(path), "-o", str(tmp_path / "m.mindir"),
+                           "--report", str(report)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "against the exact (float64) values" in proc.stdout
+    validation = json.loads(report.read_text())["validation"]
+    assert validation["exact"]["status"] == "computed"
+    for case in validation["cases"]:
+        (out,) = case["outputs"]
+        assert out["ok"] and out["exact"]["onnxruntime_max_abs"] > 0
+
+
+def test_the_summary_of_an_fp16_model_whose_ascend_precision_was_not_measured():
+    """An fp16 model's fused attention takes fp16 already: the section says "not needed" with no outputs, and the
+    summary printed it as a KeyError (exit 3 for every fp16 model with attention compiled without --json)."""
+    from graphconv.report import Report
+
+    report = Report(model={"inputs": [], "outputs": []}, status="verified", validation={
+        "status": "verified", "oracle": "onnxruntime", "cases": [],
+        "ascend_precision": {"status": "not needed", "why": "the fused ops' inputs are fp16 already"}})
+    assert "ascend precision: not needed (the fused ops' inputs are fp16 already)" in report.summary()
