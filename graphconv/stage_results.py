@@ -53,4 +53,4 @@ class OracleValues:
     expected: list[dict]  # the model's outputs per case
     kept: list[dict]  # the values the blocks pass on, by ONNX name, per case
     variant: list[dict] | None = None  # the ascend-precision variant's outputs, run with it
-    exact: list[dict] | None = None  # a low-precision model's exact values per case (graphconv/verify/exact.py)
+    exact: object = None  # a low-precision model's exact values (graphconv/verify/exact.Values)

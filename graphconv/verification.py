@@ -83,7 +83,7 @@ class Verification:
                 expected = outputs.oracle_values(model, sorted(keep), cases)
                 self.c.report.validation["oracle"] = "onnxruntime"
                 got = reference.Oracle(variant.model).run(cases) if variant else None
-            return OracleValues(expected, expected, got, self.exact_values(model, cases))
+            return OracleValues(expected, expected, got, self.exact_values(model, cases, keep=keep))
         runs = [(model, pieces, keep)]
         variant_pieces = piecewise.cut(variant.model, boundaries) if variant else None
         if variant_pieces:
@@ -101,31 +101,35 @@ class Verification:
                 st.detail["ascend_precision_variant_pieces"] = len(results[1][2])
                 st.detail["variant_weights_made_from_parts"] = sum(r["weights_made_from_parts"] for r in results[1][2])
         got = results[1][0] if variant_pieces else reference.Oracle(variant.model).run(cases) if variant else None
-        return OracleValues(expected, kept, got, self.exact_values(model, cases, pieces))
+        return OracleValues(expected, kept, got, self.exact_values(model, cases, pieces, keep))
 
-    def exact_values(self, model: onnx.ModelProto, cases, pieces=None) -> list[dict] | None:
-        """A low-precision model's exact values (graphconv/verify/exact.py), by the oracle's `pieces` (None:
-        whole); None for any other model (its oracle's values are the reference), or where they cannot be
-        computed (the report says why, and the network is held to onnxruntime's values)."""
+    def exact_values(self, model: onnx.ModelProto, cases, pieces=None, keep=frozenset()) -> exact.Values | None:
+        """A low-precision model's exact values and those of its graph rounded at every op
+        (graphconv/verify/exact.py), per case, of its outputs and of the values named in `keep` (those the
+        blocks pass on), run by the oracle's `pieces` (None: whole); None for any other model (its oracle's
+        values are the reference), or where they cannot be computed (the report says why, and the network is
+        held to onnxruntime's values)."""
         if not exact.computes_in_low_precision(model):
             return None
         self.c.progress.info("exact values (the model in float64" + (", layer by layer)" if pieces else ")"))
         with self.c.report.stage("exact-values") as st:
             try:
-                values, _, rows = piecewise.run(model, pieces or piecewise.whole(model), cases, exact=True,
-                                                progress=self.c.progress if pieces else None)
+                runs = [piecewise.run(model, pieces or piecewise.whole(model), cases, set(keep),
+                                      progress=self.c.progress if pieces else None, exact=True, rounded=rounded)
+                        for rounded in (False, True)]
             except UnsupportedError as e:
                 self.c.report.validation["exact"] = {"status": "not computed", "why": str(e)}
                 return None
-            st.detail = {"pieces": len(rows), "engines": sorted({r["engine"] for r in rows})}
+            st.detail = {"pieces": len(runs[0][2]), "engines": sorted({r["engine"] for r in runs[0][2]})}
         self.c.report.validation["exact"] = {
             "status": "computed", "factor": compare.EXACT_FACTOR,
             "rule": "an fp16/bf16 output passes within the tolerance of its exact (float64) values, or within "
-                    f"{compare.EXACT_FACTOR:g}x onnxruntime's own max abs distance from them"}
-        return values
+                    f"{compare.EXACT_FACTOR:g}x the max abs distance from them of the graph rounded at every op"}
+        exact_run, rounded_run = ([{**k, **v} for v, k in zip(values, kept)] for values, kept, _ in runs)
+        return exact.Values(exact_run, rounded_run)
 
     def verify(self, network: Lowered, checked_what: str, cases, expected: list[dict], done: dict,
-               exact_values: list[dict] | None = None) -> None:
+               exact_values: exact.Values | None = None) -> None:
         """Every case's outputs (the child's run, `done`) against the oracle's, by the comparison rule."""
         self.c.progress.info(f"verify (MindSpore CPU vs oracle, {checked_what})")
         with self.c.report.stage("verify") as st:
@@ -151,7 +155,8 @@ class Verification:
                 raise VerificationError("verification failed: " + "; ".join(listed) + (
                     f" (and {more} more outputs or cases: report.json's validation has each)" if more else ""))
 
-    def verify_blocks(self, plan: dict, cases, kept: list[dict], done: dict, run: dict) -> None:
+    def verify_blocks(self, plan: dict, cases, kept: list[dict], done: dict, run: dict,
+                      exact_values: exact.Values | None = None) -> None:
         """The values every block passed on against onnxruntime's values of the same ONNX values; the first
         failing block is named."""
         self.c.progress.info("verify blocks (layer-streamed: boundary values vs oracle)")
@@ -159,7 +164,8 @@ class Verification:
             if "blocks" not in done:
                 raise InternalError(f"the layer-streamed run did not run on CPU: {done.get('error', 'no result')}")
             rows, failure = outputs.compare_blocks(done["blocks"], plan["onnx_names"], cases, kept,
-                                                   run["block_values"], lambda ref: self.c.tolerance(True, ref))
+                                                   run["block_values"], lambda ref: self.c.tolerance(True, ref),
+                                                   exact_values)
             st.detail = {"blocks": len(rows), "compared_values": sum(len(r["values"]) for r in rows[:-1]),
                          "child_peak_rss_after_block": max(b["rss_after"] for b in done["blocks"]),
                          "child_peak_rss": done.get("peak_rss")}
@@ -195,7 +201,9 @@ class Verification:
                 emitted = self.emit(network, ws, run, twin)
                 kept = None if plan is None else outputs.oracle_values(checked.oracle_model,
                                                                        sorted(set(plan["onnx_names"].values())), cases)
-                oracle = OracleValues(checked.expected, kept, exact=self.exact_values(checked.oracle_model, cases))
+                names = set(plan["onnx_names"].values()) if plan is not None else set()
+                oracle = OracleValues(checked.expected, kept,
+                                      exact=self.exact_values(checked.oracle_model, cases, keep=names))
             else:
                 weight_bytes = sum(ref[2] for ref in network.task.get("external_weights", {}).values())
                 (emitted, oracle), how = scheduling.both(
@@ -210,7 +218,7 @@ class Verification:
         what = "the cpu twin" if twin is not None else "the emitted MindIR"
         try:
             if plan is not None:
-                self.verify_blocks(plan, cases, oracle.kept, emitted.run, run)
+                self.verify_blocks(plan, cases, oracle.kept, emitted.run, run, oracle.exact)
             self.verify(checked_net, what, cases, oracle.expected, emitted.run, oracle.exact)
         except InternalError as e:
             if twin is not None or "lazy_inline" not in str(e):

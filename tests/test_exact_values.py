@@ -76,17 +76,34 @@ def test_the_upcast_graph_computes_what_numpy_computes_in_float64():
 
 def test_the_rule_passes_within_tolerance_or_within_the_factor_and_fails_beyond():
     truth = np.linspace(-4, 4, 64)
-    onnxruntime = (truth + 0.05).astype(np.float16)  # 0.05 off: beyond fp16's 1e-2 + 1e-2·|x|
+    rounded = truth + 0.05  # the graph rounded at every op: 0.05 off, beyond fp16's 1e-2 + 1e-2·|x|
+    onnxruntime = (truth + 0.02).astype(np.float16)
     atol, rtol = compare.default_tolerance("float16")
-    close = compare.judge_against_exact(truth + 0.001, onnxruntime, truth, atol, rtol)
+    close = compare.judge_against_exact(truth + 0.001, onnxruntime, truth, rounded, atol, rtol)
     assert close.ok and close.exact["passed_by"] == "tolerance"
-    near = truth + 0.059  # beyond the tolerance, within 1.2 x onnxruntime's distance
-    within = compare.judge_against_exact(near, onnxruntime, truth, atol, rtol)
-    ort_distance = float(np.abs(onnxruntime.astype(np.float64) - truth).max())
+    within = compare.judge_against_exact(truth + 0.059, onnxruntime, truth, rounded, atol, rtol)
     assert within.ok and within.exact["passed_by"] == "factor"
-    assert within.max_abs == pytest.approx(0.059) and within.exact["onnxruntime_max_abs"] == ort_distance
-    far = compare.judge_against_exact(truth + 1.21 * ort_distance, onnxruntime, truth, atol, rtol)
-    assert not far.ok and "more than 1.2x onnxruntime's" in far.reason
+    assert within.max_abs == pytest.approx(0.059) and within.exact["rounded_max_abs"] == pytest.approx(0.05)
+    assert within.exact["onnxruntime_max_abs"] == float(np.abs(onnxruntime.astype(np.float64) - truth).max())
+    far = compare.judge_against_exact(truth + 0.061, onnxruntime, truth, rounded, atol, rtol)
+    assert not far.ok and "more than 1.2x the 0.05 of the graph rounded at every op" in far.reason
+
+
+def test_the_rounded_graph_rounds_every_op_result_to_its_dtype():
+    """upcast(rounded=) rounds each fp16 result once: numpy computing each op in float64 and rounding its
+    result to fp16 gives the same values."""
+    model = _mlp()
+    x = RNG.standard_normal((4, 16)).astype(np.float16)
+    values, _, _ = piecewise.run(model, piecewise.whole(model), [ReferenceCase("c", {"x": x})], exact=True,
+                                 rounded=True)
+
+    def r16(a):
+        return a.astype(np.float16).astype(np.float64)
+
+    h = r16(x.astype(np.float64) @ W1.astype(np.float64))  # the MatMul's fp16 result; then fp32 up to the Cast
+    g32 = h * (1 + np.vectorize(math.erf)(h / np.float64(np.float32(math.sqrt(2.0))))) * 0.5
+    z = r16(r16(g32) @ W2.astype(np.float64))
+    np.testing.assert_array_equal(values[0]["y"], r16(z + 1.0))
 
 
 def test_an_fp16_model_compiles_judged_against_its_exact_values(tmp_path):
@@ -101,7 +118,7 @@ def test_an_fp16_model_compiles_judged_against_its_exact_values(tmp_path):
     assert validation["exact"]["status"] == "computed"
     for case in validation["cases"]:
         (out,) = case["outputs"]
-        assert out["ok"] and out["exact"]["onnxruntime_max_abs"] > 0
+        assert out["ok"] and out["exact"]["rounded_max_abs"] > 0 and out["exact"]["onnxruntime_max_abs"] > 0
 
 
 def test_the_summary_of_an_fp16_model_whose_ascend_precision_was_not_measured():

@@ -15,6 +15,7 @@ replaced (`reference_ops`: its Erf rounds to float32).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -26,20 +27,64 @@ FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE} | LOW_PRECISION
 _DTYPE_ATTRS = ("to", "dtype")  # Cast's target; EyeLike's, the Random ops' and Bernoulli's output dtype
 
 
+@dataclasses.dataclass
+class Values:
+    """Per case, by value name: the exact values, and those of the graph with every op's fp16/bf16 result
+    rounded (`upcast(..., rounded=)`): the distance an ideal fp16 device has from the exact values."""
+
+    exact: list[dict]
+    rounded: list[dict]
+
+    def of(self, case: int, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        if name in self.exact[case] and name in self.rounded[case]:
+            return self.exact[case][name], self.rounded[case][name]
+        return None
+
+
 def computes_in_low_precision(model: onnx.ModelProto) -> bool:
     """Whether the model's outputs are fp16 or bf16: its oracle is onnxruntime's own low-precision run."""
     return any(o.type.tensor_type.elem_type in LOW_PRECISION for o in model.graph.output)
 
 
-def upcast(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` computing in float64 (its external weights stay references: cast them as read)."""
+def upcast(model: onnx.ModelProto, rounded: dict[str, int] | None = None) -> onnx.ModelProto:
+    """A copy of `model` computing in float64 (its external weights stay references: cast them as read).
+    `rounded` (declared_low_precision of the whole model): each of those node results rounded to its declared
+    dtype (and back to float64) before it is used: every op computed exactly and rounded once, what an ideal
+    fp16 device computes for the graph as written."""
+    declared = rounded or {}
     out = onnx.ModelProto()
     out.CopyFrom(model)
     _graph(out.graph)
     for f in out.functions:
         for n in f.node:
             _node(n)
+    if declared:
+        _round_results(out.graph, declared)
     return out
+
+
+def declared_low_precision(model: onnx.ModelProto) -> dict[str, int]:
+    """The graph's node results declared fp16 or bf16, by name (shape inference's types)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.output)}
+    made = {o for n in g.node for o in n.output if o}
+    return {name: t for name, t in types.items() if name in made and t in LOW_PRECISION}
+
+
+def _round_results(g: onnx.GraphProto, declared: dict[str, int]) -> None:
+    """After each node result in `declared`: Cast to its declared dtype and back to double, under its name."""
+    nodes = []
+    for n in g.node:
+        nodes.append(n)
+        for k, name in enumerate(n.output):
+            if name in declared:
+                exact_name = f"{name}__exact"
+                n.output[k] = exact_name
+                nodes.append(onnx.helper.make_node("Cast", [exact_name], [f"{name}__rounded"], to=declared[name]))
+                nodes.append(onnx.helper.make_node("Cast", [f"{name}__rounded"], [name], to=TensorProto.DOUBLE))
+    del g.node[:]
+    g.node.extend(nodes)
 
 
 def as_float64(array: np.ndarray) -> np.ndarray:

@@ -10,6 +10,8 @@ import numpy as np
 
 from graphconv.verify import compare, reference
 
+LOW = ("float16", "bfloat16")  # reference dtypes judged against the exact values where they are known
+
 
 @dataclasses.dataclass
 class OutputCheck:
@@ -19,9 +21,9 @@ class OutputCheck:
 
 
 def compare_outputs(cases, expected: list[dict], out_files: list[str], output_names: list[str],
-                    tolerance, exact: list[dict] | None = None) -> OutputCheck:
+                    tolerance, exact=None) -> OutputCheck:
     """Each case's outputs (the child's out<i> files, in graph-output order) against the oracle's;
-    `tolerance(reference)` gives (atol, rtol). With `exact` (the model's exact values per case), an fp16/bf16
+    `tolerance(reference)` gives (atol, rtol). With `exact` (graphconv.verify.exact.Values), an fp16/bf16
     output is judged against its exact values (compare.judge_against_exact)."""
     results, failures, overflows = [], [], []
     for number, (case, exp, out_file) in enumerate(zip(cases, expected, out_files)):
@@ -31,8 +33,9 @@ def compare_outputs(cases, expected: list[dict], out_files: list[str], output_na
                 ref = exp[name]
                 atol, rtol = tolerance(ref)
                 actual, valid = reference.typed(got[f"out{i}"]), case.valid_positions(ref)
-                if exact is not None and ref.dtype.name in ("float16", "bfloat16") and name in exact[number]:
-                    c = compare.judge_against_exact(actual, ref, exact[number][name], atol, rtol, valid)
+                pair = exact.of(number, name) if exact is not None and ref.dtype.name in LOW else None
+                if pair is not None:
+                    c = compare.judge_against_exact(actual, ref, *pair, atol, rtol, valid)
                 else:
                     c = compare.compare(actual, ref, atol, rtol, valid)
                 outs.append({"name": name, "shape": list(ref.shape), **c.as_dict()})
@@ -45,10 +48,11 @@ def compare_outputs(cases, expected: list[dict], out_files: list[str], output_na
 
 
 def compare_blocks(blocks: list[dict], onnx_names: dict[str, str], cases, expected: list[dict],
-                   got_files: list[str], tolerance) -> tuple[list[dict], str | None]:
+                   got_files: list[str], tolerance, exact=None) -> tuple[list[dict], str | None]:
     """Each block's boundary values (by number, `onnx_names`: number -> ONNX name) against onnxruntime's values
     of those ONNX names, in block order: a row per block (max abs over the cases of the values compared)
-    and the first failure (None if none)."""
+    and the first failure (None if none). With `exact` (graphconv.verify.exact.Values), fp16/bf16 values are
+    judged against theirs, and the row gives the rounded graph's distance from them beside the block's."""
     got = []
     for f in got_files:
         with np.load(f) as data:
@@ -56,17 +60,24 @@ def compare_blocks(blocks: list[dict], onnx_names: dict[str, str], cases, expect
     rows, failure = [], None
     for b in blocks[:-1]:
         compared = [str(i) for i in b["outputs"] if str(i) in onnx_names and onnx_names[str(i)] in expected[0]]
-        worst, bad = 0.0, None
-        for case, exp, act in zip(cases, expected, got):
+        worst, rounded_worst, bad = 0.0, None, None
+        for k, (case, exp, act) in enumerate(zip(cases, expected, got)):
             for i in compared:
                 if i not in act:
                     continue
-                ref = exp[onnx_names[i]]
-                c = compare.compare(act[i], ref, *tolerance(ref), case.valid_positions(ref))
+                name = onnx_names[i]
+                ref = exp[name]
+                pair = exact.of(k, name) if exact is not None and ref.dtype.name in LOW else None
+                if pair is not None:
+                    c = compare.judge_against_exact(act[i], ref, *pair, *tolerance(ref), case.valid_positions(ref))
+                    rounded_worst = max(rounded_worst or 0.0, c.exact["rounded_max_abs"])
+                else:
+                    c = compare.compare(act[i], ref, *tolerance(ref), case.valid_positions(ref))
                 worst = max(worst, c.max_abs)
                 if not c.ok and bad is None:
-                    bad = f"value {onnx_names[i]!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})"
-        rows.append({**_row(b), "values": [onnx_names[i] for i in compared], "max_abs": worst})
+                    bad = f"value {name!r} at {case.shape_text()}: {c.reason} (max abs {c.max_abs:.3g})"
+        rows.append({**_row(b), "values": [onnx_names[i] for i in compared], "max_abs": worst,
+                     **({"rounded_max_abs": rounded_worst} if rounded_worst is not None else {})})
         if bad is not None and failure is None:
             failure = f"block {b['name']}" + (f" ({b['class']})" if b.get("class") else "") + f": {bad}"
     rows.append({**_row(blocks[-1]), "values": ["(the network's outputs)"]})

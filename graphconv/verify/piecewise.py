@@ -25,7 +25,7 @@ import onnx
 
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
-from graphconv.verify.exact import as_float64, reference_ops, upcast
+from graphconv.verify.exact import as_float64, declared_low_precision, reference_ops, upcast
 
 
 @dataclasses.dataclass
@@ -113,19 +113,20 @@ def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
 
 
 def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = frozenset(), progress=None,
-        exact: bool = False):
+        exact: bool = False, rounded: bool = False):
     """onnxruntime's outputs of `model` for every case, piece by piece; also the values pieces pass on and
     those named in `keep` (per case, by name), and a row per piece (name, nodes, weight bytes, seconds).
-    `exact`: the model's exact values instead, computed in float64 (graphconv/verify/exact.py).
+    `exact`: the model's exact values instead, computed in float64 (graphconv/verify/exact.py); with `rounded`,
+    each fp16/bf16 result rounded to its dtype (each op exact, then rounded once).
 
     `model` holds its big weights as external references (read in place, never loaded): each piece maps
     only its own and unmaps them before the next."""
-    return run_together([(model, pieces, keep, exact)], cases, progress)[0]
+    return run_together([(model, pieces, keep, exact, rounded)], cases, progress)[0]
 
 
 def run_together(runs: list[tuple], cases, progress=None) -> list[tuple]:
     """`run` for several models of the same layers (the model, its ascend-precision variant, its exact
-    values), each (model, pieces, keep[, exact]), their pieces interleaved by name (each run's pieces still in
+    values), each (model, pieces, keep[, exact, rounded]), their pieces interleaved by name (each run's pieces still in
     its own order): a layer's weights are read from disk once for all of them, the later runs finding them in
     the page cache. One (outputs, kept, rows) per run."""
     runners = [_Runner(run[0], run[1], cases, *run[2:]) for run in runs]
@@ -155,9 +156,11 @@ def run_together(runs: list[tuple], cases, progress=None) -> list[tuple]:
 class _Runner:
     """One model run piece by piece over the cases (`run`): `step` runs the next piece."""
 
-    def __init__(self, model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str], exact: bool = False):
+    def __init__(self, model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str], exact: bool = False,
+                 rounded: bool = False):
         self.pieces, self.keep, self.next, self.exact = pieces, keep, 0, exact
         self.bare, self.refs = weights.stripped(model)
+        self.rounded = declared_low_precision(self.bare) if exact and rounded else None
         self.declared = {i.name: i for i in self.bare.graph.input}
         self.graph_outputs = [o.name for o in model.graph.output]
         self.envs = [{k: as_float64(v) if exact else v for k, v in c.inputs.items()} for c in cases]
@@ -179,7 +182,7 @@ class _Runner:
         inputs.update({r: _value_info(r, envs[0][r]) for r in piece.reads if r not in inputs and r in envs[0]})
         sub = _piece_model(self.bare, piece, inputs, outputs)
         if self.exact:
-            sub = upcast(sub)
+            sub = upcast(sub, self.rounded)
         try:
             sess, engine = _session(sub, self.exact)
             for env, saved in zip(envs, self.kept):
