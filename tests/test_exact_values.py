@@ -90,20 +90,23 @@ def test_the_rule_passes_within_tolerance_or_within_the_factor_and_fails_beyond(
 
 
 def test_the_rounded_graph_rounds_every_op_result_to_its_dtype():
-    """upcast(rounded=) rounds each fp16 result once: numpy computing each op in float64 and rounding its
-    result to fp16 gives the same values."""
+    """upcast(rounded=) computes each op in fp32 (as an fp16 device accumulates) and rounds each fp16 result
+    once: numpy doing the same gives the same values."""
     model = _mlp()
     x = RNG.standard_normal((4, 16)).astype(np.float16)
     values, _, _ = piecewise.run(model, piecewise.whole(model), [ReferenceCase("c", {"x": x})], exact=True,
                                  rounded=True)
 
     def r16(a):
-        return a.astype(np.float16).astype(np.float64)
+        return a.astype(np.float16).astype(np.float32)
 
-    h = r16(x.astype(np.float64) @ W1.astype(np.float64))  # the MatMul's fp16 result; then fp32 up to the Cast
-    g32 = h * (1 + np.vectorize(math.erf)(h / np.float64(np.float32(math.sqrt(2.0))))) * 0.5
-    z = r16(r16(g32) @ W2.astype(np.float64))
-    np.testing.assert_array_equal(values[0]["y"], r16(z + 1.0))
+    f32 = np.float32
+    h = r16(x.astype(f32) @ W1.astype(f32))  # the MatMul's fp16 result; then fp32 up to the Cast
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    g32 = (h * (1 + erf(h / f32(math.sqrt(2.0))).astype(f32)) * f32(0.5)).astype(f32)
+    z = r16(r16(g32) @ W2.astype(f32))
+    assert values[0]["y"].dtype == np.float32
+    np.testing.assert_array_equal(values[0]["y"], r16(z + f32(1.0)))
 
 
 def test_an_fp16_model_compiles_judged_against_its_exact_values(tmp_path):

@@ -6,7 +6,8 @@ tolerance (a 7B: 100 of 480,000 logits, max 0.017), so a network that rounds dif
 could not pass against onnxruntime even when it is as close to the truth. The exact values judge both.
 
 `upcast` turns every float tensor type of the graph (inputs, outputs, initializers, Constant values,
-ConstantOfShape's value, Cast and dtype targets) into double; fp16/bf16 weights become float64 exactly.
+ConstantOfShape's value, Cast and dtype targets) into double; fp16/bf16 weights become float64 exactly. With
+`rounded`, into float (fp32) with each fp16/bf16 result rounded to its dtype: the yardstick (compare.py).
 graphconv/verify/piecewise.py runs it as it runs the oracle (one piece, or layer by layer with each layer's
 weights upcast as they are read): onnxruntime where it has a double kernel for every node of a piece, else
 onnx.reference for that piece (onnxruntime has no double Erf, for one), with the ops it computes in float32
@@ -29,8 +30,9 @@ _DTYPE_ATTRS = ("to", "dtype")  # Cast's target; EyeLike's, the Random ops' and 
 
 @dataclasses.dataclass
 class Values:
-    """Per case, by value name: the exact values, and those of the graph with every op's fp16/bf16 result
-    rounded (`upcast(..., rounded=)`): the distance an ideal fp16 device has from the exact values."""
+    """Per case, by value name: the exact values, and those of the graph computed in fp32 with every op's
+    fp16/bf16 result rounded (`upcast(..., rounded=, to=FLOAT)`): the distance an ideal fp16 device has from
+    the exact values."""
 
     exact: list[dict]
     rounded: list[dict]
@@ -46,20 +48,20 @@ def computes_in_low_precision(model: onnx.ModelProto) -> bool:
     return any(o.type.tensor_type.elem_type in LOW_PRECISION for o in model.graph.output)
 
 
-def upcast(model: onnx.ModelProto, rounded: dict[str, int] | None = None) -> onnx.ModelProto:
-    """A copy of `model` computing in float64 (its external weights stay references: cast them as read).
+def upcast(model: onnx.ModelProto, rounded: dict[str, int] | None = None,
+           to: int = TensorProto.DOUBLE) -> onnx.ModelProto:
+    """A copy of `model` computing in `to` (float64; its external weights stay references: cast them as read).
     `rounded` (declared_low_precision of the whole model): each of those node results rounded to its declared
-    dtype (and back to float64) before it is used: every op computed exactly and rounded once, what an ideal
-    fp16 device computes for the graph as written."""
-    declared = rounded or {}
+    dtype (and back) before it is used: every op computed in `to` and rounded once, what an ideal fp16 device
+    computes for the graph as written (the device accumulates in fp32: `to` FLOAT is that device)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    _graph(out.graph)
+    _graph(out.graph, to)
     for f in out.functions:
         for n in f.node:
-            _node(n)
-    if declared:
-        _round_results(out.graph, declared)
+            _node(n, to)
+    if rounded:
+        _round_results(out.graph, rounded, to)
     return out
 
 
@@ -72,7 +74,7 @@ def declared_low_precision(model: onnx.ModelProto) -> dict[str, int]:
     return {name: t for name, t in types.items() if name in made and t in LOW_PRECISION}
 
 
-def _round_results(g: onnx.GraphProto, declared: dict[str, int]) -> None:
+def _round_results(g: onnx.GraphProto, declared: dict[str, int], to: int) -> None:
     """After each node result in `declared`: Cast to its declared dtype and back to double, under its name."""
     nodes = []
     for n in g.node:
@@ -82,14 +84,16 @@ def _round_results(g: onnx.GraphProto, declared: dict[str, int]) -> None:
                 exact_name = f"{name}__exact"
                 n.output[k] = exact_name
                 nodes.append(onnx.helper.make_node("Cast", [exact_name], [f"{name}__rounded"], to=declared[name]))
-                nodes.append(onnx.helper.make_node("Cast", [f"{name}__rounded"], [name], to=TensorProto.DOUBLE))
+                nodes.append(onnx.helper.make_node("Cast", [f"{name}__rounded"], [name], to=to))
     del g.node[:]
     g.node.extend(nodes)
 
 
-def as_float64(array: np.ndarray) -> np.ndarray:
-    """A float array (fp16, bf16, fp32) as float64; any other as it is."""
-    return array.astype(np.float64) if array.dtype.kind == "f" or array.dtype.name == "bfloat16" else array
+def as_float(array: np.ndarray, to: int = TensorProto.DOUBLE) -> np.ndarray:
+    """A float array (fp16, bf16, fp32, fp64) in `to`'s dtype; any other as it is."""
+    if array.dtype.kind == "f" or array.dtype.name == "bfloat16":
+        return array.astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+    return array
 
 
 def reference_ops() -> list:
@@ -105,44 +109,44 @@ def reference_ops() -> list:
     return [Erf]
 
 
-def _type(tp: onnx.TypeProto) -> None:
+def _type(tp: onnx.TypeProto, to: int) -> None:
     if tp.HasField("tensor_type") and tp.tensor_type.elem_type in FLOATS:
-        tp.tensor_type.elem_type = TensorProto.DOUBLE
+        tp.tensor_type.elem_type = to
     elif tp.HasField("sequence_type"):
-        _type(tp.sequence_type.elem_type)
+        _type(tp.sequence_type.elem_type, to)
     elif tp.HasField("optional_type"):
-        _type(tp.optional_type.elem_type)
+        _type(tp.optional_type.elem_type, to)
 
 
-def _tensor(t: onnx.TensorProto) -> None:
-    if t.data_type in FLOATS and t.data_type != TensorProto.DOUBLE and not t.external_data:
-        t.CopyFrom(numpy_helper.from_array(as_float64(numpy_helper.to_array(t)), t.name))
+def _tensor(t: onnx.TensorProto, to: int) -> None:
+    if t.data_type in FLOATS and t.data_type != to and not t.external_data:
+        t.CopyFrom(numpy_helper.from_array(as_float(numpy_helper.to_array(t), to), t.name))
     elif t.data_type in FLOATS:  # (an external weight: its reader casts it)
-        t.data_type = TensorProto.DOUBLE
+        t.data_type = to
 
 
-def _graph(g: onnx.GraphProto) -> None:
+def _graph(g: onnx.GraphProto, to: int) -> None:
     for v in list(g.input) + list(g.output):
-        _type(v.type)
-    del g.value_info[:]  # (the types in it are float's; onnxruntime infers them again)
+        _type(v.type, to)
+    del g.value_info[:]  # (the types in it are the model's; onnxruntime infers them again)
     for t in g.initializer:
-        _tensor(t)
+        _tensor(t, to)
     for n in g.node:
-        _node(n)
+        _node(n, to)
 
 
-def _node(n: onnx.NodeProto) -> None:
+def _node(n: onnx.NodeProto, to: int) -> None:
     for a in list(n.attribute):
         if a.type == onnx.AttributeProto.TENSOR:
-            _tensor(a.t)
+            _tensor(a.t, to)
         elif a.type == onnx.AttributeProto.INT and a.name in _DTYPE_ATTRS and a.i in FLOATS:
-            a.i = TensorProto.DOUBLE
+            a.i = to
         elif a.type == onnx.AttributeProto.GRAPH:
-            _graph(a.g)
+            _graph(a.g, to)
         elif a.type == onnx.AttributeProto.GRAPHS:
             for g in a.graphs:
-                _graph(g)
+                _graph(g, to)
         elif n.op_type == "Constant" and a.name in ("value_float", "value_floats") and not a.ref_attr_name:
-            values = np.array(a.f if a.name == "value_float" else list(a.floats), np.float32).astype(np.float64)
+            values = as_float(np.array(a.f if a.name == "value_float" else list(a.floats), np.float32), to)
             n.attribute.remove(a)
             n.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(values)))

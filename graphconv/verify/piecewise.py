@@ -25,7 +25,7 @@ import onnx
 
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
-from graphconv.verify.exact import as_float64, declared_low_precision, reference_ops, upcast
+from graphconv.verify.exact import as_float, declared_low_precision, reference_ops, upcast
 
 
 @dataclasses.dataclass
@@ -117,7 +117,7 @@ def run(model: onnx.ModelProto, pieces: list[Piece], cases, keep: set[str] = fro
     """onnxruntime's outputs of `model` for every case, piece by piece; also the values pieces pass on and
     those named in `keep` (per case, by name), and a row per piece (name, nodes, weight bytes, seconds).
     `exact`: the model's exact values instead, computed in float64 (graphconv/verify/exact.py); with `rounded`,
-    each fp16/bf16 result rounded to its dtype (each op exact, then rounded once).
+    computed in fp32 with each fp16/bf16 result rounded to its dtype (an ideal fp16 device).
 
     `model` holds its big weights as external references (read in place, never loaded): each piece maps
     only its own and unmaps them before the next."""
@@ -161,9 +161,11 @@ class _Runner:
         self.pieces, self.keep, self.next, self.exact = pieces, keep, 0, exact
         self.bare, self.refs = weights.stripped(model)
         self.rounded = declared_low_precision(self.bare) if exact and rounded else None
+        # exact: float64; rounded at every op: float32 between the roundings, as an fp16 device accumulates
+        self.compute = onnx.TensorProto.FLOAT if self.rounded else onnx.TensorProto.DOUBLE
         self.declared = {i.name: i for i in self.bare.graph.input}
         self.graph_outputs = [o.name for o in model.graph.output]
-        self.envs = [{k: as_float64(v) if exact else v for k, v in c.inputs.items()} for c in cases]
+        self.envs = [{k: as_float(v, self.compute) if exact else v for k, v in c.inputs.items()} for c in cases]
         self.kept: list[dict[str, np.ndarray]] = [{} for _ in cases]
         self.rows: list[dict] = []
 
@@ -176,13 +178,13 @@ class _Runner:
         outputs = [o for n in piece.nodes for o in n.output if o and (o in later or o in self.keep)]
         feeds = {r: weights.read(self.refs[r]) for r in piece.reads if r in self.refs}
         if self.exact:
-            feeds = {r: as_float64(a) for r, a in feeds.items()}
+            feeds = {r: as_float(a, self.compute) for r, a in feeds.items()}
         ort_feeds = {r: reference.ort_feed(a) for r, a in feeds.items()}
         inputs = {r: self.declared[r] for r in piece.reads if r in self.declared}
         inputs.update({r: _value_info(r, envs[0][r]) for r in piece.reads if r not in inputs and r in envs[0]})
         sub = _piece_model(self.bare, piece, inputs, outputs)
         if self.exact:
-            sub = upcast(sub, self.rounded)
+            sub = upcast(sub, self.rounded, self.compute)
         try:
             sess, engine = _session(sub, self.exact)
             for env, saved in zip(envs, self.kept):
