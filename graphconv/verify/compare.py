@@ -19,10 +19,6 @@ DEFAULT_TOLERANCE = {
     "bfloat16": (3e-2, 3e-2),
 }
 SUSPICIOUS_FACTOR = 100.0
-# A low-precision network against the model's exact values (graphconv/verify/exact.py): it passes where it
-# meets the rule against them, or where its largest distance from them is at most this many times that of the
-# graph computed with every op rounded to its dtype (docs/design.md, Comparison rule, gives the measurements).
-EXACT_FACTOR = 1.2
 # A float32 tensor reaching this magnitude is at the end of its range (float32 ends at 3.4e38); failures no
 # larger than EDGE_ROUNDING times its magnitude are float rounding (Comparison.overflow).
 EDGE_OF_RANGE = 1e30
@@ -48,7 +44,7 @@ class Comparison:
     # more than float rounding at the end of the range: float overflow, whose outcome depends on the order
     # of the arithmetic
     overflow: bool = False
-    # judged against the exact values (judge_against_exact): both distances from them
+    # a low-precision output judged against the model's exact values: the other distances from them
     exact: dict | None = None
 
     def as_dict(self) -> dict:
@@ -123,6 +119,12 @@ def compare(
             and bool(np.all(diff[~within] <= EDGE_ROUNDING * scale)))
     return Comparison(False, suspicious, mx, mean, cos, n,
                       f"{int((~within).sum())} of {n} elements exceed atol={atol:g} + rtol={rtol:g}*|ref|", edge)
+
+
+# A low-precision network against the model's exact values (graphconv/verify/exact.py): it passes where it
+# meets the rule against them, or where its largest distance from them is at most this many times that of the
+# graph computed with every op rounded to its dtype (docs/design.md, Comparison rule, gives the measurements).
+EXACT_FACTOR = 1.2
 
 
 def judge_against_exact(actual: np.ndarray, oracle: np.ndarray, exact: np.ndarray, rounded: np.ndarray,

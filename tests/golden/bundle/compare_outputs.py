@@ -59,6 +59,8 @@ class Comparison:
     # more than float rounding at the end of the range: float overflow, whose outcome depends on the order
     # of the arithmetic
     overflow: bool = False
+    # a low-precision output judged against the model's exact values: the other distances from them
+    exact: dict | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
