@@ -35,7 +35,8 @@ def main() -> None:
         opts.graph_optimization_level = level
         y = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"]).run(None, {"x": x, "g": g, "w": w})[0]
         print(f"{level.name:<16} onnxruntime {ort.__version__}: differs from 'each op rounded' in "
-              f"{int((y != each).sum()):>5} of {y.size}, from 'chain in fp32, rounded once' in {int((y != chain).sum()):>5}")
+              f"{int((y != each).sum()):>5} of {y.size}, from 'chain in fp32, rounded once' in "
+              f"{int((y != chain).sum()):>5}")
 
 
 if __name__ == "__main__":
