@@ -120,7 +120,7 @@ def test_contrib_example_refuses_the_projected_mode(tmp_path, examples_importabl
 
 # The record fields docs/extending.md names.
 DOC_FIELDS = ("name", "inputs", "outputs", "attributes", "body", "primitive", "doc", "ascend_body", "producer",
-              "family", "as_is_inputs", "ascend_compute", "likely_causes")
+              "family", "as_is_inputs", "ascend_compute", "likely_causes", "constraints")
 
 
 def test_the_record_fields_the_doc_names_exist():
