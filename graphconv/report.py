@@ -104,7 +104,7 @@ class Report:
                 lines.append(f"    {v['oracle_exact']}")
             exact = v.get("exact") or {}
             if exact.get("status") == "computed":
-                lines.append(f"    fp16/bf16 outputs against the exact (float64) values; beside them the distance of "
+                lines.append(f"    outputs against the exact (float64) values; beside them the distance of "
                              f"the graph rounded at every op (passes within {exact['factor']:g}x it) and "
                              "onnxruntime's")
             elif exact:

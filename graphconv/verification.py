@@ -59,11 +59,13 @@ class Verification:
         done = None if run is None else result.get("verify") or {"error": result.get("verify_error", "no result")}
         return Emitted([Path(p) for p in result["files"]], done)
 
-    def oracle_by_layers(self, checked: Validated, partition, cases, variant) -> OracleValues:
+    def oracle_by_layers(self, checked: Validated, partition, cases, variant,
+                         exact_of: onnx.ModelProto | None = None) -> OracleValues:
         """onnxruntime runs the model piece by piece, cut where the compiled network's blocks are
         (graphconv/verify/piecewise.py), keeping the values the blocks pass on; with `variant` (the
         ascend-precision variant) its pieces run beside the model's of the same block (one read of the
-        weights from disk). Where the network has no blocks, or the model cannot be cut there, it runs whole."""
+        weights from disk). Where the network has no blocks, or the model cannot be cut there, it runs whole.
+        `exact_of`: the graph whose exact values judge the network (exact_values), if not the oracle's model."""
         boundaries = [(b.name, names) for b, names in zip(partition.blocks, partition.onnx_boundaries())] \
             if partition is not None else []
         keep = {n for _, names in boundaries for n in names}
@@ -83,7 +85,7 @@ class Verification:
                 expected = outputs.oracle_values(model, sorted(keep), cases)
                 self.c.report.validation["oracle"] = "onnxruntime"
                 got = reference.Oracle(variant.model).run(cases) if variant else None
-            return OracleValues(expected, expected, got, self.exact_values(model, cases, keep=keep))
+            return OracleValues(expected, expected, got, self.exact_values(exact_of or model, cases, keep=keep))
         runs = [(model, pieces, keep)]
         variant_pieces = piecewise.cut(variant.model, boundaries) if variant else None
         if variant_pieces:
@@ -101,15 +103,17 @@ class Verification:
                 st.detail["ascend_precision_variant_pieces"] = len(results[1][2])
                 st.detail["variant_weights_made_from_parts"] = sum(r["weights_made_from_parts"] for r in results[1][2])
         got = results[1][0] if variant_pieces else reference.Oracle(variant.model).run(cases) if variant else None
-        return OracleValues(expected, kept, got, self.exact_values(model, cases, pieces, keep))
+        exact_pieces = pieces if exact_of is None else piecewise.cut(exact_of, boundaries)
+        return OracleValues(expected, kept, got, self.exact_values(exact_of or model, cases, exact_pieces, keep))
 
     def exact_values(self, model: onnx.ModelProto, cases, pieces=None, keep=frozenset()) -> exact.Values | None:
-        """A low-precision model's exact values and those of its graph rounded at every op
+        """A low-precision compile's exact values and those of its graph rounded at every op
         (graphconv/verify/exact.py), per case, of its outputs and of the values named in `keep` (those the
-        blocks pass on), run by the oracle's `pieces` (None: whole); None for any other model (its oracle's
-        values are the reference), or where they cannot be computed (the report says why, and the network is
-        held to onnxruntime's values)."""
-        if not exact.computes_in_low_precision(model):
+        blocks pass on), run by `pieces` (None: whole). `model`: the model as given where its outputs are fp16
+        or bf16; with --precision fp16|bf16, the precision pass's graph (the model on its low-precision weights).
+        None for any other compile (its oracle's values are the reference), or where they cannot be computed
+        (the report says why, and the network is held to onnxruntime's values)."""
+        if self.c.opt.precision == "fp32" and not exact.computes_in_low_precision(model):
             return None
         self.c.progress.info("exact values (the model in float64" + (", layer by layer)" if pieces else ")"))
         with self.c.report.stage("exact-values") as st:
@@ -123,7 +127,7 @@ class Verification:
             st.detail = {"pieces": len(runs[0][2]), "engines": sorted({r["engine"] for r in runs[0][2]})}
         self.c.report.validation["exact"] = {
             "status": "computed", "factor": compare.EXACT_FACTOR,
-            "rule": "an fp16/bf16 output passes within the tolerance of its exact (float64) values, or within "
+            "rule": "a float output passes within the tolerance of its exact (float64) values, or within "
                     f"{compare.EXACT_FACTOR:g}x the max abs distance from them of the graph rounded at every op"}
         exact_run, rounded_run = ([{**k, **v} for v, k in zip(values, kept)] for values, kept, _ in runs)
         return exact.Values(exact_run, rounded_run)
@@ -186,6 +190,8 @@ class Verification:
             twin_graph = precision.emulate_in_fp32(cpu_form, self.c.opt.precision, spill=spill)
         twin = self.c.lower(twin_graph, loaded, ws, "cpu_twin") if self.c.target.needs_twin(twin_graph, fused) else None
         checked_net = twin or network
+        # --precision fp16|bf16: the exact values are the precision pass's graph's, on its low-precision weights
+        exact_of = fused if self.c.opt.precision != "fp32" else None
         run = self._case_run(twin_graph, cases, ws)
         plan = self._block_plan(loaded, checked_net, ws)
         if plan is not None:
@@ -203,12 +209,12 @@ class Verification:
                                                                        sorted(set(plan["onnx_names"].values())), cases)
                 names = set(plan["onnx_names"].values()) if plan is not None else set()
                 oracle = OracleValues(checked.expected, kept,
-                                      exact=self.exact_values(checked.oracle_model, cases, keep=names))
+                                      exact=self.exact_values(exact_of or checked.oracle_model, cases, keep=names))
             else:
                 weight_bytes = sum(ref[2] for ref in network.task.get("external_weights", {}).values())
                 (emitted, oracle), how = scheduling.both(
                     lambda: self.emit(network, ws, run, twin),
-                    lambda: self.oracle_by_layers(checked, checked_net.net.partition, cases, variant),
+                    lambda: self.oracle_by_layers(checked, checked_net.net.partition, cases, variant, exact_of),
                     self.c.schedule, weight_bytes, cancel=lambda: child.kill_children(ws.dir),
                     progress=self.c.progress)
                 self.c.report.scheduling.update(how)

@@ -133,3 +133,18 @@ def test_the_summary_of_an_fp16_model_whose_ascend_precision_was_not_measured():
         "status": "verified", "oracle": "onnxruntime", "cases": [],
         "ascend_precision": {"status": "not needed", "why": "the fused ops' inputs are fp16 already"}})
     assert "ascend precision: not needed (the fused ops' inputs are fp16 already)" in report.summary()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_precision_compile_is_judged_against_the_exact_values_of_its_low_precision_graph(tmp_path, precision):
+    """--precision: the exact values are the precision pass's graph's (the model on its fp16/bf16 weights, the
+    fused ops' function bodies with their fp32 epsilon Constants included); each output row gives them."""
+    import graphconv
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "models" / "examples" / "tiny_llama.onnx"
+    report = graphconv.compile(example, tmp_path / "t.mindir", precision=precision)
+    assert report.validation["exact"]["status"] == "computed", report.validation["exact"]
+    for case in report.validation["cases"]:
+        for out in case["outputs"]:
+            assert out["ok"] and out["exact"]["ratio"] <= compare.EXACT_FACTOR, out

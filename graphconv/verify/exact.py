@@ -58,8 +58,7 @@ def upcast(model: onnx.ModelProto, rounded: dict[str, int] | None = None,
     out.CopyFrom(model)
     _graph(out.graph, to)
     for f in out.functions:
-        for n in f.node:
-            _node(n, to)
+        _function(f, to)
     if rounded:
         _round_results(out.graph, rounded, to)
     return out
@@ -133,6 +132,22 @@ def _graph(g: onnx.GraphProto, to: int) -> None:
         _tensor(t, to)
     for n in g.node:
         _node(n, to)
+
+
+def _function(f: onnx.FunctionProto, to: int) -> None:
+    """A function body's nodes, and its Constants whose float value is the calling node's attribute (a fused
+    op's epsilon): fp32 whatever the call, so Cast to `to` after them."""
+    nodes = []
+    for n in f.node:
+        _node(n, to)
+        nodes.append(n)
+        if n.op_type == "Constant" and any(a.ref_attr_name and a.name in ("value_float", "value_floats")
+                                           for a in n.attribute):
+            name = n.output[0]
+            n.output[0] = f"{name}__fp32"
+            nodes.append(onnx.helper.make_node("Cast", [n.output[0]], [name], to=to))
+    del f.node[:]
+    f.node.extend(nodes)
 
 
 def _node(n: onnx.NodeProto, to: int) -> None:

@@ -10,7 +10,6 @@ import numpy as np
 
 from graphconv.verify import compare, reference
 
-LOW = ("float16", "bfloat16")  # reference dtypes judged against the exact values where they are known
 
 
 @dataclasses.dataclass
@@ -23,8 +22,8 @@ class OutputCheck:
 def compare_outputs(cases, expected: list[dict], out_files: list[str], output_names: list[str],
                     tolerance, exact=None) -> OutputCheck:
     """Each case's outputs (the child's out<i> files, in graph-output order) against the oracle's;
-    `tolerance(reference)` gives (atol, rtol). With `exact` (graphconv.verify.exact.Values), an fp16/bf16
-    output is judged against its exact values (compare.judge_against_exact)."""
+    `tolerance(reference)` gives (atol, rtol). With `exact` (graphconv.verify.exact.Values, a low-precision
+    compile's), a float output is judged against its exact values (compare.judge_against_exact)."""
     results, failures, overflows = [], [], []
     for number, (case, exp, out_file) in enumerate(zip(cases, expected, out_files)):
         with np.load(out_file) as got:
@@ -33,7 +32,7 @@ def compare_outputs(cases, expected: list[dict], out_files: list[str], output_na
                 ref = exp[name]
                 atol, rtol = tolerance(ref)
                 actual, valid = reference.typed(got[f"out{i}"]), case.valid_positions(ref)
-                pair = exact.of(number, name) if exact is not None and ref.dtype.name in LOW else None
+                pair = exact.of(number, name) if exact is not None and _is_float(ref) else None
                 if pair is not None:
                     c = compare.judge_against_exact(actual, ref, *pair, atol, rtol, valid)
                 else:
@@ -51,7 +50,7 @@ def compare_blocks(blocks: list[dict], onnx_names: dict[str, str], cases, expect
                    got_files: list[str], tolerance, exact=None) -> tuple[list[dict], str | None]:
     """Each block's boundary values (by number, `onnx_names`: number -> ONNX name) against onnxruntime's values
     of those ONNX names, in block order: a row per block (max abs over the cases of the values compared)
-    and the first failure (None if none). With `exact` (graphconv.verify.exact.Values), fp16/bf16 values are
+    and the first failure (None if none). With `exact` (graphconv.verify.exact.Values), float values are
     judged against theirs, and the row gives the rounded graph's distance from them beside the block's."""
     got = []
     for f in got_files:
@@ -67,7 +66,7 @@ def compare_blocks(blocks: list[dict], onnx_names: dict[str, str], cases, expect
                     continue
                 name = onnx_names[i]
                 ref = exp[name]
-                pair = exact.of(k, name) if exact is not None and ref.dtype.name in LOW else None
+                pair = exact.of(k, name) if exact is not None and _is_float(ref) else None
                 if pair is not None:
                     c = compare.judge_against_exact(act[i], ref, *pair, *tolerance(ref), case.valid_positions(ref))
                     rounded_worst = max(rounded_worst or 0.0, c.exact["rounded_max_abs"])
@@ -82,6 +81,10 @@ def compare_blocks(blocks: list[dict], onnx_names: dict[str, str], cases, expect
             failure = f"block {b['name']}" + (f" ({b['class']})" if b.get("class") else "") + f": {bad}"
     rows.append({**_row(blocks[-1]), "values": ["(the network's outputs)"]})
     return rows, failure
+
+
+def _is_float(array: np.ndarray) -> bool:
+    return array.dtype.kind == "f" or array.dtype.name == "bfloat16"
 
 
 def _row(b: dict) -> dict:

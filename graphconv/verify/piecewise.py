@@ -194,10 +194,11 @@ class _Runner:
                     # and with it to everything the piece allocated (an fp16 model's fp32 weight casts)
                     env[name] = saved[name] = np.array(value, copy=True)  # (every output is passed on or kept)
         except Exception as e:  # noqa: BLE001 - onnxruntime's message, in one line
-            what = "neither onnxruntime nor onnx.reference could run the exact (float64) values of" if self.exact \
+            what = "neither onnxruntime nor onnx.reference could compute the exact values of" if self.exact \
                 else "onnxruntime could not run"
-            raise UnsupportedError(f"{what} the model's {piece.name} (the oracle runs it layer by layer): "
-                                   f"{str(e).strip().splitlines()[0][:300]}") from None
+            where = "the model" if len(self.pieces) == 1 else \
+                f"the model's {piece.name} (the oracle runs it layer by layer)"
+            raise UnsupportedError(f"{what} {where}: {str(e).strip().splitlines()[0][:300]}") from None
         mapped = sum(f.nbytes for f in feeds.values())
         made = sum(bool(self.refs[r].parts) for r in feeds)  # (weights.read concatenated their parts)
         del sess, feeds, ort_feeds
