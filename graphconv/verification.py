@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import onnx
+import psutil
 
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError, VerificationError
 from graphconv.frontend.load import zero_sized_inputs
@@ -23,6 +24,7 @@ from graphconv.workspace import Workspace
 from passes import precision
 
 MAX_LISTED_FAILURES = 3  # the error line names the first failures; report.json has them all
+EXACT_MEMORY_SHARE = 0.5  # the exact values' float64 weights of one piece may take this share of free memory
 
 
 class Verification:
@@ -60,12 +62,13 @@ class Verification:
         return Emitted([Path(p) for p in result["files"]], done)
 
     def oracle_by_layers(self, checked: Validated, partition, cases, variant,
-                         exact_of: onnx.ModelProto | None = None) -> OracleValues:
+                         exact_of: tuple | None = None) -> OracleValues:
         """onnxruntime runs the model piece by piece, cut where the compiled network's blocks are
         (graphconv/verify/piecewise.py), keeping the values the blocks pass on; with `variant` (the
         ascend-precision variant) its pieces run beside the model's of the same block (one read of the
         weights from disk). Where the network has no blocks, or the model cannot be cut there, it runs whole.
-        `exact_of`: the graph whose exact values judge the network (exact_values), if not the oracle's model."""
+        `exact_of`: (graph, partition) whose exact values judge the network (exact_values), the graph cut where
+        that partition's blocks are, if not the oracle's model."""
         boundaries = [(b.name, names) for b, names in zip(partition.blocks, partition.onnx_boundaries())] \
             if partition is not None else []
         keep = {n for _, names in boundaries for n in names}
@@ -85,7 +88,7 @@ class Verification:
                 expected = outputs.oracle_values(model, sorted(keep), cases)
                 self.c.report.validation["oracle"] = "onnxruntime"
                 got = reference.Oracle(variant.model).run(cases) if variant else None
-            return OracleValues(expected, expected, got, self.exact_values(exact_of or model, cases, keep=keep))
+            return OracleValues(expected, expected, got, self._exact_by_layers(model, boundaries, exact_of, cases, keep))
         runs = [(model, pieces, keep)]
         variant_pieces = piecewise.cut(variant.model, boundaries) if variant else None
         if variant_pieces:
@@ -103,8 +106,16 @@ class Verification:
                 st.detail["ascend_precision_variant_pieces"] = len(results[1][2])
                 st.detail["variant_weights_made_from_parts"] = sum(r["weights_made_from_parts"] for r in results[1][2])
         got = results[1][0] if variant_pieces else reference.Oracle(variant.model).run(cases) if variant else None
-        exact_pieces = pieces if exact_of is None else piecewise.cut(exact_of, boundaries)
-        return OracleValues(expected, kept, got, self.exact_values(exact_of or model, cases, exact_pieces, keep))
+        return OracleValues(expected, kept, got, self._exact_by_layers(model, boundaries, exact_of, cases, keep))
+
+    def _exact_by_layers(self, model, boundaries, exact_of, cases, keep) -> exact.Values | None:
+        """exact_values of `model`, or of exact_of's graph, cut by the blocks where it can be (its weights are
+        float64 there, four times an fp16 model's)."""
+        if exact_of is not None:
+            model, partition = exact_of
+            boundaries = [(b.name, names) for b, names in zip(partition.blocks, partition.onnx_boundaries())] \
+                if partition is not None else boundaries
+        return self.exact_values(model, cases, piecewise.cut(model, boundaries) if boundaries else None, keep)
 
     def exact_values(self, model: onnx.ModelProto, cases, pieces=None, keep=frozenset()) -> exact.Values | None:
         """A low-precision compile's exact values and those of its graph rounded at every op
@@ -114,6 +125,12 @@ class Verification:
         None for any other compile (its oracle's values are the reference), or where they cannot be computed
         (the report says why, and the network is held to onnxruntime's values)."""
         if self.c.opt.precision == "fp32" and not exact.computes_in_low_precision(model):
+            return None
+        need, available = exact.float64_bytes(model, pieces), psutil.virtual_memory().available
+        if need > EXACT_MEMORY_SHARE * available:
+            self.c.report.validation["exact"] = {
+                "status": "not computed", "why": f"its float64 weights would take {need / 2**30:.1f} GiB at once, "
+                f"more than {EXACT_MEMORY_SHARE:.0%} of the {available / 2**30:.1f} GiB available"}
             return None
         self.c.progress.info("exact values (the model in float64" + (", layer by layer)" if pieces else ")"))
         with self.c.report.stage("exact-values") as st:
@@ -191,7 +208,7 @@ class Verification:
         twin = self.c.lower(twin_graph, loaded, ws, "cpu_twin") if self.c.target.needs_twin(twin_graph, fused) else None
         checked_net = twin or network
         # --precision fp16|bf16: the exact values are the precision pass's graph's, on its low-precision weights
-        exact_of = fused if self.c.opt.precision != "fp32" else None
+        exact_of = (fused, network.net.partition) if self.c.opt.precision != "fp32" else None
         run = self._case_run(twin_graph, cases, ws)
         plan = self._block_plan(loaded, checked_net, ws)
         if plan is not None:
@@ -209,7 +226,8 @@ class Verification:
                                                                        sorted(set(plan["onnx_names"].values())), cases)
                 names = set(plan["onnx_names"].values()) if plan is not None else set()
                 oracle = OracleValues(checked.expected, kept,
-                                      exact=self.exact_values(exact_of or checked.oracle_model, cases, keep=names))
+                                      exact=self.exact_values(exact_of[0] if exact_of else checked.oracle_model,
+                                                              cases, keep=names))
             else:
                 weight_bytes = sum(ref[2] for ref in network.task.get("external_weights", {}).values())
                 (emitted, oracle), how = scheduling.both(

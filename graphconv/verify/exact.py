@@ -43,6 +43,14 @@ class Values:
         return None
 
 
+def float64_bytes(model: onnx.ModelProto, pieces=None) -> int:
+    """Bytes of the float weights of the largest of `pieces` (None: the whole graph) once in float64."""
+    elements = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in model.graph.initializer
+                if t.data_type in FLOATS}
+    groups = [set(p.reads) for p in pieces] if pieces else [set(elements)]
+    return 8 * max((sum(elements.get(r, 0) for r in group) for group in groups), default=0)
+
+
 def computes_in_low_precision(model: onnx.ModelProto) -> bool:
     """Whether the model's outputs are fp16 or bf16: its oracle is onnxruntime's own low-precision run."""
     return any(o.type.tensor_type.elem_type in LOW_PRECISION for o in model.graph.output)
