@@ -148,3 +148,20 @@ def test_a_precision_compile_is_judged_against_the_exact_values_of_its_low_preci
     for case in report.validation["cases"]:
         for out in case["outputs"]:
             assert out["ok"] and out["exact"]["ratio"] <= compare.EXACT_FACTOR, out
+
+
+def test_exact_values_too_big_for_memory_are_skipped_with_the_reason(tmp_path, monkeypatch):
+    """Where one piece's float64 weights would take more than half the free memory, the exact values are not
+    computed, the report says why, and the network is held to onnxruntime's values (the MLP passes them)."""
+    import types
+
+    import graphconv
+    import graphconv.verification
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(), path)
+    monkeypatch.setattr(graphconv.verification.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=1000))
+    report = graphconv.compile(path, tmp_path / "m.mindir")
+    assert report.validation["exact"]["status"] == "not computed"
+    assert "float64 weights would take" in report.validation["exact"]["why"]
+    assert all("exact" not in o or o["exact"] is None for c in report.validation["cases"] for o in c["outputs"])
