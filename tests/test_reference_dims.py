@@ -153,3 +153,19 @@ def test_a_relation_nothing_states_gets_a_hint_naming_the_dims(tmp_path, capfd):
     assert "E:onnxruntime" not in capfd.readouterr().err  # its own log stays quiet (unless --debug)
     report = graphconv.compile(path, tmp_path / "g.mindir", target="cpu", dims={"len_a": (4, 6), "len_b": (4, 6)})
     assert report.status == "verified"
+
+
+def test_a_dim_declared_negative_is_read_as_dynamic(tmp_path):
+    """paddle2onnx and old exporters declare "any size" as dim_value -1: the reference-input generator failed on
+    it (numpy: negative dimensions are not allowed, exit 3). It is read as an unnamed dynamic dim, as onnxruntime
+    reads it, with a warning, and verifies at two sizes of it."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [-1, 4])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [-1, 4])])
+    path = tmp_path / "neg.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    report = graphconv.compile(path, tmp_path / "neg.mindir")
+    assert report.status == "verified"
+    assert "'x' declares a negative dim at axis 0: read as a dynamic dim" in report.warnings
+    sizes = {tuple(case["inputs"]["x"]) for case in report.validation["cases"]}
+    assert len(sizes) == 2 and all(s[1] == 4 for s in sizes)

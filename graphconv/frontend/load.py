@@ -173,6 +173,22 @@ def check_value_types(model: onnx.ModelProto) -> None:
             raise InputError(f"tensor {t.name!r} has the unknown element type {t.data_type}")
 
 
+def negative_dims_dynamic(model: onnx.ModelProto) -> list[str]:
+    """Dims declared with a negative value (paddle2onnx and old exporters write -1 for "any size") made
+    unnamed dynamic dims, as onnxruntime reads them; one note per value that had any."""
+    notes = []
+    for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        axes = [k for k, d in enumerate(vi.type.tensor_type.shape.dim) if d.HasField("dim_value") and d.dim_value < 0]
+        for k in axes:
+            vi.type.tensor_type.shape.dim[k].ClearField("dim_value")
+        if axes:
+            notes.append(f"{vi.name!r} declares a negative dim at axis {', '.join(map(str, axes))}: read as a "
+                         "dynamic dim")
+    return notes
+
+
 def zero_sized_inputs(model: onnx.ModelProto) -> str | None:
     """The first graph input that declares a dim of size 0, described, or None. Many MindSpore kernels run
     zero-sized tensors (onnx's empty-set reductions verify), some refuse them (PadV3: "the output size must be
@@ -265,6 +281,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_opsets(model)
     as_given, upgraded_from, notes, decomposed, case_dims, pad_masks = None, None, [], {}, {}, True
     as_shipped, levels, quantized, packed = None, [], {}, []
+    notes.extend(negative_dims_dynamic(model))
     found = contrib.contrib_nodes(model)
     if found:
         # onnxruntime's contrib ops: the checker's complaint about them is a note, the model to compile is
