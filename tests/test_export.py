@@ -79,3 +79,23 @@ def test_an_exporter_failure_prints_nothing_on_stdout(tmp_path):
     assert "Torch IR graph" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("graphconv: error: PyTorch's torchscript exporter")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refusal_by_torch_onnx_names_its_cause(tmp_path):
+    """A rotary embedding on complex tensors (Llama 4's spelling) is refused by torch.onnx's dynamo exporter
+    with a first line that says only which step failed ("... Next steps:"); the one-line error carries the
+    innermost cause: the op with no ONNX function, and why."""
+    from graphconv.errors import UnsupportedError
+
+    class ComplexRotary(torch.nn.Module):
+        def forward(self, x):
+            c = torch.view_as_complex(x.reshape(x.shape[0], -1, 2))
+            return torch.view_as_real(c.unsqueeze(0) * c).flatten(1)
+
+    with pytest.raises(UnsupportedError) as e:
+        export_pytorch(ComplexRotary(), {"x": torch.randn(3, 8)}, tmp_path / "m.onnx", exporter="dynamo", opset=18,
+                       check=False)
+    text = str(e.value)
+    assert text.startswith("PyTorch's dynamo exporter refused the model at opset 18: Failed to convert")
+    assert "Cause: No ONNX function found for <OpOverload(op='aten.unsqueeze'" in text, text
+    assert "\n" not in text and "\x1b" not in text and not (tmp_path / "m.onnx").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -110,9 +111,24 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
                                   opset_version=opset, input_names=graph_inputs or input_names, output_names=names,
                                   dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()})
         except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
-            first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
             raise UnsupportedError(f"PyTorch's {exporter} exporter refused the model at opset {opset}: "
-                                   f"{first[:300]}") from None
+                                   f"{exporter_failure(e)}") from None
+
+
+def exporter_failure(e: BaseException) -> str:
+    """An exporter's failure in one line: its first line and, where it has one, its innermost cause's.
+    torch.onnx's first line says only which step failed ("... Next steps:"); the cause says what (a missing
+    ONNX function for an op on a complex tensor, say)."""
+
+    def first_line(x: BaseException) -> str:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(x))  # (torch.onnx colours its text)
+        return next((ln.strip() for ln in text.splitlines() if ln.strip()), type(x).__name__)
+
+    inner = e
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    head = re.sub(r"\s*Next steps:$", "", first_line(e))[:300]
+    return head if inner is e else f"{head} Cause: {first_line(inner)[:300]}"
 
 
 def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes: dict | None = None, *,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend import tokenizer
-from graphconv.frontend.export import ExportResult, check_against_torch, grown_inputs, require_torch
+from graphconv.frontend.export import ExportResult, check_against_torch, exporter_failure, grown_inputs, require_torch
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.runtime import decoding
 from graphconv.workspace import partial_dir
@@ -598,9 +598,8 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         try:
             ir_model = wl.export_graph(g.wrap(model), g.inputs, g.axes, opset, g.input_names, g.output_names)
         except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
-            first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
             raise UnsupportedError(f"PyTorch's dynamo exporter refused the model at opset {opset}: "
-                                   f"{first[:300]}") from None
+                                   f"{exporter_failure(e)}") from None
         nbytes = wl.attach_weights(ir_model, source, keys, "model.", store)
         if g.rename:
             wl.rename_dim(ir_model, *g.rename)
