@@ -27,6 +27,13 @@ MAX_LISTED_FAILURES = 3  # the error line names the first failures; report.json 
 EXACT_MEMORY_SHARE = 0.5  # the exact values' float64 weights of one piece may take this share of free memory
 
 
+def _boundaries(partition) -> list[tuple[str, list[str]]]:
+    """(block name, ONNX names of the values it passes on) per block of a compiled network's partition."""
+    if partition is None:
+        return []
+    return [(b.name, names) for b, names in zip(partition.blocks, partition.onnx_boundaries())]
+
+
 class Verification:
     """The emit and verify stages of one compile (`c`: its Compiler, whose options, report and progress they
     use, and whose lowering makes the cpu twin). Nothing is left on this object between stages."""
@@ -69,8 +76,7 @@ class Verification:
         weights from disk). Where the network has no blocks, or the model cannot be cut there, it runs whole.
         `exact_of`: (graph, partition) whose exact values judge the network (exact_values), the graph cut where
         that partition's blocks are, if not the oracle's model."""
-        boundaries = [(b.name, names) for b, names in zip(partition.blocks, partition.onnx_boundaries())] \
-            if partition is not None else []
+        boundaries = _boundaries(partition)
         keep = {n for _, names in boundaries for n in names}
         # (onnxruntime runs what it is given: integer products made exact first, reference.exact_integer_products)
         model, rewritten = reference.exact_integer_products(checked.oracle_model)
@@ -88,12 +94,12 @@ class Verification:
                 expected = outputs.oracle_values(model, sorted(keep), cases)
                 self.c.report.validation["oracle"] = "onnxruntime"
                 got = reference.Oracle(variant.model).run(cases) if variant else None
-            return OracleValues(expected, expected, got, self._exact_by_layers(model, boundaries, exact_of, cases, keep))
+            exact_values = self._exact_by_layers(model, boundaries, exact_of, cases, keep)
+            return OracleValues(expected, expected, got, exact_values)
         runs = [(model, pieces, keep)]
         variant_pieces = piecewise.cut(variant.model, boundaries) if variant else None
         if variant_pieces:
             runs.append((variant.model, variant_pieces, set()))
-
         self.c.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces"
                            + (", with the ascend-precision variant's)" if variant_pieces else ")"))
         with self.c.report.stage("oracle") as st:
@@ -113,8 +119,7 @@ class Verification:
         float64 there, four times an fp16 model's)."""
         if exact_of is not None:
             model, partition = exact_of
-            boundaries = [(b.name, names) for b, names in zip(partition.blocks, partition.onnx_boundaries())] \
-                if partition is not None else boundaries
+            boundaries = _boundaries(partition) if partition is not None else boundaries
         return self.exact_values(model, cases, piecewise.cut(model, boundaries) if boundaries else None, keep)
 
     def exact_values(self, model: onnx.ModelProto, cases, pieces=None, keep=frozenset()) -> exact.Values | None:
@@ -135,9 +140,9 @@ class Verification:
         self.c.progress.info("exact values (the model in float64" + (", layer by layer)" if pieces else ")"))
         with self.c.report.stage("exact-values") as st:
             try:
-                runs = [piecewise.run(model, pieces or piecewise.whole(model), cases, set(keep),
-                                      progress=self.c.progress if pieces else None, exact=True, rounded=rounded)
-                        for rounded in (False, True)]
+                pieces = pieces or piecewise.whole(model)  # (both runs read each piece's weights once)
+                runs = piecewise.run_together([(model, pieces, set(keep), True, rounded) for rounded in (False, True)],
+                                              cases, progress=self.c.progress if len(pieces) > 1 else None)
             except UnsupportedError as e:
                 self.c.report.validation["exact"] = {"status": "not computed", "why": str(e)}
                 return None
@@ -222,9 +227,8 @@ class Verification:
         try:
             if checked.expected is not None:
                 emitted = self.emit(network, ws, run, twin)
-                kept = None if plan is None else outputs.oracle_values(checked.oracle_model,
-                                                                       sorted(set(plan["onnx_names"].values())), cases)
                 names = set(plan["onnx_names"].values()) if plan is not None else set()
+                kept = None if plan is None else outputs.oracle_values(checked.oracle_model, sorted(names), cases)
                 oracle = OracleValues(checked.expected, kept,
                                       exact=self.exact_values(exact_of[0] if exact_of else checked.oracle_model,
                                                               cases, keep=names))

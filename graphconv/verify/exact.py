@@ -82,15 +82,15 @@ def declared_low_precision(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def _round_results(g: onnx.GraphProto, declared: dict[str, int], to: int) -> None:
-    """After each node result in `declared`: Cast to its declared dtype and back to double, under its name."""
+    """After each node result in `declared`: Cast to its declared dtype and back to `to`, under its name."""
     nodes = []
     for n in g.node:
         nodes.append(n)
         for k, name in enumerate(n.output):
             if name in declared:
-                exact_name = f"{name}__exact"
-                n.output[k] = exact_name
-                nodes.append(onnx.helper.make_node("Cast", [exact_name], [f"{name}__rounded"], to=declared[name]))
+                unrounded = f"{name}__unrounded"
+                n.output[k] = unrounded
+                nodes.append(onnx.helper.make_node("Cast", [unrounded], [f"{name}__rounded"], to=declared[name]))
                 nodes.append(onnx.helper.make_node("Cast", [f"{name}__rounded"], [name], to=to))
     del g.node[:]
     g.node.extend(nodes)

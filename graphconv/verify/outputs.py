@@ -11,7 +11,6 @@ import numpy as np
 from graphconv.verify import compare, reference
 
 
-
 @dataclasses.dataclass
 class OutputCheck:
     cases: list[dict]  # per case: name, input shapes, per output its comparison

@@ -170,12 +170,7 @@ def discard_mask(n, head_num: int):
     discard = n.named(n.call("ops.less", n.x(3), 0.0), "discard")  # values proven 0 or <= -1e4 / -inf
     shape = n.shape(3) or []
     heads = head_num if len(shape) >= 3 and shape[-3] == head_num and head_num != 1 else 1
-    q_dims, k_dims = n.call("ops.dyn_shape", n.x(0)), n.call("ops.dyn_shape", n.x(1))
-    target = n.call("ops.concat", n.tuple(n.getitem(q_dims, slice(0, 1)),
-                                          n.const_tensor(np.array([heads], np.int64), "heads"),
-                                          n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
-    zeros = n.call("ops.zeros", n.call(n.helper("onnx_dims"), target), n.ms_dtype(ir.DataType.BOOL))
-    full = n.call("ops.logical_or", discard, zeros)
+    full = n.call("ops.logical_or", discard, _zeros_like_scores(n, heads, ir.DataType.BOOL))
     dead_rows = n.call("ops.all", full, -1, True)
     full = n.named(n.call("ops.logical_and", full, n.call("ops.logical_not", dead_rows)), "discard_rows_kept")
     return n.call("ops.cast", full, n.ms_dtype(ir.DataType.UINT8))
@@ -191,13 +186,18 @@ def full_real_shift(n, pse, head_num: int):
     if len(shape) == 4 and len(q) == 4 and shape[0] in (1, q[0]) and shape[0] is not None \
             and shape[1] == head_num and shape[2] is not None and shape[2] == q[2]:
         return pse
-    q_dims, k_dims = n.call("ops.dyn_shape", n.x(0)), n.call("ops.dyn_shape", n.x(1))
-    batch = n.const_tensor(np.array([1], np.int64), "one") if len(shape) == 4 and shape[0] == 1 else \
-        n.getitem(q_dims, slice(0, 1))
-    target = n.call("ops.concat", n.tuple(batch, n.const_tensor(np.array([head_num], np.int64), "heads"),
-                                          n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
-    zeros = n.call("ops.zeros", n.call(n.helper("onnx_dims"), target), n.ms_dtype(n.dtype(4)))
+    zeros = _zeros_like_scores(n, head_num, n.dtype(4), batch_one=len(shape) == 4 and shape[0] == 1)
     return n.named(n.call("ops.add", pse, zeros), "real_shift")
+
+
+def _zeros_like_scores(n, heads: int, dtype, batch_one: bool = False):
+    """Zeros of the scores' shape (B, heads, S1, S2) (B 1 with `batch_one`), from q's and k's run-time shapes:
+    adding them broadcasts a mask or a bias to a shape the primitives take."""
+    q_dims, k_dims = n.call("ops.dyn_shape", n.x(0)), n.call("ops.dyn_shape", n.x(1))
+    batch = n.const_tensor(np.array([1], np.int64), "one") if batch_one else n.getitem(q_dims, slice(0, 1))
+    target = n.call("ops.concat", n.tuple(batch, n.const_tensor(np.array([heads], np.int64), "heads"),
+                                          n.getitem(q_dims, slice(2, 3)), n.getitem(k_dims, slice(2, 3))))
+    return n.call("ops.zeros", n.call(n.helper("onnx_dims"), target), n.ms_dtype(dtype))
 
 
 @register("FlashAttentionScore", since=1, domain="mindspore")
