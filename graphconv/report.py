@@ -87,6 +87,11 @@ class Report:
         for name, reasons in self.skipped_fusions.items():
             for r in reasons[:5] if name not in covered else []:
                 lines.append(f"  {name} skipped {r}")
+        pass_notes = next((s.detail.get("notes") for s in self.stages if s.name == "passes" and s.detail), None)
+        for name, notes in (pass_notes or {}).items():
+            lines.extend(f"  {name}: {n}" for n in notes[:5])
+            if len(notes) > 5:
+                lines.append(f"  {name}: {len(notes) - 5} more notes in the report's stages")
         grouping = next((s.detail.get("layers") for s in self.stages if s.name == "lower" and s.detail), None)
         if grouping:
             line = f"  layers: {grouping.get('grouped', 0)} of {grouping.get('layers', 0)} in {grouping.get('classes', 0)} " \

@@ -18,6 +18,7 @@ import onnx_ir as ir
 from graphconv.errors import InputError, InternalError
 
 ENTRY_POINT_GROUP = "graphconv.passes"
+_NOTES_KEY = "graphconv.pass_notes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,12 @@ class PassResult:
     # node name -> the reason its match was refused (fusion coverage reads them: passes/coverage.py)
     node_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)  # anything else the pass wants reported
+
+
+def note(model: ir.Model, text: str) -> None:
+    """Report `text` under the running pass's notes: for a rule's rewrite, which returns a value, not a
+    PassResult (e.g. a fusion that chose its second primitive, and why)."""
+    model.meta.setdefault(_NOTES_KEY, []).append(text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,8 +227,9 @@ class PassManager:
             counts[p.name] = result.count
             if result.refusals:
                 self.skipped[p.name] = list(result.refusals)
-            if result.notes:
-                self.notes[p.name] = list(result.notes)
+            notes = [*result.notes, *model.meta.pop(_NOTES_KEY, [])]
+            if notes:
+                self.notes[p.name] = notes
             self.node_reasons[p.name] = dict(result.node_reasons)
             tracker.after(p.name, model, self.node_reasons)
             if after_each is not None:

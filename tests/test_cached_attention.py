@@ -94,10 +94,24 @@ def test_ascend_mindir_holds_the_cached_primitive_and_the_twin_verifies(tmp_path
 def test_more_than_64_query_heads_per_kv_head_is_flash_attention_score(n1, kind):
     """FusedInferAttentionScore's docstring limits N1 / N2 to 64: above it the cache is read by
     FlashAttentionScore, which takes any ratio."""
+    import onnx_ir as ir
+
+    import passes
+
     original = _decode_graph(n1, 2)
     count, fused = fuse(original, "fuse-attention")
     assert count == 1 and [n.op_type for n in fused_nodes(fused)] == [kind]
     assert_same_numerics(original, fused)
+    # the second choice is said in the pass's notes, with the limit
+    manager = passes.PassManager("fuse-attention")
+    manager.run(ir.from_proto(onnx.shape_inference.infer_shapes(original, data_prop=True)))
+    notes = manager.notes.get("fuse-attention", [])
+    if kind == "FusedInferAttentionScore":
+        assert notes == []
+    else:
+        assert len(notes) == 1 and "runs as FlashAttentionScore, not FusedInferAttentionScore" in notes[0]
+        assert "N1/N2" in notes[0] or "N1 / N2" in notes[0], notes[0]
+        assert "N1=130" in notes[0] and "N2=2" in notes[0], notes[0]
 
 
 @pytest.mark.parametrize("mask_dims, takes", [(None, True), ([3, 1, 5, 9], True), ([5, 9], True),
@@ -106,10 +120,24 @@ def test_a_per_head_mask_is_not_given_to_fused_infer_attention_score(mask_dims, 
     """Its documented mask shapes have no per-head form ((B|1, 1, S1, S2) and lower ranks)."""
     import onnx_ir as ir
 
-    from passes.attention.flash import infer_attention_takes
+    from passes.attention.flash import infer_attention_refusal
 
     class Sdpa:  # (the mask, and q and k for the record's size constraints)
         mask = None if mask_dims is None else ir.Value(shape=ir.Shape(mask_dims))
         q, k = ir.Value(shape=ir.Shape([3, 4, 5, 16])), ir.Value(shape=ir.Shape([3, 2, 9, 16]))
 
-    assert infer_attention_takes(Sdpa(), 4, 2) is takes
+    refusal = infer_attention_refusal(Sdpa(), 4, 2)
+    assert (refusal is None) is takes
+    if not takes:
+        assert refusal.startswith("FusedInferAttentionScore needs a mask of a documented shape") and "[3, 4, 5, 9]" in refusal
+
+
+def test_the_report_says_why_the_cache_is_read_by_flash_attention_score(tmp_path):
+    """130 query heads over 2 kv heads: past FusedInferAttentionScore's N1/N2 limit, so the compile's summary
+    names the primitive chosen instead and the limit."""
+    path = tmp_path / "decode.onnx"
+    onnx.save(_decode_graph(130, 2), path)
+    report = graphconv.compile(path, tmp_path / "decode.mindir")
+    assert report.census.get("FlashAttentionScore") == 1 and "FusedInferAttentionScore" not in report.census
+    lines = [x for x in report.summary().splitlines() if "not FusedInferAttentionScore" in x]
+    assert len(lines) == 1 and "N1/N2 at most 64" in lines[0] and "N1=130, N2=2" in lines[0], lines

@@ -23,7 +23,7 @@ from onnxscript.rewriter import pattern
 from graphconv.onnx_domains import is_default_domain
 from opmap.fused.flash_attention import FLASH_ATTENTION_SCORE
 from opmap.fused.fused_infer_attention import FUSED_INFER_ATTENTION_SCORE
-from passes import dim_bounds, match, stateful_cache
+from passes import dim_bounds, manager, match, stateful_cache
 from passes.attention.scores import Refused
 from passes.attention.sdpa import Sdpa, SdpaRule
 
@@ -82,14 +82,18 @@ def is_cache(value: ir.Value) -> bool:
     return len(node.inputs) == 2 and node.inputs[0] in graph_inputs
 
 
-def infer_attention_takes(s: Sdpa, n1: int, n2: int, model: ir.Model | None = None) -> bool:
-    """Whether FusedInferAttentionScore's documented limits hold beyond FlashAttentionScore's: its record's
-    constraints (N1 / N2 at most 64, ...), and a mask of a documented shape, which has no per-head form
-    ((B|1, 1, S1, S2) and lower ranks). Otherwise FlashAttentionScore, which takes both, reads the cache."""
+def infer_attention_refusal(s: Sdpa, n1: int, n2: int, model: ir.Model | None = None) -> str | None:
+    """Why FusedInferAttentionScore cannot take the call, or None: its documented limits beyond
+    FlashAttentionScore's (its record's constraints: N1 / N2 at most 64, ...), and a mask of a documented shape,
+    which has no per-head form ((B|1, 1, S1, S2) and lower ranks). Refused, FlashAttentionScore, which takes
+    both, reads the cache."""
     mask = (match.dims(s.mask) if s.mask is not None else None) or []
-    per_head = len(mask) == 4 and mask[1] == n1 and n1 != 1
-    sizes = {**call_sizes(s, model)[0], "N1": n1, "N2": n2}
-    return FUSED_INFER_ATTENTION_SCORE.broken(sizes) is None and not per_head
+    if len(mask) == 4 and mask[1] == n1 and n1 != 1:
+        return f"FusedInferAttentionScore needs a mask of a documented shape, (B|1, 1, S1, S2), not the per-head {mask}"
+    sizes, shown = call_sizes(s, model)
+    shown.update({"N1": f"N1={n1}", "N2": f"N2={n2}"})
+    broken = FUSED_INFER_ATTENTION_SCORE.broken({**sizes, "N1": n1, "N2": n2})
+    return None if broken is None else dim_bounds.refusal("FusedInferAttentionScore", broken, shown)
 
 
 class ToFlashAttention(SdpaRule):
@@ -113,8 +117,14 @@ class ToFlashAttention(SdpaRule):
         # scale·qk + bias = (qk + bias/scale)·scale: FlashAttentionScore's real_shift
         pse = zero if s.bias is None else \
             op.Mul(s.bias, op.Constant(value=ir.tensor(np.array(1.0 / s.scale, s.bias.dtype.numpy()))))
-        kind = "FusedInferAttentionScore" if s.bias is None and is_cache(s.k) and is_cache(s.v) and \
-            infer_attention_takes(s, n1, n2, self._model) else "FlashAttentionScore"
+        kind = "FlashAttentionScore"
+        if s.bias is None and is_cache(s.k) and is_cache(s.v):
+            refusal = infer_attention_refusal(s, n1, n2, self._model)
+            if refusal is None:
+                kind = "FusedInferAttentionScore"
+            elif self._model is not None:
+                manager.note(self._model, f"{out.producer().name}: attention over the KV cache runs as "
+                                          f"FlashAttentionScore, not FusedInferAttentionScore: {refusal}")
         result = getattr(op, kind)(s.q, s.k, s.v, mask, pse, _domain="mindspore", scale=float(s.scale),
                                    head_num=n1, kv_head_num=n2, mask_kind=s.mask_kind, input_layout="BNSD",
                                    sparse_mode=0)
