@@ -3,9 +3,11 @@ Constraint).
 
 The compile declares a bound for every symbolic dim of the model's inputs: the maximum of its --shape-range
 where the user gave one, else the largest of its reference sizes (the shapes the compile verifies at). A fusion
-reads the bound of a dim through `largest`; a static dim is its own bound; a dim with no bound (an unnamed or
-computed symbolic dim, or no declaration: a plugin's own pipeline) is unknown, and a constraint reading it
-is not checked. The bounds travel in the model's `meta` (not serialized), so pass signatures stay
+reads the bound of a dim through `largest`; a static dim is its own bound; a dim computed from declared dims
+(an exporter's `4*batch`, `past_sequence_length + 1`: onnx-ir reads them as sympy expressions) is bounded by its
+value at their bounds where it cannot decrease as they grow; any other dim (unnamed, a name nothing declares,
+an expression that can decrease, or no declaration: a plugin's own pipeline) is unknown, and a constraint
+reading it is not checked. The bounds travel in the model's `meta` (not serialized), so pass signatures stay
 `apply(model)`.
 """
 
@@ -42,8 +44,47 @@ def largest(model: ir.Model | None, value: ir.Value, axis: int) -> tuple[int, st
     if isinstance(d, int):
         return d, "static"
     declared = model.meta.get(KEY, {}) if model is not None else {}
-    bound = declared.get(d.value) if isinstance(d, ir.SymbolicDim) and d.value else None
-    return (bound.largest, bound.origin) if bound else None
+    if not isinstance(d, ir.SymbolicDim) or not d.value:
+        return None
+    bound = declared.get(d.value)
+    return (bound.largest, bound.origin) if bound else _computed(d, declared)
+
+
+def _computed(d: ir.SymbolicDim, declared: dict[str, Bound]) -> tuple[int, str] | None:
+    """The bound of an expression over declared dims, or None."""
+    names = d.free_symbols()
+    try:
+        expr = d._expr  # (onnx-ir's parse of the string; it has no public accessor)
+    except Exception:  # noqa: BLE001 - a dim_param sympy cannot parse is just not an expression
+        return None
+    if not names or not names <= declared.keys() or expr is None or not _non_decreasing(expr):
+        return None
+    value = d.evaluate({n: declared[n].largest for n in names})
+    if not isinstance(value, int):
+        return None
+    return value, f"{d.value} with " + ", ".join(f"{n} up to {declared[n].largest} ({declared[n].origin})"
+                                                for n in sorted(names))
+
+
+def _non_decreasing(expr) -> bool:
+    """Whether `expr` (of positive integer symbols) cannot decrease as any symbol grows: sums, products with
+    positive factors, positive integer powers, floor/ceiling, max/min of such terms (so its value at the
+    symbols' bounds bounds it)."""
+    import sympy
+
+    if expr.is_Symbol:
+        return True
+    if expr.is_Number:
+        return True
+    if isinstance(expr, sympy.Add):
+        return all(_non_decreasing(a) for a in expr.args)
+    if isinstance(expr, sympy.Mul):
+        return all(a.is_Number and a > 0 or not a.is_Number and _non_decreasing(a) for a in expr.args)
+    if isinstance(expr, sympy.Pow):
+        return expr.exp.is_Integer and expr.exp > 0 and _non_decreasing(expr.base)
+    if isinstance(expr, (sympy.floor, sympy.ceiling, sympy.Max, sympy.Min)):
+        return all(_non_decreasing(a) for a in expr.args)
+    return False
 
 
 def sizes(model: ir.Model | None, value: ir.Value, axes: dict[str, int]) -> tuple[dict[str, int | None], dict[str, str]]:

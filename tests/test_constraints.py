@@ -125,3 +125,42 @@ def test_a_shape_range_that_names_no_symbolic_dim_is_a_one_line_error(gptj_expor
     assert proc.stderr == ("graphconv: error: --shape-range names ['sequence'] are not symbolic dims of the model "
                            "(it has ['batch', 'sequence_length'])\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dim_computed_from_a_declared_dim_is_bounded_through_its_expression():
+    """Exporters write computed dims as expressions (dynamo's `4*batch` in a Bloom export): here q/k/v's batch is
+    `2*half`, and FlashAttentionScore's B at most 2048 holds at half up to 1024 and breaks at 1025."""
+    import onnx
+
+    from test_attention_stages import _named
+    from test_fuse_attention import _attention_graph
+
+    def run(hi):
+        model = _attention_graph()
+        for vi in model.graph.input:
+            for d in vi.type.tensor_type.shape.dim:
+                if d.dim_param == "batch":
+                    d.dim_param = "2*half"
+        m = ir.from_proto(_named(onnx.ModelProto.FromString(model.SerializeToString())))
+        dim_bounds.declare(m, {"half": (1, hi)}, {})
+        pm = passes.PassManager("fuse-attention")
+        return pm.run(m)["fuse-attention"], pm.coverage["attention"]
+
+    assert run(1024)[0] == 1
+    count, coverage = run(1025)
+    assert count == 0 and list(coverage["refused"]) == [
+        "FlashAttentionScore needs B at most 2k (read as 2048) (mindspore 2.10 ops.flash_attention_score docstring) "
+        "at B up to 2050 (2*half with half up to 1025 (declared range half=1..1025))"], coverage
+
+
+@pytest.mark.parametrize("dim, largest", [("4*batch", 2048), ("batch - 1", 511), ("batch + seq", 521),
+                                          ("((seq**2)//seq)", 9), ("batch//2", 256), ("max(batch, 3)", 512),
+                                          ("2 - batch", None), ("(7*batch)//seq", None), ("batch*unk__1", None),
+                                          ("unk__1", None)])
+def test_expression_bounds(dim, largest):
+    """A computed dim is bounded where it cannot decrease as its dims grow (batch up to 512, seq up to 9);
+    anything else is unknown, never guessed."""
+    m = ir.Model(ir.Graph([], [], nodes=[]), ir_version=10)
+    dim_bounds.declare(m, {"batch": (1, 512)}, {"seq": [7, 9]})
+    got = dim_bounds.largest(m, ir.Value(shape=ir.Shape([dim])), 0)
+    assert (got[0] if got else None) == largest
