@@ -129,7 +129,8 @@ def test_a_per_head_mask_is_not_given_to_fused_infer_attention_score(mask_dims, 
     refusal = infer_attention_refusal(Sdpa(), 4, 2)
     assert (refusal is None) is takes
     if not takes:
-        assert refusal.startswith("FusedInferAttentionScore needs a mask of a documented shape") and "[3, 4, 5, 9]" in refusal
+        assert refusal.startswith("FusedInferAttentionScore needs a mask of a documented shape")
+        assert "[3, 4, 5, 9]" in refusal
 
 
 def test_the_report_says_why_the_cache_is_read_by_flash_attention_score(tmp_path):
