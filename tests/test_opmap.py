@@ -1370,3 +1370,41 @@ def test_dense_weights_are_those_only_matmuls_read():
     assert h is dense.outputs[0] and isinstance(e, AttrValue)
     assert e.attr.param.onnx_name == "e" and not e.attr.param.transposed
     assert [p.transposed for p in net.params] == [True, False]
+
+
+def test_a_weight_read_through_a_cast_is_a_dense_weight(tmp_path):
+    """A bf16 checkpoint exported with --dtype auto reads each weight through a Cast to fp32: the weight is
+    stored transposed too, the Cast stays (on the transposed Parameter) and the MatMul is ops.dense, not
+    ops.matmul (whose CPU kernel broadcasts the weight over the batch: graphconv.target.lowering.dense_weights).
+    A Cast whose result something else reads too keeps its weight as it is. The compile verifies against
+    onnxruntime at two shapes."""
+    import ml_dtypes
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    import graphconv
+    from graphconv.target import lowering
+
+    rng = np.random.default_rng(0)
+    bf16 = {k: numpy_helper.from_array(rng.normal(0, 0.2, shape).astype(ml_dtypes.bfloat16), k)
+            for k, shape in (("w", (16, 24)), ("u", (24, 24)))}
+    nodes = [helper.make_node("Cast", ["w"], ["w32"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "w32"], ["h"]),
+             helper.make_node("Cast", ["u"], ["u32"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["h", "u32"], ["y"]), helper.make_node("Neg", ["u32"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 24]),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [24, 24])], list(bf16.values()))
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model = ir.from_proto(onnx.shape_inference.infer_shapes(proto))
+    assert {v.name for v in lowering.dense_weights(model.graph)} == {"w", "w32"}
+    net, _ = lowering.lower(model)
+    (dense,) = net.program.calls("ops.dense")
+    (cast,) = [c for c in net.program.calls("ops.cast") if c.args[0].attr.param.onnx_name == "w"]
+    assert dense.args[1] is cast.outputs[0]
+    assert [(p.onnx_name, p.shape) for p in net.params if p.transposed] == [("w", (24, 16))]
+    (mm,) = net.program.calls("ops.matmul")  # u32 is read by the Neg too
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    report = graphconv.compile(path, tmp_path / "m.mindir", target="cpu")
+    assert report.status == "verified" and len(report.validation["cases"]) >= 2

@@ -245,6 +245,8 @@ class Lowering:
         """Evaluate a node whose inputs are all compile-time constants (shape arithmetic, mostly)."""
         if not foldable(node.domain, node.op_type, _has_subgraph(node)):
             return False
+        if any(v in self.dense_weights for v in node.outputs):
+            return False  # (the Cast of a weight stored transposed: it stays a Cast of the Parameter)
         if _is_identity(node) and node.inputs[0] is not None:
             src = self.operands.get(node.inputs[0])
             if src is not None and src.initializer is not None:
@@ -347,24 +349,45 @@ def unsupported_ops(model: onnx.ModelProto) -> list[str]:
 
 
 def dense_weights(graph: ir.Graph) -> set[ir.Value]:
-    """2-D float initializers read only as the weight (input 1) of MatMuls whose data has rank >= 2: they are
-    stored transposed, in Linear's [out, in] layout, and those MatMuls lower to ops.dense (x @ w.T).
+    """2-D float initializers read only as the weight (input 1) of MatMuls whose data has rank >= 2, directly or
+    through a Cast to a float type (a bf16/fp16 checkpoint exported with `--dtype auto`, a `--precision` cpu
+    twin): they are stored transposed, in Linear's [out, in] layout, and those MatMuls lower to ops.dense
+    (x @ w.T). The set holds the initializers and those Casts' outputs (an elementwise Cast is the same on the
+    transposed layout).
 
     Why: MindSpore 2.10's ops.matmul of an N-d input by a 2-d weight broadcasts the weight over the batch,
     and its CPU kernel keeps packed copies: running a 0.4 GB Llama at two shapes took 5 GB; ops.dense reads
     the [out, in] weight as is (measured: 8 weights of 16 MB, +900 MB with ops.matmul, +23 MB with dense).
+    With dynamic shapes it is worse: 8 layers of [2048, 5632] weights fed a [2, S, 2048] input took 4.1 GB
+    and 3 s a call through ops.matmul, 1.1 GB and 0.1 s through ops.dense (docs/performance.md).
     """
+
+    def weight_of_matmuls(value: ir.Value) -> bool:
+        uses = list(value.uses())
+        return bool(uses) and all(
+            u.node.op_type == "MatMul" and is_default_domain(u.node.domain) and u.idx == 1
+            and u.node.inputs[0] is not None and u.node.inputs[0].shape is not None
+            and len(u.node.inputs[0].shape) >= 2 for u in uses)
+
+    def float_cast(node: ir.Node) -> bool:
+        return node.op_type == "Cast" and is_default_domain(node.domain) and len(node.outputs) == 1 and \
+            "to" in node.attributes and ir.DataType(node.attributes["to"].value).is_floating_point() and \
+            not node.outputs[0].is_graph_output()
+
     picked = set()
     for v in graph.initializers.values():
         t = v.const_value
         if (t is None or len(t.shape) != 2 or not t.dtype.is_floating_point() or t.size <= PARAM_MIN_ELEMENTS
                 or v.is_graph_output()):
             continue
-        uses = list(v.uses())
-        if uses and all(u.node.op_type == "MatMul" and is_default_domain(u.node.domain) and u.idx == 1
-                        and u.node.inputs[0] is not None and u.node.inputs[0].shape is not None
-                        and len(u.node.inputs[0].shape) >= 2 for u in uses):
+        if weight_of_matmuls(v):
             picked.add(v)
+            continue
+        casts = [u.node for u in v.uses()]
+        if casts and all(u.idx == 0 and float_cast(u.node) and weight_of_matmuls(u.node.outputs[0])
+                         for u in v.uses()):
+            picked.add(v)
+            picked.update(c.outputs[0] for c in casts)
     return picked
 
 
