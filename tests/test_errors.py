@@ -124,7 +124,7 @@ def test_short_external_data(tmp_path):
 def test_external_data_escaping_the_model_folder(tmp_path):
     p = _external_model(tmp_path, "../secret.data")
     (tmp_path / "secret.data").write_bytes(b"\0" * 64)
-    compile_fails(p, "escapes the model's folder")
+    compile_fails(p, "'../secret.data' leaves the folder")
 
 
 def test_external_data_with_an_absolute_location(tmp_path):

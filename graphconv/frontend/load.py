@@ -1,7 +1,7 @@
 """Load stage: read an ONNX file safely, check it, infer shapes.
 
 Refuses, with one line each: a missing or empty file, bytes that are not an ONNX model, external data whose
-location is absolute or escapes the model's folder (or is missing or shorter than declared), and opsets
+location is absolute or leaves the model's folder (or is missing or shorter than declared), and opsets
 outside the supported range. Models with external data are checked by path and never loaded whole: their
 weights stay in their files (graphconv.frontend.weights), so a 30 GB model costs load what a 10 MB one does.
 """
@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
 from graphconv.frontend import contrib, weights
+from graphconv.frontend.contained import inside
 from graphconv.frontend.contrib import cases
 from graphconv.frontend.contrib import quant
 from graphconv.errors import InputError, UnsupportedError
@@ -75,9 +76,10 @@ def read_proto(path: Path) -> onnx.ModelProto:
     return model
 
 
-def check_external_data(model: onnx.ModelProto, base_dir: Path) -> int:
-    """Validate every external-data reference before anything reads it. Returns the total bytes referenced."""
-    base = Path(os.path.realpath(base_dir))
+def check_external_data(model: onnx.ModelProto, base_dir: Path, source: Path | None = None) -> int:
+    """Validate every external-data reference before anything reads it: each location stays in the model's
+    folder (graphconv.frontend.contained; `source`, the model file, names it in the refusal) and its file
+    holds the bytes declared. Returns the total bytes referenced."""
     total = 0
     for tensor in _get_all_tensors(model):
         if not uses_external_data(tensor):
@@ -86,12 +88,7 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path) -> int:
         loc = info.location
         if not loc:
             raise InputError(f"tensor {tensor.name!r}: external data without a location")
-        if os.path.isabs(loc) or Path(loc).drive:
-            raise InputError(f"tensor {tensor.name!r}: external data location {loc!r} is absolute; "
-                             "only paths relative to the model's folder are accepted")
-        target = Path(os.path.realpath(base / loc))
-        if base != target and base not in target.parents:
-            raise InputError(f"tensor {tensor.name!r}: external data location {loc!r} escapes the model's folder")
+        target = inside(base_dir, loc, source or base_dir, f"tensor {tensor.name!r}: external data location")
         if not target.is_file():
             raise InputError(f"tensor {tensor.name!r}: external data file {loc!r} is missing")
         offset = info.offset or 0
@@ -274,7 +271,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
     tensors keep their dims), so they cost the same for a 10 MB and a 30 GB model."""
     path = Path(path)
     model = read_proto(path)
-    external = check_external_data(model, path.parent)
+    external = check_external_data(model, path.parent, path)
     check_names(model)
     check_value_types(model)
     check_inline_tensors(model)
@@ -301,12 +298,17 @@ def load(path: str | os.PathLike) -> LoadedModel:
         case_dims, pad_masks = cases.case_dims(as_given), cases.pads_masks(as_given)
         _check(weights.stripped(model)[0], path)
     else:
-        # By path when weights are external: the checker then resolves data files relative to the model.
-        _check(str(path) if external else model, path)
         if external:
             # The weights stay in their files, referenced by absolute path; small tensors (shape constants)
             # are read in so that shape inference sees their values (graphconv.frontend.weights).
             weights.take_over_external(model, path.parent)
+        bare = weights.stripped(model)[0]
+        # The checker on the model with its external weights as graph inputs (check_external_data checked
+        # their files): by path it would refuse a data file that is a symlink, as a Hugging Face cache's are,
+        # which graphconv.frontend.contained accepts inside the folder. External tensors elsewhere (a
+        # subgraph's) keep the check by path, which resolves their files relative to the model.
+        nested = any(uses_external_data(t) for t in _get_all_tensors(bare))
+        _check(str(path) if nested else bare, path)
     if external:
         external = sum(r.length for r in weights.external_refs(model).values())
     if default_opset(model) < MIN_OPSET:

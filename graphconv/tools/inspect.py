@@ -29,7 +29,7 @@ def inspect_onnx(path: Path) -> dict:
     from graphconv.verify.reference import input_specs, output_specs
 
     model = read_proto(path)
-    check_external_data(model, path.parent)
+    check_external_data(model, path.parent, path)
     ops = Counter(op_key(n) for n in model.graph.node)
     n_params, n_bytes = 0, 0
     for t in model.graph.initializer:
