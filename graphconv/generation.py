@@ -37,6 +37,7 @@ import numpy as np
 
 from graphconv.errors import InputError, UnsupportedError, VerificationError
 from graphconv.frontend import tokenizer
+from graphconv.frontend.contained import inside
 from graphconv.frontend.load import read_json
 from graphconv.progress import SILENT, Progress
 from graphconv.runtime import decoding
@@ -142,6 +143,11 @@ def _load_generation(gen_dir: Path) -> dict:
     if not all(isinstance(graphs.get(g), dict) and graphs[g].get("inputs") and graphs[g].get("outputs")
                for g in ("prefill", "decode")):
         raise InputError(f"{path}: graphs.prefill and graphs.decode with their inputs and outputs are required")
+    for g in GRAPHS:  # the files generate reads from GEN_DIR
+        if "mindir" in graphs[g]:
+            inside(gen_dir, graphs[g]["mindir"], path, f"graphs.{g}.mindir")
+    if gen.get("tokenizer") is not None:
+        inside(gen_dir, gen["tokenizer"], path, "tokenizer", directory=True)
     return gen
 
 
@@ -239,15 +245,23 @@ def sampling_options(gen: dict, temperature=None, top_k=None, top_p=None, seed=N
 
 
 def _onnx_pair(gen_dir: Path, gen: dict, onnx_dir: Path | None) -> tuple[Path, Path]:
+    """The ONNX pair --check runs: the graph files generation.json records (graphs.<g>.file, each inside its
+    folder), in --onnx-dir, else in generation.json's source_dir (the export folder the compile read, recorded
+    as an absolute path; nothing but --check reads it), else in GEN_DIR/onnx; InputError unless that folder
+    holds them."""
+    record = gen_dir / "generation.json"
     if onnx_dir is not None:
         where, how = Path(onnx_dir), "--onnx-dir"
     elif gen.get("source_dir"):
+        if not isinstance(gen["source_dir"], str):
+            raise InputError(f"{record}: source_dir {gen['source_dir']!r} is not a path (pass --onnx-dir)")
         where, how = Path(gen["source_dir"]), "generation.json's source_dir"
         if not where.is_absolute():
             where = gen_dir / where
     else:
         where, how = gen_dir / "onnx", f"{gen_dir / 'onnx'} (no source_dir in generation.json)"
-    files = tuple(where / gen["graphs"][g].get("file", f"{g}.onnx") for g in ("prefill", "decode"))
+    files = tuple(inside(where, gen["graphs"][g].get("file", f"{g}.onnx"), record, f"graphs.{g}.file")
+                  for g in GRAPHS)
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise InputError(f"--check needs the ONNX pair: {', '.join(missing)} not in {where} (from {how}; "

@@ -45,6 +45,7 @@ import numpy as np
 
 from graphconv.errors import CacheNotHeld, InputError, UnsupportedError
 from graphconv.frontend import tokenizer
+from graphconv.frontend.contained import inside
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.generation import cache_dtype, mindir_bytes
 from graphconv.progress import SILENT, Progress
@@ -99,6 +100,7 @@ def _pair_sources(export_dir: Path) -> tuple[dict, dict[str, Path]]:
                          "model.onnx instead)")
     decode = (meta.get("graphs") or {}).get("decode") or {}
     graphs = ("decode",) if decode.get("serves_prompt") else GRAPHS
+    _tokenizer_dir(export_dir, meta)  # (refused now, not after the compile)
     missing = [g for g in graphs if not (export_dir / f"{g}.onnx").is_file()]
     if missing:
         raise InputError(f"{export_dir}: {', '.join(g + '.onnx' for g in missing)} missing")
@@ -106,6 +108,14 @@ def _pair_sources(export_dir: Path) -> tuple[dict, dict[str, Path]]:
         step = {**decode, "mindir": "decode"}
         meta = {**meta, "graphs": {"prefill": {**step, "empty_cache": True}, "decode": step}}
     return meta, {g: export_dir / f"{g}.onnx" for g in graphs}
+
+
+def _tokenizer_dir(export_dir: Path, meta: dict) -> Path:
+    """The folder of the tokenizer files the compile copies: generation.json's `tokenizer`, inside the export
+    folder; without one, the folder itself (a builder's tokenizer files are at its top)."""
+    if meta.get("tokenizer") is None:
+        return export_dir
+    return inside(export_dir, meta["tokenizer"], export_dir / "generation.json", "tokenizer", directory=True)
 
 
 def _prompt_dims(meta: dict, sources: dict, options: dict) -> dict:
@@ -129,10 +139,11 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
 
     config = read_json(folder / _GENAI_CONFIG)
     model = config.get("model") or {}
-    decoder = model.get("decoder") or {}
+    decoder = model.get("decoder") if isinstance(model, dict) else None
     where = folder / _GENAI_CONFIG
     if not isinstance(decoder, dict) or not decoder.get("filename"):
         raise InputError(f"{where}: model.decoder.filename is missing")
+    path = inside(folder, decoder["filename"], where, "model.decoder.filename")
     names = {**(decoder.get("inputs") or {}), **(decoder.get("outputs") or {})}
     expected = {"input_ids": "input_ids", "attention_mask": "attention_mask", "logits": "logits",
                 "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
@@ -141,7 +152,6 @@ def genai_generation(folder: Path) -> tuple[dict, dict[str, Path]]:
     if odd:
         raise InputError(f"{where}: decoder {odd[0]} is {names[odd[0]]!r}; graphconv generate takes the "
                          f"builder's default names ({expected[odd[0]]!r})")
-    path = folder / decoder["filename"]
     if not path.is_file():
         raise InputError(f"{folder}: {decoder['filename']} (model.decoder.filename) missing")
     graph = onnx.load(str(path), load_external_data=False).graph
@@ -268,7 +278,9 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
     config, text, generation_config, token = _checkpoint_config(folder)
     graphs, sources, dims, feeds = {}, {}, {}, {}
     for g in GRAPHS:
-        path = folder / components[g].get("file", f"{g}.onnx")
+        if not isinstance(components[g], dict):
+            raise InputError(f"{where}: components.{g} is not an object")
+        path = inside(folder, components[g].get("file", f"{g}.onnx"), where, f"components.{g}.file")
         if not path.is_file():
             raise InputError(f"{folder}: {path.name} ({where.name}'s {g}) missing")
         graph = onnx.load(str(path), load_external_data=False).graph
@@ -556,7 +568,7 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
             weights[g] = {"mindir_bytes": mindir_bytes(staging / f"{g}.mindir"),
                           "cpu_mindir_bytes": mindir_bytes(twin) if twin.exists() else 0}
         meta = {**meta, "source_dir": str(export_dir.resolve())}
-        if tokenizer.copy(export_dir / meta.get("tokenizer", "."), staging / "tokenizer"):  # (a builder's: at its top)
+        if tokenizer.copy(_tokenizer_dir(export_dir, meta), staging / "tokenizer"):
             meta["tokenizer"] = "tokenizer"
         (staging / "generation.json").write_text(json.dumps(meta, indent=2))
         statuses = [r["status"] for r in [*graphs.values(), *twins.values()] if r["status"] != "not written"]
