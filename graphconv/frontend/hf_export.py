@@ -31,6 +31,7 @@ from pathlib import Path
 
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend import tokenizer
+from graphconv.frontend.contained import inside
 from graphconv.frontend.export import ExportResult, check_against_torch, exporter_failure, grown_inputs, require_torch
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.runtime import decoding
@@ -75,18 +76,21 @@ def _safetensors_dtypes(path: Path) -> set[str]:
 
 
 def _weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of the checkpoint; every shard the index names must be present."""
+    """The safetensors files of the checkpoint; every shard the index names must be inside the folder and
+    present. Pickle formats (.bin, .pt) are never loaded: unpickling runs code the file names."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = dict(json.loads(index.read_text())["weight_map"])
         except (ValueError, KeyError, TypeError) as e:
             raise InputError(f"{index}: not a safetensors index ({e})") from None
-        shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (folder / s).is_file()]
+        shards = {}
+        for tensor, shard in weight_map.items():
+            shards[shard] = inside(folder, shard, index, f"weight_map[{tensor!r}]")
+        missing = [s for s in sorted(shards) if not shards[s].is_file()]
         if missing:
             raise InputError(f"{folder}: missing shard(s) {', '.join(missing)} named by {index.name}")
-        return [folder / s for s in shards]
+        return [shards[s] for s in sorted(shards)]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         other = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
@@ -181,7 +185,7 @@ def _load_model(folder: Path, cls, config, task: str, notes: list[str]):
     tf_logging.disable_progress_bar()
     try:
         model, info = cls.from_pretrained(str(folder), config=config, local_files_only=True, trust_remote_code=False,
-                                          dtype=torch.float32, output_loading_info=True,
+                                          dtype=torch.float32, output_loading_info=True, use_safetensors=True,
                                           **_experts_kwargs(cls, notes))
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
