@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -81,27 +82,79 @@ class Checkpoint:
         return torch.frombuffer(buffer, dtype=torch_dtype).reshape(shape)
 
 
+# The safetensors format's dtypes, in bits per element (F4 and F6 pack several elements to a byte).
+SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+                    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64,
+                    "U64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+MAX_HEADER_BYTES = 100_000_000  # the format's own limit (safetensors' MAX_HEADER_SIZE)
+
+
 def read_header(path: Path) -> dict:
-    """A .safetensors file's header (8-byte little-endian length, then JSON), checked against the file's size:
-    a file cut short (an interrupted download or copy) is refused here, before anything is written."""
+    """A .safetensors file's header (8-byte little-endian length, then JSON), checked against the file
+    (`_read_header`): a file cut short or a header that lies is refused here, before any tensor is read."""
     return _read_header(path)[0]
 
 
 def _read_header(path: Path) -> tuple[dict, int]:
-    """(the header, the file offset where the tensor data starts)."""
+    """(the header, the file offset where the tensor data starts). The header is checked before anything
+    trusts it: its length within the file, JSON, and each tensor's dtype known, its data_offsets a pair
+    0 <= begin <= end within the data, end - begin the bytes its shape and dtype take, no two overlapping.
+    Otherwise a reader would allocate what a hostile header claims, or read another tensor's bytes (or past
+    the end of a file cut short by an interrupted download)."""
     try:
         with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
             size = f.seek(0, 2)
-        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    except (OSError, struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
-        raise InputError(f"{path}: not a readable .safetensors file ({type(e).__name__}: {e})") from None
+            f.seek(0)
+            if size < 8:
+                raise InputError(f"{path}: not a .safetensors file ({size} bytes)")
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8 or n > MAX_HEADER_BYTES:
+                raise InputError(f"{path}: not a .safetensors file: its header length {n} is past the end of the "
+                                 f"file ({size} bytes) or the format's limit ({MAX_HEADER_BYTES})")
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:  # (UnicodeDecodeError too)
+        raise InputError(f"{path}: not a .safetensors file: its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{path}: not a .safetensors file: its header is not a JSON object")
     held = size - 8 - n
-    if max(ends, default=0) > held:
-        raise InputError(f"{path}: truncated: its header places {max(ends)} bytes of tensor data, the file holds "
-                         f"{max(held, 0)}")
+    spans = sorted((*_span(path, key, entry, held), key) for key, entry in header.items() if key != "__metadata__")
+    spans = [s for s in spans if s[1] > s[0]]  # (an empty tensor holds no bytes to share)
+    for (begin, end, key), (begin2, end2, key2) in zip(spans, spans[1:]):
+        if begin2 < end:
+            raise InputError(f"{path}: tensors {key!r} and {key2!r} overlap (data_offsets [{begin}, {end}] and "
+                             f"[{begin2}, {end2}])")
     return header, 8 + n
+
+
+def _span(path: Path, key: str, entry, held: int) -> tuple[int, int]:
+    """(begin, end) of one header entry's bytes in the data (`held` bytes), checked."""
+
+    def refuse(why: str):
+        raise InputError(f"{path}: tensor {key!r} {why}")
+
+    def count(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    if not isinstance(entry, dict):
+        refuse("is not an object in the header")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_BITS:
+        refuse(f"has an unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(count(d) for d in shape):
+        refuse(f"has the shape {shape!r}: not a list of sizes")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(count(o) for o in offsets) \
+            or offsets[0] > offsets[1]:
+        refuse(f"has data_offsets {offsets!r}: not [begin, end] with 0 <= begin <= end")
+    begin, end = offsets
+    bits = math.prod(shape) * SAFETENSORS_BITS[dtype]
+    if bits % 8 or end - begin != bits // 8:
+        refuse(f"holds {end - begin} bytes, its dtype and shape ({dtype} {shape}) take {bits / 8:g}")
+    if end > held:
+        raise InputError(f"{path}: truncated, or its header lies: tensor {key!r} ends at byte {end} of the tensor "
+                         f"data, the file holds {held}")
+    return begin, end
 
 
 @contextlib.contextmanager
