@@ -363,13 +363,18 @@ def test_missing_shard_is_refused(tmp_path):
 
 def test_a_cache_of_another_kind_is_refused(tmp_path):
     """Qwen3-Next's linear-attention layers keep a recurrent state, not keys and values: with-past is refused
-    before anything is traced (config.json and an empty safetensors file are all it reads)."""
+    before anything is traced (config.json and a few tensors whose sizes agree with it are all it reads)."""
+    from safetensors.torch import save_file
+
     src = tmp_path / "ckpt"
     src.mkdir()
-    config = tf.Qwen3NextConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    config = tf.Qwen3NextConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                vocab_size=128)
     config.architectures = ["Qwen3NextForCausalLM"]
     config.save_pretrained(src)
-    (src / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    save_file({"model.embed_tokens.weight": torch.zeros(128, 64),
+               **{f"model.layers.{i}.input_layernorm.weight": torch.ones(64) for i in range(4)}},
+              src / "model.safetensors")
     _refused(_export(src, tmp_path / "out", "text-generation-with-past"),
              "model type 'qwen3_next' has linear_attention layers", tmp_path / "out")
 

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -68,11 +69,12 @@ def is_checkpoint_dir(source: str) -> bool:
 # --- the folder -----------------------------------------------------------------------------------------------
 
 
-def _safetensors_dtypes(path: Path) -> set[str]:
-    """The dtypes named in a .safetensors header (a file cut short is refused there)."""
+def _headers(files: list[Path]) -> dict[str, tuple[str, list[int]]]:
+    """Every tensor of the checkpoint: name -> (dtype, shape), from the safetensors headers (each checked
+    there, a file cut short or a header that lies refused: weightless_export.read_header)."""
     from graphconv.frontend.weightless_export import read_header
 
-    return {v["dtype"] for k, v in read_header(path).items() if k != "__metadata__" and isinstance(v, dict)}
+    return {k: (v["dtype"], v["shape"]) for f in files for k, v in read_header(f).items() if k != "__metadata__"}
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -109,6 +111,65 @@ def _read_config(folder: Path) -> dict:
     if raw.get("auto_map"):
         raise UnsupportedError(f"{path}: the model needs its own code (auto_map); remote code is not run")
     return raw
+
+
+# The token embedding's name in transformers' families (rows: the vocabulary; columns: its width), and a layer
+# stack's: `<prefix>.layers.<i>.` and the like.
+_EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+_LAYER = re.compile(r"((?:.*?\.)?(?:layers|layer|h|blocks|block))\.(\d+)\.")
+
+
+def _check_sizes(path: Path, raw: dict, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    """config.json's sizes against the checkpoint's tensors, before a model is built from them: a config that
+    claims 10**6 layers or a vocabulary of 10**10 (or merely another model's sizes) would have the export build
+    and trace that model. Where a layer stack is found, its layers are num_hidden_layers (plus DeepSeek's
+    next-token-prediction layers); where a token embedding is, its rows are vocab_size and its columns
+    hidden_size (or the config's own embedding width). Otherwise no size may exceed what the checkpoint holds."""
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+
+    def size(*keys: str) -> tuple[str, int | None]:
+        for key in keys:
+            value = text.get(key, raw.get(key))
+            if value is not None:
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise InputError(f"{path}: {key} {value!r} is not a positive integer")
+                return key, value
+        return keys[0], None
+
+    def refuse(why: str):
+        raise InputError(f"{path}: {why}")
+
+    layers_key, layers = size("num_hidden_layers", "n_layer", "num_layers")
+    vocab_key, vocab = size("vocab_size")
+    hidden_key, hidden = size("hidden_size", "n_embd", "d_model")
+    width_key, width = size("embedding_size", "word_embed_proj_dim")
+    if width is None:
+        width_key, width = hidden_key, hidden
+    stacks: dict[str, set[int]] = {}
+    for name in tensors:
+        found = _LAYER.match(name)
+        if found:
+            stacks.setdefault(found[1], set()).add(int(found[2]))
+    if layers and stacks:
+        extra = text.get("num_nextn_predict_layers", raw.get("num_nextn_predict_layers"))
+        counts = {layers, layers + (extra if isinstance(extra, int) and extra > 0 else 0)}
+        if not any(ix == set(range(len(ix))) and len(ix) in counts for ix in stacks.values()):
+            prefix, ix = max(stacks.items(), key=lambda item: len(item[1]))
+            refuse(f"{layers_key} is {layers}, the checkpoint holds {len(ix)} layers ({prefix}.*, numbered "
+                   f"{min(ix)} to {max(ix)})")
+    elif layers and layers > len(tensors):
+        refuse(f"{layers_key} is {layers}, the checkpoint holds {len(tensors)} tensors in all")
+    embeddings = {n: shape for n, (_, shape) in tensors.items()
+                  if len(shape) == 2 and any(n == e or n.endswith("." + e) for e in _EMBEDDINGS)}
+    first = next(iter(embeddings), None)
+    if vocab and first and not any(rows == vocab for rows, _ in embeddings.values()):
+        refuse(f"{vocab_key} is {vocab}, the checkpoint's {first} has {embeddings[first][0]} rows")
+    if width and first and not any(cols == width for _, cols in embeddings.values()):
+        refuse(f"{width_key} is {width}, the checkpoint's {first} has {embeddings[first][1]} columns")
+    weights = sum(math.prod(shape) for _, shape in tensors.values())
+    for key, value in ((vocab_key, vocab), (hidden_key, hidden)):
+        if value and not first and value > weights:
+            refuse(f"{key} is {value}, the checkpoint holds {weights} weights in all")
 
 
 def _load_config(folder: Path, raw: dict):
@@ -358,9 +419,9 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     _out_dir_free(out_dir)
     raw = _read_config(folder)
     files = _weight_files(folder)
-    stored = set()
-    for f in files:
-        stored |= {_SAFETENSORS_FLOAT[d] for d in _safetensors_dtypes(f) if d in _SAFETENSORS_FLOAT}
+    tensors = _headers(files)
+    _check_sizes(folder / "config.json", raw, tensors)
+    stored = {_SAFETENSORS_FLOAT[d] for d, _ in tensors.values() if d in _SAFETENSORS_FLOAT}
     require_torch("graphconv export of a checkpoint folder", transformers=True)
     config = _load_config(folder, raw)
     cls = _model_class(config, task)
