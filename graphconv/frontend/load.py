@@ -89,6 +89,8 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path, source: Path | N
         if not loc:
             raise InputError(f"tensor {tensor.name!r}: external data without a location")
         target = inside(base_dir, loc, source or base_dir, f"tensor {tensor.name!r}: external data location")
+        if tensor.data_type == onnx.TensorProto.UNDEFINED:  # (no size to read: refused before the weights' reader)
+            raise InputError(f"tensor {tensor.name!r}: external data of an undefined element type")
         if not target.is_file():
             raise InputError(f"tensor {tensor.name!r}: external data file {loc!r} is missing")
         offset = info.offset or 0
