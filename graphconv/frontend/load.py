@@ -2,8 +2,9 @@
 
 Refuses, with one line each: a missing or empty file, bytes that are not an ONNX model, external data whose
 location is absolute or leaves the model's folder (or is missing or shorter than declared), and opsets
-outside the supported range. Models with external data are checked by path and never loaded whole: their
-weights stay in their files (graphconv.frontend.weights), so a 30 GB model costs load what a 10 MB one does.
+outside the supported range. Models with external data are checked without their weights and never loaded
+whole: their weights stay in their files (graphconv.frontend.weights), so a 30 GB model costs load what a 10 MB
+one does.
 """
 
 from __future__ import annotations

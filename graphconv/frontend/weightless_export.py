@@ -108,9 +108,10 @@ def _read_header(path: Path) -> tuple[dict, int]:
             if size < 8:
                 raise InputError(f"{path}: not a .safetensors file ({size} bytes)")
             (n,) = struct.unpack("<Q", f.read(8))
-            if n > size - 8 or n > MAX_HEADER_BYTES:
-                raise InputError(f"{path}: not a .safetensors file: its header length {n} is past the end of the "
-                                 f"file ({size} bytes) or the format's limit ({MAX_HEADER_BYTES})")
+            if n > min(size - 8, MAX_HEADER_BYTES):
+                where = f"past the end of the file ({size} bytes)" if n > size - 8 else \
+                    f"over the format's limit ({MAX_HEADER_BYTES})"
+                raise InputError(f"{path}: not a .safetensors file: its header length {n} is {where}")
             header = json.loads(f.read(n))
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
