@@ -121,3 +121,29 @@ def _full(tmp_path: Path, model) -> Path:
     path = tmp_path / "full.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     return path
+
+
+def test_bf16_weights_behind_casts_compile_to_dense_products(tmp_path):
+    """The --dtype auto graph's weight Casts: each weight MatMul lowers to ops.dense on the weight stored
+    [out, in] (graphconv.target.lowering.dense_weights; MindSpore CPU's matmul of a 3-D input by a 2-D weight
+    copies the weight), 2 layers x 7 matrices + the LM head = 15 Dense, and the network verifies against
+    onnxruntime."""
+    from click.testing import CliRunner
+
+    from graphconv.cli import cli
+    from graphconv.verify import census
+
+    torch.manual_seed(0)
+    # (weights past graphconv.target.constant_fold.FOLD_MAX_ELEMENTS, so no Cast of one is folded)
+    src = _save(_llama(tie_word_embeddings=False, hidden_size=256, intermediate_size=512, vocab_size=512)
+                .to(torch.bfloat16), tmp_path / "ckpt")
+    out = tmp_path / "out"
+    proc = _export(src, out, "text-generation", "--dtype", "auto")
+    assert proc.returncode == 0, proc.stderr
+    mindir, report = tmp_path / "m.mindir", tmp_path / "m.json"
+    result = CliRunner().invoke(cli, ["compile", str(out / "model.onnx"), "-o", str(mindir), "--target", "cpu",
+                                      "--report", str(report), "-q"])
+    assert result.exit_code == 0, result.output
+    done = json.loads(report.read_text())
+    assert done["status"] == "verified"
+    assert census.primitive_census(mindir).get("Dense") == 15

@@ -385,6 +385,28 @@ class _Cut:
         return sum(1 for c in self.candidates if self.classed(c))
 
 
+def _sink_into_epilogue(nodes: list[Node], layer: dict[int, int | None], depends: dict[int, bool],
+                        outputs: set[int]) -> None:
+    """A node outside the layers that needs none of them (prologue by default) but that only the epilogue reads
+    goes to the epilogue: the LM head's weight cast (a `--dtype auto` export's Cast of the bf16 weight) is then
+    computed where it is used, not kept from the prologue across every layer, and no block passes on a weight
+    stored in another layout than the ONNX value's (graphconv.target.lowering.dense_weights)."""
+    readers: dict[int, list[Node]] = {}
+    for node in nodes:
+        for v in node.inputs():
+            readers.setdefault(id(v), []).append(node)
+        for b in node.blocks:
+            for inner in b.walk():
+                for v in inner.inputs():
+                    readers.setdefault(id(v), []).append(node)
+    for node in reversed(nodes):  # (readers first: a chain of such nodes moves together)
+        if layer[id(node)] is not None or depends[id(node)] or any(id(o) in outputs for o in node.outputs):
+            continue
+        read_by = [r for o in node.outputs for r in readers.get(id(o), [])]
+        if read_by and all(layer[id(r)] is None and depends[id(r)] for r in read_by):
+            depends[id(node)] = True
+
+
 def _cut(program: Program, nodes: list[Node], scopes: Scopes, policy: str, min_layers: int) -> _Cut | dict:
     """The cut under `policy` (_assign), or the summary saying why there is none."""
     prefix, layer = _assign(nodes, scopes, policy)
@@ -401,6 +423,7 @@ def _cut(program: Program, nodes: list[Node], scopes: Scopes, policy: str, min_l
         for o in node.outputs:
             produced_by[id(o)] = k
             depends[id(o)] = dep or k is not None
+    _sink_into_epilogue(nodes, layer, depends, {id(v) for v in program.body.outputs})
     indices = sorted({k for k in layer.values() if k is not None})
     if len(indices) < min_layers:
         return {"prefix": prefix, "layers": len(indices), "grouped": 0, "reason": "fewer than two layers"}
