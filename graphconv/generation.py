@@ -398,7 +398,8 @@ def _oracle_session(path: Path):
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(bare.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return session, weights.feeds(refs)
+    # (bf16 weights, a --dtype auto export's, as OrtValues: onnxruntime's numpy bridge does not know ml_dtypes)
+    return session, {name: reference.ort_feed(a) for name, a in weights.feeds(refs).items()}
 
 
 def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) -> tuple[list[dict], str | None]:

@@ -525,3 +525,29 @@ def test_a_pad_id_outside_the_vocabulary_is_passed_over():
     assert pad_id({"pad_token_id": 300, "eos_token_id": [7, 9], "vocab_size": 256}) == 7
     assert pad_id({"pad_token_id": 5, "eos_token_id": 7, "vocab_size": 256}) == 5
     assert pad_id({"eos_token_id": 50256}) == 50256  # (no vocabulary size known: as configured)
+
+
+def test_the_checks_onnxruntime_takes_bf16_weights_from_external_data(tmp_path):
+    """`generate --check` (and the compile's cached-steps check) feeds onnxruntime the weights from their files:
+    a --dtype auto export's bf16 weights go in as OrtValues (onnxruntime's numpy bridge does not know
+    ml_dtypes' bfloat16: an internal error on the 1.1B's folder before)."""
+    import ml_dtypes
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graphconv import generation
+
+    w = (np.arange(64 * 64) % 16).astype(np.float32).reshape(64, 64) / 8  # (large enough to stay in its file)
+    nodes = [helper.make_node("Cast", ["w"], ["w32"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "w32"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])],
+                          [numpy_helper.from_array(w.astype(ml_dtypes.bfloat16), "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.external_data_helper.convert_model_to_external_data(model, location="m.onnx.data", size_threshold=0)
+    onnx.save(model, tmp_path / "m.onnx")
+    session, feeds = generation._oracle_session(tmp_path / "m.onnx")
+    assert list(feeds) == ["w"]
+    x = np.ones((2, 64), np.float32)
+    (y,) = session.run(None, {"x": x, **feeds})
+    np.testing.assert_array_equal(y, x @ w)  # (these values are exact in bf16)
