@@ -16,7 +16,9 @@ The candidate rules (also stated in each pass's docstring):
   norm       every second-moment reduction: ReduceMean of a square (Mul(x, x) or Pow(x, 2)), and every
              LayerNormalization / RMSNormalization / SimplifiedLayerNormalization node.
   rotary     every Neg whose result reaches a Concat within two shape-only ops (rotate_half's
-             concat(-x2, x1), the interleaved stack(-x_odd, x_even)), and every opset-23 RotaryEmbedding.
+             concat(-x2, x1), the interleaved stack(-x_odd, x_even)), every opset-23 RotaryEmbedding, and
+             every Concat of a Sub and an Add of two products each (the half-length form
+             cat(x1*cos - x2*sin, x2*cos + x1*sin), or its parts the other way round).
   gated_mlp  every Mul of an activation (x*sigmoid(x), SiLU, a GELU) with something other than the
              activation's own input: silu(gate) * up, gelu(gate) * up.
   gelu       every Erf, every Gelu, every Tanh of a GELU-shaped argument (a 0.044715 or sqrt(2/pi)
@@ -99,9 +101,18 @@ def _reaches_concat(value: ir.Value, hops: int = 2) -> bool:
     return False
 
 
+def _products_combined(value: ir.Value | None, op_type: str) -> bool:
+    node = value.producer() if value is not None else None
+    return node is not None and _std(node, op_type) and all(
+        v is not None and v.producer() is not None and _std(v.producer(), "Mul") for v in node.inputs)
+
+
 def rotary_candidates(graph: ir.Graph) -> list[ir.Node]:
     return [n for n in graph
-            if (_std(n, "Neg") and _reaches_concat(n.outputs[0])) or _std(n, "RotaryEmbedding")]
+            if (_std(n, "Neg") and _reaches_concat(n.outputs[0])) or _std(n, "RotaryEmbedding")
+            or (_std(n, "Concat") and len(n.inputs) == 2 and any(
+                _products_combined(n.inputs[k], "Sub") and _products_combined(n.inputs[1 - k], "Add")
+                for k in (0, 1)))]
 
 
 _MS_ACTIVATIONS = {"SiLU", "Gelu", "GeluTanh", "FastGelu"}

@@ -40,15 +40,18 @@ inference (no auto-merge) is run once on a weight-less copy of the graph and its
 they are equal when the dims derive from the same shape arithmetic (or the model could not run otherwise).
 
 Coverage candidates (family "rotary", passes/coverage.py): every Neg whose result reaches a Concat within two
-shape-only ops (rotate_half's concat(-x2, x1), the interleaved stack(-x[1::2], x[0::2])), and every opset-23
-RotaryEmbedding. One left unfused with no check reason is explained by `explain` below: the rotation the other
+shape-only ops (rotate_half's concat(-x2, x1), the interleaved stack(-x[1::2], x[0::2])), every opset-23
+RotaryEmbedding, and every Concat of a Sub and an Add of two products each (the half-length form; the rules'
+checks give the reasons). One left unfused with no check reason is explained by `explain` below: the rotation the other
 way (concat(x1, -x2), stack(x[0::2], -x[1::2])), halves from different tensors, a negated value that is no slice
 of x, no rot(x) * sin, a Sub instead of the Add, x * cos of another tensor.
 
 Opset 23's RotaryEmbedding (what dynamo writes at opset 23 for rotate_half models) fuses too: 4-D (B, N, S, D)
 or 3-D (B, S, N*D) x, halves (mode 0) or pairs (mode 1, cos/sin batch static 1), full or partial
 (rotary_embedding_dim), cos/sin given or gathered by position_ids (NativeRotaryEmbedding below).
-Not matched: the half-length forms (x1*cos - x2*sin, x2*cos + x1*sin, then Concat), complex-number RoPE.
+The half-length form (transformers 5's gpt-oss and DeepSeek: cat(x1*cos - x2*sin, x2*cos + x1*sin) with cos/sin
+of D/2 angles, halves by Slices or Split) fuses as mode 0 with cos/sin doubled (cat(cos, cos)), which is the
+same rotation. Not matched: complex-number RoPE.
 MindSpore's `ApplyRotaryPosEmb` (q and k together) is never emitted.
 """
 
@@ -144,13 +147,16 @@ def _show(value: ir.Value, k: int | None = None) -> str:
     return dims[k] if k is not None else "(" + ", ".join(dims) + ")"
 
 
-def _cos_layouts(facts: _ShapeFacts, x: ir.Value, c: ir.Value, d: int, mode: int) -> list[tuple[int, ...]] | str:
-    """The accepted 1-positions (see _LAYOUTS) cos/sin value `c` satisfies against x, or why none."""
+def _cos_layouts(facts: _ShapeFacts, x: ir.Value, c: ir.Value, d: int, mode: int,
+                 half: bool = False) -> list[tuple[int, ...]] | str:
+    """The accepted 1-positions (see _LAYOUTS) cos/sin value `c` satisfies against x, or why none; `half`: c
+    holds D/2 angles (the half-length form)."""
     rank = _rank(c)
     if rank is None or not 1 <= rank <= 4:
         return f"{c.name} is of rank {rank}; RotaryPositionEmbedding takes cos/sin of rank 4 (or fewer, unsqueezed)"
-    if facts.static(c, rank - 1) != d:
-        return f"{c.name}'s last dim is {_show(c, rank - 1)}, not the rotated size {d}"
+    if facts.static(c, rank - 1) != (d // 2 if half else d):
+        wanted = f"{d // 2}, half the rotated size {d}" if half else f"the rotated size {d}"
+        return f"{c.name}'s last dim is {_show(c, rank - 1)}, not {wanted}"
     lead = 4 - rank  # axes of x that c broadcasts over implicitly (size 1)
     for deep in (False, True):  # the symbolic shape inference only when the IR's shapes prove nothing
         one = [k < lead or facts.static(c, k - lead, deep) == 1 for k in range(3)]
@@ -368,6 +374,7 @@ def _repeated_pairs(v: ir.Value, facts: _ShapeFacts, memo: dict, depth: int) -> 
 
 class _RopeFusion(pattern.RewriteRuleClassBase):
     mode = 0
+    half_length = False  # cos/sin of D/2 angles (the half-length form below)
 
     def __init__(self, name: str, facts: _ShapeFacts):
         super().__init__(name)
@@ -410,7 +417,7 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
             return result.fail(why, x)
         fits = []
         for c in (cos, sin):
-            f = _cos_layouts(facts, x, c, d, self.mode)
+            f = _cos_layouts(facts, x, c, d, self.mode, self.half_length)
             if isinstance(f, str):
                 return result.fail(f, c)
             fits.append(f)
@@ -431,6 +438,8 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, cos, sin, **_):
         shared = self._facts.unsqueezed
+        if self.half_length:  # cat(cos, cos): the rotate_half layout of the same angles
+            cos, sin = (_doubled(op, c, shared) for c in (cos, sin))
         return op.RotaryPositionEmbedding(x, _rank4(op, cos, shared), _rank4(op, sin, shared), mode=self.mode,
                                           _domain="mindspore")
 
@@ -468,14 +477,19 @@ class RotateHalfSlices(_RopeFusion):
         return op.Concat(op.Neg(x2), x1, _outputs=["rot"])
 
     def check_rotation(self, x, d, b):
-        h = d // 2
-        if _slice_range(b["x1"].producer(), 4, d) != (0, h, 1):
-            return f"the Slice giving x1 does not take x[..., :{h}] (the first half of the last axis)"
-        if _slice_range(b["x2"].producer(), 4, d) != (h, d, 1):
-            return f"the Slice giving x2 does not take x[..., {h}:] (the second half of the last axis)"
-        if not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
+        why = _halves_by_slices(b, d)
+        if why is None and not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
             return "the Concat of (-x2, x1) is not on the last axis"
-        return None
+        return why
+
+
+def _halves_by_slices(b: dict, d: int) -> str | None:
+    h = d // 2
+    if _slice_range(b["x1"].producer(), 4, d) != (0, h, 1):
+        return f"the Slice giving x1 does not take x[..., :{h}] (the first half of the last axis)"
+    if _slice_range(b["x2"].producer(), 4, d) != (h, d, 1):
+        return f"the Slice giving x2 does not take x[..., {h}:] (the second half of the last axis)"
+    return None
 
 
 class RotateHalfSplit(_RopeFusion):
@@ -486,18 +500,71 @@ class RotateHalfSplit(_RopeFusion):
         return op.Concat(op.Neg(x2), x1, _outputs=["rot"])
 
     def check_rotation(self, x, d, b):
-        split = b["x1"].producer()
-        if not _last_axis(split.attributes.get_int("axis", 0), 4):
-            return "the Split is not over the last axis"
-        sizes = match.input_at(split, 1)
-        if sizes is not None and sizes.name:
-            if match.ints(sizes) != [d // 2, d // 2]:
-                return f"the Split does not cut the last axis into halves (split {match.ints(sizes)})"
-        elif split.attributes.get_int("num_outputs", 2) != 2:
-            return "the Split does not cut the last axis into two halves"
-        if not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
+        why = _halves_by_split(b, d)
+        if why is None and not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
             return "the Concat of (-x2, x1) is not on the last axis"
-        return None
+        return why
+
+
+def _halves_by_split(b: dict, d: int) -> str | None:
+    split = b["x1"].producer()
+    if not _last_axis(split.attributes.get_int("axis", 0), 4):
+        return "the Split is not over the last axis"
+    sizes = match.input_at(split, 1)
+    if sizes is not None and sizes.name:
+        if match.ints(sizes) != [d // 2, d // 2]:
+            return f"the Split does not cut the last axis into halves (split {match.ints(sizes)})"
+    elif split.attributes.get_int("num_outputs", 2) != 2:
+        return "the Split does not cut the last axis into two halves"
+    return None
+
+
+class HalfLengthSlices(_RopeFusion):
+    """The half-length form (transformers 5's gpt-oss and DeepSeek): cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+    with cos/sin of D/2 angles, x1 = x[..., :D/2], x2 = x[..., D/2:] by two Slices. It is rotate_half's
+    x * cat(cos, cos) + rot(x) * cat(sin, sin), which the rewrite gives RotaryPositionEmbedding (mode 0)."""
+
+    half_length = True
+
+    def halves(self, op, x):
+        return op.Slice(x, _allow_other_inputs=True, _outputs=["x1"]), \
+            op.Slice(x, _allow_other_inputs=True, _outputs=["x2"])
+
+    def pattern(self, op, x, cos, sin):
+        x1, x2 = self.halves(op, x)
+        return op.Concat(op.Sub(op.Mul(x1, cos), op.Mul(x2, sin)), op.Add(op.Mul(x2, cos), op.Mul(x1, sin)),
+                         _outputs=["rot"])
+
+    def check_rotation(self, x, d, b):
+        return _halves_by_slices(b, d) or _joined_on_last_axis(b)
+
+
+class HalfLengthSplit(HalfLengthSlices):
+    """The same with x1, x2 = Split(x, 2 halves, last axis)."""
+
+    def halves(self, op, x):
+        return op.Split(x, _allow_other_inputs=True, _outputs=["x1", "x2"])
+
+    def check_rotation(self, x, d, b):
+        return _halves_by_split(b, d) or _joined_on_last_axis(b)
+
+
+def _joined_on_last_axis(b: dict) -> str | None:
+    if not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
+        return "the Concat of (x1 * cos - x2 * sin, x2 * cos + x1 * sin) is not on the last axis"
+    return None
+
+
+def _doubled(op, value: ir.Value, shared: dict[int, ir.Value]) -> ir.Value:
+    """cat(value, value) on the last axis, one per value and walk (as _rank4's Unsqueeze)."""
+    key = ("doubled", id(value))
+    if key not in shared:
+        doubled = op.Concat(value, value, axis=-1)
+        dims = list(value.shape)
+        dims[-1] = 2 * dims[-1]  # (static: checked by _cos_layouts)
+        doubled.shape, doubled.dtype = ir.Shape(dims), value.dtype
+        shared[key] = doubled
+    return shared[key]
 
 
 class InterleavedSlices(_RopeFusion):
@@ -695,6 +762,7 @@ def rules() -> pattern.RewriteRuleSet:
         RotateHalfSlices.rule("RoPE-rotate-half-slices", facts), RotateHalfSplit.rule("RoPE-rotate-half-split", facts),
         InterleavedSlices.rule("RoPE-interleaved-slices", facts),
         InterleavedSlicesFlatten.rule("RoPE-interleaved-slices-flatten", facts),
+        HalfLengthSlices.rule("RoPE-half-length-slices", facts), HalfLengthSplit.rule("RoPE-half-length-split", facts),
         NativeRotaryEmbedding.rule("RoPE-native-opset23", False),
         NativeRotaryEmbedding.rule("RoPE-native-opset23-position-ids", True)], commute=True)
 
@@ -782,13 +850,16 @@ def _explain_neg(neg: ir.Node) -> str | None:
 
 
 def explain(node: ir.Node) -> str | None:
-    """Why a rotary candidate (passes/coverage.py: a Neg reaching a Concat, an opset-23 RotaryEmbedding) was
-    not fused, read from the graph around it (asked only when no check recorded a reason)."""
+    """Why a rotary candidate (passes/coverage.py: a Neg reaching a Concat, an opset-23 RotaryEmbedding, a
+    half-length Concat) was not fused, read from the graph around it (asked only when no check recorded a reason)."""
     if node.op_type == "Neg":
         return _explain_neg(node)
     if node.op_type == "RotaryEmbedding":
         return None  # every RotaryEmbedding matches a rule: its check gives the reason
-    return None
+    if node.op_type == "Concat" and match.producer(node.inputs[0], "Add") is not None:
+        return "cat(x1 * cos + x2 * sin, x2 * cos - x1 * sin) is the inverse rotation: RoPE's half-length form is " \
+               "cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)"
+    return None  # (a half-length Concat in RoPE's order: the rules' checks give the reasons)
 
 
 coverage.set_explain("rotary", explain)

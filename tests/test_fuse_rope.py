@@ -974,3 +974,85 @@ def test_opset23_native_rotary_embedding_refusals(name):
     count, skipped, fused = _run(model)
     assert count == 0 and not fused_nodes(fused)
     assert skipped and all(why in r for r in skipped), skipped
+
+
+# --- the half-length form: cat(x1*cos - x2*sin, x2*cos + x1*sin), cos/sin of D/2 angles -------------------------
+def _half_length_graph(halves="slices", cos_shape=("seq", D // 2), swap=False, opset=18,
+                       elem=TensorProto.FLOAT, inverse=False):
+    """transformers 5's gpt-oss / DeepSeek `_apply_rotary_emb` on x (B, N, S, D); `inverse`: the rotation the
+    other way (x1*cos + x2*sin, x2*cos - x1*sin), which is not RoPE's."""
+    g = _G(opset)
+    shape = ["batch", N, "seq", D]
+    x = g.input("x", elem, shape)
+    cos, sin = g.input("cos", elem, list(cos_shape)), g.input("sin", elem, list(cos_shape))
+    if halves == "slices":
+        x1, x2 = g.slice(x, 0, D // 2), g.slice(x, D // 2, INT64_MAX)
+    else:
+        x1, x2 = "x1", "x2"
+        g.nodes.append(helper.make_node("Split", [x], [x1, x2], name="n_split", axis=-1, num_outputs=2))
+
+    def mul(a, b):
+        return g.node("Mul", [b, a] if swap else [a, b])
+
+    first = g.node("Add" if inverse else "Sub", [mul(x1, cos), mul(x2, sin)])
+    second = g.node("Sub" if inverse else "Add", [mul(x2, cos), mul(x1, sin)])
+    return g.model(g.node("Concat", [first, second], axis=-1), elem, shape)
+
+
+HALF_LENGTH = {
+    "slices": dict(),
+    "split": dict(halves="split"),
+    "operands swapped": dict(swap=True),
+    "(1,1,S,D/2) cos": dict(cos_shape=(1, 1, "seq", D // 2), halves="split"),
+    "(B,1,S,D/2) cos": dict(cos_shape=("batch", 1, "seq", D // 2)),
+    "fp16": dict(elem=TensorProto.FLOAT16),
+}
+
+
+@pytest.mark.parametrize("name", HALF_LENGTH)
+def test_the_half_length_form_fuses_once_as_mode_0_and_keeps_numerics(name):
+    """The rewrite doubles cos/sin (cat(cos, cos)): the same rotation in rotate_half's layout."""
+    spelling = HALF_LENGTH[name]
+    original = _half_length_graph(**spelling)
+    count, skipped, fused = _run(original)
+    assert (count, skipped, _modes(fused)) == (1, [], [0])
+    assert not {"Sub", "Add", "Mul"} & {n.op_type for n in fused.graph.node}
+    tol = 1e-2 if spelling.get("elem") == TensorProto.FLOAT16 else 1e-5
+    assert_same_numerics(original, fused, tol, tol)
+
+
+def test_the_half_length_form_is_a_candidate_and_its_refusal_is_said():
+    """Before, the form had no rotary candidate: an unfused one was a silent zero. The inverse rotation and
+    cos/sin of the full size are refused with a reason in the coverage."""
+    assert (_coverage(_half_length_graph())["candidates"], _coverage(_half_length_graph())["fused"]) == (1, 1)
+    c = _coverage(_half_length_graph(inverse=True))
+    assert (c["candidates"], c["fused"]) == (1, 0)
+    assert "is the inverse rotation" in c["items"][0]["reason"], c["items"][0]["reason"]
+    c = _coverage(_half_length_graph(cos_shape=("seq", D)))
+    assert (c["candidates"], c["fused"]) == (1, 0)
+    assert f"last dim is {D}, not {D // 2}, half the rotated size {D}" in c["items"][0]["reason"], c["items"]
+
+
+def test_gpt_oss_half_length_rotary_fuses_in_a_real_export(tmp_path):
+    """transformers' gpt-oss (saved by save_pretrained, exported by `graphconv export`) writes the half-length
+    form: 2 layers x (q, k) = 4 RotaryPositionEmbedding, the coverage 4/4, and the network verified."""
+    tf = pytest.importorskip("transformers")
+    import torch
+    from click.testing import CliRunner
+
+    from graphconv.cli import cli
+
+    torch.manual_seed(0)
+    config = tf.GptOssConfig(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                             num_experts_per_tok=2, max_position_embeddings=128, sliding_window=8,
+                             bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    tf.GptOssForCausalLM(config).eval().save_pretrained(tmp_path / "ckpt")
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "ckpt"), "-o", str(tmp_path / "exp"), "--task",
+                                      "text-generation", "-q"])
+    assert result.exit_code == 0, result.output
+    report = graphconv.compile(tmp_path / "exp" / "model.onnx", tmp_path / "m.mindir", target="ascend")
+    assert report.fusions["fuse-rope"] == N_ROPE and report.census.get("RotaryPositionEmbedding") == N_ROPE
+    rotary = report.coverage["rotary"]
+    assert (rotary["candidates"], rotary["fused"]) == (N_ROPE, N_ROPE)
+    assert report.status == "verified"
