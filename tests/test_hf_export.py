@@ -411,3 +411,28 @@ def test_existing_output_and_missing_task_are_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "graphconv", "export", str(src), "-o", str(tmp_path / "new")],
                           capture_output=True, text=True, cwd=ROOT)
     _refused(proc, "--task is required", tmp_path / "new")
+
+
+def test_gemma4_per_layer_head_dim_exports_and_compiles(tmp_path):
+    """Gemma 4's config raises for `head_dim` (a per-layer attribute: transformers 5's heterogeneous configs),
+    which ended the export in an internal error (exit 3) while writing generation.json. The export now records
+    no global head dim and the model compiles, every attention, norm and rotary fused; the with-past export is
+    a one-line refusal naming the cache layers' shapes."""
+    import graphconv
+
+    torch.manual_seed(0)
+    config = tf.Gemma4TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                 max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    src = _save(tf.Gemma4ForCausalLM(config).eval(), tmp_path / "ckpt")
+    proc = _export(src, tmp_path / "out", "text-generation")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "out" / "generation.json").read_text())["head_dim"] is None
+    report = graphconv.compile(tmp_path / "out" / "model.onnx", tmp_path / "m.mindir", target="ascend")
+    assert report.status == "verified"
+    for family in ("attention", "norm", "rotary"):
+        c = report.coverage[family]
+        assert c["candidates"] > 0 and c["fused"] == c["candidates"], (family, c)
+    proc = _export(src, tmp_path / "past", "text-generation-with-past")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "the cache layers are not all" in proc.stderr and not (tmp_path / "past").exists()

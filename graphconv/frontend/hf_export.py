@@ -101,6 +101,27 @@ def _weight_files(folder: Path) -> list[Path]:
     return files
 
 
+_PER_LAYER = object()
+
+
+def _head_dim(text) -> int | None:
+    """The config's head dim: its head_dim, else hidden / heads; None where it varies by layer."""
+    head = _attr(text, "head_dim", _PER_LAYER)
+    if head is _PER_LAYER:
+        return None
+    return head or _div(_attr(text, "hidden_size"), _attr(text, "num_attention_heads"))
+
+
+def _attr(config, key: str, per_layer=None):
+    """config.key, None where it is absent, `per_layer` where it is not one value: transformers 5's heterogeneous
+    configs (Gemma 4's head_dim varies by layer) raise AmbiguousGlobalPerLayerAttributeError, not
+    AttributeError, for such a key."""
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 - (its class is private to a transformers version)
+        return per_layer
+
+
 def _read_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
@@ -439,14 +460,13 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
             "model_type": config.model_type,
             "task": task,
             **_generation_config(folder, config),
-            "num_layers": shapes.get("num_layers", getattr(text, "num_hidden_layers", None)),
-            "num_kv_heads": shapes.get("num_kv_heads", getattr(text, "num_key_value_heads", None)
-                                       or getattr(text, "num_attention_heads", None)),
-            "head_dim": shapes.get("head_dim", getattr(text, "head_dim", None)
-                                   or _div(getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", None))),
-            "vocab_size": getattr(text, "vocab_size", None),
-            "hidden_size": getattr(text, "hidden_size", None),
-            "max_position_embeddings": getattr(text, "max_position_embeddings", None),
+            "num_layers": shapes.get("num_layers", _attr(text, "num_hidden_layers")),
+            "num_kv_heads": shapes.get("num_kv_heads", _attr(text, "num_key_value_heads")
+                                       or _attr(text, "num_attention_heads")),
+            "head_dim": shapes.get("head_dim", _head_dim(text)),
+            "vocab_size": _attr(text, "vocab_size"),
+            "hidden_size": _attr(text, "hidden_size"),
+            "max_position_embeddings": _attr(text, "max_position_embeddings"),
             "dtype": store,
             "stored_dtypes": sorted(stored),
             "opset": opset,
@@ -527,7 +547,7 @@ class _Graph:
 def _graphs(task: str, config, cache: tuple[int, int, int] | None) -> list[_Graph]:
     """The graphs of `task`; `cache` = (layers, kv heads, head dim) for the with-past pair."""
     OneOutput, Prefill, decode_class = _wrappers()
-    vocab = getattr(config.get_text_config(decoder=True), "vocab_size", None) or 128
+    vocab = _attr(config.get_text_config(decoder=True), "vocab_size") or 128
     vocab = min(vocab, 1000)  # example ids: any in-vocabulary ids do
     batch, seq = 2, 7
     plain = {"input_ids": _tokens(batch, seq, vocab, 0), "attention_mask": _left_padded(batch, seq, 2)}
@@ -587,7 +607,7 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
     checkpoint = wl.Checkpoint(files)
     fp32_bytes = 4 * sum(math.prod(shape) for _f, _d, shape in checkpoint.entries.values())
     full = 2 * fp32_bytes <= CHECK_MEMORY_SHARE * psutil.virtual_memory().available
-    layers = getattr(config.get_text_config(decoder=True), "num_hidden_layers", None)
+    layers = _attr(config.get_text_config(decoder=True), "num_hidden_layers")
     graphs, shapes = _write(cls, config, checkpoint, task, tmp, opset, store, say, notes, folder)
     if full or not layers or layers <= CHECK_LAYERS:
         say("check against PyTorch")
@@ -618,7 +638,7 @@ def _truncated(config, layers: int):
     text = small.get_text_config(decoder=True)
     text.num_hidden_layers = layers
     for key in ("layer_types", "mlp_layer_types", "sliding_window_pattern_list"):
-        value = getattr(text, key, None)
+        value = _attr(text, key)
         if isinstance(value, list):
             setattr(text, key, value[:layers])
     return small
