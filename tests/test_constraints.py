@@ -67,16 +67,21 @@ def test_each_constraint_holds_and_breaks_at_its_documented_boundary(key):
     assert op.broken({}) is None  # an unknown size: not checkable, not broken
 
 
+def _fuse_attention(model, ranges: dict) -> tuple[int, dict]:
+    """fuse-attention alone with the dims' bounds declared as `ranges`: (count, the attention coverage)."""
+    m = ir.from_proto(model)
+    dim_bounds.declare(m, ranges, {})
+    pm = passes.PassManager("fuse-attention")
+    return pm.run(m)["fuse-attention"], pm.coverage["attention"]
+
+
 def test_flash_attention_is_refused_where_the_declared_sequence_range_passes_512k():
     """FlashAttentionScore's S1/S2 at most 512k, checked at a --shape-range maximum of the graph's seq dim."""
     from test_attention_stages import _named
     from test_fuse_attention import _attention_graph
 
     def run(hi):
-        m = ir.from_proto(_named(_attention_graph()))
-        dim_bounds.declare(m, {"seq": (1, hi)}, {})
-        pm = passes.PassManager("fuse-attention")
-        return pm.run(m)["fuse-attention"], pm.coverage["attention"]
+        return _fuse_attention(_named(_attention_graph()), {"seq": (1, hi)})
 
     assert run(524288)[0] == 1
     count, coverage = run(524289)
@@ -141,10 +146,7 @@ def test_a_dim_computed_from_a_declared_dim_is_bounded_through_its_expression():
             for d in vi.type.tensor_type.shape.dim:
                 if d.dim_param == "batch":
                     d.dim_param = "2*half"
-        m = ir.from_proto(_named(onnx.ModelProto.FromString(model.SerializeToString())))
-        dim_bounds.declare(m, {"half": (1, hi)}, {})
-        pm = passes.PassManager("fuse-attention")
-        return pm.run(m)["fuse-attention"], pm.coverage["attention"]
+        return _fuse_attention(_named(onnx.ModelProto.FromString(model.SerializeToString())), {"half": (1, hi)})
 
     assert run(1024)[0] == 1
     count, coverage = run(1025)
