@@ -95,6 +95,8 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
                   names: list[str], graph_inputs: list[str] | None = None) -> None:
     import torch
 
+    from graphconv.frontend import optimize
+
     input_names = list(example_inputs)
     with warnings.catch_warnings(), _quiet_stdout():
         warnings.simplefilter("ignore")
@@ -103,9 +105,11 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
                 dims: dict[str, object] = {}
                 dyn = {name: ({ax: dims.setdefault(dim, torch.export.Dim(dim))
                                for ax, dim in dynamic_axes.get(name, {}).items()} or None) for name in input_names}
-                torch.onnx.export(module, (), str(path), kwargs=example_inputs, dynamo=True, opset_version=opset,
-                                  dynamic_shapes=dyn, input_names=graph_inputs or input_names, output_names=names,
-                                  external_data=False, verbose=False)
+                program = torch.onnx.export(module, (), kwargs=example_inputs, dynamo=True, opset_version=opset,
+                                            dynamic_shapes=dyn, input_names=graph_inputs or input_names,
+                                            output_names=names, optimize=False, verbose=False)
+                optimize.exporter_optimize(program.model)  # (what optimize=True runs, tiny epsilons kept)
+                program.save(str(path), external_data=False)
             else:
                 torch.onnx.export(module, tuple(example_inputs.values()), str(path), dynamo=False,
                                   opset_version=opset, input_names=graph_inputs or input_names, output_names=names,

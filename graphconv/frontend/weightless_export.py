@@ -236,8 +236,9 @@ def attach_weights(model, checkpoint: Checkpoint, keys: dict[str, str], prefix: 
     stored as `store` (fp32, or bf16/fp16 with a Cast to fp32 at the reader), then run the exporter's optimizer.
     Returns the bytes the initializers will take."""
     import onnx_ir as ir
-    import onnxscript.optimizer
     import torch
+
+    from graphconv.frontend import optimize
 
     target = getattr(torch, STORE_DTYPES[store])
     lazy: set[str] = set()
@@ -269,7 +270,7 @@ def attach_weights(model, checkpoint: Checkpoint, keys: dict[str, str], prefix: 
         if target is not torch.float32:
             _cast_at_readers(graph, value)
     # the optimizer may fold what does not read a lazy weight (shapes, masks); a node reading one stays
-    onnxscript.optimizer.optimize_ir(
+    optimize.optimize_ir(
         model, should_fold=lambda node: False if any(v is not None and v.name in lazy for v in node.inputs) else None)
     return sum(v.const_value.nbytes for v in graph.initializers.values() if v.const_value is not None)
 
