@@ -55,23 +55,47 @@ def test_a_real_zero_is_still_removed():
     assert _adds(model) == []
 
 
-def test_helium_exported_keeps_its_epsilon_and_fuses_every_norm(tmp_path):
-    """transformers' Helium (rms_norm_eps 1e-8), saved by save_pretrained and exported by `graphconv export`:
-    every RMSNorm of the architecture (2 layers x 2 + the final one = 5) fuses, and the network verifies."""
+def _helium(folder):
     tf = pytest.importorskip("transformers")
     import torch
-    from click.testing import CliRunner
-
-    import graphconv
-    from graphconv.cli import cli
 
     torch.manual_seed(0)
     config = tf.HeliumConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
                              bos_token_id=1, eos_token_id=2, pad_token_id=0)
     assert config.rms_norm_eps == 1e-8
-    tf.HeliumForCausalLM(config).eval().save_pretrained(tmp_path / "ckpt")
-    result = CliRunner().invoke(cli, ["export", str(tmp_path / "ckpt"), "-o", str(tmp_path / "exp"), "--task",
+    tf.HeliumForCausalLM(config).eval().save_pretrained(folder)
+    return folder
+
+
+def test_the_exports_check_feeds_the_pad_id_where_the_mask_pads(tmp_path, monkeypatch):
+    """The export's check against PyTorch puts the pad id at the padded positions, as generate does: with the
+    epsilon dropped (onnxscript's own optimizer, simulated), Helium's zero pad embedding makes NaN, which
+    reaches the valid rows through attention (0 x NaN), and the check refuses the export; random ids hid it."""
+    from click.testing import CliRunner
+
+    from graphconv.cli import cli
+
+    src = _helium(tmp_path / "ckpt")
+    monkeypatch.setattr(optimize, "tiny_epsilon_nodes", lambda graph: [])
+    result = CliRunner().invoke(cli, ["export", str(src), "-o", str(tmp_path / "exp"), "--task", "text-generation",
+                                      "-q"])
+    assert result.exit_code == 1, result.output
+    said = f"{result.output} {result.exception}"
+    assert "disagrees with PyTorch" in said and "inf/NaN" in said, said
+    assert not (tmp_path / "exp").exists()
+
+
+def test_helium_exported_keeps_its_epsilon_and_fuses_every_norm(tmp_path):
+    """transformers' Helium (rms_norm_eps 1e-8), saved by save_pretrained and exported by `graphconv export`:
+    every RMSNorm of the architecture (2 layers x 2 + the final one = 5) fuses, and the network verifies."""
+    from click.testing import CliRunner
+
+    import graphconv
+    from graphconv.cli import cli
+
+    src = _helium(tmp_path / "ckpt")
+    result = CliRunner().invoke(cli, ["export", str(src), "-o", str(tmp_path / "exp"), "--task",
                                       "text-generation", "-q"])
     assert result.exit_code == 0, result.output
     report = graphconv.compile(tmp_path / "exp" / "model.onnx", tmp_path / "m.mindir")

@@ -377,6 +377,31 @@ def _left_padded(batch: int, length: int, pad: int):
     return mask
 
 
+def _pad_id(config) -> int | None:
+    """The id generation pads prompts with (as graphconv.runtime.decoding.pad_id: pad, else eos, in the
+    vocabulary), or None."""
+    text = config.get_text_config(decoder=True)
+    vocab = _attr(text, "vocab_size") or 0
+    for key in ("pad_token_id", "eos_token_id"):
+        value = _attr(config, key)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int) and 0 <= v < vocab:
+                return v
+    return None
+
+
+def with_pad_ids(inputs: dict, pad: int | None) -> dict:
+    """`inputs` with the ids at the masked positions set to the pad id, as a left-padded batch from generate
+    holds them (a pad token's embedding, often zeros, then goes through the model: Helium's epsilon-less norm
+    gave NaN there and random ids hid it). The mask covers past + seq positions, the ids the last seq."""
+    ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+    if pad is None or ids is None or mask is None or ids.ndim != 2 or mask.ndim != 2:
+        return inputs
+    ids = ids.clone()
+    ids[mask[:, mask.shape[1] - ids.shape[1]:] == 0] = pad
+    return {**inputs, "input_ids": ids}
+
+
 def _decode_inputs(batch: int, past: int, seq: int, vocab: int, kv_shape: tuple[int, int], num_layers: int,
                    seed: int) -> dict:
     import torch
@@ -550,7 +575,9 @@ def _graphs(task: str, config, cache: tuple[int, int, int] | None) -> list[_Grap
     vocab = _attr(config.get_text_config(decoder=True), "vocab_size") or 128
     vocab = min(vocab, 1000)  # example ids: any in-vocabulary ids do
     batch, seq = 2, 7
-    plain = {"input_ids": _tokens(batch, seq, vocab, 0), "attention_mask": _left_padded(batch, seq, 2)}
+    pad = _pad_id(config)
+    plain = with_pad_ids({"input_ids": _tokens(batch, seq, vocab, 0), "attention_mask": _left_padded(batch, seq, 2)},
+                         pad)
     plain_axes = {"input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: SEQ}}
     if task in ("text-generation", "feature-extraction"):
         output = "logits" if task == "text-generation" else "last_hidden_state"
@@ -569,7 +596,7 @@ def _graphs(task: str, config, cache: tuple[int, int, int] | None) -> list[_Grap
     # decode: seq 2 at export (size 1 would be specialised); the second shape changes batch, past and seq
     first = _decode_inputs(2, 5, 2, vocab, (heads, head_dim), num_layers, 1)
     second = _decode_inputs(3, 8, 1, vocab, (heads, head_dim), num_layers, 2)
-    prompt = _decode_inputs(batch, 0, seq, vocab, (heads, head_dim), num_layers, 3)
+    prompt = with_pad_ids(_decode_inputs(batch, 0, seq, vocab, (heads, head_dim), num_layers, 3), pad)
     return [prefill,
             _Graph("decode", lambda m: decode_class(num_layers)(m, num_layers), first, second, axes,
                    ["input_ids", "attention_mask", "position_ids", *cache_names("past_key_values", num_layers)],
@@ -611,7 +638,7 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
     graphs, shapes = _write(cls, config, checkpoint, task, tmp, opset, store, say, notes, folder)
     if full or not layers or layers <= CHECK_LAYERS:
         say("check against PyTorch")
-        _check_all(lambda: _load_model(folder, cls, config, task, []), graphs)
+        _check_all(lambda: _load_model(folder, cls, config, task, []), graphs, _pad_id(config))
     else:
         small = _truncated(config, CHECK_LAYERS)
         say(f"check against PyTorch: the first {CHECK_LAYERS} of {layers} layers, with the checkpoint's weights "
@@ -620,7 +647,7 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
         part = tmp / ".check"
         part.mkdir()
         checked, _ = _write(cls, small, checkpoint, task, part, opset, store, lambda _m: None, [], folder)
-        _check_all(lambda: _load_model(folder, cls, small, task, []), checked)
+        _check_all(lambda: _load_model(folder, cls, small, task, []), checked, _pad_id(config))
         for name, r in graphs.items():
             r.checks = [{**c, "layers": f"first {CHECK_LAYERS} of {layers}"} for c in checked[name].checks]
             r.warnings += checked[name].warnings
@@ -726,11 +753,12 @@ class _Recorded:
         return self._outputs[self._key(inputs)]
 
 
-def _check_all(load_model, results: dict) -> None:
+def _check_all(load_model, results: dict, pad: int | None) -> None:
     """Each written graph against the real model's wrapper at its two shapes (export.check_against_torch); the
     decode graph also at an empty cache, where it computes a prompt as the prefill does: `serves_prompt` says
     whether it did (the compile then writes that one graph for both steps, weights once). `load_model()` gives
-    the model, whose outputs are recorded before any onnxruntime session (_Recorded)."""
+    the model, whose outputs are recorded before any onnxruntime session (_Recorded). The masked positions of
+    each case hold the pad id (with_pad_ids)."""
     import gc
 
     from graphconv.frontend.export import check_case
@@ -741,7 +769,7 @@ def _check_all(load_model, results: dict) -> None:
     for name, r in results.items():
         g = r.graph
         module = g.wrap(real).eval()
-        seconds[name] = g.second if g.second is not None else grown_inputs(g.inputs, g.axes)
+        seconds[name] = with_pad_ids(g.second if g.second is not None else grown_inputs(g.inputs, g.axes), pad)
         recorded[name] = _Recorded()
         for inputs in (g.inputs, seconds[name]):
             recorded[name].record(module, inputs)
