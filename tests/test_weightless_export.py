@@ -147,3 +147,36 @@ def test_bf16_weights_behind_casts_compile_to_dense_products(tmp_path):
     done = json.loads(report.read_text())
     assert done["status"] == "verified"
     assert census.primitive_census(mindir).get("Dense") == 15
+
+
+def test_bf16_lm_head_cast_is_computed_in_the_epilogue_layer_streamed(tmp_path):
+    """Layer-streamed, the LM head's weight Cast (outside every layer, read only after them) is computed in the
+    epilogue (graphconv.target.layers._sink_into_epilogue): in the prologue it crossed the blocks stored [out, in]
+    for ops.dense, and the block check compared it with the ONNX value's [in, out] (the 1.1B's exit 2). The norm
+    weights are made distinct, as a trained checkpoint's are (a random init's all-ones norms are one
+    deduplicated initializer that both layers read, and the layers do not group)."""
+    from click.testing import CliRunner
+
+    from graphconv.cli import cli
+
+    torch.manual_seed(0)
+    model = _llama(tie_word_embeddings=False, hidden_size=256, intermediate_size=512, vocab_size=512)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.1)
+    src = _save(model.to(torch.bfloat16), tmp_path / "ckpt")
+    out = tmp_path / "out"
+    proc = _export(src, out, "text-generation", "--dtype", "auto")
+    assert proc.returncode == 0, proc.stderr
+    report = tmp_path / "m.json"
+    result = CliRunner().invoke(cli, ["compile", str(out / "model.onnx"), "-o", str(tmp_path / "m.mindir"),
+                                      "--target", "cpu", "--layer-streamed", "--report", str(report), "-q",
+                                      # (the residual stream compared at each boundary: one of 3,328 values
+                                      # differed by 3.4e-4 from onnxruntime's fp32 sums, past 1e-4)
+                                      "--atol", "1e-3", "--rtol", "1e-3"])
+    assert result.exit_code == 0, result.output
+    done = json.loads(report.read_text())
+    assert done["status"] == "verified" and done["validation"]["mode"] == "layer-streamed"
+    blocks = [b["block"] for b in done["validation"]["layer_streamed"]["blocks"]]
+    assert blocks == ["prologue", "layers[0]", "layers[1]", "epilogue"], blocks
