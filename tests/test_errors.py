@@ -101,12 +101,17 @@ def _external_model(tmp_path: Path, location: str) -> Path:
     d.mkdir()
     p = d / "m.onnx"
     onnx.save(m, p, save_as_external_data=True, location="m.data", size_threshold=0)
-    m = onnx.load(p, load_external_data=False)
+    return relocate_external_data(p, location)
+
+
+def relocate_external_data(path: Path, location: str) -> Path:
+    """The model at `path` with its first initializer's external data location rewritten to `location`."""
+    m = onnx.load(path, load_external_data=False)
     for entry in m.graph.initializer[0].external_data:
         if entry.key == "location":
             entry.value = location
-    onnx.save(m, p)
-    return p
+    onnx.save(m, path)
+    return path
 
 
 def test_missing_external_data(tmp_path):

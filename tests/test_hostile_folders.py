@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphconv.errors import InputError
 from graphconv.frontend.contained import inside
-from test_errors import assert_clean_failure
+from test_errors import assert_clean_failure, relocate_external_data
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
@@ -180,12 +180,7 @@ def _matmul_with_external_data(folder: Path, location: str) -> Path:
     path = folder / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path,
               save_as_external_data=True, location="w.data", size_threshold=0)
-    model = onnx.load(path, load_external_data=False)
-    for entry in model.graph.initializer[0].external_data:
-        if entry.key == "location":
-            entry.value = location
-    onnx.save(model, path)
-    return path
+    return relocate_external_data(path, location)
 
 
 def test_external_data_through_a_symlinked_directory_is_refused(tmp_path):
