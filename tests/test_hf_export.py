@@ -436,3 +436,34 @@ def test_gemma4_per_layer_head_dim_exports_and_compiles(tmp_path):
     proc = _export(src, tmp_path / "past", "text-generation-with-past")
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert "the cache layers are not all" in proc.stderr and not (tmp_path / "past").exists()
+
+
+def test_an_axis_exported_static_is_named():
+    """export.fixed_dynamic_axes on an exported graph whose sequence axis came out as a number."""
+    import onnx_ir as ir
+
+    from graphconv.frontend.export import fixed_dynamic_axes
+
+    def graph(seq):
+        x = ir.Value(name="input_ids", shape=ir.Shape(["batch", seq]), type=ir.TensorType(ir.DataType.INT64))
+        return ir.Model(ir.Graph([x], [], nodes=[]), ir_version=10)
+
+    inputs, axes = {"ids": None}, {"ids": {0: "batch", 1: "sequence_length"}}
+    assert fixed_dynamic_axes(graph("sequence_length"), inputs, ["input_ids"], axes) is None
+    assert fixed_dynamic_axes(graph(7), inputs, ["input_ids"], axes).startswith(
+        "PyTorch's dynamo exporter fixed input_ids's axis 1 (sequence_length) at 7, the example's size")
+
+
+@pytest.mark.slow
+def test_a_sequence_length_the_exporter_fixes_is_named_at_export(tmp_path):
+    """Qwen 3.5 (linear-attention layers): dynamo fixes the sequence axis at the example's 7 without a word; the
+    export ended in onnxruntime's truncated "invalid dimensions" at the second shape. Now one line names the
+    input, the axis and the size, exit 1, nothing written."""
+    config = tf.Qwen3_5TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                  max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    src = _save(tf.Qwen3_5ForCausalLM(config).eval(), tmp_path / "ckpt")
+    proc = _export(src, tmp_path / "out", "text-generation")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr  # (no torch.onnx warnings either)
+    assert "fixed input_ids's axis 1 (sequence_length) at 7, the example's size" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 import sys
@@ -100,6 +101,7 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
     input_names = list(example_inputs)
     with warnings.catch_warnings(), _quiet_stdout():
         warnings.simplefilter("ignore")
+        fixed = None
         try:
             if exporter == "dynamo":
                 dims: dict[str, object] = {}
@@ -108,8 +110,10 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
                 program = torch.onnx.export(module, (), kwargs=example_inputs, dynamo=True, opset_version=opset,
                                             dynamic_shapes=dyn, input_names=graph_inputs or input_names,
                                             output_names=names, optimize=False, verbose=False)
-                optimize.exporter_optimize(program.model)  # (what optimize=True runs, tiny epsilons kept)
-                program.save(str(path), external_data=False)
+                fixed = fixed_dynamic_axes(program.model, example_inputs, graph_inputs or input_names, dynamic_axes)
+                if not fixed:
+                    optimize.exporter_optimize(program.model)  # (what optimize=True runs, tiny epsilons kept)
+                    program.save(str(path), external_data=False)
             else:
                 torch.onnx.export(module, tuple(example_inputs.values()), str(path), dynamo=False,
                                   opset_version=opset, input_names=graph_inputs or input_names, output_names=names,
@@ -117,6 +121,25 @@ def _run_exporter(module, example_inputs: dict, path: Path, dynamic_axes: dict, 
         except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
             raise UnsupportedError(f"PyTorch's {exporter} exporter refused the model at opset {opset}: "
                                    f"{exporter_failure(e)}") from None
+    if fixed:
+        raise UnsupportedError(fixed)
+
+
+def fixed_dynamic_axes(model, example_inputs: dict, graph_names: list[str], dynamic_axes: dict) -> str | None:
+    """Why the exported ir.Model cannot take other sizes: an axis asked to be dynamic that the exporter fixed at
+    the example's size (dynamo does so, without a word, where the model's code treats the size as a constant),
+    or None. Otherwise the export would end at the second shape's check in onnxruntime's "invalid dimensions"."""
+    by_name = {v.name: v for v in model.graph.inputs}
+    for key, name in zip(example_inputs, graph_names):
+        value = by_name.get(name)
+        if value is None or value.shape is None:
+            continue
+        for axis, dim_name in dynamic_axes.get(key, {}).items():
+            if axis < value.shape.rank() and isinstance(value.shape[axis], int):
+                return (f"PyTorch's dynamo exporter fixed {name}'s axis {axis} ({dim_name}) at {value.shape[axis]}, "
+                        "the example's size: the model's code treats that size as a constant, so the graph "
+                        "would take no other")
+    return None
 
 
 def exporter_failure(e: BaseException) -> str:
@@ -299,6 +322,9 @@ def require_torch(command: str, transformers: bool = False) -> None:
     if missing:
         raise InputError(f"{command} needs {' and '.join(missing)}: pip install -e '.[torch]' "
                          "(torch==2.13.0, the CPU build, and transformers==5.24.0)")
+    # torch.onnx logs a warning per torchvision op when torchvision is absent (it is not needed): a user's
+    # error or progress would come after four lines of them
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
 
 def load_factory(spec: str):

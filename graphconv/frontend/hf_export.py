@@ -33,7 +33,8 @@ from pathlib import Path
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.contained import inside
-from graphconv.frontend.export import ExportResult, check_against_torch, exporter_failure, grown_inputs, require_torch
+from graphconv.frontend.export import (ExportResult, check_against_torch, exporter_failure, fixed_dynamic_axes,
+                                       grown_inputs, require_torch)
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.runtime import decoding
 from graphconv.workspace import partial_dir
@@ -712,6 +713,9 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
             raise UnsupportedError(f"PyTorch's dynamo exporter refused the model at opset {opset}: "
                                    f"{exporter_failure(e)}") from None
+        fixed = fixed_dynamic_axes(ir_model, g.inputs, g.input_names, g.axes)
+        if fixed:
+            raise UnsupportedError(f"{g.name}.onnx: {fixed}")
         nbytes = wl.attach_weights(ir_model, source, keys, "model.", store)
         if g.rename:
             wl.rename_dim(ir_model, *g.rename)
