@@ -72,9 +72,7 @@ def _non_decreasing(expr) -> bool:
     symbols' bounds bounds it)."""
     import sympy
 
-    if expr.is_Symbol:
-        return True
-    if expr.is_Number:
+    if expr.is_Symbol or expr.is_Number:
         return True
     if isinstance(expr, sympy.Add):
         return all(_non_decreasing(a) for a in expr.args)
@@ -87,7 +85,8 @@ def _non_decreasing(expr) -> bool:
     return False
 
 
-def sizes(model: ir.Model | None, value: ir.Value, axes: dict[str, int]) -> tuple[dict[str, int | None], dict[str, str]]:
+def sizes(model: ir.Model | None, value: ir.Value,
+          axes: dict[str, int]) -> tuple[dict[str, int | None], dict[str, str]]:
     """The largest sizes of `value`'s named axes ({"B": 0, "N": 2}), and each as a refusal shows it."""
     found, shown = {}, {}
     for name, axis in axes.items():

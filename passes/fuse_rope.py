@@ -477,10 +477,7 @@ class RotateHalfSlices(_RopeFusion):
         return op.Concat(op.Neg(x2), x1, _outputs=["rot"])
 
     def check_rotation(self, x, d, b):
-        why = _halves_by_slices(b, d)
-        if why is None and not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
-            return "the Concat of (-x2, x1) is not on the last axis"
-        return why
+        return _halves_by_slices(b, d) or _joined_on_last_axis(b, "(-x2, x1)")
 
 
 def _halves_by_slices(b: dict, d: int) -> str | None:
@@ -500,10 +497,7 @@ class RotateHalfSplit(_RopeFusion):
         return op.Concat(op.Neg(x2), x1, _outputs=["rot"])
 
     def check_rotation(self, x, d, b):
-        why = _halves_by_split(b, d)
-        if why is None and not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
-            return "the Concat of (-x2, x1) is not on the last axis"
-        return why
+        return _halves_by_split(b, d) or _joined_on_last_axis(b, "(-x2, x1)")
 
 
 def _halves_by_split(b: dict, d: int) -> str | None:
@@ -536,7 +530,7 @@ class HalfLengthSlices(_RopeFusion):
                          _outputs=["rot"])
 
     def check_rotation(self, x, d, b):
-        return _halves_by_slices(b, d) or _joined_on_last_axis(b)
+        return _halves_by_slices(b, d) or _joined_on_last_axis(b, HALF_LENGTH_PARTS)
 
 
 class HalfLengthSplit(HalfLengthSlices):
@@ -546,16 +540,20 @@ class HalfLengthSplit(HalfLengthSlices):
         return op.Split(x, _allow_other_inputs=True, _outputs=["x1", "x2"])
 
     def check_rotation(self, x, d, b):
-        return _halves_by_split(b, d) or _joined_on_last_axis(b)
+        return _halves_by_split(b, d) or _joined_on_last_axis(b, HALF_LENGTH_PARTS)
 
 
-def _joined_on_last_axis(b: dict) -> str | None:
+HALF_LENGTH_PARTS = "(x1 * cos - x2 * sin, x2 * cos + x1 * sin)"
+
+
+def _joined_on_last_axis(b: dict, parts: str) -> str | None:
+    """Why the Concat bound as `rot` (of `parts`) is not on the last axis, or None."""
     if not _last_axis(b["rot"].producer().attributes.get_int("axis"), 4):
-        return "the Concat of (x1 * cos - x2 * sin, x2 * cos + x1 * sin) is not on the last axis"
+        return f"the Concat of {parts} is not on the last axis"
     return None
 
 
-def _doubled(op, value: ir.Value, shared: dict[int, ir.Value]) -> ir.Value:
+def _doubled(op, value: ir.Value, shared: dict) -> ir.Value:
     """cat(value, value) on the last axis, one per value and walk (as _rank4's Unsqueeze)."""
     key = ("doubled", id(value))
     if key not in shared:
