@@ -378,25 +378,18 @@ def _left_padded(batch: int, length: int, pad: int):
     return mask
 
 
-def _pad_id(config) -> int | None:
-    """The id generation pads prompts with (as graphconv.runtime.decoding.pad_id: pad, else eos, in the
-    vocabulary), or None."""
-    text = config.get_text_config(decoder=True)
-    vocab = _attr(text, "vocab_size") or 0
-    for key in ("pad_token_id", "eos_token_id"):
-        value = _attr(config, key)
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(v, int) and 0 <= v < vocab:
-                return v
-    return None
+def _pad_id(config) -> int:
+    """The id generate pads prompts with (graphconv.runtime.decoding.pad_id on the config's ids)."""
+    ids = {key: _attr(config, key) for key in ("pad_token_id", "eos_token_id")}
+    return decoding.pad_id({**ids, "vocab_size": _attr(config.get_text_config(decoder=True), "vocab_size")})
 
 
-def with_pad_ids(inputs: dict, pad: int | None) -> dict:
+def with_pad_ids(inputs: dict, pad: int) -> dict:
     """`inputs` with the ids at the masked positions set to the pad id, as a left-padded batch from generate
     holds them (a pad token's embedding, often zeros, then goes through the model: Helium's epsilon-less norm
     gave NaN there and random ids hid it). The mask covers past + seq positions, the ids the last seq."""
     ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
-    if pad is None or ids is None or mask is None or ids.ndim != 2 or mask.ndim != 2:
+    if ids is None or mask is None or ids.ndim != 2 or mask.ndim != 2:
         return inputs
     ids = ids.clone()
     ids[mask[:, mask.shape[1] - ids.shape[1]:] == 0] = pad
@@ -637,9 +630,10 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
     full = 2 * fp32_bytes <= CHECK_MEMORY_SHARE * psutil.virtual_memory().available
     layers = _attr(config.get_text_config(decoder=True), "num_hidden_layers")
     graphs, shapes = _write(cls, config, checkpoint, task, tmp, opset, store, say, notes, folder)
+    pad = _pad_id(config)
     if full or not layers or layers <= CHECK_LAYERS:
         say("check against PyTorch")
-        _check_all(lambda: _load_model(folder, cls, config, task, []), graphs, _pad_id(config))
+        _check_all(lambda: _load_model(folder, cls, config, task, []), graphs, pad)
     else:
         small = _truncated(config, CHECK_LAYERS)
         say(f"check against PyTorch: the first {CHECK_LAYERS} of {layers} layers, with the checkpoint's weights "
@@ -648,7 +642,7 @@ def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, op
         part = tmp / ".check"
         part.mkdir()
         checked, _ = _write(cls, small, checkpoint, task, part, opset, store, lambda _m: None, [], folder)
-        _check_all(lambda: _load_model(folder, cls, small, task, []), checked, _pad_id(config))
+        _check_all(lambda: _load_model(folder, cls, small, task, []), checked, pad)
         for name, r in graphs.items():
             r.checks = [{**c, "layers": f"first {CHECK_LAYERS} of {layers}"} for c in checked[name].checks]
             r.warnings += checked[name].warnings
@@ -757,7 +751,7 @@ class _Recorded:
         return self._outputs[self._key(inputs)]
 
 
-def _check_all(load_model, results: dict, pad: int | None) -> None:
+def _check_all(load_model, results: dict, pad: int) -> None:
     """Each written graph against the real model's wrapper at its two shapes (export.check_against_torch); the
     decode graph also at an empty cache, where it computes a prompt as the prefill does: `serves_prompt` says
     whether it did (the compile then writes that one graph for both steps, weights once). `load_model()` gives
