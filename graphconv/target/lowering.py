@@ -358,8 +358,7 @@ def dense_weights(graph: ir.Graph) -> set[ir.Value]:
     Why: MindSpore 2.10's ops.matmul of an N-d input by a 2-d weight broadcasts the weight over the batch,
     and its CPU kernel keeps packed copies: running a 0.4 GB Llama at two shapes took 5 GB; ops.dense reads
     the [out, in] weight as is (measured: 8 weights of 16 MB, +900 MB with ops.matmul, +23 MB with dense).
-    With dynamic shapes it is worse: 8 layers of [2048, 5632] weights fed a [2, S, 2048] input took 4.1 GB
-    and 3 s a call through ops.matmul, 1.1 GB and 0.1 s through ops.dense (docs/performance.md).
+    Under dynamic shapes ops.matmul is also some 20 times slower (benchmarks/cpu_matmul_forms.py).
     """
 
     def weight_of_matmuls(value: ir.Value) -> bool:
