@@ -282,7 +282,9 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
     """Every `precision` value of a lowered model as fp32 holding values rounded to `precision`.
 
     Each node that produced a low-precision value now computes in fp32 and rounds its result (Cast to the
-    low dtype and back). Low-precision weights stay as they are and are read through a Cast to fp32 (an exact
+    low dtype and back), named as parts of the node (`<node>::...`), so that the layer grouping keeps them in
+    its layer: a block then passes on the rounded value under its name in the model as given, where the
+    oracle's layer-by-layer run can be cut too. Low-precision weights stay as they are and are read through a Cast to fp32 (an exact
     widening): an fp32 copy would double their bytes, on disk in the spill and in memory, and the low ones are
     the target network's own Parameters, which the verification shares with this network where they agree
     (graphconv/runtime/network.shareable). A graph whose subgraphs read weights (If, Loop) gets fp32 copies
@@ -323,9 +325,11 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
             wide = f"{name}__wide"
             n.output[k] = wide
             if not is_cast:  # computed in fp32: round the result (a Cast to bf16 already rounded)
-                new_nodes.append(helper.make_node("Cast", [wide], [f"{name}__rounded"], name=f"{name}_round", to=low))
+                new_nodes.append(helper.make_node("Cast", [wide], [f"{name}__rounded"], name=f"{n.name}::{name}_round",
+                                                  to=low))
                 wide = f"{name}__rounded"
-            new_nodes.append(helper.make_node("Cast", [wide], [name], name=f"{name}_widen", to=TensorProto.FLOAT))
+            new_nodes.append(helper.make_node("Cast", [wide], [name], name=f"{n.name}::{name}_widen",
+                                              to=TensorProto.FLOAT))
     del g.node[:], g.value_info[:]
     g.node.extend(new_nodes)
     return onnx.shape_inference.infer_shapes(result, data_prop=True)

@@ -182,6 +182,22 @@ def test_layer_streamed_compile_uses_the_layer_by_layer_oracle(tmp_path):
     assert any("onnxsim's output is not run on its own" in w for w in streamed.warnings)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_compile_cuts_the_oracle_at_every_layer(tmp_path, precision):
+    """At --precision bf16/fp16 the network checked on CPU rounds each result (precision.emulate_in_fp32); its
+    blocks still pass on values of the model as given, so the oracle runs one layer at a time (never the whole
+    model, whose weights would all be mapped at once) and every layer's value is compared."""
+    path, _, _ = _scale_model(tmp_path, layers_=2)
+    report = graphconv.compile(path, tmp_path / "s.mindir", target="ascend", layer_streamed=True,
+                               precision=precision)
+    assert report.validation["oracle"] == "onnxruntime (layer by layer)"
+    assert _stage(report, "oracle").detail["pieces"] == 4  # prologue, 2 layers, epilogue
+    blocks = report.validation["layer_streamed"]["blocks"]
+    assert [len(b["values"]) for b in blocks[:-1]] == [1, 1, 1]  # the embedding, then each layer's residual
+    assert all(b["max_abs"] > 0 for b in blocks[1:-1])  # (rounded to bf16/fp16: not onnxruntime's fp32 values)
+    assert not any("runs the model whole" in w for w in report.warnings)
+
+
 def test_run_together_interleaves_and_gives_each_models_numbers():
     """run_together runs two models of the same layers piece by piece, the second's pieces beside the
     first's of the same name (the tiny Llama and a variant whose layer-1 output is scaled, so the numbers
