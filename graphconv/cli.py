@@ -131,13 +131,16 @@ def _precision_options(command):
 @click.option("--cpu-twin/--no-cpu-twin", "cpu_twin", default=None,
               help="Generation folder, --target ascend: write the cpu MindIRs too (default: where this host's "
                    "memory can run them).")
+@click.option("--tp", type=int, metavar="N",
+              help="Tensor parallelism over N ranks: -o names a new directory of rank_<i>.mindir, plan.json and an "
+                   "msrun launch script; verified under msrun on CPU (see docs/cli.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
 def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,
                 atol, rtol,
                 report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, layer_streamed, save_fused,
-                bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, cpu_twin, as_json, quiet,
+                bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, cpu_twin, tp, as_json, quiet,
                 debug):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU.
 
@@ -148,6 +151,10 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     from graphconv.pipeline import compile as compile_model
 
     _set_debug(debug)
+    if tp is not None and (pair.is_pair_dir(model) or stateful_cache):
+        raise click.UsageError("--tp takes a plain .onnx graph in this version (not a generation folder)")
+    if tp is not None and output is None:
+        raise click.UsageError("--tp needs -o OUT_DIR (a new directory)")
     if pair.is_pair_dir(model) or (stateful_cache and model.is_file()):  # (a with-past graph, as a generation folder)
         if output is None:
             raise click.UsageError(f"{model} is a generation source: -o GEN_DIR (a new folder) is required")
@@ -182,7 +189,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
                                emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes),
                                plugins=tuple(plugins), verify_each=verify_each, save_fused=save_fused,
                                layer_streamed=layer_streamed, bundle=bundle, soc=soc, cann=cann,
-                               shape_ranges=_parse_ranges(shape_range))
+                               shape_ranges=_parse_ranges(shape_range), tp=tp)
     except GraphconvError as e:
         if getattr(e, "report", None) is not None and e.exit_code == 2 and not quiet:
             click.echo(e.report.to_json() if as_json else e.report.summary(), err=not as_json)

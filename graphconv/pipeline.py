@@ -279,14 +279,17 @@ class Compiler:
         self.report.validation["precision"] = info
         return low
 
-    def lower(self, model: onnx.ModelProto, loaded: Loaded, ws: Workspace, name: str = "network") -> Lowered:
+    def lower(self, model: onnx.ModelProto, loaded: Loaded, ws: Workspace, name: str = "network",
+              lazy_inline: bool | None = None) -> Lowered:
         """The network's source and weights on disk, and the export task. lazy_inline (codegen.render) for the
         target's MindIR where the target says so; never for the cpu twin, which runs directly."""
+        if lazy_inline is None:
+            lazy_inline = name == "network" and self.target.lazy_inline
         self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
             net, task = emit.prepare(model, ws.dir, name, names=loaded.names, scopes=loaded.scopes,
-                                     lazy_inline=name == "network" and self.target.lazy_inline)
+                                     lazy_inline=lazy_inline)
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"), "layers": net.layers,
                          "parameter_names": param_names.name_summary(ws.path(f"{name}.names.json"))}
         return Lowered(net, task)
@@ -353,7 +356,11 @@ class Compiler:
             precision.check_keep(precision.parse_keep(self.opt.keep_fp32))
         except precision.PrecisionError as e:
             raise InputError(str(e)) from e
-        if self.output.suffix != ".mindir":
+        if self.opt.tp is not None:
+            from graphconv import tensor_parallel
+
+            tensor_parallel.check_options(self.opt, self.output)
+        elif self.output.suffix != ".mindir":
             raise InputError(f"output {self.output} must end in .mindir")
         if not self.output.parent.absolute().is_dir():
             raise InputError(f"output directory {self.output.parent} does not exist")
@@ -365,6 +372,11 @@ class Compiler:
         fused = self.fuse(checked.model, cases, checked.expected, spill)
         if self.opt.precision != "fp32":
             fused = self.apply_precision(fused, spill)
+        if self.opt.tp is not None:
+            from graphconv.tensor_parallel import TensorParallel
+
+            self._commit(ws, TensorParallel(self).run(loaded, checked, fused, cases, ws))
+            return
         cpu_form = opmap.fused.inline_fused(fused)
         network = self.lower(self.target.network_graph(fused, cpu_form), loaded, ws)
         if not self.opt.verify:

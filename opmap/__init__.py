@@ -9,4 +9,4 @@ from opmap import attention_general, control, detection, loss, quant, resize, rn
 from opmap import rotary, sampling, spectral, text  # noqa: F401,E402
 from opmap import einsum, optional, rearrange, refusals, roipool, selection  # noqa: F401,E402
 from opmap import onehot, sorting  # noqa: F401,E402
-from opmap import kv_cache, linear_attention, swiglu, tensor_scatter  # noqa: F401,E402
+from opmap import collective, kv_cache, linear_attention, swiglu, tensor_scatter  # noqa: F401,E402

@@ -113,6 +113,12 @@ def kv_cache_update(cache, new, indices, total_length):
     return written[:ops.dyn_shape(new)[0], :, :total_length.reshape(()).astype(ms.int64)]
 
 
+def all_reduce(x):
+    """graphconv::AllReduce: the sum of x over the ranks of the world group (the primitive made where it is
+    used: graph mode takes a Primitive built in construct)."""
+    return ops.AllReduce()(x)
+
+
 def dependencies(fn) -> list[str]:
     """Other helpers that `fn` calls (they are copied into the generated source before it)."""
     src = inspect.getsource(fn)

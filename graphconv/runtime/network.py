@@ -187,10 +187,18 @@ def run_cases(cell, task: dict, with_placeholders: bool = True) -> dict:
     return {"outputs": results, "case_seconds": seconds}
 
 
+_DEVICE_SET = False
+
+
 def cpu_graph_mode() -> None:
+    """CPU, graph mode. The device is set once per process (MindSpore refuses a second set_device, and a rank
+    under msrun sets it before joining its group: graphconv/runtime/msrun.py)."""
     import mindspore as ms
 
-    ms.set_device("CPU")
+    global _DEVICE_SET
+    if not _DEVICE_SET:
+        ms.set_device("CPU")
+        _DEVICE_SET = True
     ms.set_context(mode=ms.GRAPH_MODE)
 
 

@@ -1,0 +1,121 @@
+"""Running N ranks under MindSpore's own launcher, msrun: the parent side (`run`) and the script each rank
+runs (`python graphconv/runtime/msrun.py TASKS.json`, msrun's argument).
+
+msrun starts a scheduler and N workers with `python` from PATH (the interpreter running graphconv is put
+first), on a master port: a free one is taken per run, so parallel compiles do not collide. Its logs go to the
+run's private directory. msrun is started in a new session and its whole process group is killed on failure,
+timeout or interrupt: no rank outlives the compile. Each rank does the worker task `tasks[rank]` (the same
+tasks a single child does: graphconv/runtime/worker.py) and writes its result file; a rank that dies leaves
+none, which is reported with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from graphconv.errors import InputError, InternalError
+
+TIMEOUT_SECONDS = 1800
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_msrun() -> str:
+    """msrun beside this interpreter (a venv's bin), else on PATH."""
+    here = Path(sys.executable).parent / "msrun"
+    found = str(here) if here.is_file() else shutil.which("msrun")
+    if found is None:
+        raise InputError("--tp: msrun (MindSpore's launcher) is not installed beside this Python nor on PATH")
+    return found
+
+
+def run(tasks: list[dict], workdir: Path, label: str = "msrun", timeout: float = TIMEOUT_SECONDS) -> list[dict]:
+    """Every rank's worker task under msrun (rank i does tasks[i]); their results, or an InternalError naming
+    the first rank that failed."""
+    from graphconv.runtime.child import child_env
+
+    n = len(tasks)
+    logs = workdir / "msrun-logs"
+    for r, task in enumerate(tasks):
+        task["result"] = str(workdir / f"rank{r}.result.json")
+    spec = workdir / "msrun-tasks.json"
+    spec.write_text(json.dumps(tasks))
+    env = child_env(workdir)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    port = free_port()
+    cmd = [find_msrun(), f"--worker_num={n}", f"--local_worker_num={n}", f"--master_port={port}",
+           f"--log_dir={logs}", "--join=True", str(Path(__file__).resolve()), str(spec)]
+    t0 = time.perf_counter()
+    with open(workdir / "msrun.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except BaseException:
+            _kill_group(proc)
+            if isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+                raise InternalError(f"{label}: the ranks did not finish within {timeout:.0f} s") from None
+            raise
+        finally:
+            _kill_group(proc)  # (a rank msrun left behind)
+    results = []
+    for r, task in enumerate(tasks):
+        path = Path(task["result"])
+        if not path.exists():
+            tail = _tail(logs / f"worker_{r}.log") or _tail(workdir / "msrun.log")
+            raise InternalError(f"{label}: rank {r} left no result (msrun exit code {proc.returncode}): {tail}")
+        result = json.loads(path.read_text())
+        if not result.get("ok"):
+            raise InternalError(f"{label}: rank {r} failed: {result.get('error')}")
+        results.append(result)
+    results[0]["msrun_seconds"] = round(time.perf_counter() - t0, 2)
+    return results
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _tail(path: Path) -> str:
+    if not path.exists():
+        return ""
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip() and "[INFO]" not in ln]
+    return " | ".join(lines[-3:])[-400:]
+
+
+def rank_main(spec: str) -> int:
+    """In each rank: join the group, do this rank's task, write its result."""
+    from mindspore.communication import get_rank, init
+
+    from graphconv.runtime import network, worker
+
+    network.cpu_graph_mode()
+    init()
+    task = json.loads(Path(spec).read_text())[get_rank()]
+    result = worker.handle(task)
+    tmp = Path(task["result"]).with_suffix(".partial")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, task["result"])
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)  # (run as a script: this folder's modules must not shadow others)
+    sys.exit(rank_main(sys.argv[1]))

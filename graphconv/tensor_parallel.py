@@ -1,0 +1,189 @@
+"""`compile --tp N`: the compile's back half for a tensor-parallel network (graphconv/pipeline.py runs the front
+half up to the fused graph, as for any compile).
+
+The plan and the rank graphs come from graphconv/target/sharding.py. Each rank's graph is lowered like any
+fused graph (its MindIR for the target, and its cpu twin where the target needs one); the N ranks are then
+exported and run on the reference cases under msrun, MindSpore's own launcher, on this machine's CPU
+(graphconv/runtime/msrun.py): the AllReduce the rank networks hold runs as MindSpore's CPU collective, as it
+runs over HCCL on Ascend. Every rank's outputs are compared with onnxruntime's on the unsharded model. The
+output directory holds rank_<i>.mindir (only that rank's shards), plan.json and launch_ascend.sh.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+import opmap.fused
+from graphconv.errors import InputError, InternalError, VerificationError
+from graphconv.runtime import msrun
+from graphconv.target import sharding
+from graphconv.verify import outputs
+
+LAUNCH_SCRIPT = """#!/bin/sh
+# Run the {n} ranks of {name} on one Ascend host: msrun starts {n} processes, rank i loads rank_<i>.mindir
+# (its shards only) and the AllReduce between them runs over HCCL.
+#
+# UNVERIFIED ON ASCEND: graphconv verified these networks' cpu twins under msrun on CPU (MindSpore's CPU
+# collectives), not on Ascend. Not checked here: HCCL itself, the rank-to-device binding (msrun's
+# default: rank i on device i; set --bind_core / ASCEND_RT_VISIBLE_DEVICES as your host needs), the fused
+# primitives' kernels, and run_rank.py's inputs (give your own: one .npz per call, keys = graph input names).
+set -e
+cd "$(dirname "$0")"
+PORT=${{MASTER_PORT:-8118}}
+msrun --worker_num={n} --local_worker_num={n} --master_port=$PORT --log_dir=msrun_logs --join=True \\
+    run_rank.py "$@"
+"""
+
+RUN_RANK = '''"""One rank of the tensor-parallel network (launched by launch_ascend.sh through msrun):
+python run_rank.py INPUTS.npz -> rank_<i>.out.npz (every rank computes the same outputs)."""
+import sys
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn
+from mindspore.communication import get_rank, init
+
+ms.set_context(mode=ms.GRAPH_MODE)
+ms.set_device("Ascend")
+init()
+rank = get_rank()
+net = nn.GraphCell(ms.load(f"rank_{{rank}}.mindir"))
+data = np.load(sys.argv[1])
+outs = net(*[Tensor(data[name]) for name in {inputs!r}])
+outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+np.savez(f"rank_{{rank}}.out.npz", **{{name: o.asnumpy() for name, o in zip({outputs!r}, outs)}})
+'''
+
+
+def check_options(opt, output: Path) -> None:
+    """The options --tp takes in this version, checked before any work."""
+    if opt.tp < 2:
+        raise InputError(f"--tp {opt.tp}: give at least 2 ranks")
+    if output.exists():
+        raise InputError(f"-o {output} already exists (--tp writes a new directory)")
+    if not output.parent.absolute().is_dir():
+        raise InputError(f"output directory {output.parent} does not exist")
+    for flag, value in (("--bundle", opt.bundle), ("--emit-source", opt.emit_source),
+                        ("--layer-streamed", opt.layer_streamed), ("--verify-each", opt.verify_each),
+                        ("--stateful-cache", opt.cache_capacity)):
+        if value:
+            raise InputError(f"{flag} is not supported with --tp yet")
+    if opt.precision != "fp32":
+        raise InputError("--tp is fp32 only in this version")
+
+
+class TensorParallel:
+    """The shard, lower, emit-and-run (under msrun) and verify stages of a --tp compile (`c`: its Compiler)."""
+
+    def __init__(self, compiler):
+        self.c = compiler
+        self.n = compiler.opt.tp
+
+    def run(self, loaded, checked, fused: onnx.ModelProto, cases, ws) -> dict[Path, Path]:
+        """The rank networks built, run and verified; returns {staged directory: output directory}."""
+        with self.c.report.stage("shard") as st:
+            plan = sharding.plan(fused, self.n)
+            ranks = [sharding.shard(fused, plan, r) for r in range(self.n)]
+            st.detail = {"tp": self.n, "blocks": len(plan.blocks), "all_reduces": len(plan.reduces)}
+        tasks, nets = [], []
+        for r, graph in enumerate(ranks):
+            cpu_form = opmap.fused.inline_fused(graph)
+            net = self.c.lower(self.c.target.network_graph(graph, cpu_form), loaded, ws, f"rank_{r}",
+                               lazy_inline=self.c.target.lazy_inline)
+            twin = self.c.lower(cpu_form, loaded, ws, f"rank_{r}_cpu_twin", lazy_inline=False) \
+                if self.c.target.needs_twin(cpu_form, graph) else None
+            out_dir = ws.path(f"out_rank_{r}")
+            out_dir.mkdir()
+            run = self._case_run(cpu_form, cases, ws, r) if self.c.opt.verify else None
+            export = {**net.task, "file_base": str(out_dir / f"rank_{r}"), "checkpoint": None}
+            tasks.append({"kind": "export_and_verify", "export": export, "run": run,
+                          "twin": twin.task if twin else None} if run else {"kind": "export", **export})
+            nets.append((net, twin))
+        self.c.progress.info(f"emit and run {self.n} ranks under msrun")
+        with self.c.report.stage("emit") as st:
+            t0 = time.perf_counter()
+            results = msrun.run(tasks, ws.dir, f"msrun ({self.n} ranks)")
+            st.detail = {"msrun_seconds": round(time.perf_counter() - t0, 2)}
+        sources = self._sources(ws)
+        total = _weight_bytes(fused)
+        rows = [{"rank": r, "weight_bytes": _weight_bytes(g), "share": round(_weight_bytes(g) / total, 4)}
+                for r, g in enumerate(ranks)]
+        if self.c.opt.verify:
+            self._verify(nets, results, cases, checked.expected, rows)
+        else:
+            self.c.report.validation["status"] = self.c.report.status = "unverified"
+        self.c.report.validation["tensor_parallel"] = {"tp": self.n, "unsharded_weight_bytes": total, "ranks": rows,
+                                                       "run": "msrun on CPU (MindSpore's CPU collectives)"}
+        return {self._stage_output(plan, sources, results, fused, ws): Path(self.c.output)}
+
+    def _case_run(self, model, cases, ws, rank: int) -> dict:
+        from graphconv.target import emit
+
+        specs = emit.placeholders(model)
+        run = {"cases": [], "outputs": [], "input_names": [s["name"] for s in specs], "inputs": specs}
+        for k, case in enumerate(cases):
+            path = ws.path(f"case{k}.npz")
+            if not path.exists():
+                np.savez(path, **case.inputs)
+            run["cases"].append(str(path))
+            run["outputs"].append(str(ws.path(f"case{k}.rank{rank}.out.npz")))
+        return run
+
+    def _verify(self, nets, results, cases, expected, rows) -> None:
+        self.c.progress.info(f"verify ({self.n} ranks under msrun vs onnxruntime on the unsharded model)")
+        with self.c.report.stage("verify"):
+            failures = []
+            for r, ((net, twin), result) in enumerate(zip(nets, results)):
+                done = result.get("verify") or {"error": result.get("verify_error", "no result")}
+                if "error" in done:
+                    raise InternalError(f"rank {r} does not run on CPU under msrun: {done['error']}")
+                check = outputs.compare_outputs(cases, expected, done["outputs"], (twin or net).net.output_names,
+                                                lambda ref: self.c.tolerance(True, ref))
+                rows[r]["max_abs"] = max(o["max_abs"] for c in check.cases for o in c["outputs"])
+                rows[r]["case_seconds"] = done.get("case_seconds")
+                failures += [f"rank {r}: {f}" for f in check.failures]
+                if r == 0:
+                    atol, rtol = self.c.tolerance(compiled=True)
+                    self.c.report.validation.update({"atol": atol, "rtol": rtol, "cases": check.cases})
+            self.c.report.validation["status"] = "failed" if failures else "verified"
+            self.c.report.validation["checked"] = ("cpu twins" if nets[0][1] else "MindIRs") + \
+                f" of the {self.n} ranks, under msrun"
+            if failures:
+                raise VerificationError("verification failed: " + "; ".join(failures[:3]))
+        self.c.report.status = "verified"
+
+    def _sources(self, ws) -> dict[str, str]:
+        """ONNX initializer -> the model's own (PyTorch) name, from the lowering's name mapping."""
+        path = ws.path("rank_0.names.json")
+        if not path.exists():
+            return {}
+        return {e["onnx"]: name for name, e in json.loads(path.read_text()).items()}
+
+    def _stage_output(self, plan, sources, results, fused, ws) -> Path:
+        staged = ws.path("tp_out")
+        staged.mkdir()
+        for r, result in enumerate(results):
+            for f in map(Path, result["files"]):
+                f.rename(staged / f.name.replace(f"rank_{r}_graph", f"rank_{r}"))
+        (staged / "plan.json").write_text(json.dumps(plan.as_json(sources), indent=1) + "\n")
+        name = Path(self.c.output).name
+        launch = staged / "launch_ascend.sh"
+        launch.write_text(LAUNCH_SCRIPT.format(n=self.n, name=name))
+        launch.chmod(0o755)
+        (staged / "run_rank.py").write_text(RUN_RANK.format(
+            inputs=[i.name for i in fused.graph.input if i.name not in {t.name for t in fused.graph.initializer}],
+            outputs=[o.name for o in fused.graph.output]))
+        self.c.report.artifacts.update({"tp_dir": str(self.c.output), "plan": str(Path(self.c.output) / "plan.json"),
+                                        "launch": str(Path(self.c.output) / "launch_ascend.sh")})
+        return staged
+
+
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of a graph's float weights (what its MindIR holds, up to folded constants)."""
+    return sum(int(np.prod(t.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+               for t in model.graph.initializer if t.data_type in sharding._FLOATS)
