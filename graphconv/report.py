@@ -122,6 +122,11 @@ class Report:
                               f"{ort['onnxruntime_max_abs']:.3g})") if ort else ""
                     lines.append(f"    {case['name']:<8} {out['name']:<20} max_abs {out['max_abs']:.3g}  "
                                  f"mean_abs {out['mean_abs']:.3g}  cosine {out['cosine']:.6f}  {flag}{beside}")
+        tp = self.validation.get("tensor_parallel")
+        for row in tp["ranks"] if tp else []:
+            err = f"  max_abs {row['max_abs']:.3g}" if "max_abs" in row else ""
+            lines.append(f"    rank {row['rank']:<3} weights {row['weight_bytes']:,} bytes ({row['share']:.1%} of "
+                         f"{tp['unsharded_weight_bytes']:,}){err}")
         ap = self.validation.get("ascend_precision")
         if ap and "outputs" not in ap:  # (not measured: e.g. an fp16 model's fused ops take fp16 already)
             lines.append(f"  ascend precision: {ap['status']} ({ap.get('why', '')})")

@@ -22,7 +22,7 @@ import opmap.fused
 from graphconv.errors import InputError, InternalError, VerificationError
 from graphconv.runtime import msrun
 from graphconv.target import sharding
-from graphconv.verify import outputs
+from graphconv.verify import census, outputs
 
 LAUNCH_SCRIPT = """#!/bin/sh
 # Run the {n} ranks of {name} on one Ascend host: msrun starts {n} processes, rank i loads rank_<i>.mindir
@@ -109,6 +109,7 @@ class TensorParallel:
             t0 = time.perf_counter()
             results = msrun.run(tasks, ws.dir, f"msrun ({self.n} ranks)")
             st.detail = {"msrun_seconds": round(time.perf_counter() - t0, 2)}
+        self.c.report.census = census.primitive_census(next(f for f in results[0]["files"] if f.endswith(".mindir")))
         sources = self._sources(ws)
         total = _weight_bytes(fused)
         rows = [{"rank": r, "weight_bytes": _weight_bytes(g), "share": round(_weight_bytes(g) / total, 4)}
