@@ -184,6 +184,9 @@ class _Planner:
             _fail(f"{n} ranks do not divide the {h} attention heads of {fa.name!r}")
         if kv % n and n % kv:
             _fail(f"{n} ranks neither divide the {kv} kv heads of {fa.name!r} nor are a multiple of them")
+        for k, what in ((3, "mask"), (4, "real_shift")):  # (one for every head: the same on every rank)
+            if len(fa.input) > k and fa.input[k] and self.head_dim_of(fa.input[k]) not in (None, 1):
+                _fail(f"the {what} of {fa.name!r} differs per head: its split is not planned")
         q_per, kv_per = h // n, max(kv // n, 1)
         q_heads = [list(range(r * q_per, (r + 1) * q_per)) for r in range(n)]
         kv_heads = [list(range(r * kv_per, (r + 1) * kv_per)) if kv >= n else [r * kv // n] for r in range(n)]
@@ -281,6 +284,19 @@ class _Planner:
         if axis != -1 and axis != self.rank_of(node.input[0]) - 1:
             _fail(f"{node.name!r} splits axis {axis}, not the features")
         return [int(s) for s in sizes]
+
+    def head_dim_of(self, value: str) -> int | None:
+        """Dim 1 of a 4-d value (a mask's heads): None below rank 4; -1 where it is not known."""
+        const = self.g.const(value)
+        if const is not None:
+            return const.shape[1] if const.ndim == 4 else None
+        vi = next((v for v in self.g.model.graph.value_info if v.name == value), None)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            return -1
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) < 4:
+            return None
+        return dims[1].dim_value if dims[1].HasField("dim_value") else -1
 
     def rank_of(self, value: str) -> int:
         vi = next((v for v in [*self.g.model.graph.value_info, *self.g.model.graph.input] if v.name == value), None)

@@ -1,0 +1,262 @@
+"""compile --tp N (graphconv/target/sharding.py, graphconv/tensor_parallel.py).
+
+1. The plan of a hand-built fused graph (one attention block with GQA and a bias, one SwiGLU MLP): each
+   weight's split is the one Megatron's scheme gives, worked out by hand below, and the ranks' graphs, run by
+   onnxruntime with their partial sums added where the AllReduce sits (tests/tp_simulate.py), compute the
+   unsharded graph's outputs.
+2. Bad inputs: N not dividing the heads, a graph with no recognised block, N = 1.
+3. End to end: transformers' tiny Llama (GQA) exported as users export it, `compile --tp 2` verified under
+   msrun on CPU; a bad N through the command line: one line, exit 1, nothing written. --tp 4 and Qwen2 /
+   GPT-2 are slow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import opmap.fused
+from graphconv.target import sharding
+from tp_simulate import run_ranks
+
+ROOT = Path(__file__).resolve().parent.parent
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INNER = 16, 4, 2, 4, 32
+
+
+def _block(heads: int = HEADS, kv_heads: int = KV_HEADS) -> onnx.ModelProto:
+    """x -> attention (q [16, 16], k and v [16, 8] with a v bias; GQA 4/2 heads of 4) -> output projection
+    [16, 16] + x -> SwiGLU MLP (gate/up merged [16, 64], down [32, 16]) + residual."""
+    rng = np.random.default_rng(0)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    def c(name, values):
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    q, kv = heads * HEAD_DIM, kv_heads * HEAD_DIM
+    inits = [w("Wq", HIDDEN, q), w("Wk", HIDDEN, kv), w("Wv", HIDDEN, kv), w("bv", kv), w("Wo", q, HIDDEN),
+             w("Wgu", HIDDEN, 2 * INNER), w("Wd", INNER, HIDDEN),
+             c("q_shape", [0, 0, heads, HEAD_DIM]), c("kv_shape", [0, 0, -1, HEAD_DIM]),
+             c("v_shape", [0, 0, kv_heads, HEAD_DIM]), c("merge", [0, 0, q]),
+             numpy_helper.from_array(np.array(0, np.float32), "no_shift"),
+             numpy_helper.from_array(np.zeros((1, 1, 1, 1), np.float32), "mask")]
+    t = dict(perm=[0, 2, 1, 3])
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q0"], name="q_proj"),
+        helper.make_node("Reshape", ["q0", "q_shape"], ["q1"], name="q_view"),
+        helper.make_node("Transpose", ["q1"], ["q"], name="q_t", **t),
+        helper.make_node("MatMul", ["x", "Wk"], ["k0"], name="k_proj"),
+        helper.make_node("Reshape", ["k0", "kv_shape"], ["k1"], name="k_view"),
+        helper.make_node("Transpose", ["k1"], ["k"], name="k_t", **t),
+        helper.make_node("MatMul", ["x", "Wv"], ["v0"], name="v_proj"),
+        helper.make_node("Add", ["v0", "bv"], ["v0b"], name="v_bias"),
+        helper.make_node("Reshape", ["v0b", "v_shape"], ["v1"], name="v_view"),
+        helper.make_node("Transpose", ["v1"], ["v"], name="v_t", **t),
+        helper.make_node("FlashAttentionScore", ["q", "k", "v", "mask", "no_shift"], ["a"], name="attention",
+                         domain="mindspore", scale=HEAD_DIM ** -0.5, head_num=heads, kv_head_num=kv_heads,
+                         mask_kind="additive",
+                         input_layout="BNSD", sparse_mode=0),
+        helper.make_node("Transpose", ["a"], ["a1"], name="a_t", **t),
+        helper.make_node("Reshape", ["a1", "merge"], ["a2"], name="a_view"),
+        helper.make_node("MatMul", ["a2", "Wo"], ["o"], name="o_proj"),
+        helper.make_node("Add", ["x", "o"], ["h"], name="residual_1"),
+        helper.make_node("MatMul", ["h", "Wgu"], ["gu"], name="gate_up_proj"),
+        helper.make_node("Swiglu", ["gu"], ["act"], name="swiglu", domain="mindspore", dim=-1),
+        helper.make_node("MatMul", ["act", "Wd"], ["d"], name="down_proj"),
+        helper.make_node("Add", ["h", "d"], ["y"], name="residual_2"),
+    ]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "S", HIDDEN]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "block", io[:1], io[1:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(model), data_prop=True)
+
+
+def _columns(*ranges):
+    return [list(r) for r in ranges]
+
+
+# By hand, Megatron's scheme for HEADS=4, KV_HEADS=2, HEAD_DIM=4, INNER=32. A MatMul weight is [in, out]:
+# column-parallel splits axis 1, row-parallel axis 0.
+EXPECTED = {
+    2: {  # q heads {0,1} | {2,3}; kv heads {0} | {1}; MLP hidden [0, 16) | [16, 32)
+        "Wq": (1, [[(0, 8)], [(8, 16)]]),
+        "Wk": (1, [[(0, 4)], [(4, 8)]]),
+        "Wv": (1, [[(0, 4)], [(4, 8)]]),
+        "bv": (0, [[(0, 4)], [(4, 8)]]),
+        "Wo": (0, [[(0, 8)], [(8, 16)]]),
+        "Wgu": (1, [[(0, 16), (32, 48)], [(16, 32), (48, 64)]]),  # the gate's columns and the up's
+        "Wd": (0, [[(0, 16)], [(16, 32)]]),
+    },
+    4: {  # q head r; 2 kv heads over 4 ranks: ranks 0, 1 hold kv head 0, ranks 2, 3 kv head 1
+        "Wq": (1, [[(0, 4)], [(4, 8)], [(8, 12)], [(12, 16)]]),
+        "Wk": (1, [[(0, 4)], [(0, 4)], [(4, 8)], [(4, 8)]]),
+        "Wv": (1, [[(0, 4)], [(0, 4)], [(4, 8)], [(4, 8)]]),
+        "bv": (0, [[(0, 4)], [(0, 4)], [(4, 8)], [(4, 8)]]),
+        "Wo": (0, [[(0, 4)], [(4, 8)], [(8, 12)], [(12, 16)]]),
+        "Wgu": (1, [[(0, 8), (32, 40)], [(8, 16), (40, 48)], [(16, 24), (48, 56)], [(24, 32), (56, 64)]]),
+        "Wd": (0, [[(0, 8)], [(8, 16)], [(16, 24)], [(24, 32)]]),
+    },
+}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_plan_of_a_block_is_megatrons(tp):
+    model = _block()
+    plan = sharding.plan(model, tp)
+    got = {n: (w.axis, w.slices) for n, w in plan.weights.items() if w.axis is not None}
+    assert got == {n: (axis, [list(s) for s in slices]) for n, (axis, slices) in EXPECTED[tp].items()}
+    assert plan.heads == {"attention": (HEADS // tp, max(KV_HEADS // tp, 1))}
+    assert sorted(plan.reduces) == ["down_proj", "o_proj"]
+    # the reshapes naming a head count or the merged width get the rank's; the -1 one is left alone
+    assert plan.reshapes == {"q_view": (2, [HEADS // tp] * tp), "v_view": (2, [max(KV_HEADS // tp, 1)] * tp),
+                             "a_view": (2, [HIDDEN // tp] * tp)}
+    json.dumps(plan.as_json())  # (plan.json)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_ranks_summed_equal_the_unsharded_block(tp):
+    model = _block()
+    plan = sharding.plan(model, tp)
+    ranks = [sharding.shard(model, plan, r) for r in range(tp)]
+    for r, m in enumerate(ranks):
+        onnx.checker.check_model(m)
+        weights = {t.name: list(t.dims) for t in m.graph.initializer}
+        assert weights["Wq"] == [HIDDEN, 16 // tp] and weights["Wd"] == [INNER // tp, HIDDEN]
+        assert sum(n.op_type == sharding.ALL_REDUCE for n in m.graph.node) == 2
+    x = np.random.default_rng(1).standard_normal((3, 5, HIDDEN)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    for got in run_ranks(ranks, {"x": x}):
+        np.testing.assert_allclose(got[0], expected, atol=1e-5, rtol=1e-5)
+    # one rank alone (the AllReduce as its identity) is not the model: the sums matter
+    alone = ort.InferenceSession(ranks[0].SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(alone - expected).max() > 1e-2
+
+
+def test_heads_not_divisible():
+    with pytest.raises(sharding.ShardingError, match=r"3 ranks do not divide the 4 attention heads of 'attention'"):
+        sharding.plan(_block(), 3)
+
+
+def test_kv_heads_neither_divisible_nor_multiple():
+    sharding.plan(_block(6, 3), 3)  # (3 kv heads over 3 ranks: split)
+    with pytest.raises(sharding.ShardingError, match="2 ranks neither divide the 3 kv heads of 'attention'"):
+        sharding.plan(_block(6, 3), 2)
+
+
+def test_no_recognised_layers():
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+                               helper.make_node("Relu", ["m"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w])
+    with pytest.raises(sharding.ShardingError, match="no attention or MLP block found"):
+        sharding.plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), 2)
+
+
+def test_one_rank_is_refused():
+    with pytest.raises(sharding.ShardingError, match="at least 2 ranks"):
+        sharding.plan(_block(), 1)
+
+
+# --- end to end -------------------------------------------------------------------------------------------
+
+TINY = {"vocab_size": 128}
+
+
+def _checkpoint(kind: str, path: Path) -> Path:
+    import torch
+    import transformers as tf
+
+    from models.hf import INITIALIZER_RANGE
+
+    tiny = {**TINY, "initializer_range": INITIALIZER_RANGE}
+    decoder = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=128)
+    models = {
+        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**tiny, **decoder, bos_token_id=1, eos_token_id=2)),
+        "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**tiny, **decoder)),
+        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(**tiny, n_positions=128, n_embd=64, n_layer=2, n_head=4,
+                                                         bos_token_id=127, eos_token_id=127)),
+    }
+    torch.manual_seed(0)
+    models[kind]().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("tp")
+    cache = {}
+
+    def get(kind: str) -> Path:
+        if kind not in cache:
+            src = _checkpoint(kind, root / f"{kind}-ckpt")
+            out = root / f"{kind}-exp"
+            r = subprocess.run([sys.executable, "-m", "graphconv", "export", str(src), "-o", str(out), "--task",
+                                "text-generation", "-q"], capture_output=True, text=True, cwd=ROOT)
+            assert r.returncode == 0, r.stderr
+            cache[kind] = out / "model.onnx"
+        return cache[kind]
+
+    return get
+
+
+def _compile(model: Path, out: Path, tp: int, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "graphconv", "compile", str(model), "--tp", str(tp), "-o", str(out),
+                           "--report", str(out.with_suffix(".json")), "-q", *extra], capture_output=True, text=True,
+                          cwd=ROOT)
+
+
+def _check_compiled(out: Path, tp: int) -> dict:
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"rank_{r}.mindir" for r in range(tp)] + ["plan.json", "launch_ascend.sh", "run_rank.py"])
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["status"] == "verified"
+    rows = report["validation"]["tensor_parallel"]["ranks"]
+    assert [r["rank"] for r in rows] == list(range(tp))
+    for row in rows:
+        assert row["max_abs"] < 1e-4 and row["share"] < 1.0
+    assert report["census"]["AllReduce"] == 4  # 2 layers x (attention out, MLP down)
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["tp"] == tp and [b["kind"] for b in plan["blocks"]].count("attention") == 2
+    assert "UNVERIFIED ON ASCEND" in (out / "launch_ascend.sh").read_text()
+    return plan
+
+
+def test_llama_tp2_under_msrun(exported, tmp_path):
+    model = exported("llama")
+    out = tmp_path / "llama-tp2"
+    r = _compile(model, out, 2)
+    assert r.returncode == 0, r.stderr
+    plan = _check_compiled(out, 2)
+    q = next(w for w in plan["weights"].values() if w["source"] == "model.layers.0.self_attn.q_proj.weight")
+    assert q["split"] == "axis" and len(q["slices"]) == 2
+    embed = plan["weights"]["model.model.embed_tokens.weight"]
+    assert embed["split"] == "replicated" and "embedding" in embed["role"]
+
+
+def test_llama_bad_tp_one_line_nothing_written(exported, tmp_path):
+    out = tmp_path / "llama-tp3"
+    r = _compile(exported("llama"), out, 3)
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0 and "3 ranks do not divide the 4 attention heads" in r.stderr
+    assert not out.exists() and not any(p.name.startswith(".graphconv-tmp") for p in tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,tp", [("llama", 4), ("qwen2", 2), ("qwen2", 4), ("gpt2", 2), ("gpt2", 4)])
+def test_tp_under_msrun_slow(exported, tmp_path, kind, tp):
+    out = tmp_path / f"{kind}-tp{tp}"
+    r = _compile(exported(kind), out, tp)
+    assert r.returncode == 0, r.stderr
+    _check_compiled(out, tp)
