@@ -147,7 +147,8 @@ def test_heads_not_divisible():
 
 
 def test_kv_heads_neither_divisible_nor_multiple():
-    sharding.plan(_block(6, 3), 3)  # (3 kv heads over 3 ranks: split)
+    with pytest.raises(sharding.ShardingError, match="3 ranks do not divide the 32 hidden features of the MLP"):
+        sharding.plan(_block(6, 3), 3)  # (3 kv heads over 3 ranks split; the MLP cannot be)
     with pytest.raises(sharding.ShardingError, match="2 ranks neither divide the 3 kv heads of 'attention'"):
         sharding.plan(_block(6, 3), 2)
 
