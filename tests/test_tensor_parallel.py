@@ -240,8 +240,12 @@ def test_llama_tp2_under_msrun(exported, tmp_path):
     r = _compile(model, out, 2)
     assert r.returncode == 0, r.stderr
     plan = _check_compiled(out, 2)
-    q = next(w for w in plan["weights"].values() if w["source"] == "model.layers.0.self_attn.q_proj.weight")
-    assert q["split"] == "axis" and len(q["slices"]) == 2
+    q = plan["weights"]["model.model.layers.0.self_attn.q_proj.weight"]  # [in, out]: 4 heads of 16 -> 2 + 2
+    assert q["split"] == "axis" and q["axis"] == 1 and q["slices"] == [[[0, 32]], [[32, 64]]]
+    k = plan["weights"]["model.model.layers.0.self_attn.k_proj.weight"]  # 2 kv heads of 16 -> 1 + 1
+    assert k["slices"] == [[[0, 16]], [[16, 32]]]
+    down = plan["weights"]["model.model.layers.0.mlp.down_proj.weight"]  # row-parallel: [in, out] axis 0
+    assert down["axis"] == 0 and down["slices"] == [[[0, 64]], [[64, 128]]]
     embed = plan["weights"]["model.model.embed_tokens.weight"]
     assert embed["split"] == "replicated" and "embedding" in embed["role"]
 

@@ -67,8 +67,8 @@ class WeightSplit:
         parts = [np.take(array, np.arange(a, b), axis=self.axis) for a, b in self.slices[rank]]
         return np.ascontiguousarray(np.concatenate(parts, axis=self.axis))
 
-    def as_dict(self, source: str | None) -> dict:
-        d = {"role": self.role, "shape": self.shape, "source": source}
+    def as_dict(self) -> dict:
+        d = {"role": self.role, "shape": self.shape, "onnx": self.name}
         if self.axis is None:
             return {**d, "split": "replicated"}
         return {**d, "split": "axis", "axis": self.axis, "slices": [[list(r) for r in s] for s in self.slices]}
@@ -85,10 +85,21 @@ class Plan:
     notes: list[str]
 
     def as_json(self, sources: dict[str, str] | None = None) -> dict:
-        sources = sources or {}
+        """plan.json: the weights keyed by the model's own names where known (`sources`: ONNX name -> name)."""
+        sources, keys = sources or {}, {}
+        for n in self.weights:  # (two initializers of one source name keep their ONNX names)
+            keys[n] = sources[n] if n in sources and sources[n] not in keys.values() else n
+
+        def named(value):
+            if isinstance(value, dict):
+                return {k: named(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [named(v) for v in value]
+            return keys.get(value, value) if isinstance(value, str) else value
+
         return {"tp": self.tp, "scheme": "megatron: attention by heads, MLP column/row, AllReduce after each row-"
                                          "parallel projection; embedding and LM head replicated in this version",
-                "blocks": self.blocks, "weights": {n: w.as_dict(sources.get(n)) for n, w in self.weights.items()},
+                "blocks": named(self.blocks), "weights": {keys[n]: w.as_dict() for n, w in self.weights.items()},
                 "notes": self.notes}
 
 
