@@ -44,7 +44,7 @@ def find_msrun() -> str:
 def run(tasks: list[dict], workdir: Path, label: str = "msrun", timeout: float = TIMEOUT_SECONDS) -> list[dict]:
     """Every rank's worker task under msrun (rank i does tasks[i]); their results, or an InternalError naming
     the first rank that failed."""
-    from graphconv.runtime.child import child_env
+    from graphconv.runtime.child import _die_with_parent, child_env
 
     n = len(tasks)
     logs = workdir / "msrun-logs"
@@ -60,7 +60,8 @@ def run(tasks: list[dict], workdir: Path, label: str = "msrun", timeout: float =
     t0 = time.perf_counter()
     with open(workdir / "msrun.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         try:
             proc.wait(timeout=timeout)
         except BaseException:
