@@ -265,3 +265,25 @@ def test_tp_under_msrun_slow(exported, tmp_path, kind, tp):
     r = _compile(exported(kind), out, tp)
     assert r.returncode == 0, r.stderr
     _check_compiled(out, tp)
+
+
+# --- msrun ------------------------------------------------------------------------------------------------
+
+def test_msrun_rank_failure_and_timeout(tmp_path):
+    """A rank whose task fails is named; a run past its timeout is killed, msrun's whole group with it."""
+    import psutil
+
+    from graphconv.errors import InternalError
+    from graphconv.runtime import msrun
+
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    with pytest.raises(InternalError, match=r"rank \d failed: KeyError"):
+        msrun.run([{"kind": "no-such-task"}, {"kind": "no-such-task"}], failing)
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    with pytest.raises(InternalError, match="did not finish within 1 s"):
+        msrun.run([{"kind": "no-such-task"}, {"kind": "no-such-task"}], slow, timeout=1)
+    spec = str(slow / "msrun-tasks.json")
+    left = [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
+    assert not left

@@ -63,26 +63,38 @@ def run(tasks: list[dict], workdir: Path, label: str = "msrun", timeout: float =
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         try:
-            proc.wait(timeout=timeout)
-        except BaseException:
-            _kill_group(proc)
-            if isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
-                raise InternalError(f"{label}: the ranks did not finish within {timeout:.0f} s") from None
-            raise
+            while proc.poll() is None:
+                if time.perf_counter() - t0 > timeout:
+                    raise InternalError(f"{label}: the ranks did not finish within {timeout:.0f} s")
+                if any(_failed(t) for t in tasks):  # (the others may wait for it in a collective: no use waiting)
+                    break
+                time.sleep(0.25)
         finally:
-            _kill_group(proc)  # (a rank msrun left behind)
-    results = []
+            _kill_group(proc)  # (on failure, timeout or interrupt; after success, any rank msrun left behind)
+    results = {}
     for r, task in enumerate(tasks):
         path = Path(task["result"])
-        if not path.exists():
+        results[r] = json.loads(path.read_text()) if path.exists() else None
+    for r, result in results.items():
+        if result is not None and not result.get("ok"):
+            raise InternalError(f"{label}: rank {r} failed: {result.get('error')}")
+    for r, result in results.items():
+        if result is None:
             tail = _tail(logs / f"worker_{r}.log") or _tail(workdir / "msrun.log")
             raise InternalError(f"{label}: rank {r} left no result (msrun exit code {proc.returncode}): {tail}")
-        result = json.loads(path.read_text())
-        if not result.get("ok"):
-            raise InternalError(f"{label}: rank {r} failed: {result.get('error')}")
-        results.append(result)
     results[0]["msrun_seconds"] = round(time.perf_counter() - t0, 2)
-    return results
+    return list(results.values())
+
+
+def _failed(task: dict) -> bool:
+    path = Path(task["result"])
+    if not path.exists():
+        return False
+    try:
+        result = json.loads(path.read_text())
+    except ValueError:
+        return False
+    return not result.get("ok") or "verify_error" in result
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -113,7 +125,7 @@ def rank_main(spec: str) -> int:
     tmp = Path(task["result"]).with_suffix(".partial")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, task["result"])
-    return 0 if result["ok"] else 1
+    return 0  # (a failed task is in its result: a rank exiting non-zero holds msrun up until its cluster times out)
 
 
 if __name__ == "__main__":
