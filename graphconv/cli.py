@@ -78,7 +78,8 @@ def _precision_options(command):
 
     return click.option("--precision", type=click.Choice(PRECISIONS), default="fp32",
                         show_default=True,
-                        help="Weights and compute dtype; numerically sensitive ops stay fp32 (see --keep-fp32).")(command)
+                        help="Weights and compute dtype; numerically sensitive ops stay fp32 "
+                             "(see --keep-fp32).")(command)
 
 
 @cli.command("compile")
@@ -105,13 +106,15 @@ def _precision_options(command):
               help="Also write the generated MindSpore network.py and network.ckpt into this new directory.")
 @click.option("--passes", "pass_spec", metavar="P1,P2,...",
               help="The pass pipeline, in order (default: every default pass; see `graphconv passes`).")
-@click.option("--disable-pass", "disable_passes", multiple=True, metavar="NAME", help="Leave this pass out; repeatable.")
+@click.option("--disable-pass", "disable_passes", multiple=True, metavar="NAME",
+              help="Leave this pass out; repeatable.")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="Import MODULE first; its register_pass/rewrite_pass calls add passes. Repeatable.")
 @click.option("--verify-each", is_flag=True,
               help="Check the graph against the oracle after every pass; name the first pass that breaks it.")
 @click.option("--layer-streamed/--whole-network", "layer_streamed", default=None,
-              help="Verify block by block and run onnxruntime layer by layer, one layer's weights at a time (default: past 2 GiB of weights), or whole.")
+              help="Verify block by block and run onnxruntime layer by layer, one layer's weights at a time "
+                   "(default: past 2 GiB of weights), or whole.")
 @click.option("--save-fused", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the fused ONNX graph (mindspore-domain ops with their function bodies).")
 @click.option("--bundle", type=click.Path(file_okay=False, path_type=Path),
@@ -306,7 +309,8 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
 @click.option("--atol", type=float, default=1e-4, show_default=True, help="With --check: the logits' tolerance.")
 @click.option("--do-sample", is_flag=True,
               help="Sample each token as transformers' generate(do_sample=True) does (default: greedy).")
-@click.option("--temperature", type=float, help="With --do-sample (default: the checkpoint's generation_config, else 1).")
+@click.option("--temperature", type=float,
+              help="With --do-sample (default: the checkpoint's generation_config, else 1).")
 @click.option("--top-k", type=int, help="With --do-sample: keep the k highest logits, 0 keeps all (default: the "
               "checkpoint's, else 50).")
 @click.option("--top-p", type=float, help="With --do-sample: keep the smallest set of tokens whose probability "

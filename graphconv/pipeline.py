@@ -348,7 +348,8 @@ class Compiler:
 
     def _check_options(self) -> None:
         if self.opt.precision not in precision.PRECISIONS:
-            raise InputError(f"unknown precision {self.opt.precision!r} (choose from {', '.join(precision.PRECISIONS)})")
+            raise InputError(f"unknown precision {self.opt.precision!r} "
+                             f"(choose from {', '.join(precision.PRECISIONS)})")
         self.target.check(self.opt.precision)
         if self.opt.keep_fp32 is not None and self.opt.precision == "fp32":
             raise InputError("--keep-fp32 needs --precision fp16 or bf16")

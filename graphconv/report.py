@@ -94,8 +94,8 @@ class Report:
                 lines.append(f"  {name}: {len(notes) - 5} more notes in the report's stages")
         grouping = next((s.detail.get("layers") for s in self.stages if s.name == "lower" and s.detail), None)
         if grouping:
-            line = f"  layers: {grouping.get('grouped', 0)} of {grouping.get('layers', 0)} in {grouping.get('classes', 0)} " \
-                   f"Cell class(es)"
+            line = f"  layers: {grouping.get('grouped', 0)} of {grouping.get('layers', 0)} in " \
+                   f"{grouping.get('classes', 0)} Cell class(es)"
             if grouping.get("reason") or grouping.get("inline"):
                 line += f" ({grouping.get('reason') or 'inline: layers ' + ', '.join(map(str, grouping['inline']))})"
             lines.append(line)
@@ -147,7 +147,8 @@ class Report:
         if self.scheduling:
             off = [k for k, on in self.scheduling.get("switches", {}).items() if not on]
             said = [f"oracle {self.scheduling['oracle']}"] if "oracle" in self.scheduling else []
-            lines.append("  scheduling: " + "; ".join(said + [f"off: {', '.join(off)}" if off else "every mechanism on"]))
+            state = f"off: {', '.join(off)}" if off else "every mechanism on"
+            lines.append("  scheduling: " + "; ".join(said + [state]))
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         for k, v in self.artifacts.items():
