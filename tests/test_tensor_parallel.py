@@ -259,10 +259,12 @@ def test_llama_bad_tp_one_line_nothing_written(exported, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,tp", [("llama", 4), ("qwen2", 2), ("qwen2", 4), ("gpt2", 2), ("gpt2", 4)])
-def test_tp_under_msrun_slow(exported, tmp_path, kind, tp):
+@pytest.mark.parametrize("kind,tp,target", [("llama", 4, "ascend"), ("qwen2", 2, "ascend"), ("qwen2", 4, "ascend"),
+                                            ("gpt2", 2, "ascend"), ("gpt2", 4, "ascend"), ("llama", 2, "cpu")])
+def test_tp_under_msrun_slow(exported, tmp_path, kind, tp, target):
+    """(--target cpu: the ranks run their MindIRs, loaded by mindspore.load + GraphCell, under msrun.)"""
     out = tmp_path / f"{kind}-tp{tp}"
-    r = _compile(exported(kind), out, tp)
+    r = _compile(exported(kind), out, tp, "--target", target)
     assert r.returncode == 0, r.stderr
     _check_compiled(out, tp)
 

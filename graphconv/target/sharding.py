@@ -157,16 +157,13 @@ def _fail(msg: str):
     raise ShardingError(f"--tp: {msg}")
 
 
-def _ranges(start: int, size: int) -> list[tuple[int, int]]:
-    return [(start, start + size)]
-
-
 class _Planner:
     def __init__(self, model: onnx.ModelProto, tp: int):
         self.g, self.tp = _Graph(model), tp
         self.weights: dict[str, WeightSplit] = {}
         self.heads, self.reshapes, self.reduces, self.blocks, self.notes = {}, {}, [], [], []
         self.claimed: set[str] = set()  # nodes inside a sharded block
+        self.pending: list = []  # (Reshape of q/k/v features, entry, weight): sized once the weight's slices are
 
     # --- weights --------------------------------------------------------------------------------------
     def split_weight(self, node: onnx.NodeProto, role: str, column: bool, slices) -> None:
@@ -201,7 +198,7 @@ class _Planner:
         q_per, kv_per = h // n, max(kv // n, 1)
         q_heads = [list(range(r * q_per, (r + 1) * q_per)) for r in range(n)]
         kv_heads = [list(range(r * kv_per, (r + 1) * kv_per)) if kv >= n else [r * kv // n] for r in range(n)]
-        chains, self.pending = {}, []
+        chains = {}
         for k, (which, per_rank, count) in enumerate((("q", q_heads, h), ("k", kv_heads, kv), ("v", kv_heads, kv))):
             chains[which], head_dim = self.trace_projection(fa, fa.input[k], which, per_rank, count)
         for reshape, axis, w in self.pending:
