@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphconv.errors import CacheNotHeld, InputError, UnsupportedError
+from graphconv.errors import CacheNotHeld, InputError, UnsupportedError, VerificationError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.contained import inside
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
@@ -603,10 +603,16 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
         os.replace(staging, gen_dir)
         if bundle_staging is not None:
             os.replace(bundle_staging, bundle)
-    except BaseException:
+    except BaseException as e:
         for d in (staging, bundle_staging):
             if d is not None:
                 shutil.rmtree(d, ignore_errors=True)
+        failed = getattr(e, "report", None)
+        if report_path is not None and isinstance(e, VerificationError) and failed is not None:
+            # as a plain compile does: the report says how the run ended, and holds every failed comparison
+            Path(report_path).write_text(json.dumps(
+                {"status": "failed", "exit_code": e.exit_code, "error": str(e),
+                 "graphs": {**graphs, (f"{g}.cpu" if g in graphs else g): failed.to_dict()}}, indent=2, default=str))
         raise
     if report_path is not None:
         Path(report_path).write_text(json.dumps(report, indent=2, default=str))

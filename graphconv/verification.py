@@ -179,7 +179,8 @@ class Verification:
                 listed = check.failures[:MAX_LISTED_FAILURES]
                 more = len(check.failures) - len(listed)
                 raise VerificationError("verification failed: " + "; ".join(listed) + (
-                    f" (and {more} more outputs or cases: report.json's validation has each)" if more else ""))
+                    f" (and {more} more outputs or cases: the report's validation has each: --report FILE)"
+                    if more else ""))
 
     def verify_blocks(self, plan: dict, cases, kept: list[dict], done: dict, run: dict,
                       exact_values: exact.Values | None = None) -> None:

@@ -516,6 +516,24 @@ def test_the_cpu_twin_is_written_only_where_this_host_can_run_it(llama_gen, tmp_
     assert (tmp_path / "forced" / "decode.cpu.mindir").is_file() and forced["cpu_twins"]["decode"]["status"] == "verified"
 
 
+def test_a_failed_verification_writes_the_report_and_nothing_else(llama_gen, tmp_path):
+    """As a plain compile does: exit 2, the --report file says how the run ended and holds each failed
+    comparison (the error's message points there), and no generation folder is left."""
+    _, out, _ = llama_gen
+    gen, report = tmp_path / "gen", tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(out), "-o", str(gen), "--target", "cpu",
+                           "--atol", "0", "--rtol", "0", "--report", str(report), "-q"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("graphconv: error: verification failed") and proc.stderr.count("\n") == 1
+    written = json.loads(report.read_text())
+    assert written["status"] == "failed" and written["exit_code"] == 2
+    failed = written["graphs"]["decode"]["validation"]
+    assert failed["status"] == "failed"
+    assert any(not o["ok"] for c in failed["cases"] for o in c["outputs"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
 def test_a_pad_id_outside_the_vocabulary_is_passed_over():
     """GPTJConfig's default eos 50256 with a 256-token vocabulary: padding with it failed MindSpore's Gather
     (exit 3 in the generation check); the next candidate inside the vocabulary pads instead."""
