@@ -110,15 +110,16 @@ class Report:
             exact = v.get("exact") or {}
             if exact.get("status") == "computed":
                 lines.append(f"    outputs against the exact (float64) values; beside them the distance of "
-                             f"the graph rounded at every op (passes within {exact['factor']:g}x it) and "
-                             "onnxruntime's")
+                             f"the graph rounded at every op (passes within {exact['factor']:g}x its mean abs and "
+                             f"{exact.get('max_factor', exact['factor']):g}x its max abs) and onnxruntime's")
             elif exact:
                 lines.append(f"    exact values not computed ({exact['why'][:160]}): held to onnxruntime's")
             for case in v.get("cases", []):
                 for out in case.get("outputs", []):
                     flag = "ok" if out["ok"] else "FAIL"
                     ort = out.get("exact")
-                    beside = (f"  (rounded {ort['rounded_max_abs']:.3g}, x{ort['ratio']:.2f}; onnxruntime "
+                    beside = (f"  (rounded {ort['rounded_max_abs']:.3g}, x{ort['ratio']:.2f}, mean "
+                              f"x{ort.get('mean_ratio', float('nan')):.2f}; onnxruntime "
                               f"{ort['onnxruntime_max_abs']:.3g})") if ort else ""
                     lines.append(f"    {case['name']:<8} {out['name']:<20} max_abs {out['max_abs']:.3g}  "
                                  f"mean_abs {out['mean_abs']:.3g}  cosine {out['cosine']:.6f}  {flag}{beside}")
