@@ -119,6 +119,12 @@ def all_reduce(x):
     return ops.AllReduce()(x)
 
 
+def all_gather(x, perm, inverse):
+    """graphconv::AllGather: the ranks' x concatenated along the axis `perm` moves first (ops.AllGather
+    gathers along axis 0), moved back by `inverse`."""
+    return ops.transpose(ops.AllGather()(ops.transpose(x, perm)), inverse)
+
+
 def dependencies(fn) -> list[str]:
     """Other helpers that `fn` calls (they are copied into the generated source before it)."""
     src = inspect.getsource(fn)

@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INNER = 16, 4, 2, 4, 32
 
 
-def _block(heads: int = HEADS, kv_heads: int = KV_HEADS) -> onnx.ModelProto:
+def _block(heads: int = HEADS, kv_heads: int = KV_HEADS, vocab: int = 0, tied: bool = False) -> onnx.ModelProto:
     """x -> attention (q [16, 16], k and v [16, 8] with a v bias; GQA 4/2 heads of 4) -> output projection
-    [16, 16] + x -> SwiGLU MLP (gate/up merged [16, 64], down [32, 16]) + residual."""
+    [16, 16] + x -> SwiGLU MLP (gate/up merged [16, 64], down [32, 16]) + residual [-> LM head [16, vocab]; tied:
+    x = x_in + E[ids] and the head reads E transposed]."""
     rng = np.random.default_rng(0)
 
     def w(name, *shape):
@@ -75,7 +76,20 @@ def _block(heads: int = HEADS, kv_heads: int = KV_HEADS) -> onnx.ModelProto:
         helper.make_node("Add", ["h", "d"], ["y"], name="residual_2"),
     ]
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "S", HIDDEN]) for n in ("x", "y")]
-    graph = helper.make_graph(nodes, "block", io[:1], io[1:], inits)
+    if tied:
+        inits.append(w("E", vocab, HIDDEN))
+        nodes[:0] = [helper.make_node("Gather", ["E", "ids"], ["e"], name="embed"),
+                     helper.make_node("Add", ["x_in", "e"], ["x"], name="add_embed")]
+        nodes += [helper.make_node("Transpose", ["E"], ["Et"], name="tie", perm=[1, 0]),
+                  helper.make_node("MatMul", ["y", "Et"], ["logits"], name="lm_head")]
+        io[0] = helper.make_tensor_value_info("x_in", TensorProto.FLOAT, ["B", "S", HIDDEN])
+        io.insert(0, helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"]))
+    elif vocab:
+        inits.append(w("Wlm", HIDDEN, vocab))
+        nodes.append(helper.make_node("MatMul", ["y", "Wlm"], ["logits"], name="lm_head"))
+    if vocab:
+        io[-1] = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "S", vocab])
+    graph = helper.make_graph(nodes, "block", io[:-1], io[-1:], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     return onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(model), data_prop=True)
 
@@ -139,6 +153,55 @@ def test_ranks_summed_equal_the_unsharded_block(tp):
     # one rank alone (the AllReduce as its identity) is not the model: the sums matter
     alone = ort.InferenceSession(ranks[0].SerializeToString()).run(None, {"x": x})[0]
     assert np.abs(alone - expected).max() > 1e-2
+
+
+def _simulate(model, ranks, feeds, atol=1e-5):
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    for got in run_ranks(ranks, feeds):
+        np.testing.assert_allclose(got[0], expected, atol=atol, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_lm_head_is_vocab_parallel(tp):
+    """Wlm [16, 24] column-parallel over the vocab (axis 1 of a MatMul's [in, out]): rank r its 24/N columns,
+    the logits gathered along their last axis (axis 2 of [B, S, vocab])."""
+    model = _block(vocab=24)
+    plan = sharding.plan(model, tp)
+    part = 24 // tp
+    assert (plan.weights["Wlm"].axis, plan.weights["Wlm"].slices) == (1, [[(r * part, (r + 1) * part)]
+                                                                          for r in range(tp)])
+    assert plan.gathers == {"lm_head": (2, [part] * tp)} and not plan.notes
+    assert plan.blocks[-1]["kind"] == "lm_head"
+    ranks = [sharding.shard(model, plan, r) for r in range(tp)]
+    for m in ranks:
+        onnx.checker.check_model(m)
+        assert [list(t.dims) for t in m.graph.initializer if t.name == "Wlm"] == [[HIDDEN, part]]
+        assert [n.op_type for n in m.graph.node if n.domain == sharding.DOMAIN].count(sharding.ALL_GATHER) == 1
+        assert m.graph.output[0].type.tensor_type.shape.dim[2].dim_value == 24  # (the body's shape: gathered)
+    x = np.random.default_rng(1).standard_normal((2, 3, HIDDEN)).astype(np.float32)
+    _simulate(model, ranks, {"x": x})
+    # the one-rank bodies are the rank's part at its offset, zeros elsewhere
+    alone = ort.InferenceSession(ranks[1].SerializeToString()).run(None, {"x": x})[0]
+    assert not alone[..., :part].any() and alone[..., part:2 * part].any()
+
+
+def test_lm_head_vocab_not_divisible_stays_replicated():
+    model = _block(vocab=25)
+    plan = sharding.plan(model, 2)
+    assert plan.weights["Wlm"].axis is None and not plan.gathers
+    assert plan.notes == ["Wlm: LM head replicated, 2 ranks do not divide its vocab of 25"]
+    x = np.random.default_rng(1).standard_normal((2, 3, HIDDEN)).astype(np.float32)
+    _simulate(model, [sharding.shard(model, plan, r) for r in range(2)], {"x": x})
+
+
+def test_tied_head_stays_replicated():
+    model = _block(vocab=24, tied=True)
+    plan = sharding.plan(model, 2)
+    assert plan.weights["E"].axis is None and plan.weights["E"].role == "embedding and tied LM head (replicated)"
+    assert not plan.gathers and any("tied" in n for n in plan.notes)
+    rng = np.random.default_rng(1)
+    feeds = {"ids": rng.integers(0, 24, (2, 3)), "x_in": rng.standard_normal((2, 3, HIDDEN)).astype(np.float32)}
+    _simulate(model, [sharding.shard(model, plan, r) for r in range(2)], feeds)
 
 
 def test_heads_not_divisible():

@@ -29,6 +29,7 @@ from graphconv.frontend import weights
 
 DOMAIN = "graphconv"
 ALL_REDUCE = "AllReduce"
+ALL_GATHER = "AllGather"
 ATTENTION_OPS = ("FlashAttentionScore",)
 # Ops a q/k/v value passes through between its projection and the attention, head by head.
 _HEAD_WISE = {("", "Transpose"), ("", "Cast"), ("", "Identity"), ("mindspore", "RotaryPositionEmbedding")}
@@ -36,6 +37,10 @@ _HEAD_WISE = {("", "Transpose"), ("", "Cast"), ("", "Identity"), ("mindspore", "
 _ELEMENTWISE = {"Cast", "Identity", "Relu", "Sigmoid", "Tanh", "Erf", "Gelu", "Neg", "Exp", "Mul", "Add", "Sub",
                 "Div", "Pow", "Sqrt", "Softplus"}
 _FUSED_ELEMENTWISE = {"GeluTanh", "Gelu", "FastGelu", "SiLU", "Swiglu"}
+# Ops that add or drop a unit axis around an expert's features (batched experts: [T, F, 1] <-> [T, F]).
+_UNIT_AXIS = {"Squeeze", "Unsqueeze"}
+# Ops linear in a partial sum, one input being the partial: the AllReduce can follow them (fewer values to sum).
+_LINEAR = {"Reshape", "Squeeze", "Unsqueeze", "Transpose", "ReduceSum", "Mul"}
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
 
@@ -49,6 +54,18 @@ def all_reduce_function(opset: int) -> onnx.FunctionProto:
     to ops.AllReduce on both targets (opmap/collective.py), never inlined."""
     return helper.make_function(DOMAIN, ALL_REDUCE, ["x"], ["y"], [helper.make_node("Identity", ["x"], ["y"])],
                                 opset_imports=[helper.make_opsetid("", opset)], doc_string=all_reduce_function.__doc__)
+
+
+def all_gather_function(opset: int, rank: int, axis: int, sizes: list[int], ndim: int) -> onnx.FunctionProto:
+    """graphconv::AllGather(x; axis) -> y: the ranks' x concatenated along `axis` in rank order. The body is
+    rank `rank`'s view, as AllReduce's is: its x padded with zeros to its place in y (the gather where every
+    other rank's part is zero), so y has the gathered shape and the ranks' bodies sum to the gathered value.
+    Lowered to ops.AllGather (axis 0) between transposes (opmap/collective.py), never inlined."""
+    pads = [0] * (2 * ndim)
+    pads[axis], pads[ndim + axis] = sum(sizes[:rank]), sum(sizes[rank + 1:])
+    body = [helper.make_node("Constant", [], ["pads"], value_ints=pads), helper.make_node("Pad", ["x", "pads"], ["y"])]
+    return helper.make_function(DOMAIN, ALL_GATHER, ["x"], ["y"], body, attributes=["axis"],
+                                opset_imports=[helper.make_opsetid("", opset)], doc_string=all_gather_function.__doc__)
 
 
 @dataclasses.dataclass
@@ -83,6 +100,7 @@ class Plan:
     reduces: list[str]  # the row-parallel nodes whose output is summed over the ranks
     blocks: list[dict]
     notes: list[str]
+    gathers: dict[str, tuple[int, list[int]]] = dataclasses.field(default_factory=dict)  # node -> (axis, sizes)
 
     def as_json(self, sources: dict[str, str] | None = None) -> dict:
         """plan.json: the weights keyed by the model's own names where known (`sources`: ONNX name -> name)."""
@@ -97,8 +115,10 @@ class Plan:
                 return [named(v) for v in value]
             return keys.get(value, value) if isinstance(value, str) else value
 
-        return {"tp": self.tp, "scheme": "megatron: attention by heads, MLP column/row, AllReduce after each row-"
-                                         "parallel projection; embedding and LM head replicated in this version",
+        return {"tp": self.tp, "scheme": "megatron: attention by heads, MLP (and each MoE expert) column/row, "
+                                         "AllReduce after each row-parallel projection (or the experts' sum); LM "
+                                         "head column-parallel over the vocab with an AllGather of the logits; "
+                                         "embedding replicated",
                 "blocks": named(self.blocks), "weights": {keys[n]: w.as_dict() for n, w in self.weights.items()},
                 "notes": self.notes}
 
@@ -140,6 +160,25 @@ class _Graph:
             return None
         return name, bool(attrs.get("transB", 0))
 
+    def projection(self, node: onnx.NodeProto) -> tuple[str, int, int, int] | None:
+        """(weight, index of the activation input, the weight's input-feature axis, its output-feature axis) of
+        a projection: a 2-D MatMul/Gemm weight, or an MoE's stacked [E, ...] experts gathered per token
+        (Gather/GatherND on axis 0) into a batched MatMul, W[e] @ x ([E, out, in]) or x @ W[e] ([E, in, out])."""
+        w = self.weight(node)
+        if w is not None:
+            return w[0], 0, int(w[1]), int(not w[1])
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+            return None
+        for k in (0, 1):
+            p = self.producer.get(node.input[k])
+            if p is None or p.op_type not in ("Gather", "GatherND") or p.input[0] not in self.init:
+                continue
+            attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+            if attrs.get("axis", 0) or attrs.get("batch_dims", 0) or len(self.init[p.input[0]].dims) != 3:
+                continue
+            return (p.input[0], 1, 2, 1) if k == 0 else (p.input[0], 0, 1, 2)
+        return None
+
     def length(self, value: str) -> int:
         """The static length of a 1-D value (a piece of a Reshape's target shape)."""
         vi = next((v for v in self.model.graph.value_info if v.name == value), None)
@@ -161,7 +200,7 @@ class _Planner:
     def __init__(self, model: onnx.ModelProto, tp: int):
         self.g, self.tp = _Graph(model), tp
         self.weights: dict[str, WeightSplit] = {}
-        self.heads, self.reshapes, self.reduces, self.blocks, self.notes = {}, {}, [], [], []
+        self.heads, self.reshapes, self.reduces, self.blocks, self.notes, self.gathers = {}, {}, [], [], [], {}
         self.claimed: set[str] = set()  # nodes inside a sharded block
         self.pending: list = []  # (Reshape of q/k/v features, entry, weight): sized once the weight's slices are
 
@@ -170,8 +209,8 @@ class _Planner:
         """A projection's weight: column-parallel splits its output features, row-parallel its input
         features. A column-parallel Gemm's bias follows its columns; a row-parallel one's is added once, after
         the AllReduce (shard)."""
-        name, transposed = self.g.weight(node)
-        self.extend(name, role, (0 if transposed else 1) if column else (1 if transposed else 0), slices, node)
+        name, _, inp, out = self.g.projection(node)
+        self.extend(name, role, out if column else inp, slices, node)
         if column and node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
             self.bias(node.input[2], node, slices)
 
@@ -307,7 +346,8 @@ class _Planner:
         return dims[1].dim_value if dims[1].HasField("dim_value") else -1
 
     def rank_of(self, value: str) -> int:
-        vi = next((v for v in [*self.g.model.graph.value_info, *self.g.model.graph.input] if v.name == value), None)
+        g = self.g.model.graph
+        vi = next((v for v in [*g.value_info, *g.input, *g.output] if v.name == value), None)
         if vi is None or not vi.type.tensor_type.HasField("shape"):
             _fail(f"the rank of {value!r} is unknown")
         return len(vi.type.tensor_type.shape.dim)
@@ -398,10 +438,12 @@ class _Planner:
 
     # --- MLP ------------------------------------------------------------------------------------------
     def mlp(self, down: onnx.NodeProto) -> bool:
-        """`down`'s input comes from column projections through elementwise ops only (and a Swiglu): an MLP.
-        False where it does not (the weight then stays replicated)."""
-        region, ups, swiglu_inputs, biases = set(), [], set(), []
-        todo = [down.input[0]]
+        """`down`'s input comes from column projections through elementwise ops only (and a Swiglu): an MLP, or
+        an MoE's experts where the projections are the stacked [E, ...] expert weights (each expert split the
+        same way, so the batched matmuls split with them). False where it does not (the weight then stays
+        replicated)."""
+        region, ups, swiglu_inputs, biases = set(), [], {}, []
+        todo = [down.input[self.g.projection(down)[1]]]
         while todo:
             value = todo.pop()
             node = self.g.producer.get(value)
@@ -409,16 +451,17 @@ class _Planner:
                 if node is None or node.name in self.claimed:
                     return False
                 continue
-            if self.g.weight(node) is not None:
+            if self.g.projection(node) is not None:
                 ups.append(node)
                 region.add(node.name)
                 continue
-            elementwise = node.op_type in _ELEMENTWISE and node.domain in ("", "ai.onnx") or \
+            default = node.domain in ("", "ai.onnx")
+            elementwise = node.op_type in _ELEMENTWISE | _UNIT_AXIS and default or \
                 node.op_type in _FUSED_ELEMENTWISE and node.domain == "mindspore"
             if not elementwise:
                 return False
             region.add(node.name)
-            for i in node.input:
+            for i in node.input[:1] if node.op_type in _UNIT_AXIS else node.input:
                 c = self.g.const(i)
                 if c is not None and c.size == 1:
                     continue
@@ -428,7 +471,7 @@ class _Planner:
                 if c is not None:
                     return False
                 if node.op_type == "Swiglu":
-                    swiglu_inputs.add(i)
+                    swiglu_inputs[i] = node
                 todo.append(i)
         if not ups:
             return False
@@ -438,38 +481,82 @@ class _Planner:
                 if o in self.g.outputs or any(u.name not in region and u is not down
                                               for u in self.g.consumers.get(o, [])):
                     return False
-        w, transposed = self.g.weight(down)
-        inner = self.g.init[w].dims[1 if transposed else 0]
+        w, _, inp, _ = self.g.projection(down)
+        dims = self.g.init[w].dims
+        inner, experts = dims[inp], (dims[0] if len(dims) == 3 else None)
         n = self.tp
         if inner % n:
             _fail(f"{n} ranks do not divide the {inner} hidden features of the MLP ending at {down.name!r}")
         part = inner // n
+        what = "MoE experts" if experts else "MLP"
         for up in ups:
             self.claimed.add(up.name)
-            uw, ut = self.g.weight(up)
-            cols = self.g.init[uw].dims[0 if ut else 1]
-            halves = any(up.output[0] == i or self.through_bias(up.output[0], i) for i in swiglu_inputs)
+            uw, _, _, out = self.g.projection(up)
+            cols = self.g.init[uw].dims[out]
+            halves = [sw for i, sw in swiglu_inputs.items() if self.reaches(up.output[0], i)]
             if cols != (2 * inner if halves else inner):
                 _fail(f"{up.name!r}: {cols} output features do not match the {inner} of {down.name!r}")
+            if any(self.feature_size(sw.input[0]) not in (None, cols) for sw in halves):
+                _fail(f"{halves[0].name!r} does not halve the {cols} features of {up.name!r} on its last axis")
             slices = [[(r * part, (r + 1) * part)] + ([(inner + r * part, inner + (r + 1) * part)] if halves else [])
                       for r in range(n)]
-            self.split_weight(up, "MLP gate/up (column-parallel)" if halves else "MLP up (column-parallel)", True,
-                              slices)
+            self.split_weight(up, f"{what} gate/up (column-parallel)" if halves else f"{what} up (column-parallel)",
+                              True, slices)
             for bias, node in biases:
                 if up.output[0] in node.input:
                     self.bias(bias, node, slices)
         if any(b not in self.weights for b, _ in biases):
             _fail(f"a bias in the MLP ending at {down.name!r} does not follow its projection")
-        self.split_weight(down, "MLP down (row-parallel)", False, [[(r * part, (r + 1) * part)] for r in range(n)])
-        self.reduces.append(down.name)
+        self.split_weight(down, f"{what} down (row-parallel)", False, [[(r * part, (r + 1) * part)] for r in range(n)])
+        self.reduces.append(self.sink(down))
         self.claimed |= region | {down.name}
-        self.blocks.append({"kind": "mlp", "down": down.name, "hidden": inner, "per_rank": part,
-                            "up": [self.g.weight(u)[0] for u in ups], "down_weight": w})
+        block = {"kind": "moe_experts" if experts else "mlp", "down": down.name, "hidden": inner, "per_rank": part,
+                 "up": [self.g.projection(u)[0] for u in ups], "down_weight": w, "all_reduce_after": self.reduces[-1]}
+        self.blocks.append({**block, "experts": experts} if experts else block)
         return True
 
-    def through_bias(self, value: str, target: str) -> bool:
-        node = self.g.producer.get(target)
-        return node is not None and node.op_type == "Add" and value in node.input
+    def reaches(self, value: str, target: str) -> bool:
+        """`target` is `value` or made from it by unit-axis ops, Casts and a bias Add (a Swiglu's input)."""
+        while target != value:
+            node = self.g.producer.get(target)
+            if node is None or node.op_type not in _UNIT_AXIS | {"Cast", "Identity", "Add"}:
+                return False
+            target = next((i for i in node.input if i not in self.g.init), node.input[0])
+        return True
+
+    def sink(self, node: onnx.NodeProto) -> str:
+        """The node after which a row-parallel projection's partial sum is reduced: the projection, or the last
+        of the ops linear in it that follow (an MoE's routing-weight Mul and sum over the experts: one AllReduce
+        of [tokens, hidden] rather than [tokens x k, hidden]). Not past a Gemm's bias (added once, after)."""
+        if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+            return node.name
+        value = node.output[0]
+        while True:
+            user = self.g.only_consumer(value)
+            if user is None or user.op_type not in _LINEAR or user.domain not in ("", "ai.onnx") or \
+                    (user.input[0] != value if user.op_type != "Mul" else list(user.input).count(value) != 1):
+                return node.name
+            node, value = user, user.output[0]
+
+    def lm_head(self, node: onnx.NodeProto) -> None:
+        """A projection whose output is a graph output: column-parallel over its output features (the vocab),
+        the ranks' logits gathered along the last axis. Replicated, with a note, where the vocab does not divide
+        or the weight is shared (tied to the embedding, which stays replicated)."""
+        w, _, _, out = self.g.projection(node)
+        vocab, n = self.g.init[w].dims[out], self.tp
+        if vocab % n:
+            self.notes.append(f"{w}: LM head replicated, {n} ranks do not divide its vocab of {vocab}")
+            return
+        if len(self.g.consumers.get(w, [])) != 1:
+            self.notes.append(f"{w}: LM head replicated, its weight is shared (tied to the embedding)")
+            return
+        part = vocab // n
+        self.split_weight(node, "LM head (column-parallel over the vocab)", True,
+                          [[(r * part, (r + 1) * part)] for r in range(n)])
+        self.claimed.add(node.name)
+        self.gathers[node.name] = (self.rank_of(node.output[0]) - 1, [part] * n)
+        self.blocks.append({"kind": "lm_head", "node": node.name, "weight": w, "vocab": vocab, "per_rank": part,
+                            "all_gather_axis": -1})
 
     def run(self) -> Plan:
         nodes = list(self.g.model.graph.node)
@@ -481,23 +568,34 @@ class _Planner:
             if node.domain == "mindspore" and node.op_type in ATTENTION_OPS:
                 self.attention(node)
         for node in nodes:
-            if node.name not in self.claimed and self.g.weight(node) is not None:
+            if node.name not in self.claimed and self.g.projection(node) is not None:
                 self.mlp(node)
         if not self.blocks:
             _fail("no attention or MLP block found to shard (no recognised layers)")
+        for node in nodes:
+            if node.name not in self.claimed and self.g.weight(node) is not None and node.output[0] in self.g.outputs:
+                self.lm_head(node)
         for t in self.g.model.graph.initializer:
             if t.name not in self.weights and t.data_type in _FLOATS and int(np.prod(t.dims)) > 1:
                 self.weights[t.name] = WeightSplit(t.name, self.replicated_role(t.name), list(t.dims))
-        return Plan(self.tp, self.weights, self.heads, self.reshapes, self.reduces, self.blocks, self.notes)
+        return Plan(self.tp, self.weights, self.heads, self.reshapes, self.reduces, self.blocks, self.notes,
+                    self.gathers)
 
     def replicated_role(self, name: str) -> str:
         users = self.g.consumers.get(name, [])
-        if any(u.op_type == "Gather" for u in users):
-            return "embedding (replicated in this version)"
         near = [o for u in users for v in u.output for c in [u, *self.g.consumers.get(v, [])] for o in c.output]
-        if any(o in self.g.outputs for o in near):
-            return "LM head (replicated in this version)"
+        head = any(o in self.g.outputs for o in near)
+        if any(u.op_type == "Gather" for u in users):
+            if head:
+                self.notes.append(f"{name}: embedding and LM head tied, replicated (the embedding is)")
+                return "embedding and tied LM head (replicated)"
+            return "embedding (replicated)"
+        if head:
+            return "LM head (replicated)"
         if any(self.g.weight(u) is not None for u in users):
+            routed = {c.op_type for u in users for c in self.g.consumers.get(u.output[0], [])}
+            if routed & {"MoeGatingTopKSoftmax", "Softmax", "TopK", "Sigmoid"}:
+                return "MoE router (replicated)"
             self.notes.append(f"{name}: a projection in no recognised block, replicated")
             return "projection in no recognised block (replicated)"
         return "replicated (norm, bias or constant)"
@@ -511,8 +609,9 @@ def plan(model: onnx.ModelProto, tp: int) -> Plan:
 
 
 def shard(model: onnx.ModelProto, p: Plan, rank: int) -> onnx.ModelProto:
-    """Rank `rank`'s graph: its shards of the split weights, its head counts, its Reshape sizes, and an
-    AllReduce after every row-parallel projection. Shape information is inferred again."""
+    """Rank `rank`'s graph: its shards of the split weights, its head counts, its Reshape sizes, an AllReduce
+    after every row-parallel projection and an AllGather after the LM head. Shape information is inferred
+    again."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -533,6 +632,13 @@ def shard(model: onnx.ModelProto, p: Plan, rank: int) -> onnx.ModelProto:
         if node.name in p.reshapes:
             axis, sizes = p.reshapes[node.name]
             new_nodes += _rewrite_shape(graph, node, axis, sizes[rank])
+        if node.name in p.gathers:
+            axis, sizes = p.gathers[node.name]
+            partial = f"{node.output[0]}_tp_part"
+            new_nodes += [node, helper.make_node(ALL_GATHER, [partial], [node.output[0]], axis=axis, domain=DOMAIN,
+                                                 name=f"{node.name}_tp_all_gather")]
+            node.output[0] = partial
+            continue
         if node.name in p.reduces:
             partial = f"{node.output[0]}_tp_partial"
             total = node.output[0]
@@ -556,6 +662,8 @@ def shard(model: onnx.ModelProto, p: Plan, rank: int) -> onnx.ModelProto:
     opset = next(i.version for i in out.opset_import if i.domain in ("", "ai.onnx"))
     if not any(f.domain == DOMAIN and f.name == ALL_REDUCE for f in out.functions):
         out.functions.append(all_reduce_function(opset))
+    for axis, sizes in list(p.gathers.values())[:1]:  # (one function per rank graph: the gathers share sizes)
+        out.functions.append(all_gather_function(opset, rank, axis, sizes, axis + 1))  # (axis: the last, vocab)
     if not any(i.domain == DOMAIN for i in out.opset_import):
         out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return onnx.shape_inference.infer_shapes(out, data_prop=True)
