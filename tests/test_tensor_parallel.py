@@ -281,7 +281,7 @@ def _compile(model: Path, out: Path, tp: int, *extra: str) -> subprocess.Complet
                           cwd=ROOT)
 
 
-def _check_compiled(out: Path, tp: int) -> dict:
+def _check_compiled(out: Path, tp: int, all_gathers: int = 1) -> dict:
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"rank_{r}.mindir" for r in range(tp)] + ["plan.json", "launch_ascend.sh", "run_rank.py"])
     report = json.loads(out.with_suffix(".json").read_text())
@@ -291,6 +291,7 @@ def _check_compiled(out: Path, tp: int) -> dict:
     for row in rows:
         assert row["max_abs"] < 1e-4 and row["share"] < 1.0
     assert report["census"]["AllReduce"] == 4  # 2 layers x (attention out, MLP down)
+    assert report["census"].get("AllGather", 0) == all_gathers  # the vocab-parallel LM head's logits
     plan = json.loads((out / "plan.json").read_text())
     assert plan["tp"] == tp and [b["kind"] for b in plan["blocks"]].count("attention") == 2
     assert "UNVERIFIED ON ASCEND" in (out / "launch_ascend.sh").read_text()
@@ -311,6 +312,8 @@ def test_llama_tp2_under_msrun(exported, tmp_path):
     assert down["axis"] == 0 and down["slices"] == [[[0, 64]], [[64, 128]]]
     embed = plan["weights"]["model.model.embed_tokens.weight"]
     assert embed["split"] == "replicated" and "embedding" in embed["role"]
+    head = plan["weights"]["model.lm_head.weight"]  # [hidden, vocab] (the exporter's transpose): vocab 128 -> 64
+    assert head["axis"] == 1 and head["slices"] == [[[0, 64]], [[64, 128]]] and "LM head" in head["role"]
 
 
 def test_llama_bad_tp_one_line_nothing_written(exported, tmp_path):
@@ -329,7 +332,7 @@ def test_tp_under_msrun_slow(exported, tmp_path, kind, tp, target):
     out = tmp_path / f"{kind}-tp{tp}"
     r = _compile(exported(kind), out, tp, "--target", target)
     assert r.returncode == 0, r.stderr
-    _check_compiled(out, tp)
+    _check_compiled(out, tp, 0 if kind == "gpt2" else 1)  # (GPT-2's head is tied to its embedding)
 
 
 # --- msrun ------------------------------------------------------------------------------------------------

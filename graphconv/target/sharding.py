@@ -269,6 +269,8 @@ class _Planner:
                     perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
                     if perm != [[0, 2, 1, 3]]:
                         _fail(f"{node.name!r}: a transpose other than BSND <-> BNSD before {fa.name!r}")
+            elif key == ("mindspore", "RmsNorm") and self.per_head_norm(node):
+                pass
             elif node.op_type == "Reshape":
                 head_dim = self.reshape_heads(node, fa, count, [len(h) for h in heads], head_dim, features)
             elif node.op_type == "Split" and split is None:
@@ -319,6 +321,13 @@ class _Planner:
                                                           [[] for _ in range(self.tp)]))
         for r in range(self.tp):
             split.slices[r] = sorted(set(split.slices[r]) | set(slices[r]))
+
+    def per_head_norm(self, node) -> bool:
+        """A norm over the last axis of a 4-d value, one weight for every head (Qwen3's q_norm / k_norm): head
+        by head, so the same on every rank."""
+        gamma = self.g.const(node.input[1]) if len(node.input) > 1 else None
+        return self.rank_of(node.input[0]) == 4 and gamma is not None and gamma.ndim == 1 and \
+            gamma.shape[0] == self.feature_size(node.input[0])
 
     def split_sizes(self, node) -> list[int]:
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
