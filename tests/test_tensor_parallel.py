@@ -204,6 +204,77 @@ def test_tied_head_stays_replicated():
     _simulate(model, [sharding.shard(model, plan, r) for r in range(2)], feeds)
 
 
+E, K, MOE_INNER = 4, 2, 8
+
+
+def _experts() -> onnx.ModelProto:
+    """x [T, 16] -> router [16, 4] -> Softmax -> TopK 2 -> each token's 2 experts as transformers' batched_mm
+    exports them: the stacked gate/up [4, 16, 16] ([E, 2 x 8 inner, hidden]) and down [4, 16, 8] ([E, hidden,
+    inner]) gathered per (token, expert) by GatherND, W[e] @ x, Swiglu between, weighted by the top-k values,
+    summed over the 2 experts + x."""
+    rng = np.random.default_rng(0)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    def c(name, values):
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    inits = [w("Wr", HIDDEN, E), w("Wgu", E, 2 * MOE_INNER, HIDDEN), w("Wd", E, HIDDEN, MOE_INNER), c("k", [K]),
+             c("tok", [-1, 1, HIDDEN]), c("fan", [1, K, 1]), c("col", [-1, HIDDEN, 1]), c("idx", [-1, 1]),
+             c("last", [2]), c("per_token", [-1, K, HIDDEN]), c("experts_axis", [1])]
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wr"], ["logits"], name="router"),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("TopK", ["probs", "k"], ["top", "which"], name="topk", axis=-1),
+        helper.make_node("Reshape", ["x", "tok"], ["x1"], name="x_tok"),
+        helper.make_node("Expand", ["x1", "fan"], ["x2"], name="x_fan"),
+        helper.make_node("Reshape", ["x2", "col"], ["x3"], name="x_col"),
+        helper.make_node("Reshape", ["which", "idx"], ["e"], name="experts_index"),
+        helper.make_node("GatherND", ["Wgu", "e"], ["wgu"], name="gather_gate_up"),
+        helper.make_node("MatMul", ["wgu", "x3"], ["gu"], name="gate_up_bmm"),
+        helper.make_node("Squeeze", ["gu", "last"], ["gu1"], name="gate_up_squeeze"),
+        helper.make_node("Swiglu", ["gu1"], ["act"], name="swiglu", domain="mindspore", dim=-1),
+        helper.make_node("Unsqueeze", ["act", "last"], ["act1"], name="act_col"),
+        helper.make_node("GatherND", ["Wd", "e"], ["wd"], name="gather_down"),
+        helper.make_node("MatMul", ["wd", "act1"], ["d"], name="down_bmm"),
+        helper.make_node("Squeeze", ["d", "last"], ["d1"], name="down_squeeze"),
+        helper.make_node("Reshape", ["top", "idx"], ["weights"], name="weights_col"),
+        helper.make_node("Mul", ["d1", "weights"], ["dw"], name="weighted"),
+        helper.make_node("Reshape", ["dw", "per_token"], ["dw1"], name="per_token"),
+        helper.make_node("ReduceSum", ["dw1", "experts_axis"], ["moe"], name="experts_sum", keepdims=0),
+        helper.make_node("Add", ["x", "moe"], ["y"], name="residual"),
+    ]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["T", HIDDEN]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "experts", io[:1], io[1:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return onnx.shape_inference.infer_shapes(opmap.fused.attach_functions(model), data_prop=True)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_experts_split_like_a_gated_mlp(tp):
+    """By hand: each expert's 8 inner features over the ranks, 8/N each: gate/up [E, 16, 16] on axis 1 (the
+    gate's rows and the up's, 8 apart), down [E, 16, 8] on axis 2; the router replicated; one AllReduce,
+    after the experts' sum."""
+    model = _experts()
+    plan = sharding.plan(model, tp)
+    part = MOE_INNER // tp
+    got = {n: (w.axis, w.slices) for n, w in plan.weights.items() if w.axis is not None}
+    assert got == {"Wgu": (1, [[(r * part, (r + 1) * part), (8 + r * part, 8 + (r + 1) * part)] for r in range(tp)]),
+                   "Wd": (2, [[(r * part, (r + 1) * part)] for r in range(tp)])}
+    assert plan.weights["Wr"].role == "MoE router (replicated)" and not plan.notes
+    assert plan.reduces == ["experts_sum"]
+    assert plan.blocks == [{"kind": "moe_experts", "down": "down_bmm", "hidden": MOE_INNER, "per_rank": part,
+                            "up": ["Wgu"], "down_weight": "Wd", "all_reduce_after": "experts_sum", "experts": E}]
+    ranks = [sharding.shard(model, plan, r) for r in range(tp)]
+    for m in ranks:
+        onnx.checker.check_model(m)
+        assert {t.name: list(t.dims) for t in m.graph.initializer if t.name in ("Wgu", "Wd")} == {
+            "Wgu": [E, 2 * part, HIDDEN], "Wd": [E, HIDDEN, part]}
+    x = np.random.default_rng(1).standard_normal((7, HIDDEN)).astype(np.float32)
+    _simulate(model, ranks, {"x": x})
+
+
 def test_heads_not_divisible():
     with pytest.raises(sharding.ShardingError, match=r"3 ranks do not divide the 4 attention heads of 'attention'"):
         sharding.plan(_block(), 3)
@@ -248,6 +319,10 @@ def _checkpoint(kind: str, path: Path) -> Path:
     models = {
         "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**tiny, **decoder, bos_token_id=1, eos_token_id=2)),
         "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**tiny, **decoder)),
+        # (transformers' defaults but for the sizes: no norm_topk_prob, experts as batched_mm)
+        "qwen3_moe": lambda: tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**tiny, **decoder, num_experts=8,
+                                                                        num_experts_per_tok=2,
+                                                                        moe_intermediate_size=32)),
         "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(**tiny, n_positions=128, n_embd=64, n_layer=2, n_head=4,
                                                          bos_token_id=127, eos_token_id=127)),
     }
@@ -326,13 +401,20 @@ def test_llama_bad_tp_one_line_nothing_written(exported, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,tp,target", [("llama", 4, "ascend"), ("qwen2", 2, "ascend"), ("qwen2", 4, "ascend"),
-                                            ("gpt2", 2, "ascend"), ("gpt2", 4, "ascend"), ("llama", 2, "cpu")])
+                                            ("gpt2", 2, "ascend"), ("gpt2", 4, "ascend"), ("llama", 2, "cpu"),
+                                            ("qwen3_moe", 2, "ascend"), ("qwen3_moe", 4, "ascend")])
 def test_tp_under_msrun_slow(exported, tmp_path, kind, tp, target):
     """(--target cpu: the ranks run their MindIRs, loaded by mindspore.load + GraphCell, under msrun.)"""
     out = tmp_path / f"{kind}-tp{tp}"
     r = _compile(exported(kind), out, tp, "--target", target)
     assert r.returncode == 0, r.stderr
-    _check_compiled(out, tp, 0 if kind == "gpt2" else 1)  # (GPT-2's head is tied to its embedding)
+    plan = _check_compiled(out, tp, 0 if kind == "gpt2" else 1)  # (GPT-2's head is tied to its embedding)
+    if kind == "qwen3_moe":  # each expert's 32 inner features over the ranks; one AllReduce per layer after the sum
+        moe = [b for b in plan["blocks"] if b["kind"] == "moe_experts"]
+        assert len(moe) == 2 and all(b["experts"] == 8 and b["per_rank"] == 32 // tp for b in moe)
+        down = plan["weights"]["model.model.layers.0.mlp.experts.down_proj"]  # [E, hidden, inner]
+        assert down["axis"] == 2 and down["slices"][0] == [[0, 32 // tp]]
+        assert plan["weights"]["model.model.layers.0.mlp.gate.weight"]["role"] == "MoE router (replicated)"
 
 
 # --- msrun ------------------------------------------------------------------------------------------------
