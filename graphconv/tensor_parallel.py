@@ -4,9 +4,9 @@ half up to the fused graph, as for any compile).
 The plan and the rank graphs come from graphconv/target/sharding.py. Each rank's graph is lowered like any
 fused graph (its MindIR for the target, and its cpu twin where the target needs one); the N ranks are then
 exported and run on the reference cases under msrun, MindSpore's own launcher, on this machine's CPU
-(graphconv/runtime/msrun.py): the AllReduce the rank networks hold runs as MindSpore's CPU collective, as it
-runs over HCCL on Ascend. Every rank's outputs are compared with onnxruntime's on the unsharded model. The
-output directory holds rank_<i>.mindir (only that rank's shards), plan.json and launch_ascend.sh.
+(graphconv/runtime/msrun.py): the AllReduce and AllGather the rank networks hold run as MindSpore's CPU
+collectives, as they run over HCCL on Ascend. Every rank's outputs are compared with onnxruntime's on the
+unsharded model. The output directory holds rank_<i>.mindir (only that rank's shards), plan.json and launch_ascend.sh.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ class TensorParallel:
         with self.c.report.stage("shard") as st:
             plan = sharding.plan(fused, self.n)
             ranks = [sharding.shard(fused, plan, r) for r in range(self.n)]
-            st.detail = {"tp": self.n, "blocks": len(plan.blocks), "all_reduces": len(plan.reduces)}
+            st.detail = {"tp": self.n, "blocks": len(plan.blocks), "all_reduces": len(plan.reduces),
+                         "all_gathers": len(plan.gathers)}
         tasks, nets = [], []
         for r, graph in enumerate(ranks):
             cpu_form = opmap.fused.inline_fused(graph)

@@ -10,9 +10,14 @@ precision pass, so the shards are in the compile's dtype, and before the cpu for
 The plan (data, written as plan.json): attention column-parallel by heads (q heads split, kv heads split, or
 each rank holding the kv heads its q heads read where there are fewer kv heads than ranks), its output
 projection row-parallel; an MLP's up (and gate) projections column-parallel, its down projection
-row-parallel. A row-parallel projection's output is a partial sum: `graphconv::AllReduce` (sum over the ranks)
-follows it. Everything else (embedding, LM head, norms, weights in no recognised block) is replicated, and the
-plan says so. A block whose shape the plan cannot follow exactly is an error naming it, never a guess.
+row-parallel; an MoE's stacked [E, ...] expert weights likewise, each expert split along its own intermediate
+dim (routing replicated). A row-parallel projection's output is a partial sum: `graphconv::AllReduce` (sum
+over the ranks) follows it, or follows the ops linear in it after it (an MoE's weighting and sum over the
+experts). The LM head (a projection making a graph output) is column-parallel over the vocab and
+`graphconv::AllGather` concatenates the ranks' logits; where the vocab does not divide or the head is tied to
+the embedding it is replicated with a note. Everything else (embedding, norms, routers, weights in no
+recognised block) is replicated, and the plan says so. A block whose shape the plan cannot follow exactly is
+an error naming it, never a guess.
 """
 
 from __future__ import annotations
