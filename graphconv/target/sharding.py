@@ -561,6 +561,10 @@ class _Planner:
         if vocab % n:
             self.notes.append(f"{w}: LM head replicated, {n} ranks do not divide its vocab of {vocab}")
             return
+        vi = next((v for v in self.g.model.graph.output if v.name == node.output[0]), None)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            self.notes.append(f"{w}: LM head replicated, the rank of its output is unknown")
+            return
         if len(self.g.consumers.get(w, [])) != 1:
             self.notes.append(f"{w}: LM head replicated, its weight is shared (tied to the embedding)")
             return
