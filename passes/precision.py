@@ -179,6 +179,15 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
         t = initializers.get(name)
         return t is not None and t.data_type == TensorProto.FLOAT and int(np.prod(t.dims)) > 1
 
+    # Values that are exact widenings of a `low` value: Cast(to=FLOAT) of a value already in the low dtype (a
+    # `--dtype auto` export reads each bf16 weight so). A low reader takes the low value itself: narrowing the
+    # widened copy back would give the same bits through two full-size casts on every call.
+    typed = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.input)}
+    typed.update({t.name: t.data_type for t in g.initializer})
+    widened = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Cast" and is_default_domain(n.domain)
+               and typed.get(n.input[0]) == low
+               and next((a.i for a in n.attribute if a.name == "to"), None) == TensorProto.FLOAT}
+
     for i, n in enumerate(nodes):
         key = op_key(n)
         float_in = [k for k, x in enumerate(n.input) if x and x in floats]
@@ -200,7 +209,7 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
                 if target == "low":
                     out.input[k] = cast(x, "low")
             elif state[x] != target:
-                out.input[k] = cast(x, target)
+                out.input[k] = widened[x] if target == "low" and x in widened else cast(x, target)
         if n.op_type == "Cast" and is_default_domain(n.domain) and runs_low:
             to = next(a for a in out.attribute if a.name == "to")
             if to.i == TensorProto.FLOAT:
@@ -214,6 +223,11 @@ def apply_precision(model: onnx.ModelProto, precision: str, keep=KEEP_FP32, spil
         elif float_in or any(o in floats for o in n.output):
             fp32_nodes[key] = fp32_nodes.get(key, 0) + 1
         new_nodes.append(out)
+
+    # The widening Casts no reader is left for (every reader took the low value): dropped.
+    read = {x for node in new_nodes for x in node.input} | {o.name for o in g.output}
+    new_nodes = [node for node in new_nodes if not (node.output and node.output[0] in widened
+                                                    and node.output[0] not in read)]
 
     # Graph outputs keep fp32: a low output is renamed inside the graph and cast back under its own name.
     for o in g.output:
@@ -284,19 +298,20 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
     Each node that produced a low-precision value now computes in fp32 and rounds its result (Cast to the
     low dtype and back), named as parts of the node (`<node>::...`), so that the layer grouping keeps them in
     its layer: a block then passes on the rounded value under its name in the model as given, where the
-    oracle's layer-by-layer run can be cut too. Low-precision weights stay as they are and are read through a Cast to fp32 (an exact
-    widening): an fp32 copy would double their bytes, on disk in the spill and in memory, and the low ones are
-    the target network's own Parameters, which the verification shares with this network where they agree
-    (graphconv/runtime/network.shareable). A graph whose subgraphs read weights (If, Loop) gets fp32 copies
-    instead, since a Cast at the top would not reach them. Used to run a bf16 network on MindSpore CPU, whose
-    bf16 kernels are missing (module docstring).
+    oracle's layer-by-layer run can be cut too. Low-precision weights stay as they are and are read through a Cast
+    to fp32 (an exact widening): an fp32 copy would double their bytes, on disk in the spill and in memory, and the
+    low ones are the target network's own Parameters, which the verification shares with this network where they
+    agree (graphconv/runtime/network.shareable). A graph whose subgraphs read weights (If, Loop) gets fp32 copies
+    instead, since a Cast at the top would not reach them. Used to run a bf16 network on MindSpore CPU, whose bf16
+    kernels are missing (module docstring).
     """
     low = LOW_DTYPES[precision]
     typed = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.value_info) + list(model.graph.output)}
     result = onnx.ModelProto()
     result.CopyFrom(model)
     g = result.graph
-    subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute)
+    subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                    for n in g.node for a in n.attribute)
     widened = {}
     for t in g.initializer:
         if t.data_type != low:

@@ -193,3 +193,38 @@ def test_bf16_verification_writes_no_fp32_copy_of_the_weights(tmp_path, monkeypa
     low = {name for name, dtype, _ in spilled if dtype == "bfloat16"}
     assert 10 < len(low) <= report.validation["precision"]["weights_converted"]  # (those from files)
     assert not [(name, dtype) for name, dtype, _ in spilled if name in low and dtype != "bfloat16"]
+
+
+@pytest.mark.parametrize("stored, precision_, shortcut", [("bf16", "bf16", True), ("fp16", "fp16", True),
+                                                          ("bf16", "fp16", False)])
+def test_a_weight_stored_low_and_read_through_a_cast_is_read_as_it_is(stored, precision_, shortcut):
+    """`export --dtype auto|bf16|fp16` stores each weight low and reads it through Cast(to=FLOAT). A low reader
+    of the widened value takes the stored weight itself (narrowing it back gives the same bits) and the widening
+    Cast goes; into another low dtype (bf16 -> fp16 rounds) the Cast to it stays. The graph computes the same."""
+    dtype = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}[stored]
+    elem = {"bf16": TensorProto.BFLOAT16, "fp16": TensorProto.FLOAT16}[stored]
+    w = (RNG.standard_normal((32, 16)) * 0.2).astype(dtype)
+    weight = helper.make_tensor("w", elem, w.shape, w.view(np.uint16).tobytes(), raw=True)
+    scale = numpy_helper.from_array(np.full(32, 0.5, np.float32), "s")  # an fp32 weight: its product runs low
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"], name="scale"),
+             helper.make_node("Cast", ["w"], ["w32"], to=TensorProto.FLOAT, name="widen"),
+             helper.make_node("MatMul", ["xs", "w32"], ["h"], name="mm"),
+             helper.make_node("Relu", ["h"], ["y"], name="relu")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])], [weight, scale]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    model = onnx.shape_inference.infer_shapes(model)
+    low, _ = precision.apply_precision(model, precision_)
+    matmul = next(n for n in low.graph.node if n.op_type == "MatMul")
+    casts_of_w = [n for n in low.graph.node if n.op_type == "Cast" and "w" in n.input]
+    if shortcut:
+        assert matmul.input[1] == "w" and casts_of_w == []
+    else:
+        assert matmul.input[1] != "w" and len(casts_of_w) == 1
+    x = RNG.standard_normal((2, 32)).astype(np.float32)
+    target = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}[precision_]
+    xs = (x * 0.5).astype(target).astype(np.float32)
+    expected = np.maximum(xs @ w.astype(target).astype(np.float32), 0)
+    got = _run(precision.emulate_in_fp32(low, precision_), x)["y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
