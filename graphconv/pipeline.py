@@ -187,21 +187,20 @@ class Compiler:
                         "verification of the compiled network checks it; if that fails, try --no-simplify")
                 return Validated(simplified, None, oracle_model)
             oracle = reference.Oracle(oracle_model)
+            given = cases
             try:
                 expected = oracle.run(cases)
             except UnsupportedError as e:
                 if self.opt.inputs or oracle.load_failed:  # (onnxruntime refused the model, not its inputs)
                     raise
-                # Generated inputs: dims the graph relates but neither names nor implies are the likely cause.
-                raise UnsupportedError(f"{e}; the generated inputs had {reference.dims_text(original, cases[0])}: "
-                                       "if some of these dims are related, give --dim NAME=A,B for each free one "
-                                       "or --inputs") from None
+                expected, cases = self._at_a_stride(loaded.model, oracle, cases, e)
             self.report.validation["oracle"] = oracle.name
             if oracle.exact:
                 self.report.validation["oracle_exact"] = reference.exact_note(oracle.exact)
             if oracle.fallback_reason:
                 self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
-            checked = Validated(simplified, expected, oracle_model, oracle.fallback_reason)
+            checked = Validated(simplified, expected, oracle_model, oracle.fallback_reason,
+                                None if cases is given else cases)
             if loaded.model.as_shipped is not None:
                 section, warning = precision_checks.accuracy_level_difference(loaded.model, cases, expected)
                 self.report.validation.update(section)
@@ -217,6 +216,32 @@ class Compiler:
                                                     f"({c.reason}); compiling the unsimplified model")
                         return dataclasses.replace(checked, model=original)
         return checked
+
+    def _at_a_stride(self, model: LoadedModel, oracle, cases, error: UnsupportedError) -> tuple[list, list]:
+        """onnxruntime refused the generated inputs: the oracle's outputs and the cases again, with every free dim
+        but the batch at multiples of 32, then of 64 (reference.STRIDES: the strides detectors and OCR models
+        take), saying which sizes ran. Else the error, naming the sizes tried: dims the graph relates but neither
+        names nor implies are then the likely cause."""
+        tried = [reference.dims_text(model.proto, cases[0])]
+        for stride in reference.STRIDES:
+            sizes = reference.stride_overrides(model.proto, stride, self.opt.dims)
+            if not sizes:
+                break
+            strided = None
+            try:
+                strided = reference.make_cases(model.proto, self.opt.mask_inputs, {**sizes, **(self.opt.dims or {})},
+                                               pad_masks=model.pad_masks, preferred_dims=model.case_dims)
+                expected = oracle.run(strided)
+            except (UnsupportedError, InputError):
+                tried.append(reference.dims_text(model.proto, strided[0]) if strided else f"multiples of {stride}")
+                continue
+            ran = " and ".join(reference.dims_text(model.proto, c) for c in strided)
+            self.report.warnings.append(f"onnxruntime refused the generated inputs at {tried[0]} "
+                                        f"({str(error).splitlines()[0][:160]}): they ran at multiples of {stride}: "
+                                        f"{ran}")
+            return expected, strided
+        raise UnsupportedError(f"{error}; the generated inputs had {'; then '.join(tried)}: if some of these dims "
+                               "are related, give --dim NAME=A,B for each free one or --inputs") from None
 
     def fuse(self, model: onnx.ModelProto, cases, expected, spill: weights.SpillFile | None) -> onnx.ModelProto:
         """The pass pipeline; the result carries the function bodies of the fused ops it uses. With `spill`
@@ -369,6 +394,7 @@ class Compiler:
     def _run_in(self, loaded: Loaded, ws: Workspace) -> None:
         cases = self.reference_cases(loaded)
         checked = self.validate(loaded, self.simplify(loaded.model, ws), cases)
+        cases = checked.cases or cases
         spill = weights.SpillFile(ws.path("made-weights.bin")) if loaded.model.external_bytes else None
         fused = self.fuse(checked.model, cases, checked.expected, spill)
         if self.opt.precision != "fp32":

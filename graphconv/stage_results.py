@@ -27,6 +27,7 @@ class Validated:
     expected: list[dict] | None  # the oracle's outputs per case; None: the oracle runs layer by layer, later
     oracle_model: onnx.ModelProto  # what the oracle runs (the model as given)
     ort_refused: str | None = None  # why onnxruntime could not run the model (onnx.reference did)
+    cases: list | None = None  # the reference cases, where the validation replaced the generated ones
 
 
 @dataclasses.dataclass(frozen=True)

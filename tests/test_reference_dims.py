@@ -138,21 +138,60 @@ def test_user_inputs_are_checked_before_anything_runs(tmp_path, change, message)
     assert not (tmp_path / "m.mindir").exists()
 
 
-def test_a_relation_nothing_states_gets_a_hint_naming_the_dims(tmp_path, capfd):
-    """b is reshaped to a's shape: the graph runs only when len_a == len_b, which neither the dim names nor the shape
-    inference say; the refusal names the dims it chose and how to choose them."""
+def _related(tmp_path, extra: int):
+    """b is reshaped to the shape of a (`extra` 0) or of a with `extra` more elements: the graph runs only when
+    len_b == len_a + extra, which neither the dim names nor the shape inference say."""
     m = helper.make_node
-    g = helper.make_graph([m("Shape", ["a"], ["sa"]), m("Reshape", ["b", "sa"], ["b2"]), m("Add", ["a", "b2"], ["y"])],
-                          "g", [helper.make_tensor_value_info("a", T.FLOAT, ["len_a"]),
-                                helper.make_tensor_value_info("b", T.FLOAT, ["len_b"])],
-                          [helper.make_tensor_value_info("y", T.FLOAT, ["len_a"])])
-    path = tmp_path / "g.onnx"
+    nodes = [m("Concat", ["a", "pad"], ["a2"], axis=0), m("Shape", ["a2"], ["sa"]), m("Reshape", ["b", "sa"], ["b2"]),
+             m("Add", ["a2", "b2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", T.FLOAT, ["len_a"]),
+                                       helper.make_tensor_value_info("b", T.FLOAT, ["len_b"])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["len_y"])],
+                          [numpy_helper.from_array(np.zeros(extra, np.float32), "pad")])
+    path = tmp_path / f"g{extra}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), path)
-    with pytest.raises(UnsupportedError, match=r"the generated inputs had len_a = 5, len_b = 9: .* --dim NAME=A,B"):
+    return path
+
+
+def test_a_relation_nothing_states_gets_a_hint_naming_the_dims(tmp_path, capfd):
+    """len_b must be len_a + 1: the sizes chosen (5 and 9), then at multiples of 32 and 64, all fail; the refusal
+    names every size tried and how to choose them."""
+    path = _related(tmp_path, 1)
+    with pytest.raises(UnsupportedError, match=r"the generated inputs had len_a = 5, len_b = 9; then len_a = 32, "
+                                               r"len_b = 32; then len_a = 64, len_b = 64: .* --dim NAME=A,B"):
         graphconv.compile(path, tmp_path / "g.mindir", target="cpu")
     assert "E:onnxruntime" not in capfd.readouterr().err  # its own log stays quiet (unless --debug)
-    report = graphconv.compile(path, tmp_path / "g.mindir", target="cpu", dims={"len_a": (4, 6), "len_b": (4, 6)})
+    report = graphconv.compile(path, tmp_path / "g.mindir", target="cpu", dims={"len_a": (4, 6), "len_b": (5, 7)})
     assert report.status == "verified"
+
+
+def test_equal_dims_run_at_multiples_of_32(tmp_path):
+    """len_b must equal len_a: at 5 and 9 onnxruntime refuses, at multiples of 32 (both 32, then both 64) the
+    graph runs; the report says which sizes ran."""
+    report = graphconv.compile(_related(tmp_path, 0), tmp_path / "g.mindir", target="cpu")
+    assert report.status == "verified"
+    assert [tuple(c["inputs"].values()) for c in report.validation["cases"]] == [([32], [32]), ([64], [64])]
+    assert any("they ran at multiples of 32: len_a = 32, len_b = 32 and len_a = 64, len_b = 64" in w
+               for w in report.warnings)
+
+
+@pytest.mark.parametrize("stride", [32, 64])
+def test_an_input_that_takes_a_stride_runs_at_its_multiples(tmp_path, stride):
+    """A model that folds its width into rows of `stride` (as a detector downsamples by 32, or an OCR model's
+    width by 4 x 16): the usual sizes fail in onnxruntime; multiples of 32, then of 64, are tried, and the first
+    that runs verifies the compile. The batch keeps its sizes."""
+    m = helper.make_node
+    g = helper.make_graph([m("Reshape", ["x", "rows"], ["r"]), m("ReduceSum", ["r", "ax"], ["y"], keepdims=0)], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, ["batch", "width"])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["batch", "n"])],
+                          [numpy_helper.from_array(np.array([0, -1, stride], np.int64), "rows"),
+                           numpy_helper.from_array(np.array([2], np.int64), "ax")])
+    path = tmp_path / "fold.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), path)
+    report = graphconv.compile(path, tmp_path / "fold.mindir", target="cpu")
+    assert report.status == "verified"
+    assert [tuple(c["inputs"]["x"]) for c in report.validation["cases"]] == [(3, stride), (5, 2 * stride)]
+    assert any(f"they ran at multiples of {stride}: batch = 3, width = {stride}" in w for w in report.warnings)
 
 
 def test_a_dim_declared_negative_is_read_as_dynamic(tmp_path):

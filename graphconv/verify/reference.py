@@ -27,6 +27,7 @@ from graphconv.errors import InputError, UnsupportedError
 BATCH_SIZES = (3, 5)
 SPATIAL_SIZES = (20, 28)
 OTHER_SIZES = [(5, 11), (9, 6), (13, 4), (7, 10)]
+STRIDES = (32, 64)  # tried in turn when onnxruntime refuses the sizes above (stride_overrides)
 _BATCH_RE = dims.BATCH
 _SPATIAL_RE = re.compile(r"height|width|^h$|^w$", re.I)
 _MASK_RE = re.compile(r"mask", re.I)
@@ -142,15 +143,11 @@ def _dim_name(spec: InputSpec, axis: int, d) -> str:
     return d if d is not None else f"{spec.name}:{axis}"  # unnamed dims get a name of their own
 
 
-def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | None = None,
-              model: onnx.ModelProto | None = None, preferred: dict[str, tuple[int, int]] | None = None) -> dict:
-    """Two concrete sizes for every symbolic dim name. Dims related to others (graphconv/verify/dims.py:
-    written as `past + 1`, or implied by `model`'s graph) are derived from the free ones. `overrides` are the
-    user's --dim (an error where they name no free dim); `preferred` sizes (what a kernel accepts,
-    graphconv.frontend.contrib.cases) apply to the free dims they name, the user's winning."""
-    overrides = overrides or {}
+def _free_dims(specs: list[InputSpec], model: onnx.ModelProto | None) -> tuple[list[str], dict, set[str]]:
+    """The symbolic dims whose sizes are chosen (the others derived from them), the derived ones' expressions,
+    and the unnamed dims at axis 0 (batch)."""
     names: list[str] = []
-    unnamed_first: set[str] = set()  # unnamed dims at axis 0: batch
+    unnamed_first: set[str] = set()
     for spec in specs:
         for axis, d in enumerate(spec.shape):
             if not isinstance(d, int) and _dim_name(spec, axis, d) not in names:
@@ -160,6 +157,27 @@ def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | No
     derived = dims.relations(names, model)
     free = [n for n in names if n not in derived]
     free += sorted({s for tree in derived.values() for s in dims.symbols(tree)} - set(free))
+    return free, derived, unnamed_first
+
+
+def stride_overrides(model: onnx.ModelProto, stride: int, given: dict | None = None) -> dict[str, tuple[int, int]]:
+    """Sizes `stride` and 2 x `stride` for every free dim that is neither batch-like nor given (`--dim`): the
+    retry for a model whose inputs must be multiples of a stride (a detector's downsampling, an OCR model's
+    width), which the usual sizes (20 and 28, 5 and 11...) are not."""
+    specs = input_specs(model)
+    free, _, unnamed_first = _free_dims(specs, model)
+    return {name: (stride, 2 * stride) for name in free
+            if name not in (given or {}) and not _BATCH_RE.search(name) and name not in unnamed_first}
+
+
+def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | None = None,
+              model: onnx.ModelProto | None = None, preferred: dict[str, tuple[int, int]] | None = None) -> dict:
+    """Two concrete sizes for every symbolic dim name. Dims related to others (graphconv/verify/dims.py:
+    written as `past + 1`, or implied by `model`'s graph) are derived from the free ones. `overrides` are the
+    user's --dim (an error where they name no free dim); `preferred` sizes (what a kernel accepts,
+    graphconv.frontend.contrib.cases) apply to the free dims they name, the user's winning."""
+    overrides = overrides or {}
+    free, derived, unnamed_first = _free_dims(specs, model)
     fixed = sorted(set(overrides) & set(derived))
     if fixed:
         raise InputError(f"--dim {fixed[0]}: that dim is {ast.unparse(derived[fixed[0]])}; give sizes for "
