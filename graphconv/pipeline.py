@@ -57,6 +57,22 @@ def gqa_presents(model: onnx.ModelProto | None) -> dict[str, str]:
     return found
 
 
+def _line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+
+
+def _too_small(expected: list[dict], cases, model: onnx.ModelProto) -> str | None:
+    """Why the generated sizes are too small for the model (its downsampling past what they hold), or None: an
+    output that came out empty from inputs none of which is, or a window larger than its input."""
+    if any(v.size == 0 for c in cases for v in c.inputs.values()):
+        return None
+    empty = next((name for outs in expected for name, v in outs.items() if getattr(v, "size", 1) == 0), None)
+    if empty is not None:
+        return f"made output {empty!r} empty"
+    window = next((w for c in cases if (w := reference.window_too_large(model, c))), None)
+    return None if window is None else f"are smaller than the window of {window}"
+
+
 class Compiler:
     """The stages of one compile. Its attributes are set once, here; stages hand each other typed results and
     write only their own sections of the report."""
@@ -193,7 +209,16 @@ class Compiler:
             except UnsupportedError as e:
                 if self.opt.inputs or oracle.load_failed:  # (onnxruntime refused the model, not its inputs)
                     raise
-                expected, cases = self._at_a_stride(loaded.model, oracle, cases, e)
+                expected, cases, tried = self._at_a_stride(loaded.model, oracle, cases,
+                                                           f"onnxruntime refused the generated inputs ({_line(e)})")
+                if expected is None:  # dims the graph relates but neither names nor implies: the likely cause
+                    raise UnsupportedError(f"{e}; the generated inputs had {'; then '.join(tried)}: if some of these "
+                                           "dims are related, give --dim NAME=A,B for each free one or --inputs") \
+                        from None
+            small = _too_small(expected, cases, original)
+            if small and not self.opt.inputs and not self.opt.dims:  # sizes too small for the model's strides
+                again, strided, _ = self._at_a_stride(loaded.model, oracle, cases, f"the generated inputs {small}")
+                expected, cases = (again, strided) if again is not None else (expected, cases)
             self.report.validation["oracle"] = oracle.name
             if oracle.exact:
                 self.report.validation["oracle_exact"] = reference.exact_note(oracle.exact)
@@ -217,11 +242,11 @@ class Compiler:
                         return dataclasses.replace(checked, model=original)
         return checked
 
-    def _at_a_stride(self, model: LoadedModel, oracle, cases, error: UnsupportedError) -> tuple[list, list]:
-        """onnxruntime refused the generated inputs: the oracle's outputs and the cases again, with every free dim
-        but the batch at multiples of 32, then of 64 (reference.STRIDES: the strides detectors and OCR models
-        take), saying which sizes ran. Else the error, naming the sizes tried: dims the graph relates but neither
-        names nor implies are then the likely cause."""
+    def _at_a_stride(self, model: LoadedModel, oracle, cases, why: str) -> tuple[list | None, list, list[str]]:
+        """The generated inputs did not serve (`why`): the oracle's outputs and the cases again, with every free
+        dim but the batch at multiples of 32, then of 64 (reference.STRIDES: the strides detectors and OCR models
+        take), and a warning saying which sizes ran; (None, cases, the sizes tried) where none ran with outputs
+        that are not empty."""
         tried = [reference.dims_text(model.proto, cases[0])]
         for stride in reference.STRIDES:
             sizes = reference.stride_overrides(model.proto, stride, self.opt.dims)
@@ -233,15 +258,14 @@ class Compiler:
                                                pad_masks=model.pad_masks, preferred_dims=model.case_dims)
                 expected = oracle.run(strided)
             except (UnsupportedError, InputError):
+                expected = None
+            if expected is None or _too_small(expected, strided, model.proto):
                 tried.append(reference.dims_text(model.proto, strided[0]) if strided else f"multiples of {stride}")
                 continue
             ran = " and ".join(reference.dims_text(model.proto, c) for c in strided)
-            self.report.warnings.append(f"onnxruntime refused the generated inputs at {tried[0]} "
-                                        f"({str(error).splitlines()[0][:160]}): they ran at multiples of {stride}: "
-                                        f"{ran}")
-            return expected, strided
-        raise UnsupportedError(f"{error}; the generated inputs had {'; then '.join(tried)}: if some of these dims "
-                               "are related, give --dim NAME=A,B for each free one or --inputs") from None
+            self.report.warnings.append(f"{why} at {tried[0]}: they ran at multiples of {stride}: {ran}")
+            return expected, strided, tried
+        return None, cases, tried
 
     def fuse(self, model: onnx.ModelProto, cases, expected, spill: weights.SpillFile | None) -> onnx.ModelProto:
         """The pass pipeline; the result carries the function bodies of the fused ops it uses. With `spill`

@@ -208,3 +208,22 @@ def test_a_dim_declared_negative_is_read_as_dynamic(tmp_path):
     assert "'x' declares a negative dim at axis 0: read as a dynamic dim" in report.warnings
     sizes = {tuple(case["inputs"]["x"]) for case in report.validation["cases"]}
     assert len(sizes) == 2 and all(s[1] == 4 for s in sizes)
+
+
+def test_sizes_too_small_for_the_models_downsampling_are_raised_to_a_stride(tmp_path):
+    """A classifier pooling its image by 32, its height and width declared `?` (paddle2onnx writes such): at the
+    generated sizes (5 x 9) the window is larger than the image. onnxruntime and ONNX's shape inference still give
+    an output of 1 (their division truncates), MindSpore refuses an output of 0: an internal error before. A window
+    larger than its input sends the sizes to multiples of 32, where the network verifies; the report says so."""
+    m = helper.make_node
+    g = helper.make_graph([m("MaxPool", ["x"], ["p"], kernel_shape=[32, 32], strides=[32, 32]),
+                           m("Flatten", ["p"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [1, 2, None, None])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, None])])
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)]), path)
+    report = graphconv.compile(path, tmp_path / "pool.mindir", target="cpu")
+    assert report.status == "verified"
+    assert [tuple(c["inputs"]["x"]) for c in report.validation["cases"]] == [(1, 2, 32, 32), (1, 2, 64, 64)]
+    assert any("smaller than the window of" in w and "(window 32 over 5)" in w and "they ran at multiples of 32" in w
+               for w in report.warnings)

@@ -282,6 +282,51 @@ def _np_dtype_name(elem_type: int) -> str:
         return onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else "?"
 
 
+_WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool")
+
+
+def window_too_large(model: onnx.ModelProto, case: "ReferenceCase") -> str | None:
+    """The first windowed node (Conv, pooling) whose window, at `case`'s input sizes, is larger than its padded
+    input (shape inference on the model with those sizes fixed), as `node (window 32 over 5)`; else None. ONNX's
+    own inference and onnxruntime still give such a node an output of 1 (their division truncates toward zero)
+    where MindSpore refuses an output of 0: sizes the model is not meant for, which the generator avoids."""
+    if not any(n.op_type in _WINDOWED for n in model.graph.node):
+        return None
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    del fixed.graph.value_info[:]
+    for vi in fixed.graph.input:
+        if vi.name in case.inputs and vi.type.HasField("tensor_type"):
+            dims = vi.type.tensor_type.shape.dim
+            for d, size in zip(dims, case.inputs[vi.name].shape):
+                d.Clear()
+                d.dim_value = int(size)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(fixed)
+    except Exception:  # noqa: BLE001 - no shapes, no finding
+        return None
+    shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+              for vi in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    weights_dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type not in _WINDOWED or not n.input:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
+            continue
+        kernel = attrs.get("kernel_shape") or (weights_dims.get(n.input[1], [])[2:] if len(n.input) > 1 else [])
+        spatial = (shapes.get(n.input[0]) or [])[2:]
+        if not kernel or len(spatial) != len(kernel):
+            continue
+        pads = list(attrs.get("pads") or [0] * 2 * len(kernel))
+        dilations = list(attrs.get("dilations") or [1] * len(kernel))
+        for k, (size, width) in enumerate(zip(spatial, kernel)):
+            extent = (width - 1) * dilations[k] + 1
+            if size is not None and size + pads[k] + pads[k + len(kernel)] < extent:
+                return f"{n.name or n.op_type} (window {extent} over {size})"
+    return None
+
+
 def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
                dim_overrides: dict | None = None, seed: int = 0, pad_masks: bool = True,
                preferred_dims: dict | None = None) -> list[ReferenceCase]:
