@@ -23,6 +23,7 @@ from graphconv.errors import InputError, InternalError, VerificationError
 from graphconv.runtime import msrun
 from graphconv.target import sharding
 from graphconv.verify import census, outputs
+from passes.stateful_cache import CACHE_PREFIX
 
 LAUNCH_SCRIPT = """#!/bin/sh
 # Run the {n} ranks of {name} on one Ascend host: msrun starts {n} processes, rank i loads rank_<i>.mindir
@@ -69,8 +70,7 @@ def check_options(opt, output: Path) -> None:
     if not output.parent.absolute().is_dir():
         raise InputError(f"output directory {output.parent} does not exist")
     for flag, value in (("--bundle", opt.bundle), ("--emit-source", opt.emit_source),
-                        ("--layer-streamed", opt.layer_streamed), ("--verify-each", opt.verify_each),
-                        ("--stateful-cache", opt.cache_capacity)):
+                        ("--layer-streamed", opt.layer_streamed), ("--verify-each", opt.verify_each)):
         if value:
             raise InputError(f"{flag} is not supported with --tp yet")
     if opt.precision != "fp32":
@@ -188,4 +188,5 @@ class TensorParallel:
 def _weight_bytes(model: onnx.ModelProto) -> int:
     """The bytes of a graph's float weights (what its MindIR holds, up to folded constants)."""
     return sum(int(np.prod(t.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-               for t in model.graph.initializer if t.data_type in sharding._FLOATS)
+               for t in model.graph.initializer
+               if t.data_type in sharding._FLOATS and not t.name.startswith(CACHE_PREFIX))  # (state, not weights)

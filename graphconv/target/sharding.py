@@ -35,7 +35,9 @@ from graphconv.frontend import weights
 DOMAIN = "graphconv"
 ALL_REDUCE = "AllReduce"
 ALL_GATHER = "AllGather"
-ATTENTION_OPS = ("FlashAttentionScore",)
+ATTENTION_OPS = ("FlashAttentionScore", "FusedInferAttentionScore")
+# A KV cache held in place (passes/stateful_cache.py): the initializer its update node writes, [MB, kv heads, MS, D].
+CACHE_UPDATE = ("graphconv", "KVCacheUpdate")
 # Ops a q/k/v value passes through between its projection and the attention, head by head.
 _HEAD_WISE = {("", "Transpose"), ("", "Cast"), ("", "Identity"), ("mindspore", "RotaryPositionEmbedding")}
 # Ops an MLP's hidden value passes through between its up and down projections, feature by feature.
@@ -106,6 +108,8 @@ class Plan:
     blocks: list[dict]
     notes: list[str]
     gathers: dict[str, tuple[int, list[int]]] = dataclasses.field(default_factory=dict)  # node -> (axis, sizes)
+    # KVCacheUpdate node -> (kv heads, kv heads per rank): its write positions cut to the rank's heads
+    cache_updates: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def as_json(self, sources: dict[str, str] | None = None) -> dict:
         """plan.json: the weights keyed by the model's own names where known (`sources`: ONNX name -> name)."""
@@ -206,6 +210,7 @@ class _Planner:
         self.g, self.tp = _Graph(model), tp
         self.weights: dict[str, WeightSplit] = {}
         self.heads, self.reshapes, self.reduces, self.blocks, self.notes, self.gathers = {}, {}, [], [], [], {}
+        self.cache_updates: dict[str, tuple[int, int]] = {}
         self.claimed: set[str] = set()  # nodes inside a sharded block
         self.pending: list = []  # (Reshape of q/k/v features, entry, weight): sized once the weight's slices are
 
@@ -276,6 +281,11 @@ class _Planner:
                         _fail(f"{node.name!r}: a transpose other than BSND <-> BNSD before {fa.name!r}")
             elif key == ("mindspore", "RmsNorm") and self.per_head_norm(node):
                 pass
+            elif key == CACHE_UPDATE:  # the cache held in place: each rank's holds its kv heads (dim 1)
+                self.cache(node, fa, heads, count)
+                value = node.input[1]
+                node = self.g.producer.get(value)
+                continue
             elif node.op_type == "Reshape":
                 head_dim = self.reshape_heads(node, fa, count, [len(h) for h in heads], head_dim, features)
             elif node.op_type == "Split" and split is None:
@@ -315,6 +325,20 @@ class _Planner:
         for reshape, axis in features:  # [..., F]: F is what the rank holds of the projection's output
             self.pending.append((reshape, axis, w))
         return w, head_dim
+
+    def cache(self, node, fa, heads: list[list[int]], count: int) -> None:
+        """A KVCacheUpdate on the k or v of `fa`: its cache initializer [max batch, kv heads, max seq, head dim]
+        split along the kv heads as the projection's columns are, and its write positions ([B, kv heads, q, 3],
+        the heads numbered 0..) cut to the rank's first len(heads) (shard)."""
+        cache = node.input[0]
+        dims = list(self.g.init[cache].dims) if cache in self.g.init else []
+        if len(dims) != 4 or dims[1] != count:
+            _fail(f"{node.name!r}: its cache {cache!r} {dims} is not [batch, the {count} kv heads of {fa.name!r}, "
+                  "seq, head dim]")
+        self.extend(cache, "KV cache held in place (split by kv heads)", 1, [[(hs[0], hs[-1] + 1)] for hs in heads],
+                    node)
+        self.cache_updates[node.name] = (count, len(heads[0]))
+        self.claimed.add(node.name)
 
     def extend(self, name: str, role: str, axis: int, slices, node) -> None:
         """Add `slices` to weight `name`'s (a fused q/k/v weight collects the three chains' slices)."""
@@ -597,7 +621,7 @@ class _Planner:
             if t.name not in self.weights and t.data_type in _FLOATS and int(np.prod(t.dims)) > 1:
                 self.weights[t.name] = WeightSplit(t.name, self.replicated_role(t.name), list(t.dims))
         return Plan(self.tp, self.weights, self.heads, self.reshapes, self.reduces, self.blocks, self.notes,
-                    self.gathers)
+                    self.gathers, self.cache_updates)
 
     def replicated_role(self, name: str) -> str:
         users = self.g.consumers.get(name, [])
@@ -647,6 +671,8 @@ def shard(model: onnx.ModelProto, p: Plan, rank: int) -> onnx.ModelProto:
                     a.i = q
                 elif a.name == "kv_head_num":
                     a.i = kv
+        if node.name in p.cache_updates and p.cache_updates[node.name][1] < p.cache_updates[node.name][0]:
+            new_nodes += _first_heads(out, node, p.cache_updates[node.name][1])
         if node.name in p.reshapes:
             axis, sizes = p.reshapes[node.name]
             new_nodes += _rewrite_shape(graph, node, axis, sizes[rank])
@@ -685,6 +711,18 @@ def shard(model: onnx.ModelProto, p: Plan, rank: int) -> onnx.ModelProto:
     if not any(i.domain == DOMAIN for i in out.opset_import):
         out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return onnx.shape_inference.infer_shapes(out, data_prop=True)
+
+
+def _first_heads(model: onnx.ModelProto, update: onnx.NodeProto, heads: int) -> list[onnx.NodeProto]:
+    """A KVCacheUpdate's write positions [B, N, q, 3] cut to their first `heads` heads (numbered 0..heads-1: the
+    rank's own cache's); returns the Slice to insert before it."""
+    name = f"{update.name}_tp_heads"
+    model.graph.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), f"{name}_{k}")
+                                   for k, v in (("start", 0), ("end", heads), ("axis", 1)))
+    cut = helper.make_node("Slice", [update.input[2], f"{name}_start", f"{name}_end", f"{name}_axis"], [name],
+                           name=name)
+    update.input[2] = name
+    return [cut]
 
 
 def _rewrite_shape(graph: _Graph, reshape: onnx.NodeProto, axis: int, size: int) -> list[onnx.NodeProto]:
