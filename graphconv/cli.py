@@ -154,8 +154,9 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     from graphconv.pipeline import compile as compile_model
 
     _set_debug(debug)
-    if tp is not None and (pair.is_pair_dir(model) or stateful_cache):
-        raise click.UsageError("--tp takes a plain .onnx graph in this version (not a generation folder)")
+    if tp is not None and stateful_cache and model.is_file():
+        raise click.UsageError("--tp takes a plain .onnx graph or a generation folder in this version (not a "
+                               "with-past .onnx graph with --stateful-cache)")
     if tp is not None and output is None:
         raise click.UsageError("--tp needs -o OUT_DIR (a new directory)")
     if pair.is_pair_dir(model) or (stateful_cache and model.is_file()):  # (a with-past graph, as a generation folder)
@@ -168,7 +169,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
             emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes), plugins=tuple(plugins),
             verify_each=verify_each, save_fused=save_fused, bundle=bundle, soc=soc, cann=cann,
             shape_ranges=_parse_ranges(shape_range), stateful_cache=stateful_cache, max_batch=max_batch,
-            max_seq_len=max_seq_len, cpu_twin=cpu_twin)
+            max_seq_len=max_seq_len, cpu_twin=cpu_twin, tp=tp)
         if as_json:
             click.echo(json.dumps(report, indent=2, default=str))
         elif not quiet:

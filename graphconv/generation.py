@@ -170,7 +170,16 @@ def mindir_files(gen: dict, device: str) -> list[str]:
     """The prefill's and the decode's MindIR file names: graphs.<g>.mindir (default <g>; one file when one
     graph serves both), `.cpu.mindir` for the cpu ones."""
     suffix = ".cpu.mindir" if device == "cpu" else ".mindir"
+    if gen.get("tensor_parallel"):  # (rank 0's: every rank runs its own, rank_files)
+        return [rank_files(gen, device)[0]] * len(GRAPHS)
     return [gen["graphs"][g].get("mindir", g) + suffix for g in GRAPHS]
+
+
+def rank_files(gen: dict, device: str) -> list[str]:
+    """A tensor-parallel GEN_DIR (`compile --tp N`: generation.json's tensor_parallel): each rank's one stateful
+    MindIR, rank_<i>.mindir (the --target's) or rank_<i>.cpu.mindir."""
+    suffix = ".cpu.mindir" if device == "cpu" else ".mindir"
+    return [f"rank_{r}{suffix}" for r in range(int(gen["tensor_parallel"]["tp"]))]
 
 
 def cache_dtype(gen: dict) -> str:
@@ -333,7 +342,10 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
                            "state_params": (gen["graphs"][g].get("state") or {}).get("params")}
                        for g, m in zip(GRAPHS, mindirs)}}
             progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}")
-            done = run_task("generate", task, ws.dir, f"MindSpore {device} generation")
+            if gen.get("tensor_parallel"):
+                done = _run_ranks(gen_dir, gen, device, task, ws.dir)
+            else:
+                done = run_task("generate", task, ws.dir, f"MindSpore {device} generation")
             tokens = np.array(done["tokens"], np.int64).reshape(len(batch), -1)
             if check:
                 with np.load(done["logits"]) as data:
@@ -358,6 +370,29 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         error.result = result
         raise error
     return result
+
+
+def _run_ranks(gen_dir: Path, gen: dict, device: str, task: dict, workdir: Path) -> dict:
+    """The generate task on every rank of a tensor-parallel GEN_DIR under msrun (graphconv/runtime/msrun.py),
+    rank i on its own MindIR: the logits are whole on every rank (the LM head's AllGather), so every rank
+    chooses the same tokens; rank 0's result (and logits) are the run's."""
+    from graphconv.errors import InternalError
+    from graphconv.runtime import msrun
+
+    if device != "cpu":
+        raise UnsupportedError(f"{gen_dir}: a tensor-parallel folder runs here on CPU only; on an Ascend host "
+                               "launch the ranks with msrun (see docs/cli.md)")
+    tasks = []
+    for r, name in enumerate(rank_files(gen, device)):
+        ranked = {**task, "kind": "generate", "logits": task["logits"] if r == 0 else None}
+        for g in GRAPHS:
+            ranked[g] = {**task[g], "mindir": str(gen_dir / name)}
+        tasks.append(ranked)
+    results = msrun.run(tasks, workdir, f"msrun ({len(tasks)} ranks)")
+    differ = [r for r, res in enumerate(results) if res["tokens"] != results[0]["tokens"]]
+    if differ:
+        raise InternalError(f"rank {differ[0]} chose other tokens than rank 0 (its logits are not the whole ones)")
+    return {**results[0], "ranks": len(results)}
 
 
 def mindir_bytes(path: Path) -> int:

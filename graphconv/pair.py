@@ -453,7 +453,7 @@ def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
 def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progress | None = None,
                  inputs: tuple = (), report_path: Path | None = None, stateful_cache: bool | None = None,
                  max_batch: int = 8, max_seq_len: int | None = None, cpu_twin: bool | None = None,
-                 **options) -> dict:
+                 tp: int | None = None, **options) -> dict:
     """Compile and verify both graphs of a generation pair into the new folder `gen_dir`; returns the report
     (a dict, the one written to report.json). Options are the compile's (CompileOptions fields). The one graph
     serving prompt and decode is compiled with its KV cache held in place (capacity `max_batch` x
@@ -461,7 +461,10 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     cannot (the reason in report.json's `cache.why` and a warning), the folder passes the cache in and out.
     `stateful_cache` True: held in place or an error; False: passed in and out.
     `cpu_twin`: write the cpu MindIRs beside an ascend compile's (None: where this host's memory can run them,
-    `graphconv generate`'s own rule)."""
+    `graphconv generate`'s own rule).
+    `tp`: tensor parallelism over `tp` ranks (graphconv/tensor_parallel.py): GEN_DIR holds each rank's stateful
+    MindIR (rank_<i>.mindir, rank_<i>.cpu.mindir; each rank's cache its own kv heads) and plan.json, and
+    `graphconv generate` runs the ranks under msrun."""
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
     progress = progress or SILENT
     builder = (export_dir / _GENAI_CONFIG).is_file() and not (export_dir / "generation.json").is_file()
@@ -492,6 +495,8 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     if bundle is not None and builder:
         raise InputError("--bundle is not supported for an onnxruntime-genai folder yet (its graph reads the mask as "
                          "lengths: the bundle's script would have to batch prompts by length)")
+    if tp is not None:
+        _check_tp(tp, stateful_cache, bundle, cpu_twin, options)
     per_inputs = split_inputs(inputs, tuple(sources))
     pair_plan = (meta, sources, options if builder or exported else _prompt_dims(meta, sources, options),
                  graph_dims, None)  # (a builder's graph has its own prompt case: frontend.contrib.cases)
@@ -500,13 +505,34 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
                              "not asked for (--no-stateful-cache)")
     try:
         plan = _stateful_plan(meta, sources, options, _cache_capacity(meta, sources, max_batch, max_seq_len))
+        if tp is not None:
+            return _compile_into(gen_dir, bundle, export_dir, *plan, per_inputs, cpu_twin, progress, report_path,
+                                 tp=tp)
         return _compile_into(gen_dir, bundle, export_dir, *plan, per_inputs, cpu_twin, progress, report_path)
     except CacheNotHeld as e:
+        if tp is not None:
+            raise CacheNotHeld(f"--tp: the KV cache cannot be held in place: {e}") from None
         if stateful_cache:
             raise CacheNotHeld(f"--stateful-cache: the KV cache cannot be held in place: {e}") from None
         why = str(e)
     progress.warn(f"the KV cache is passed in and out, not held in place: {why}")
     return _compile_into(gen_dir, bundle, export_dir, *pair_plan, per_inputs, cpu_twin, progress, report_path, why)
+
+
+def _check_tp(tp: int, stateful_cache: bool | None, bundle, cpu_twin: bool | None, options: dict) -> None:
+    """What --tp takes for a generation folder in this version, checked before any work."""
+    if not isinstance(tp, int) or tp < 2:
+        raise InputError(f"--tp {tp}: give at least 2 ranks")
+    if stateful_cache is False:
+        raise InputError("--tp: a generation folder compiles with its KV cache held in place only (not with "
+                         "--no-stateful-cache)")
+    if bundle is not None:
+        raise InputError("--bundle is not supported with --tp yet")
+    if cpu_twin is False:
+        raise InputError("--tp: the cpu MindIRs are what generate and the cached-step check run here "
+                         "(not with --no-cpu-twin)")
+    if options.get("precision", "fp32") != "fp32":
+        raise InputError("--tp is fp32 only in this version")
 
 
 def _stateful_plan(meta: dict, sources: dict, options: dict, capacity: tuple[int, int]) -> tuple:
@@ -527,7 +553,7 @@ def _stateful_plan(meta: dict, sources: dict, options: dict, capacity: tuple[int
 
 def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: dict, sources: dict, options: dict,
                   graph_dims: dict, state: dict | None, per_inputs: dict, cpu_twin: bool | None, progress: Progress,
-                  report_path: Path | None, not_held: str | None = None) -> dict:
+                  report_path: Path | None, not_held: str | None = None, tp: int | None = None) -> dict:
     """Compile `sources` into the new folder gen_dir (and the bundle), with the cache held in place where
     `state` is given (else `not_held` says why not); returns the report. CacheNotHeld where the graph cannot
     hold it, with nothing written."""
@@ -539,7 +565,10 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
     bundle_staging = None if bundle is None else partial_dir(bundle)
     try:
         graphs, twins, weights = {}, {}, {}
-        for g, source in sources.items():
+        if tp is not None:
+            meta = _compile_ranks(staging, tp, meta, sources, options, graph_dims, state, per_inputs, progress,
+                                  graphs, twins, weights)
+        for g, source in ({} if tp is not None else sources).items():
             progress.info(f"{g}: compile ({target})")
             graph_bundle = None if bundle_staging is None else bundle_staging / g
             graph_options = {**options, "dims": {**graph_dims.get(g, {}), **(options.get("dims") or {})}}
@@ -580,7 +609,9 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
             "status": "verified" if all(s == "verified" for s in statuses) else "unverified",
             "exit_code": 0,
             "artifacts": {g: str(gen_dir / f"{g}.mindir") for g in sources}
-            | {f"{g}_cpu": str(gen_dir / f"{g}.cpu.mindir") for g in sources if (staging / f"{g}.cpu.mindir").exists()},
+            | {f"{g}_cpu": str(gen_dir / f"{g}.cpu.mindir") for g in sources if (staging / f"{g}.cpu.mindir").exists()}
+            if tp is None else {f.name: str(gen_dir / f.name) for f in sorted(staging.glob("rank_*.mindir"))}
+            | {"plan": str(gen_dir / "plan.json")},
             "weights": {**weights, "shared": False,
                         "note": "each MindIR holds its own copy of the weights: a MindIR cannot reference another "
                                 "file's Parameters"},
@@ -617,6 +648,50 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
     if report_path is not None:
         Path(report_path).write_text(json.dumps(report, indent=2, default=str))
     return report
+
+
+def _compile_ranks(staging: Path, tp: int, meta: dict, sources: dict, options: dict, graph_dims: dict, state: dict,
+                   per_inputs: dict, progress: Progress, graphs: dict, twins: dict, weights: dict) -> dict:
+    """The one stateful graph compiled with --tp (graphconv/tensor_parallel.py: the ranks verified under msrun at
+    the prompt call against onnxruntime on the unsharded graph) into staging/rank_<i>.mindir, and for a target
+    other than cpu once more for cpu (rank_<i>.cpu.mindir: what generate runs here); the cache's zeros stripped
+    from every rank file. Fills graphs, twins and weights; returns generation.json with `tensor_parallel`."""
+    from graphconv.pipeline import compile as compile_graph
+
+    (g, source), = sources.items()
+    target = options.get("target", "ascend")
+    graph_options = {**options, "dims": {**graph_dims.get(g, {}), **(options.get("dims") or {})}}
+    forms = [(target, ".mindir")] + ([("cpu", ".cpu.mindir")] if target != "cpu" else [])
+    for form, suffix in forms:
+        progress.info(f"{g}: compile {tp} ranks ({form})")
+        ranks_dir = staging / f"ranks-{form}"
+        report = compile_graph(source, ranks_dir, progress=progress, inputs=per_inputs[g], tp=tp,
+                               **{**graph_options, "target": form}).to_dict()
+        if form == target:
+            graphs[g] = report
+            os.replace(ranks_dir / "plan.json", staging / "plan.json")
+        else:
+            twins[g] = report
+        for r in range(tp):
+            if (ranks_dir / f"rank_{r}_variables").exists():
+                raise UnsupportedError(f"--tp: rank {r}'s weights are past 1 GiB (a _variables/ folder): a "
+                                       "tensor-parallel generation folder takes smaller ranks in this version")
+            os.replace(ranks_dir / f"rank_{r}.mindir", staging / f"rank_{r}{suffix}")
+        shutil.rmtree(ranks_dir)
+    files = [staging / f"rank_{r}.mindir" for r in range(tp)]
+    state["params"] = _strip_state(files + ([] if target == "cpu" else
+                                            [staging / f"rank_{r}.cpu.mindir" for r in range(tp)]))
+    if target == "cpu":  # (after the strip, which replaces the files)
+        for r in range(tp):
+            os.link(files[r], staging / f"rank_{r}.cpu.mindir")
+    ranks = [{"mindir_bytes": mindir_bytes(f), "cpu_mindir_bytes": mindir_bytes(staging / f"rank_{r}.cpu.mindir")}
+             for r, f in enumerate(files)]
+    weights[g] = {**ranks[0], "ranks": ranks}
+    ranks = {"tp": tp, "mindirs": {target: [f.name for f in files], "cpu": [f"rank_{r}.cpu.mindir" for r in range(tp)]},
+             "plan": "plan.json", "run": "msrun, rank i on rank_<i>; every rank's logits whole (the LM head's "
+                                         "AllGather), rank 0's tokens reported"}
+    graphs_meta = {k: {**v, "mindir": "rank_0"} for k, v in meta["graphs"].items()}
+    return {**meta, "graphs": graphs_meta, "tensor_parallel": ranks}
 
 
 def summary(report: dict) -> str:

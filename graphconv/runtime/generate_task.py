@@ -18,8 +18,11 @@ def generate(task: dict) -> dict:
 
     from graphconv.runtime import decoding, mindir_state, network
 
-    ms.set_device("Ascend" if task["device"] == "ascend" else "CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
+    if task["device"] == "ascend":
+        ms.set_device("Ascend")
+        ms.set_context(mode=ms.GRAPH_MODE)
+    else:  # (once per process: a rank under msrun has set it before joining its group)
+        network.cpu_graph_mode()
     t0 = time.perf_counter()
     cells = {}  # by MindIR: one graph may serve both steps (onnxruntime-genai's model builder)
     for name in ("prefill", "decode"):
