@@ -437,3 +437,154 @@ def test_msrun_rank_failure_and_timeout(tmp_path):
     spec = str(slow / "msrun-tasks.json")
     left = [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
     assert not left
+
+
+# --- generation (a cache held in place, split by kv heads) ----------------------------------------------------
+
+CAPACITY = ("--max-batch", "4", "--max-seq-len", "64")
+
+
+@pytest.fixture(scope="module")
+def llama_with_past(tmp_path_factory):
+    """(checkpoint, export folder) of the tiny Llama (GQA: 4 heads, 2 kv heads) tests/test_generate.py builds,
+    exported with --task text-generation-with-past."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from graphconv.frontend.hf_export import export_checkpoint
+    from test_hf_export import _llama, _save
+
+    root = tmp_path_factory.mktemp("tp-gen")
+    torch.manual_seed(0)
+    src = _save(_llama(), root / "ckpt")
+    export_checkpoint(src, root / "exp", "text-generation-with-past", dtype="fp32")
+    return src, root / "exp"
+
+
+def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
+    """The fused stateful graph a `compile EXPORT_DIR --tp N` shards (the compile stopped at the shard stage)."""
+    from graphconv import pair, tensor_parallel
+    from graphconv.pipeline import compile as compile_graph
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def stop(self, loaded, checked, fused, cases, ws):
+        seen["fused"] = fused
+        raise Stop
+
+    monkeypatch.setattr(tensor_parallel.TensorParallel, "run", stop)
+    meta, sources = pair._pair_sources(export_dir)
+    _, graphs, options, _, _ = pair._stateful_plan(meta, sources, {"target": "cpu"},
+                                                   pair._cache_capacity(meta, sources, 4, 64))
+    with pytest.raises(Stop):
+        compile_graph(next(iter(graphs.values())), export_dir.parent / "never", tp=2, **options)
+    return seen["fused"]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_stateful_ranks_hold_their_kv_heads_and_sum_to_the_unsharded_prompt(llama_with_past, monkeypatch, tp):
+    """Each rank's cache initializers hold its kv heads (2 kv heads: 1 per rank over 2; over 4, ranks 0-1 kv head
+    0 and ranks 2-3 kv head 1), its KVCacheUpdates write them, and the ranks run together (tp_simulate) compute
+    the unsharded stateful graph's logits at the prompt call (past length 0, where onnxruntime runs it)."""
+    fused = _fused_stateful(llama_with_past[1], monkeypatch)
+    p = sharding.plan(fused, tp)
+    caches = {n: w for n, w in p.weights.items() if n.startswith("cache.")}
+    assert len(caches) == 4 and len(p.cache_updates) == 4  # 2 layers x (keys, values)
+    want = [[(0, 1)], [(1, 2)]] if tp == 2 else [[(0, 1)], [(0, 1)], [(1, 2)], [(1, 2)]]
+    assert all(w.axis == 1 and w.slices == want for w in caches.values())
+    ranks = [sharding.shard(fused, p, r) for r in range(tp)]
+    for rank in ranks:
+        held = [list(t.dims) for t in rank.graph.initializer if t.name.startswith("cache.")]
+        assert held == [[4, 1, 64, 16]] * 4
+    ids = np.array([[5, 6, 7, 8, 9, 10, 11], [0, 0, 0, 0, 12, 13, 14]], np.int64)
+    mask = (np.arange(7) >= np.array([[0], [4]])).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": np.clip(mask.cumsum(-1) - 1, 0, None)}
+    inline = opmap.fused.inline_fused
+    want = ort.InferenceSession(inline(fused).SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for got in run_ranks([inline(r) for r in ranks], feeds):
+        np.testing.assert_allclose(got[0], want[0], atol=1e-5)
+
+
+def _compile_gen(export_dir: Path, out: Path, tp: int | None, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "graphconv", "compile", str(export_dir), "-o", str(out), "-q",
+                           *CAPACITY, *(["--tp", str(tp)] if tp else []), *extra], capture_output=True, text=True,
+                          cwd=ROOT)
+
+
+def _generate(gen: Path) -> dict:
+    from test_generate import NEW, PROMPTS, _ids_arg
+
+    r = subprocess.run([sys.executable, "-m", "graphconv", "generate", str(gen), "--input-ids", _ids_arg(PROMPTS),
+                        "--max-new-tokens", str(NEW), "--check", "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["cpu", "ascend"])
+def test_generate_tp2_is_token_exact_with_unsharded_and_transformers(llama_with_past, tmp_path, target):
+    """compile EXPORT_DIR --tp 2 (each rank's stateful MindIR; the cached steps checked under msrun against
+    onnxruntime on the unsharded pair), then generate 16 tokens on three left-padded prompts under msrun: the
+    same tokens as the unsharded GEN_DIR and as transformers' greedy generate, every step within 1e-4 of
+    onnxruntime."""
+    from test_generate import NEW, PROMPTS, _hf_generate, _match
+
+    src, export_dir = llama_with_past
+    gen = tmp_path / "gen-tp2"
+    r = _compile_gen(export_dir, gen, 2, "--target", target)
+    assert r.returncode == 0, r.stderr
+    ranks = [f"rank_{r}.mindir" for r in range(2)] + [f"rank_{r}.cpu.mindir" for r in range(2)]
+    assert sorted(p.name for p in gen.iterdir()) == sorted(ranks + ["plan.json", "generation.json", "report.json"])
+    meta = json.loads((gen / "generation.json").read_text())
+    assert meta["tensor_parallel"]["tp"] == 2
+    assert all(p["shape"] == [4, 1, 64, 16] for p in meta["graphs"]["decode"]["state"]["params"].values())
+    report = json.loads((gen / "report.json").read_text())
+    check = report["cache"]["cached_steps_check"]
+    assert report["status"] == "verified" and check["argmax_match"] and check["max_abs"] <= 1e-4
+    plan = json.loads((gen / "plan.json").read_text())
+    assert plan["weights"]["cache.past_key_values.0.key"]["slices"] == [[[0, 1]], [[1, 2]]]
+    got = _generate(gen)
+    assert all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in got["steps"])
+    plain = tmp_path / "gen"
+    r = _compile_gen(export_dir, plain, None, "--target", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert got["sequences"] == _generate(plain)["sequences"]
+    want, ties, _ = _hf_generate(src, PROMPTS, NEW, 2, 2)
+    _match(got["sequences"], want, ties)
+    assert [len(s) for s in got["sequences"]] == [NEW] * 3
+
+
+def test_generation_tp_bad_input_one_line_nothing_written(llama_with_past, tmp_path):
+    export_dir = llama_with_past[1]
+    for tp, extra, says in [(3, (), "3 ranks do not divide the 4 attention heads"),
+                            (2, ("--no-stateful-cache",), "held in place only")]:
+        out = tmp_path / f"gen-tp{tp}"
+        r = _compile_gen(export_dir, out, tp, "--target", "cpu", *extra)
+        assert r.returncode == 1 and says in r.stderr, r.stderr
+        assert r.stderr.strip().count("\n") == 0
+        assert not out.exists() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+def test_generate_on_a_tp_folder_without_msrun_is_one_line(tmp_path, monkeypatch):
+    """msrun not found (not beside this Python, not on PATH): an InputError (exit 1) before any rank starts."""
+    import graphconv
+    from graphconv.errors import InputError
+
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    step = {"inputs": {"input_ids": ["b", "s"], "attention_mask": ["b", "t"], "position_ids": ["b", "s"]},
+            "outputs": {"logits": ["b", "s", 128]}, "mindir": "rank_0",
+            "state": {"max_batch": 4, "max_seq_len": 64, "inputs": ["input_ids", "attention_mask", "position_ids"],
+                      "outputs": ["logits"], "params": {}}}
+    (gen / "generation.json").write_text(json.dumps({
+        "task": "text-generation-with-past", "vocab_size": 128, "eos_token_id": 2, "dtype": "fp32",
+        "graphs": {"prefill": {**step, "empty_cache": True}, "decode": step}, "tensor_parallel": {"tp": 2}}))
+    for r in range(2):
+        (gen / f"rank_{r}.cpu.mindir").write_bytes(b"")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InputError, match="msrun .* is not installed") as e:
+        graphconv.generate(gen, [[5, 6, 7]], 2, device="cpu")
+    assert "\n" not in str(e.value)
