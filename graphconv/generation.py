@@ -147,6 +147,9 @@ def _load_generation(gen_dir: Path) -> dict:
     for g in GRAPHS:  # the files generate reads from GEN_DIR
         if "mindir" in graphs[g]:
             inside(gen_dir, graphs[g]["mindir"], path, f"graphs.{g}.mindir")
+    tp = gen.get("tensor_parallel")
+    if tp is not None and not (isinstance(tp, dict) and _is_int(tp.get("tp")) and tp["tp"] >= 2):
+        raise InputError(f"{path}: tensor_parallel.tp must be an integer >= 2 (the ranks' count)")
     if gen.get("tokenizer") is not None:
         inside(gen_dir, gen["tokenizer"], path, "tokenizer", directory=True)
     return gen
@@ -173,6 +176,11 @@ def mindir_files(gen: dict, device: str) -> list[str]:
     if gen.get("tensor_parallel"):  # (rank 0's: every rank runs its own, rank_files)
         return [rank_files(gen, device)[0]] * len(GRAPHS)
     return [gen["graphs"][g].get("mindir", g) + suffix for g in GRAPHS]
+
+
+def all_files(gen: dict, device: str) -> list[str]:
+    """Every MindIR a generate run on `device` loads: the steps', or each rank's."""
+    return rank_files(gen, device) if gen.get("tensor_parallel") else mindir_files(gen, device)
 
 
 def rank_files(gen: dict, device: str) -> list[str]:
@@ -310,13 +318,14 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
         sampling = sampling_options(gen, **sampling)
         notes.append("sampling: " + ", ".join(f"{k} {v}" for k, v in sampling.items()))  # (the seed: a rerun)
     mindirs = [gen_dir / f for f in mindir_files(gen, device)]
-    missing = sorted({m.name for m in mindirs if not m.is_file()})
+    every = [gen_dir / f for f in all_files(gen, device)]  # (a tensor-parallel folder: every rank's, run here)
+    missing = sorted({m.name for m in every if not m.is_file()})
     if missing and device == "cpu" and gen.get("cpu_twin", {}).get("written") is False:
         raise UnsupportedError(f"{gen_dir}: no cpu MindIR, the compile did not write it: {gen['cpu_twin']['reason']} "
                                "(generate on an Ascend host, or compile with --cpu-twin)")
     if missing:
         raise InputError(f"{gen_dir}: no {', '.join(missing)} (the {device} MindIRs; see `graphconv compile`)")
-    too_large = fits_in_memory(sorted(set(mindirs)), gen) if device == "cpu" else None
+    too_large = fits_in_memory(sorted(set(every)), gen) if device == "cpu" else None
     if too_large:
         raise UnsupportedError(f"{too_large}: generate on an Ascend host")
     onnx_pair = _onnx_pair(gen_dir, gen, Path(onnx_dir) if onnx_dir else None) if check else None
@@ -341,7 +350,8 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
                            "empty_cache": bool(gen["graphs"][g].get("empty_cache")),
                            "state_params": (gen["graphs"][g].get("state") or {}).get("params")}
                        for g, m in zip(GRAPHS, mindirs)}}
-            progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}")
+            progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}"
+                          + (f" ({gen['tensor_parallel']['tp']} ranks under msrun)" if gen.get("tensor_parallel") else ""))
             if gen.get("tensor_parallel"):
                 done = _run_ranks(gen_dir, gen, device, task, ws.dir)
             else:

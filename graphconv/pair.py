@@ -427,12 +427,12 @@ def _strip_state(mindirs: list[Path]) -> dict[str, dict]:
 def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
     """The stateful graph's cached steps against onnxruntime on the ONNX pair: three prompts of different lengths
     (left-padded), four greedy steps, every step's logits compared (graphconv.generation's --check)."""
-    from graphconv.generation import fits_in_memory, generate, mindir_files
+    from graphconv.generation import all_files, fits_in_memory, generate
 
     capacity = meta["graphs"]["decode"]["state"]
-    if not all((gen_dir / f).is_file() for f in mindir_files(meta, "cpu")):
+    if not all((gen_dir / f).is_file() for f in all_files(meta, "cpu")):
         return {"skipped": f"no cpu MindIR: {meta.get('cpu_twin', {}).get('reason')}"}
-    too_large = fits_in_memory([gen_dir / f for f in sorted(set(mindir_files(meta, "cpu")))], meta)
+    too_large = fits_in_memory([gen_dir / f for f in sorted(set(all_files(meta, "cpu")))], meta)
     if too_large:
         progress.warn(f"the cached steps are not checked: {too_large}")
         return {"skipped": too_large}
@@ -625,6 +625,16 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
                                "cached_steps_check": cached_steps}
         else:
             report["cache"] = {"held_in_place": False, "why": not_held}
+        if tp is not None:
+            own = next(iter(graphs.values()))["validation"].get("tensor_parallel") or {}
+            itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
+            report["tensor_parallel"] = {
+                "tp": tp, "plan": str(gen_dir / "plan.json"), "ranks": own.get("ranks"),
+                "unsharded_weight_bytes": own.get("unsharded_weight_bytes"),
+                "cache_bytes_per_rank": sum(int(np.prod(p["shape"])) * itemsize.get(p["dtype"], 4)
+                                            for p in state["params"].values()),
+                "checked": "each rank's prompt call under msrun vs onnxruntime on the unsharded graph (the "
+                           "compile's cases); the cached steps by generating under msrun (cache.cached_steps_check)"}
         if bundle_staging is not None:
             from graphconv.deploy.pair import write_pair_files
 
@@ -700,6 +710,9 @@ def summary(report: dict) -> str:
     steps = report.get("steps") or {}
     how = f"one graph, {steps['decode']}, for prompt and decode" if len(set(steps.values())) == 1 else \
         "prefill + decode pair"
+    tp = report.get("tensor_parallel")
+    if tp:
+        how = f"tensor-parallel over {tp['tp']} ranks, one stateful graph each"
     lines = [f"graphconv {report['graphconv_version']}: {report['status']} (generation: {how}, target "
              f"{report['provenance'].get('target')})"]
     for g, r in report["graphs"].items():
@@ -718,6 +731,11 @@ def summary(report: dict) -> str:
         lines.append(f"  KV cache held in place: {cache['max_batch']} rows x {cache['max_seq']} positions, "
                      f"{len(cache['caches'])} caches, {cache['bytes'] / 2**20:.1f} MiB" + checked)
     w = report["weights"]
+    if tp:
+        lines.append("  ranks: " + ", ".join(
+            f"rank {r['rank']} {r['weight_bytes'] / 2**20:.2f} MiB ({100 * r['share']:.0f}% of the weights), prompt "
+            f"max_abs {r.get('max_abs', float('nan')):.2g}" for r in tp["ranks"] or [])
+            + f"; cache {tp['cache_bytes_per_rank'] / 2**20:.2f} MiB per rank")
     lines.append("  weights: " + ", ".join(f"{g} {w[g]['mindir_bytes'] / 2**20:.1f} MiB" for g in report["graphs"])
                  + (f" ({w['note']})" if len(report["graphs"]) > 1 else ""))
     lines.append("  wrote: " + ", ".join(Path(p).name for p in report["artifacts"].values())
