@@ -350,8 +350,8 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
                            "empty_cache": bool(gen["graphs"][g].get("empty_cache")),
                            "state_params": (gen["graphs"][g].get("state") or {}).get("params")}
                        for g, m in zip(GRAPHS, mindirs)}}
-            progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}"
-                          + (f" ({gen['tensor_parallel']['tp']} ranks under msrun)" if gen.get("tensor_parallel") else ""))
+            ranks = f" ({gen['tensor_parallel']['tp']} ranks under msrun)" if gen.get("tensor_parallel") else ""
+            progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}{ranks}")
             if gen.get("tensor_parallel"):
                 done = _run_ranks(gen_dir, gen, device, task, ws.dir)
             else:
