@@ -600,6 +600,8 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
         if tokenizer.copy(_tokenizer_dir(export_dir, meta), staging / "tokenizer"):
             meta["tokenizer"] = "tokenizer"
         (staging / "generation.json").write_text(json.dumps(meta, indent=2))
+        if tp is not None:
+            _write_rank_scripts(staging, gen_dir.name, meta, next(iter(graphs.values())))
         statuses = [r["status"] for r in [*graphs.values(), *twins.values()] if r["status"] != "not written"]
         cached_steps = _check_cached_steps(staging, meta, progress) if capacity is not None and options.get(
             "verify", True) else None
@@ -658,6 +660,38 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
     if report_path is not None:
         Path(report_path).write_text(json.dumps(report, indent=2, default=str))
     return report
+
+
+RANKS_LAUNCH = """#!/bin/sh
+# Generate with the {n} ranks of {name} on one Ascend host: msrun starts {n} processes, rank i loads
+# rank_<i>.mindir (its shards, and its kv heads' cache) and runs generate_mindspore.py's loop; the AllReduce and
+# AllGather between them run over HCCL. Rank 0 prints the new ids (msrun_logs/worker_0.log) and writes
+# generated.txt, shown at the end.   ./launch_ascend.sh --input-ids '1,2,3;4,5' --max-new-tokens 16
+#
+# UNVERIFIED ON ASCEND: graphconv ran these ranks' cpu MindIRs (rank_<i>.cpu.mindir) under msrun on CPU
+# (MindSpore's CPU collectives) and checked their tokens against onnxruntime, not on Ascend. Not checked here:
+# HCCL itself, the rank-to-device binding (msrun's default: rank i on device i), the fused primitives' kernels.
+set -e
+cd "$(dirname "$0")"
+PORT=${{MASTER_PORT:-8118}}
+msrun --worker_num={n} --local_worker_num={n} --master_port=$PORT --log_dir=msrun_logs --join=True \\
+    generate_mindspore.py "$@"
+cat generated.txt
+"""
+
+
+def _write_rank_scripts(staging: Path, name: str, meta: dict, report: dict) -> None:
+    """A tensor-parallel GEN_DIR's Ascend launch: launch_ascend.sh (msrun) running generate_mindspore.py (the
+    bundle's generation script, which under msrun joins the group and loads its rank's MindIR) on every rank."""
+    from graphconv.deploy.pair import generate_script
+
+    inputs = {"rank_0": [{k: s[k] for k in ("name", "dtype", "shape")} for s in report["model"]["inputs"]]}
+    script = staging / "generate_mindspore.py"
+    script.write_text(generate_script(inputs))
+    script.chmod(0o755)
+    launch = staging / "launch_ascend.sh"
+    launch.write_text(RANKS_LAUNCH.format(n=meta["tensor_parallel"]["tp"], name=name))
+    launch.chmod(0o755)
 
 
 def _compile_ranks(staging: Path, tp: int, meta: dict, sources: dict, options: dict, graph_dims: dict, state: dict,

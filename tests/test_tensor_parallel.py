@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -529,14 +530,16 @@ def test_generate_tp2_is_token_exact_with_unsharded_and_transformers(llama_with_
     onnxruntime on the unsharded pair), then generate 16 tokens on three left-padded prompts under msrun: the
     same tokens as the unsharded GEN_DIR and as transformers' greedy generate, every step within 1e-4 of
     onnxruntime."""
-    from test_generate import NEW, PROMPTS, _hf_generate, _match
+    from test_generate import NEW, PROMPTS, _hf_generate, _ids_arg, _match
 
     src, export_dir = llama_with_past
     gen = tmp_path / "gen-tp2"
     r = _compile_gen(export_dir, gen, 2, "--target", target)
     assert r.returncode == 0, r.stderr
     ranks = [f"rank_{r}.mindir" for r in range(2)] + [f"rank_{r}.cpu.mindir" for r in range(2)]
-    assert sorted(p.name for p in gen.iterdir()) == sorted(ranks + ["plan.json", "generation.json", "report.json"])
+    assert sorted(p.name for p in gen.iterdir()) == sorted(ranks + ["plan.json", "generation.json", "report.json",
+                                                                    "launch_ascend.sh", "generate_mindspore.py"])
+    assert "UNVERIFIED ON ASCEND" in (gen / "launch_ascend.sh").read_text()
     meta = json.loads((gen / "generation.json").read_text())
     assert meta["tensor_parallel"]["tp"] == 2
     assert all(p["shape"] == [4, 1, 64, 16] for p in meta["graphs"]["decode"]["state"]["params"].values())
@@ -554,6 +557,16 @@ def test_generate_tp2_is_token_exact_with_unsharded_and_transformers(llama_with_
     want, ties, _ = _hf_generate(src, PROMPTS, NEW, 2, 2)
     _match(got["sequences"], want, ties)
     assert [len(s) for s in got["sequences"]] == [NEW] * 3
+    if target == "cpu":  # the folder's own launch script (msrun, the ranks' generate_mindspore.py) on this CPU
+        from graphconv.runtime import msrun
+
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               "MASTER_PORT": str(msrun.free_port())}
+        r = subprocess.run([str(gen / "launch_ascend.sh"), "--input-ids", _ids_arg(PROMPTS), "--max-new-tokens",
+                            str(NEW), "--device", "CPU"], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout[-2000:]
+        assert (gen / "generated.txt").read_text().split("\n")[:3] == [" ".join(map(str, s))
+                                                                       for s in got["sequences"]]
 
 
 def test_generation_tp_bad_input_one_line_nothing_written(llama_with_past, tmp_path):
