@@ -731,11 +731,12 @@ def _compile_ranks(staging: Path, tp: int, meta: dict, sources: dict, options: d
     ranks = [{"mindir_bytes": mindir_bytes(f), "cpu_mindir_bytes": mindir_bytes(staging / f"rank_{r}.cpu.mindir")}
              for r, f in enumerate(files)]
     weights[g] = {**ranks[0], "ranks": ranks}
-    ranks = {"tp": tp, "mindirs": {target: [f.name for f in files], "cpu": [f"rank_{r}.cpu.mindir" for r in range(tp)]},
-             "plan": "plan.json", "run": "msrun, rank i on rank_<i>; every rank's logits whole (the LM head's "
-                                         "AllGather), rank 0's tokens reported"}
+    about = {"tp": tp, "target": target, "mindirs": [f.name for f in files],
+             "cpu_mindirs": [f"rank_{r}.cpu.mindir" for r in range(tp)], "plan": "plan.json",
+             "run": "msrun, rank i on rank_<i>; every rank's logits whole (the LM head's AllGather), rank 0's tokens "
+                    "reported"}
     graphs_meta = {k: {**v, "mindir": "rank_0"} for k, v in meta["graphs"].items()}
-    return {**meta, "graphs": graphs_meta, "tensor_parallel": ranks}
+    return {**meta, "graphs": graphs_meta, "tensor_parallel": about}
 
 
 def summary(report: dict) -> str:
