@@ -524,30 +524,31 @@ def _generate(gen: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["cpu", "ascend"])
-def test_generate_tp2_is_token_exact_with_unsharded_and_transformers(llama_with_past, tmp_path, target):
-    """compile EXPORT_DIR --tp 2 (each rank's stateful MindIR; the cached steps checked under msrun against
+@pytest.mark.parametrize("target,tp", [("cpu", 2), ("ascend", 2), ("cpu", 4)])
+def test_generate_tp_is_token_exact_with_unsharded_and_transformers(llama_with_past, tmp_path, target, tp):
+    """compile EXPORT_DIR --tp N (--tp 4: the 2 kv heads over 4 ranks, each held by two; each rank's stateful MindIR; the cached steps checked under msrun against
     onnxruntime on the unsharded pair), then generate 16 tokens on three left-padded prompts under msrun: the
     same tokens as the unsharded GEN_DIR and as transformers' greedy generate, every step within 1e-4 of
     onnxruntime."""
     from test_generate import NEW, PROMPTS, _hf_generate, _ids_arg, _match
 
     src, export_dir = llama_with_past
-    gen = tmp_path / "gen-tp2"
-    r = _compile_gen(export_dir, gen, 2, "--target", target)
+    gen = tmp_path / f"gen-tp{tp}"
+    r = _compile_gen(export_dir, gen, tp, "--target", target)
     assert r.returncode == 0, r.stderr
-    ranks = [f"rank_{r}.mindir" for r in range(2)] + [f"rank_{r}.cpu.mindir" for r in range(2)]
+    ranks = [f"rank_{r}.mindir" for r in range(tp)] + [f"rank_{r}.cpu.mindir" for r in range(tp)]
     assert sorted(p.name for p in gen.iterdir()) == sorted(ranks + ["plan.json", "generation.json", "report.json",
                                                                     "launch_ascend.sh", "generate_mindspore.py"])
     assert "UNVERIFIED ON ASCEND" in (gen / "launch_ascend.sh").read_text()
     meta = json.loads((gen / "generation.json").read_text())
-    assert meta["tensor_parallel"]["tp"] == 2
+    assert meta["tensor_parallel"]["tp"] == tp
     assert all(p["shape"] == [4, 1, 64, 16] for p in meta["graphs"]["decode"]["state"]["params"].values())
     report = json.loads((gen / "report.json").read_text())
     check = report["cache"]["cached_steps_check"]
     assert report["status"] == "verified" and check["argmax_match"] and check["max_abs"] <= 1e-4
     plan = json.loads((gen / "plan.json").read_text())
-    assert plan["weights"]["cache.past_key_values.0.key"]["slices"] == [[[0, 1]], [[1, 2]]]
+    assert plan["weights"]["cache.past_key_values.0.key"]["slices"] == \
+        ([[[0, 1]], [[1, 2]]] if tp == 2 else [[[0, 1]], [[0, 1]], [[1, 2]], [[1, 2]]])
     got = _generate(gen)
     assert all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in got["steps"])
     plain = tmp_path / "gen"
@@ -557,7 +558,7 @@ def test_generate_tp2_is_token_exact_with_unsharded_and_transformers(llama_with_
     want, ties, _ = _hf_generate(src, PROMPTS, NEW, 2, 2)
     _match(got["sequences"], want, ties)
     assert [len(s) for s in got["sequences"]] == [NEW] * 3
-    if target == "cpu":  # the folder's own launch script (msrun, the ranks' generate_mindspore.py) on this CPU
+    if target == "cpu" and tp == 2:  # the folder's own launch script (msrun, the ranks' generate_mindspore.py) on this CPU
         from graphconv.runtime import msrun
 
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
