@@ -526,10 +526,10 @@ def _generate(gen: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("target,tp", [("cpu", 2), ("ascend", 2), ("cpu", 4)])
 def test_generate_tp_is_token_exact_with_unsharded_and_transformers(llama_with_past, tmp_path, target, tp):
-    """compile EXPORT_DIR --tp N (--tp 4: the 2 kv heads over 4 ranks, each held by two; each rank's stateful MindIR; the cached steps checked under msrun against
-    onnxruntime on the unsharded pair), then generate 16 tokens on three left-padded prompts under msrun: the
-    same tokens as the unsharded GEN_DIR and as transformers' greedy generate, every step within 1e-4 of
-    onnxruntime."""
+    """compile EXPORT_DIR --tp N (each rank's stateful MindIR; --tp 4: the 2 kv heads over 4 ranks, each held by
+    two; the cached steps checked under msrun against onnxruntime on the unsharded pair), then generate 16
+    tokens on three left-padded prompts under msrun: the same tokens as the unsharded GEN_DIR and as
+    transformers' greedy generate, every step within 1e-4 of onnxruntime."""
     from test_generate import NEW, PROMPTS, _hf_generate, _ids_arg, _match
 
     src, export_dir = llama_with_past
@@ -558,7 +558,7 @@ def test_generate_tp_is_token_exact_with_unsharded_and_transformers(llama_with_p
     want, ties, _ = _hf_generate(src, PROMPTS, NEW, 2, 2)
     _match(got["sequences"], want, ties)
     assert [len(s) for s in got["sequences"]] == [NEW] * 3
-    if target == "cpu" and tp == 2:  # the folder's own launch script (msrun, the ranks' generate_mindspore.py) on this CPU
+    if target == "cpu" and tp == 2:  # the folder's launch script (msrun, the ranks' generate_mindspore.py) here
         from graphconv.runtime import msrun
 
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
