@@ -15,12 +15,13 @@ from pathlib import Path
 
 import click
 
-from graphconv.errors import GraphconvError, InputError
+from graphconv.errors import GraphconvError, InputError, disk_full
 from graphconv.progress import Progress
 from graphconv.target.targets import TARGETS
 from graphconv.version import __version__
 
 _DEBUG = {"on": False}
+_WRITING: dict = {"path": None}
 
 
 def _set_debug(on: bool) -> None:
@@ -159,6 +160,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
                                "with-past .onnx graph with --stateful-cache)")
     if tp is not None and output is None:
         raise click.UsageError("--tp needs -o OUT_DIR (a new directory)")
+    _writing(output or model.with_suffix(".mindir"))
     if pair.is_pair_dir(model) or (stateful_cache and model.is_file()):  # (a with-past graph, as a generation folder)
         if output is None:
             raise click.UsageError(f"{model} is a generation source: -o GEN_DIR (a new folder) is required")
@@ -236,6 +238,7 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
     import json
 
     _set_debug(debug)
+    _writing(output)
     progress = Progress.for_cli(quiet)
     from graphconv.frontend.export import is_factory_name
     from graphconv.frontend.hf_export import DEFAULT_OPSET, export_checkpoint, is_checkpoint_dir
@@ -325,9 +328,12 @@ def generate_cmd(gen_dir, input_ids, input_ids_file, texts, max_new_tokens, devi
     """Greedy decoding (or, with --do-sample, sampling) with the compiled generation folder GEN_DIR (what
     `graphconv compile` writes for an `export --task text-generation-with-past` folder). Prints one line per
     prompt: its new token ids, or with --prompt its new text as a JSON string."""
+    import tempfile
+
     from graphconv.generation import generate, parse_input_ids, read_input_ids_file
 
     _set_debug(debug)
+    _writing(tempfile.gettempdir())  # (its only files: a private directory there)
     if [input_ids is not None, input_ids_file is not None, bool(texts)].count(True) != 1:
         raise click.UsageError("give the prompts with --input-ids, --input-ids-file or --prompt (one of them)")
     given = {"--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--seed": seed}
@@ -510,14 +516,37 @@ def passes_cmd(plugins):
     click.echo(f"\nkept in fp32 at --precision fp16/bf16 (--keep-fp32): {','.join(KEEP_FP32)}")
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt  # unwinds through the workspace's cleanup like Ctrl-C
+# The signal that interrupted the run (its exit code is 128 + its number, as a shell reports it).
+_SIGNAL: dict = {"number": None}
+
+
+def _interrupted(signum, frame):
+    """SIGINT and SIGTERM unwind through the cleanup (the workspace's removal, the children killed) as Ctrl-C
+    does; a second signal during that cleanup is ignored, so that it completes (SIGKILL still ends it, and the
+    next run removes what it left: graphconv.workspace.remove_stale)."""
+    if _SIGNAL["number"] is None:
+        _SIGNAL["number"] = signum
+        raise KeyboardInterrupt
+
+
+def _interrupted_exit() -> None:
+    import signal
+
+    number = _SIGNAL["number"] or signal.SIGINT
+    click.echo(f"graphconv: interrupted ({signal.Signals(number).name})", err=True)
+    sys.exit(128 + number)
+
+
+def _writing(path) -> None:
+    """The output a command writes: a full disk's error names it (graphconv.errors.disk_full)."""
+    _WRITING["path"] = None if path is None else str(Path(path).absolute())
 
 
 def main(argv: list[str] | None = None) -> None:
     import signal
 
-    signal.signal(signal.SIGTERM, _terminate)
+    _SIGNAL["number"], _WRITING["path"] = None, None
+    previous = {number: signal.signal(number, _interrupted) for number in (signal.SIGINT, signal.SIGTERM)}
     if not sys.warnoptions:
         # Libraries' warnings (numpy's "overflow encountered" on a model's own values, deprecations) are not
         # graphconv's output: a failure is one line, and what a run noticed is in its report. --debug shows them.
@@ -526,26 +555,26 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="graphconv", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("graphconv: interrupted", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _interrupted_exit()
     except click.UsageError as e:
         click.echo(f"graphconv: error: {e.format_message()}", err=True)
         sys.exit(1)
-    except GraphconvError as e:
-        if _DEBUG["on"]:
-            traceback.print_exc()
-        click.echo(f"graphconv: error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("graphconv: interrupted", err=True)
-        sys.exit(130)
     except Exception as e:  # noqa: BLE001 - the one place internal errors become exit code 3
         if _DEBUG["on"]:
             traceback.print_exc()
+        if _SIGNAL["number"] is not None:  # (an error the interrupt's unwinding caused: still the interrupt)
+            _interrupted_exit()
+        e = disk_full(e, _WRITING["path"]) or e  # (wherever the writer was: one line, exit 1)
+        if isinstance(e, GraphconvError):
+            click.echo(f"graphconv: error: {e}", err=True)
+            sys.exit(e.exit_code)
         click.echo(f"graphconv: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
                    err=True)
         sys.exit(3)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     sys.exit(0)
 
 
@@ -553,6 +582,8 @@ def run() -> None:
     """The `graphconv` command (its console script, and `python -m graphconv`): main(), then the process ends
     as graphconv.runtime.scheduling.end says (without the interpreter's teardown, by default). main() itself
     ends in SystemExit (in-process callers, tests)."""
+    import signal
+
     try:
         main()
         code = 0
@@ -560,6 +591,8 @@ def run() -> None:
         if isinstance(e.code, str):  # (click's, or a library's, message instead of a number)
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    for number in (signal.SIGINT, signal.SIGTERM):  # the outcome is decided: a signal now changes nothing
+        signal.signal(number, signal.SIG_IGN)
     from graphconv.runtime import scheduling
 
     scheduling.end(code)

@@ -37,3 +37,32 @@ class InternalError(GraphconvError):
     """A bug or a crash in a dependency (a child process that died, say)."""
 
     exit_code = 3
+
+
+class DiskFullError(InputError):
+    """The disk (or the user's quota) filled up while graphconv wrote: the user's to fix, so exit 1, not an
+    internal error; the message names where and, when known up front, the bytes needed."""
+
+
+_FULL = {28: "no space left on device", 122: "disk quota exceeded"}  # ENOSPC, EDQUOT (Linux)
+_FULL_TEXT = {"No space left on device": 28, "[Errno 28]": 28, "Disk quota exceeded": 122, "[Errno 122]": 122}
+
+
+def disk_full(error: BaseException, writing: str | None = None) -> DiskFullError | None:
+    """`error` as a DiskFullError when a full disk caused it, else None. It may be an OSError (ENOSPC/EDQUOT)
+    itself, have one in its chain of causes, or carry one's text only (a child process's error crosses the
+    process boundary as text). `writing`: the user's output, named in the message (the file that failed is a
+    temporary one)."""
+    seen = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, DiskFullError):
+            return e
+        if isinstance(e, OSError) and e.errno in _FULL:
+            return DiskFullError(f"{_FULL[e.errno]} writing {writing or e.filename or 'the output'}")
+        for text, code in _FULL_TEXT.items():
+            if text in str(e):
+                return DiskFullError(f"{_FULL[code]} writing {writing or 'the output'}")
+        e = e.__cause__ or e.__context__
+    return None

@@ -50,7 +50,7 @@ from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.generation import cache_dtype, mindir_bytes
 from graphconv.progress import SILENT, Progress
 from graphconv.runtime import decoding
-from graphconv.workspace import partial_dir
+from graphconv.workspace import partial_dir, release
 
 GRAPHS = ("prefill", "decode")
 STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what a stateful graph takes
@@ -563,6 +563,7 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
     target = options.get("target", "ascend")
     staging = partial_dir(gen_dir)
     bundle_staging = None if bundle is None else partial_dir(bundle)
+    report_tmp = None
     try:
         graphs, twins, weights = {}, {}, {}
         if tp is not None:
@@ -643,13 +644,20 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
             write_pair_files(bundle_staging, meta, graphs)
             report["artifacts"]["bundle"] = str(bundle)
         (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
-        os.replace(staging, gen_dir)
+        if report_path is not None:  # (written before the renames: a full disk fails the run with nothing out)
+            report_tmp = Path(report_path).with_name(f".{Path(report_path).name}.partial-{os.getpid()}")
+            report_tmp.write_text(json.dumps(report, indent=2, default=str))
+        os.replace(release(staging), gen_dir)
         if bundle_staging is not None:
-            os.replace(bundle_staging, bundle)
+            os.replace(release(bundle_staging), bundle)
+        if report_tmp is not None:
+            os.replace(report_tmp, report_path)
     except BaseException as e:
         for d in (staging, bundle_staging):
             if d is not None:
                 shutil.rmtree(d, ignore_errors=True)
+        if report_tmp is not None:
+            report_tmp.unlink(missing_ok=True)
         failed = getattr(e, "report", None)
         if report_path is not None and isinstance(e, VerificationError) and failed is not None:
             # as a plain compile does: the report says how the run ended, and holds every failed comparison
@@ -657,8 +665,6 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
                 {"status": "failed", "exit_code": e.exit_code, "error": str(e),
                  "graphs": {**graphs, (f"{g}.cpu" if g in graphs else g): failed.to_dict()}}, indent=2, default=str))
         raise
-    if report_path is not None:
-        Path(report_path).write_text(json.dumps(report, indent=2, default=str))
     return report
 
 

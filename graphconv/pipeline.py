@@ -23,7 +23,7 @@ import onnx_ir as ir
 
 import opmap.fused
 import passes
-from graphconv.errors import (CacheNotHeld, GraphconvError, InputError, InternalError, UnsupportedError,
+from graphconv.errors import (CacheNotHeld, DiskFullError, GraphconvError, InputError, InternalError, UnsupportedError,
                               VerificationError)
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import quant
@@ -386,6 +386,7 @@ class Compiler:
 
             deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
         self.report.scheduling = {"switches": self.schedule.as_dict()}
+        self._check_space(loaded)
         with Workspace(self.output) as ws, child.children(ws.dir):
             try:
                 self._run_in(loaded, ws)
@@ -414,6 +415,18 @@ class Compiler:
             raise InputError(f"output {self.output} must end in .mindir")
         if not self.output.parent.absolute().is_dir():
             raise InputError(f"output directory {self.output.parent} does not exist")
+
+    def _check_space(self, loaded: Loaded) -> None:
+        """Refuse now, with the numbers, an output whose filesystem cannot hold even the MindIR's weights (a
+        lower bound: at --precision fp16/bf16 half the model's bytes), rather than fail when it fills up; the
+        7B benchmark checks the same way (benchmarks/compile_scale.py). A disk that fills later is still one
+        line (graphconv.errors.disk_full)."""
+        weight_bytes = loaded.model.external_bytes + loaded.model.proto.ByteSize()
+        needed = weight_bytes // 2 if self.opt.precision != "fp32" else weight_bytes
+        free = shutil.disk_usage(self.output.parent.absolute()).free
+        if free < needed:
+            raise DiskFullError(f"no space left on device for {self.output.absolute()}: {free / 2**20:.1f} MiB "
+                                f"free, its weights alone need {needed / 2**20:.1f} MiB ({needed} bytes)")
 
     def _run_in(self, loaded: Loaded, ws: Workspace) -> None:
         cases = self.reference_cases(loaded)

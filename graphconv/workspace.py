@@ -3,7 +3,9 @@
 Every file a run writes goes into `.graphconv-tmp-XXXX/` beside the output (same filesystem, so the final
 move is a rename). The artifacts are moved into place together at the end; if any move fails, the ones
 already moved are moved back. The directory records its owner's pid and start time, so a later run can
-delete directories whose owner is dead (a compile killed with SIGKILL) without touching a live run's.
+delete directories whose owner is dead (a compile killed with SIGKILL) without touching a live run's. So do
+the staging directories `partial_dir` makes beside an output (a generation folder's, an export's, a bundle's):
+they are the largest leftovers a killed run can leave (a 7B's are tens of GB).
 """
 
 from __future__ import annotations
@@ -26,16 +28,39 @@ OWNER_FILE = "owner.json"
 _UNOWNED_GRACE_SECONDS = 300
 
 
+PARTIAL = ".partial-"  # partial_dir's names: .<target name>.partial-XXXX
+
+
 def partial_dir(target: Path) -> Path:
     """A new directory beside `target` under a private name, to be renamed to `target` when complete (a
     failure leaves nothing under the target's name); it gets the permissions the umask gives a new directory,
-    not mkdtemp's 0700, since the rename makes it the user's result."""
+    not mkdtemp's 0700, since the rename makes it the user's result. It holds an owner record (so a later run
+    can remove it if this process dies without cleaning up) until `release` takes it out before the rename;
+    the dead runs' ones beside it are removed first."""
     parent = target.parent.absolute()
-    path = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=parent))
+    remove_stale(parent)
+    path = Path(tempfile.mkdtemp(prefix=f".{target.name}{PARTIAL}", dir=parent))
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(path, 0o777 & ~umask)
+    try:
+        os.chmod(path, 0o777 & ~umask)
+        _write_owner(path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     return path
+
+
+def release(staging: Path) -> Path:
+    """A complete partial_dir without its owner record, ready to be renamed to its target: the record is
+    this run's, not part of the result."""
+    (staging / OWNER_FILE).unlink(missing_ok=True)
+    return staging
+
+
+def _write_owner(directory: Path) -> None:
+    me = psutil.Process()
+    (directory / OWNER_FILE).write_text(json.dumps({"pid": me.pid, "created": me.create_time()}))
 
 
 def _owner_alive(directory: Path) -> bool:
@@ -54,10 +79,14 @@ def _owner_alive(directory: Path) -> bool:
 
 
 def remove_stale(parent: Path) -> list[Path]:
-    """Delete temporary directories in `parent` whose owning process is gone. Returns what was removed."""
+    """Delete temporary directories in `parent` whose owning process is gone, and partial_dir's staging
+    directories whose owner record names a dead process (one without a record may be a user's, or another
+    version's: left alone). Returns what was removed."""
     removed = []
-    for d in parent.glob(PREFIX + "*"):
-        if d.is_dir() and not _owner_alive(d):
+    for d in [*parent.glob(PREFIX + "*"), *parent.glob(f".*{PARTIAL}*")]:
+        if not d.is_dir() or d.is_symlink() or (PARTIAL in d.name and not (d / OWNER_FILE).is_file()):
+            continue
+        if not _owner_alive(d):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     return removed
@@ -75,8 +104,11 @@ class Workspace:
             raise InputError(f"output directory {parent} is not writable")
         remove_stale(parent)
         self.dir = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
-        me = psutil.Process()
-        (self.dir / OWNER_FILE).write_text(json.dumps({"pid": me.pid, "created": me.create_time()}))
+        try:
+            _write_owner(self.dir)
+        except BaseException:  # (a full disk: even the record does not fit)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
     def path(self, name: str) -> Path:
         return self.dir / name

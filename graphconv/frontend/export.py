@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -21,6 +22,7 @@ import onnx
 from graphconv.verify import compare, reference
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.onnx_domains import default_opset
+from graphconv.workspace import partial_dir
 
 EXPORTERS = ("auto", "dynamo", "torchscript")  # auto: dynamo, then TorchScript if dynamo refuses
 # Up to the newest opset the loader takes (load.MAX_OPSET): torch 2.13's dynamo exporter is asked for 24-28 by the
@@ -193,7 +195,8 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
     with torch.no_grad():
         expected = _as_tuple(module(**example_inputs))
     names = output_names or (["output"] if len(expected) == 1 else [f"output_{i}" for i in range(len(expected))])
-    tmp = path.with_name(f".{path.name}.partial")
+    staging = partial_dir(path)  # (with an owner record: a killed run's is removed by the next)
+    tmp = staging / path.name
     try:
         used = exporter if exporter != "auto" else "dynamo"
         try:
@@ -211,7 +214,7 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
                         rtol, masked_axes or {})
         tmp.replace(path)
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
     result.path = path
     return result
 

@@ -37,7 +37,7 @@ from graphconv.frontend.export import (ExportResult, check_against_torch, export
                                        grown_inputs, require_torch)
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.runtime import decoding
-from graphconv.workspace import partial_dir
+from graphconv.workspace import partial_dir, release
 
 TASKS = ("text-generation", "feature-extraction", "text-generation-with-past")
 DTYPES = ("fp32", "auto", "bf16", "fp16")
@@ -505,7 +505,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
                 generation["tokenizer"] = "tokenizer"
         (tmp / "generation.json").write_text(json.dumps(generation, indent=2) + "\n")
         _out_dir_free(out_dir)
-        os.rename(tmp, out_dir)
+        os.rename(release(tmp), out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -5,15 +5,20 @@ tasks (the ONNX backend, which runs thousands of small networks)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 from graphconv.errors import InternalError
+
+# A child that died without a result while its directory's filesystem has less than this free: the disk was full.
+FULL_BELOW_BYTES = 1 << 20
 
 
 class ChildError(InternalError):
@@ -96,9 +101,21 @@ def _exited(proc: subprocess.Popen, seconds: float) -> bool:
 
 
 def _died(label: str, code: int, log_path: Path) -> InternalError:
+    """A child that left no result. With its disk full (it could not write the result, or its log), the full
+    disk is the error: the user's to fix (graphconv.errors.disk_full), not a crash."""
+    if code == errno.ENOSPC or _full(log_path.parent):
+        return InternalError(f"{label}: the child process died: [Errno 28] No space left on device")
     tail = log_path.read_text(errors="replace").strip().splitlines()[-3:] if log_path.exists() else []
     how = f"signal {-code}" if code < 0 else f"exit code {code}"
     return InternalError(f"{label}: the child process died ({how}): {' | '.join(tail)[-400:]}")
+
+
+def _full(directory: Path) -> bool:
+    """Whether the filesystem of `directory` has (next to) no space left."""
+    try:
+        return shutil.disk_usage(directory).free < FULL_BELOW_BYTES
+    except OSError:
+        return False
 
 
 def _outcome(result: dict, label: str) -> dict:
@@ -145,9 +162,19 @@ def run_task(kind: str, task: dict, workdir: Path, label: str, tracker=None) -> 
 
 @contextlib.contextmanager
 def children(workdir: Path):
-    """The children a compile runs in `workdir`, for the `with` body (kill_children may call them off)."""
+    """The children a compile runs in `workdir`, for the `with` body (kill_children may call them off). A
+    body that fails (an interrupt in another thread's wait, say) kills those still running and waits for
+    them: none outlives the compile, nor writes into the directory its cleanup removes."""
     try:
         yield
+    except BaseException:
+        kill_children(workdir)
+        with _lock:
+            procs = list(_running.get(str(workdir), ()))
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        raise
     finally:
         with _lock:
             _called_off.discard(str(workdir))

@@ -10,6 +10,7 @@ MindSpore drops in the cwd (rank_0/, kernel_meta/) stay in it.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -66,7 +67,12 @@ def main(argv: list[str]) -> int:
     result_path = Path(task["result"])
     result = handle(task)
     tmp = result_path.with_suffix(".partial")
-    tmp.write_text(json.dumps(result))
+    try:
+        tmp.write_text(json.dumps(result))
+    except OSError as e:  # the parent reads this exit code as a full disk (graphconv.runtime.child._died)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return errno.ENOSPC
+        raise
     os.replace(tmp, result_path)
     return 0 if result["ok"] else 1
 
