@@ -6,6 +6,7 @@ Every failure ends in one line on stderr and the contract's exit code (1 bad inp
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -516,55 +517,39 @@ def passes_cmd(plugins):
     click.echo(f"\nkept in fp32 at --precision fp16/bf16 (--keep-fp32): {','.join(KEEP_FP32)}")
 
 
-# The signal that interrupted the run (its exit code is 128 + its number, as a shell reports it).
-_SIGNAL: dict = {"number": None}
-
-
-def _interrupted(signum, frame):
-    """SIGINT and SIGTERM unwind through the cleanup (the workspace's removal, the children killed) as Ctrl-C
-    does; a second signal during that cleanup is ignored, so that it completes (SIGKILL still ends it, and the
-    next run removes what it left: graphconv.workspace.remove_stale)."""
-    if _SIGNAL["number"] is None:
-        _SIGNAL["number"] = signum
-        raise KeyboardInterrupt
-
-
-def _interrupted_exit() -> None:
-    import signal
-
-    number = _SIGNAL["number"] or signal.SIGINT
-    click.echo(f"graphconv: interrupted ({signal.Signals(number).name})", err=True)
-    sys.exit(128 + number)
-
-
 def _writing(path) -> None:
     """The output a command writes: a full disk's error names it (graphconv.errors.disk_full)."""
     _WRITING["path"] = None if path is None else str(Path(path).absolute())
 
 
 def main(argv: list[str] | None = None) -> None:
-    import signal
+    from graphconv import interrupts
 
-    _SIGNAL["number"], _WRITING["path"] = None, None
-    previous = {number: signal.signal(number, _interrupted) for number in (signal.SIGINT, signal.SIGTERM)}
+    _WRITING["path"] = None
+    previous = interrupts.install()  # SIGINT, SIGTERM: exit 130, 143 after the cleanup (graphconv/interrupts.py)
     if not sys.warnoptions:
         # Libraries' warnings (numpy's "overflow encountered" on a model's own values, deprecations) are not
         # graphconv's output: a failure is one line, and what a run noticed is in its report. --debug shows them.
         warnings.simplefilter("ignore")
     try:
-        cli.main(args=argv, prog_name="graphconv", standalone_mode=False)
+        # (click's own main() answers an interrupt with an empty line on stderr: the run's one line is ours)
+        with cli.make_context("graphconv", list(sys.argv[1:] if argv is None else argv)) as ctx:
+            cli.invoke(ctx)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        _interrupted_exit()
+        interrupts.exit_interrupted()
     except click.UsageError as e:
         click.echo(f"graphconv: error: {e.format_message()}", err=True)
         sys.exit(1)
     except Exception as e:  # noqa: BLE001 - the one place internal errors become exit code 3
         if _DEBUG["on"]:
             traceback.print_exc()
-        if _SIGNAL["number"] is not None:  # (an error the interrupt's unwinding caused: still the interrupt)
-            _interrupted_exit()
+        if interrupts.received() is not None:  # (an error the interrupt's unwinding caused: still the interrupt)
+            interrupts.exit_interrupted()
+        if isinstance(e, OSError) and e.errno == errno.EPIPE:  # (stdout closed by its reader: as click's main)
+            sys.stdout = None
+            sys.exit(1)
         e = disk_full(e, _WRITING["path"]) or e  # (wherever the writer was: one line, exit 1)
         if isinstance(e, GraphconvError):
             click.echo(f"graphconv: error: {e}", err=True)
@@ -573,8 +558,7 @@ def main(argv: list[str] | None = None) -> None:
                    err=True)
         sys.exit(3)
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+        interrupts.restore(previous)
     sys.exit(0)
 
 
@@ -582,7 +566,7 @@ def run() -> None:
     """The `graphconv` command (its console script, and `python -m graphconv`): main(), then the process ends
     as graphconv.runtime.scheduling.end says (without the interpreter's teardown, by default). main() itself
     ends in SystemExit (in-process callers, tests)."""
-    import signal
+    from graphconv import interrupts
 
     try:
         main()
@@ -591,8 +575,9 @@ def run() -> None:
         if isinstance(e.code, str):  # (click's, or a library's, message instead of a number)
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-    for number in (signal.SIGINT, signal.SIGTERM):  # the outcome is decided: a signal now changes nothing
-        signal.signal(number, signal.SIG_IGN)
+    except KeyboardInterrupt:  # (a signal in main's first or last instructions)
+        code = interrupts.interrupted()
+    interrupts.ignore()
     from graphconv.runtime import scheduling
 
     scheduling.end(code)
