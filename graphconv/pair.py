@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphconv.errors import CacheNotHeld, InputError, UnsupportedError, VerificationError
+from graphconv.errors import CacheNotHeld, DiskFullError, InputError, UnsupportedError, VerificationError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.contained import inside
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
@@ -664,6 +664,8 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
             Path(report_path).write_text(json.dumps(
                 {"status": "failed", "exit_code": e.exit_code, "error": str(e),
                  "graphs": {**graphs, (f"{g}.cpu" if g in graphs else g): failed.to_dict()}}, indent=2, default=str))
+        if isinstance(e, DiskFullError):  # (a graph's up-front check: named where the user asked for it)
+            raise DiskFullError(str(e).replace(str(staging), str(gen_dir))) from None
         raise
     return report
 
