@@ -144,10 +144,14 @@ def tmpfs(tmp_path_factory) -> Path:
     subprocess.run(["umount", str(mnt)], check=False)
 
 
-def _fill(mnt: Path, free: int) -> None:
-    """Empty the filesystem, then fill it so that `free` bytes remain."""
+def _empty(mnt: Path) -> None:
     for p in mnt.iterdir():
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+def _fill(mnt: Path, free: int) -> None:
+    """Empty the filesystem, then fill it so that `free` bytes remain."""
+    _empty(mnt)
     filler = max(0, shutil.disk_usage(mnt).free - free)
     fd = os.open(mnt / "fill", os.O_CREAT | os.O_WRONLY, 0o600)
     try:
@@ -160,7 +164,7 @@ def _fill(mnt: Path, free: int) -> None:
 def _peak_use(mnt: Path, args: list, tmpdir: Path) -> tuple[int, int]:
     """(peak, final) bytes a clean run writes on mnt, sampled every 10 ms (a peak between samples is missed:
     the fill levels below take the peak as an upper bound only)."""
-    _fill(mnt, shutil.disk_usage(mnt).free)
+    _empty(mnt)
     base = shutil.disk_usage(mnt).used
     run = Run(args, tmpdir)
     peak = 0
@@ -187,14 +191,16 @@ def scale_model(tmp_path_factory) -> Path:
 
 def _full_disk_runs(mnt: Path, tmp_path: Path, label: str, args: list, output: Path, runs: int) -> None:
     """`runs` runs of `args` (writing `output` on mnt) at random fill levels, from 3 MB below what the clean run
-    leaves to the peak it reached: each ends clean, and every one with less room than its output fails."""
+    leaves (every other run: from what it leaves) to the peak it reached: each ends clean, and every one with
+    less room than its output fails."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir(exist_ok=True)
     peak, final = _peak_use(mnt, args, tmpdir)
     rng = random.Random(f"{SEED}-{label}")
     failed = 0
     for k in range(runs):
-        free = rng.randint(max(0, final - (3 << 20)), peak)
+        # every other run with room for the output itself, not for the run's temporary files besides it
+        free = rng.randint(final if k % 2 else max(0, final - (3 << 20)), max(final, peak))
         _fill(mnt, free)
         run = Run(args, tmpdir)
         code = run.finish()
