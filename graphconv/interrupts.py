@@ -10,23 +10,50 @@ Kept free of heavy imports: `python -m graphconv` installs the handler before im
 
 from __future__ import annotations
 
+import _thread
 import signal
 import sys
+import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_received: dict = {"number": None}
+# `lost`: the KeyboardInterrupt was raised where Python cannot raise it (a weakref callback, a __del__: torch's
+# export has them) and only printed "Exception ignored"; it is raised again, at the next instruction.
+_received: dict = {"number": None, "lost": False}
 
 
 def _handler(signum, frame):
-    if _received["number"] is None:
-        _received["number"] = signum
+    if _received["number"] is None or _received["lost"]:
+        _received["number"] = _received["number"] or signum
+        _received["lost"] = False
         raise KeyboardInterrupt
+
+
+def _unraisable(hook_args) -> None:
+    """An interrupt raised in a callback Python ignores errors of: said nowhere, raised again in the main
+    thread (_thread.interrupt_main calls the handler as the signal would), from another thread a moment
+    later: called from here, the handler would run within this hook, whose errors are ignored too. Anything
+    else: as Python's hook."""
+    if issubclass(hook_args.exc_type, KeyboardInterrupt) and _received["number"] is not None:
+        _received["lost"] = True
+        again = threading.Timer(0.01, _thread.interrupt_main, (signal.SIGINT,))  # (the number stays the first)
+        again.daemon = True
+        again.start()
+        return
+    sys.__unraisablehook__(hook_args)
 
 
 def install() -> dict:
     """Handle SIGINT and SIGTERM from now on (a fresh run: none received yet); returns the handlers replaced."""
-    _received["number"] = None
+    _received["number"], _received["lost"] = None, False
+    sys.unraisablehook = _unraisable
     return {number: signal.signal(number, _handler) for number in SIGNALS}
+
+
+def check() -> None:
+    """Before a run puts its results in place: an interrupt that was swallowed on its way (a library's
+    `except BaseException` that did not re-raise) still stops it here."""
+    if _received["number"] is not None:
+        raise KeyboardInterrupt
 
 
 def restore(previous: dict) -> None:

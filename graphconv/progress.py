@@ -44,11 +44,17 @@ class Progress:
 
     def info(self, message: str) -> None:
         if not self.quiet:
-            print(f"[{time.perf_counter() - self._t0:7.1f}s] {message}", file=self.stream, flush=True)
+            self._line(f"[{time.perf_counter() - self._t0:7.1f}s] {message}")
+
+    def _line(self, text: str) -> None:
+        """One write with its newline: an interrupt between two (print's) would leave the line open, and the
+        run's last line would follow on it."""
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
     def warn(self, message: str) -> None:
         if not self.quiet:
-            print(f"warning: {message}", file=self.stream, flush=True)
+            self._line(f"warning: {message}")
 
     def track(self, label: str, total: float, unit: str = "B") -> "Tracker":
         tracker = Tracker(self, label, total, unit)
@@ -99,7 +105,8 @@ class Tracker:
             end = "\n" if done >= self.total else ""
             print(f"\r{line}\033[K", end=end, file=stream, flush=True)
         else:
-            print(line, file=stream, flush=True)
+            stream.write(line + "\n")  # (one write: Progress._line)
+            stream.flush()
 
 
 SILENT = Progress(quiet=True)

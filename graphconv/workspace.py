@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from graphconv import interrupts
 from graphconv.errors import InputError
 
 PREFIX = ".graphconv-tmp-"
@@ -53,7 +54,8 @@ def partial_dir(target: Path) -> Path:
 
 def release(staging: Path) -> Path:
     """A complete partial_dir without its owner record, ready to be renamed to its target: the record is
-    this run's, not part of the result."""
+    this run's, not part of the result. Not after an interrupt (interrupts.check)."""
+    interrupts.check()
     (staging / OWNER_FILE).unlink(missing_ok=True)
     return staging
 
@@ -123,7 +125,9 @@ class Workspace:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def commit(self, moves: dict[Path, Path]) -> None:
-        """Move each temporary artifact to its final path; all of them, or (on failure) none."""
+        """Move each temporary artifact to its final path; all of them, or (on failure) none. Not after an
+        interrupt (interrupts.check)."""
+        interrupts.check()
         backup = self.dir / "replaced"
         backup.mkdir(exist_ok=True)
         done: list[tuple[Path, Path, Path | None]] = []

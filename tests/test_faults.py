@@ -453,3 +453,28 @@ def test_remove_stale_takes_dead_owners_partial_dirs_only(tmp_path):
     assert _listing(tmp_path) == {live.name, unowned.name}
     # release: the record is the run's, not part of the result it renames into place
     assert _listing(workspace.release(live)) == set()
+
+
+def test_an_interrupt_python_would_only_print_is_raised_again(tmp_path):
+    """A signal whose KeyboardInterrupt is raised inside a weakref callback (torch's export runs them): Python
+    prints "Exception ignored" and goes on; the run must still stop, with nothing printed but its line."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import os, signal, weakref\n"
+        "from graphconv import interrupts\n"
+        "interrupts.install()\n"
+        "class A: pass\n"
+        "def callback(ref):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    sum(range(10000))  # (the handler runs here, in the callback)\n"
+        "a = A()\n"
+        "r = weakref.ref(a, callback)\n"
+        "try:\n"
+        "    del a\n"
+        "    sum(range(10**7))\n"
+        "    print('went on')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', interrupts.received())\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.stdout, proc.stderr) == (f"interrupted {int(signal.SIGTERM)}\n", "")

@@ -22,7 +22,7 @@ import onnx
 from graphconv.verify import compare, reference
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.onnx_domains import default_opset
-from graphconv.workspace import partial_dir
+from graphconv.workspace import partial_dir, release
 
 EXPORTERS = ("auto", "dynamo", "torchscript")  # auto: dynamo, then TorchScript if dynamo refuses
 # Up to the newest opset the loader takes (load.MAX_OPSET): torch 2.13's dynamo exporter is asked for 24-28 by the
@@ -212,6 +212,7 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
         graph_names = dict(zip(example_inputs, input_names or list(example_inputs)))
         result = _check(module, example_inputs, second, graph_names, tmp, used, opset, names, notes, check, atol,
                         rtol, masked_axes or {})
+        release(staging)  # (not after an interrupt)
         tmp.replace(path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
