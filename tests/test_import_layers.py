@@ -97,7 +97,7 @@ def test_the_walk_sees_imports():
 # The layers of the data path, lowest first: a module imports only from its own layer or below (a lazy import
 # inside a function counts). Package prefixes; the longest match wins.
 LAYERS = [
-    ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace",
+    ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace", "graphconv.interrupts",
      "graphconv.options", "graphconv.onnx_domains"),  # shared contracts
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
