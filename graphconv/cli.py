@@ -152,7 +152,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     MODEL may be the folder `graphconv export --task text-generation-with-past` wrote: both graphs are
     compiled and verified into the new folder -o GEN_DIR (see docs/cli.md), ready for `graphconv generate`.
     """
-    from graphconv import pair
+    from graphconv import interrupts, pair
     from graphconv.pipeline import compile as compile_model
 
     _set_debug(debug)
@@ -162,6 +162,7 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     if tp is not None and output is None:
         raise click.UsageError("--tp needs -o OUT_DIR (a new directory)")
     _writing(output or model.with_suffix(".mindir"))
+    interrupts.one_result()
     if pair.is_pair_dir(model) or (stateful_cache and model.is_file()):  # (a with-past graph, as a generation folder)
         if output is None:
             raise click.UsageError(f"{model} is a generation source: -o GEN_DIR (a new folder) is required")
@@ -238,8 +239,11 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
     import dataclasses
     import json
 
+    from graphconv import interrupts
+
     _set_debug(debug)
     _writing(output)
+    interrupts.one_result()
     progress = Progress.for_cli(quiet)
     from graphconv.frontend.export import is_factory_name
     from graphconv.frontend.hf_export import DEFAULT_OPSET, export_checkpoint, is_checkpoint_dir

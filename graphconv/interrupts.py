@@ -11,6 +11,7 @@ Kept free of heavy imports: `python -m graphconv` installs the handler before im
 from __future__ import annotations
 
 import _thread
+import contextlib
 import signal
 import sys
 import threading
@@ -18,14 +19,21 @@ import threading
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # `lost`: the KeyboardInterrupt was raised where Python cannot raise it (a weakref callback, a __del__: torch's
 # export has them) and only printed "Exception ignored"; it is raised again, at the next instruction.
-_received: dict = {"number": None, "lost": False}
+# `deferred`: the moves that put results in place are under way (final_moves); `settled`: this command's one
+# result is in place, and a signal now changes nothing (exit 0); `one_result`: the command makes one result
+# (compile, export: not matrix, whose exports and compiles are many); `nested`: compiles into a staging folder.
+_received: dict = {"number": None, "lost": False, "deferred": False, "settled": False, "one_result": False,
+                   "nested": 0}
 
 
 def _handler(signum, frame):
+    if _received["settled"]:
+        return
     if _received["number"] is None or _received["lost"]:
         _received["number"] = _received["number"] or signum
         _received["lost"] = False
-        raise KeyboardInterrupt
+        if not _received["deferred"]:
+            raise KeyboardInterrupt
 
 
 def _unraisable(hook_args) -> None:
@@ -44,7 +52,7 @@ def _unraisable(hook_args) -> None:
 
 def install() -> dict:
     """Handle SIGINT and SIGTERM from now on (a fresh run: none received yet); returns the handlers replaced."""
-    _received["number"], _received["lost"] = None, False
+    _received.update(number=None, lost=False, deferred=False, settled=False, one_result=False, nested=0)
     sys.unraisablehook = _unraisable
     return {number: signal.signal(number, _handler) for number in SIGNALS}
 
@@ -52,7 +60,7 @@ def install() -> dict:
 def check() -> None:
     """Before a run puts its results in place: an interrupt that was swallowed on its way (a library's
     `except BaseException` that did not re-raise) still stops it here."""
-    if _received["number"] is not None:
+    if _received["number"] is not None and not _received["settled"]:
         raise KeyboardInterrupt
 
 
@@ -80,3 +88,34 @@ def interrupted() -> int:
 
 def exit_interrupted() -> None:
     sys.exit(interrupted())
+
+
+def one_result() -> None:
+    """This command puts one result in place (compile, export): once it is (final_moves), a signal is too late
+    to interrupt it, and the command ends as it would have."""
+    _received["one_result"] = True
+
+
+@contextlib.contextmanager
+def nested():
+    """Compiles whose results are moved into a staging folder (a generation folder's), not into place."""
+    _received["nested"] += 1
+    try:
+        yield
+    finally:
+        _received["nested"] -= 1
+
+
+@contextlib.contextmanager
+def final_moves():
+    """The renames that put a run's results in place: none after an interrupt, none cut short by one (a signal
+    during them is raised after them); after them, for a command of one result, a signal changes nothing."""
+    check()
+    _received["deferred"] = True
+    try:
+        yield
+    finally:
+        _received["deferred"] = False
+    if _received["one_result"] and not _received["nested"]:
+        _received["settled"] = True
+    check()

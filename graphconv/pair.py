@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphconv import interrupts
 from graphconv.errors import CacheNotHeld, DiskFullError, InputError, UnsupportedError, VerificationError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.contained import inside
@@ -557,7 +558,11 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
     """Compile `sources` into the new folder gen_dir (and the bundle), with the cache held in place where
     `state` is given (else `not_held` says why not); returns the report. CacheNotHeld where the graph cannot
     hold it, with nothing written."""
-    from graphconv.pipeline import compile as compile_graph
+    from graphconv.pipeline import compile as pipeline_compile
+
+    def compile_graph(*args, **kwargs):
+        with interrupts.nested():  # (into the staging folder: the results are not in place yet)
+            return pipeline_compile(*args, **kwargs)
 
     capacity = (state["max_batch"], state["max_seq_len"]) if state else None
     target = options.get("target", "ascend")
@@ -647,11 +652,12 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
         if report_path is not None:  # (written before the renames: a full disk fails the run with nothing out)
             report_tmp = Path(report_path).with_name(f".{Path(report_path).name}.partial-{os.getpid()}")
             report_tmp.write_text(json.dumps(report, indent=2, default=str))
-        os.replace(release(staging), gen_dir)
-        if bundle_staging is not None:
-            os.replace(release(bundle_staging), bundle)
-        if report_tmp is not None:
-            os.replace(report_tmp, report_path)
+        with interrupts.final_moves():
+            os.replace(release(staging), gen_dir)
+            if bundle_staging is not None:
+                os.replace(release(bundle_staging), bundle)
+            if report_tmp is not None:
+                os.replace(report_tmp, report_path)
     except BaseException as e:
         for d in (staging, bundle_staging):
             if d is not None:

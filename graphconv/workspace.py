@@ -126,10 +126,13 @@ class Workspace:
 
     def commit(self, moves: dict[Path, Path]) -> None:
         """Move each temporary artifact to its final path; all of them, or (on failure) none. Not after an
-        interrupt (interrupts.check)."""
-        interrupts.check()
+        interrupt, nor cut short by one (interrupts.final_moves)."""
         backup = self.dir / "replaced"
         backup.mkdir(exist_ok=True)
+        with interrupts.final_moves():
+            self._move(moves, backup)
+
+    def _move(self, moves: dict[Path, Path], backup: Path) -> None:
         done: list[tuple[Path, Path, Path | None]] = []
         try:
             for src, dst in moves.items():

@@ -478,3 +478,31 @@ def test_an_interrupt_python_would_only_print_is_raised_again(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert (proc.stdout, proc.stderr) == (f"interrupted {int(signal.SIGTERM)}\n", "")
+
+
+@pytest.mark.parametrize("nested, expected", [(False, "moved, settled: exit 0"), (True, "moved, interrupted")])
+def test_a_signal_during_the_final_moves_waits_for_them(tmp_path, nested, expected):
+    """The renames that put results in place are not cut short by a signal. For a command of one result, a
+    signal during or after them is too late (the result is whole: the command ends as it would have); for a
+    compile into a staging folder (a generation folder's graph), it interrupts right after them."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import contextlib, os, signal\n"
+        "from graphconv import interrupts\n"
+        "interrupts.install()\n"
+        "interrupts.one_result()\n"
+        "try:\n"
+        f"    with interrupts.nested() if {nested} else contextlib.nullcontext():\n"
+        "        with interrupts.final_moves():\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "            sum(range(10**6))\n"
+        "            print('moved', end=', ')\n"
+        "        sum(range(10**6))\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        sum(range(10**6))\n"
+        "    print('settled: exit 0')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.stdout.strip(), proc.stderr) == (expected, "")

@@ -20,6 +20,7 @@ from pathlib import Path
 import onnx
 
 from graphconv.verify import compare, reference
+from graphconv import interrupts
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.onnx_domains import default_opset
 from graphconv.workspace import partial_dir, release
@@ -212,8 +213,9 @@ def export_pytorch(module, example_inputs: dict, path: str | Path, dynamic_axes:
         graph_names = dict(zip(example_inputs, input_names or list(example_inputs)))
         result = _check(module, example_inputs, second, graph_names, tmp, used, opset, names, notes, check, atol,
                         rtol, masked_axes or {})
-        release(staging)  # (not after an interrupt)
-        tmp.replace(path)
+        with interrupts.final_moves():
+            release(staging)
+            tmp.replace(path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     result.path = path

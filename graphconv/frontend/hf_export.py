@@ -30,6 +30,7 @@ import re
 import shutil
 from pathlib import Path
 
+from graphconv import interrupts
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.contained import inside
@@ -505,7 +506,8 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
                 generation["tokenizer"] = "tokenizer"
         (tmp / "generation.json").write_text(json.dumps(generation, indent=2) + "\n")
         _out_dir_free(out_dir)
-        os.rename(release(tmp), out_dir)
+        with interrupts.final_moves():
+            os.rename(release(tmp), out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
