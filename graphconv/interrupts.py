@@ -53,8 +53,9 @@ def _unraisable(hook_args) -> None:
 def install() -> dict:
     """Handle SIGINT and SIGTERM from now on (a fresh run: none received yet); returns the handlers replaced."""
     _received.update(number=None, lost=False, deferred=False, settled=False, one_result=False, nested=0)
+    previous = {"unraisablehook": sys.unraisablehook}
     sys.unraisablehook = _unraisable
-    return {number: signal.signal(number, _handler) for number in SIGNALS}
+    return {**previous, **{number: signal.signal(number, _handler) for number in SIGNALS}}
 
 
 def check() -> None:
@@ -65,8 +66,14 @@ def check() -> None:
 
 
 def restore(previous: dict) -> None:
+    """The handlers install replaced. Back to another caller's (in-process: not `python -m graphconv`'s own),
+    a clean state too: what the run received is not that caller's next API compile's."""
+    previous = dict(previous)
+    sys.unraisablehook = previous.pop("unraisablehook")
     for number, handler in previous.items():
         signal.signal(number, handler)
+    if previous.get(signal.SIGINT) is not _handler:
+        _received.update(number=None, lost=False, deferred=False, settled=False, one_result=False, nested=0)
 
 
 def ignore() -> None:
