@@ -569,6 +569,7 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
     staging = partial_dir(gen_dir)
     bundle_staging = None if bundle is None else partial_dir(bundle)
     report_tmp = None
+    g = next(iter(sources), "decode")  # (the graph being compiled, for the report of a failed one)
     try:
         graphs, twins, weights = {}, {}, {}
         if tp is not None:
