@@ -108,7 +108,8 @@ LAYERS = [
     ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.verify.precision_checks",
      "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
-    ("graphconv.pipeline", "graphconv.verification", "graphconv.stage_results", "graphconv.generation"),
+    ("graphconv.pipeline", "graphconv.verification", "graphconv.stage_results", "graphconv.generation",
+     "graphconv.tensor_parallel"),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
 ]
 
