@@ -1144,6 +1144,30 @@ def _kv_cache_update_case():
 
 
 _kv_cache_update_case()
+
+
+def _collective_cases():
+    """graphconv::AllReduce and AllGather, the collectives of a tensor-parallel rank graph
+    (graphconv/target/sharding.py), with their one-rank bodies. ops.AllReduce/AllGather need a communication
+    group, which only msrun sets up: tests/test_tensor_parallel.py runs them there, on every rank."""
+    from graphconv.target import sharding
+
+    f32 = oh.np_dtype_to_tensor_dtype(np.dtype(F32))
+    rng = np.random.default_rng(0)
+    why = "needs a communication group (msrun): tests/test_tensor_parallel.py runs it under msrun"
+    for op, attrs, function in (
+            ("AllReduce", {}, sharding.all_reduce_function(OPSET)),
+            ("AllGather", {"axis": 2}, sharding.all_gather_function(OPSET, 0, 2, [4, 4], 3))):
+        graph = oh.make_graph([node(op, ["x"], ["y"], domain=sharding.DOMAIN, **attrs)], op,
+                              [oh.make_tensor_value_info("x", f32, ["batch", "seq", 4])],
+                              [onnx.ValueInfoProto(name="y")])
+        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET), oh.make_opsetid(sharding.DOMAIN, 1)],
+                              functions=[function])
+        feeds = [{"x": rng.standard_normal((d["batch"], d["seq"], 4)).astype(F32)} for d in DIMS]
+        CASES.append(Case(op, op, OPSET, model, feeds, xfail=f"ops.{op} {why}", domain=sharding.DOMAIN))
+
+
+_collective_cases()
 case("Swish_alpha_0.7", "Swish", [x("batch", "seq", 4, gen=wide)], {"alpha": 0.7}, opset=24)
 case("SwiGLU_alpha", "SwiGLU", [x("batch", "seq", 8, gen=wide), x("batch", "seq", 8)], {"alpha": 1.5}, opset=28)
 case("LinearAttention_gated_delta_gqa_past", "LinearAttention",
