@@ -227,3 +227,22 @@ def test_sizes_too_small_for_the_models_downsampling_are_raised_to_a_stride(tmp_
     assert [tuple(c["inputs"]["x"]) for c in report.validation["cases"]] == [(1, 2, 32, 32), (1, 2, 64, 64)]
     assert any("smaller than the window of" in w and "(window 32 over 5)" in w and "they ran at multiples of 32" in w
                for w in report.warnings)
+
+
+def test_the_search_for_sizes_never_falls_back_to_the_reference_evaluator():
+    """A retry at multiples of 32 or 64 takes onnxruntime's answer only: its fallback, onnx.reference, ran an OCR
+    model's convolutions at 128 x 128 through im2col into 22 GiB (killed by the kernel). Erf in float64 has no
+    onnxruntime kernel: the oracle's fallback computes it, the search's run refuses."""
+    g = helper.make_graph([helper.make_node("Erf", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", T.DOUBLE, ["n"])],
+                          [helper.make_tensor_value_info("y", T.DOUBLE, ["n"])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    cases = reference.make_cases(model)
+    oracle = reference.Oracle(model)
+    with pytest.raises(UnsupportedError, match="onnxruntime could not run the model"):
+        oracle.run(cases, fallback=False)
+    assert oracle.fallback_reason is None
+    from math import erf
+    (out,) = [o["y"] for o in oracle.run(cases[:1])]
+    assert oracle.name == "onnx.reference"
+    np.testing.assert_allclose(out, [erf(v) for v in cases[0].inputs["x"]], rtol=1e-6)  # (its Erf: float32)

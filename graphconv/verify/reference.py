@@ -515,12 +515,18 @@ class Oracle:
         names = list(ev.output_names)
         return [dict(zip(names, ev.run(None, {**c.inputs, **extra}))) for c in cases]
 
-    def run(self, cases: list[ReferenceCase]) -> list[dict[str, np.ndarray]]:
+    def run(self, cases: list[ReferenceCase], fallback: bool = True) -> list[dict[str, np.ndarray]]:
+        """The outputs per case. `fallback` False: onnxruntime's or an UnsupportedError, never onnx.reference's
+        (a search for sizes onnxruntime takes: the reference evaluator on a convolutional model at larger
+        sizes is slow, and its im2col took 22 GiB on an OCR model at 128 x 128)."""
         try:
             out = self._ort(cases)
             self.name = "onnxruntime"
             return out
         except Exception as e:  # noqa: BLE001 - any ORT failure sends us to the fallback
+            if not fallback:
+                raise UnsupportedError(f"onnxruntime could not run the model: {str(e).strip().splitlines()[0][:200]}"
+                                       ) from None
             self.fallback_reason = f"onnxruntime could not run the model: {str(e).strip().splitlines()[0][:200]}"
             self.exact = {}  # (onnx.reference runs the model as given: its integer kernels are exact)
         try:
