@@ -98,11 +98,30 @@ def _failed(task: dict) -> bool:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """msrun, the scheduler in its process group, and the ranks, which msrun starts each in a session of its own
+    (mindspore's process_entity: preexec_fn=os.setsid), out of reach of a signal to msrun's group. msrun is
+    stopped first, so that it starts no rank while they are found."""
+    import psutil
+
+    try:
+        os.killpg(proc.pid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        ranks = []
+    for p in ranks:
+        try:
+            os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+    psutil.wait_procs(ranks, timeout=10)
 
 
 def _tail(path: Path) -> str:
