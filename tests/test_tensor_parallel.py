@@ -465,6 +465,34 @@ def test_msrun_rank_failure_and_timeout(tmp_path):
     assert not left
 
 
+
+def test_msrun_that_cannot_start_is_one_line_exit_1(tmp_path, monkeypatch):
+    """msrun's master port taken by another process (a real one, bound here): its scheduler fails ("Failed to
+    init the tcp server.") and the ranks would wait for it until their cluster timed out. The run is tried once
+    more on another port, then ends in a LaunchError (exit 1) naming the port and the scheduler's error, with
+    nothing of msrun left running."""
+    import socket
+
+    import psutil
+
+    from graphconv.runtime import msrun
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    monkeypatch.setattr(msrun, "free_port", lambda: port)
+    try:
+        with pytest.raises(msrun.LaunchError, match=rf"master port {port}\): its scheduler failed: Failed to init "
+                                                    "the tcp server") as e:
+            msrun.run([{"kind": "no-such-task"}, {"kind": "no-such-task"}], tmp_path, timeout=600)
+    finally:
+        taken.close()
+    assert e.value.exit_code == 1 and "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.glob("msrun-logs-*.log")) == ["msrun-logs-1.log", "msrun-logs-2.log"]
+    spec = str(tmp_path / "msrun-tasks.json")
+    assert not [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
+
 # --- generation (a cache held in place, split by kv heads) ----------------------------------------------------
 
 CAPACITY = ("--max-batch", "4", "--max-seq-len", "64")
