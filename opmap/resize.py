@@ -113,11 +113,29 @@ def axis_matrix(in_w: int, out_int: int, scale: float, coeffs, ctm: str, roi=Non
     return w, extrapolated
 
 
+def whole_repeats(mode: str, ctm: str, nearest_mode: str, scale: float) -> int | None:
+    """s where a Resize along an axis by `scale` is each element repeated s times (output y reads input
+    floor(y / s)) at every axis length, else None. With a whole scale s, output y = k*s + j (0 <= j < s) has the
+    source coordinate k + j/s (asymmetric), which floor takes to k, and round_prefer_floor too while j/s <= 1/2
+    (s <= 2); or k + (j - (s-1)/2)/s (half_pixel, pytorch_half_pixel), strictly within half a step of k, so
+    either rounding gives k and no neighbour is ever clamped; or, align_corners at s = 2 over a length L,
+    k + (L-1-k)/(2L-1) for j = 1 and k - k/(2L-1) for j = 0, both nearer k than half a step."""
+    if mode != "nearest" or not float(scale).is_integer() or scale < 1:
+        return None
+    s = int(scale)
+    if ctm == "asymmetric" and (nearest_mode == "floor" or (nearest_mode == "round_prefer_floor" and s <= 2)):
+        return s
+    rounds = nearest_mode in ("round_prefer_floor", "round_prefer_ceil")
+    if rounds and (ctm in ("half_pixel", "pytorch_half_pixel") or (ctm == "align_corners" and s <= 2)):
+        return s
+    return None
+
+
 def _resize(n, roi_i: int | None, scales_i: int, sizes_i: int | None):
     x = n.x(0)
     shape = n.shape(0)
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        n.fail("the input shape must be static")
+    if shape is None:
+        n.fail("the input rank must be known")
     rank = len(shape)
     mode = text(n.attr("mode", "nearest"))
     ctm = text(n.attr("coordinate_transformation_mode", "half_pixel"))
@@ -136,6 +154,8 @@ def _resize(n, roi_i: int | None, scales_i: int, sizes_i: int | None):
     roi, scales, sizes = const_or_none(roi_i), const_or_none(scales_i), const_or_none(sizes_i)
     if scales is None and sizes is None:
         n.fail("neither scales nor sizes is given")
+    if not all(isinstance(d, int) for d in shape):
+        return _repeated(n, x, axes, scales, sizes, mode, ctm, text(n.attr("nearest_mode", "round_prefer_floor")))
     full_scales = [1.0] * rank
     out = list(shape)
     if sizes is not None:
@@ -201,6 +221,23 @@ def _resize(n, roi_i: int | None, scales_i: int, sizes_i: int | None):
         x = n.call("ops.where", n.const_tensor(mask, "outside"), fill, x)
     if low:
         x = n.call("ops.cast", x, n.ms_dtype(dt))
+    return x
+
+
+def _repeated(n, x, axes, scales, sizes, mode: str, ctm: str, nearest_mode: str):
+    """Resize of an input whose shape is not static: the matrices above need each axis's length, so only what
+    is the same at every length is taken, nearest upsampling by whole scales (whole_repeats): each element
+    repeated along its axis, `ops.repeat_interleave` (the upsampling of YOLO and PaddleOCR detectors)."""
+    why = ("the input shape must be static (with a dynamic one, only nearest upsampling by whole scales that "
+           f"repeats each element is taken; here: mode {mode}, {ctm}, nearest_mode {nearest_mode}, ")
+    if scales is None:
+        n.fail(why + "sizes instead of scales)")
+    repeats = [whole_repeats(mode, ctm, nearest_mode, float(s)) for s in scales.tolist()]
+    if None in repeats:
+        n.fail(why + f"scales {[float(s) for s in scales.tolist()]})")
+    for a, r in zip(axes, repeats):
+        if r > 1:
+            x = n.call("ops.repeat_interleave", x, r, a)
     return x
 
 

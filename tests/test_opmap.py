@@ -717,6 +717,17 @@ case("Resize_tf_crop_and_resize", "Resize", [x(1, 1, 5, 6), k([0.1, 0.2, 0.9, 1.
       "extrapolation_value": 7.0}, opset=18)
 case("Resize_half_pixel_symmetric", "Resize", [x(1, 2, 3, 4), None, k([1, 1, 2.3, 1.6], F32)],
      {"mode": "linear", "coordinate_transformation_mode": "half_pixel_symmetric"}, opset=19)
+# ... with a dynamic input shape: nearest upsampling by whole scales, each element repeated (YOLO's and
+# PaddleOCR's detectors: opset 11-17, asymmetric + floor, roi empty or absent)
+case("Resize_nearest_dynamic_asymmetric_floor", "Resize",
+     [x("batch", 3, "h", "w"), k(np.zeros(0, F32)), k([1, 1, 2.0, 2.0], F32)],
+     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, opset=11)
+case("Resize_nearest_dynamic_half_pixel_ceil_3x2", "Resize", [x("batch", 2, "h", "w"), None, k([1, 1, 3.0, 2.0], F32)],
+     {"mode": "nearest", "nearest_mode": "round_prefer_ceil"}, opset=13)
+case("Resize_nearest_dynamic_pytorch_half_pixel_axes", "Resize", [x("batch", 2, "h", 5), None, k([4.0, 1.0], F32)],
+     {"mode": "nearest", "coordinate_transformation_mode": "pytorch_half_pixel", "axes": [2, 3]}, opset=18)
+case("Resize_nearest_dynamic_asymmetric_round_2x", "Resize", [x("batch", 2, "h", "w"), None, k([1, 1, 2.0, 1.0], F32)],
+     {"mode": "nearest", "coordinate_transformation_mode": "asymmetric"}, opset=13)
 
 # RotaryEmbedding (batch 1: onnxruntime 1.32 fails at batch > 1)
 _angles = np.arange(40).reshape(10, 4) * 0.3
@@ -1254,6 +1265,13 @@ refusal("Loop_runtime_trip_count", "trip count must be a compile-time constant",
         inputs=[x(name="x"), x(shape=(), dtype=I64, name="m")])
 refusal("Resize_runtime_scales", "scales\\) must be a constant", "Resize",
         [x(1, 2, 4, 5), None, x(4, name="scales")], {"mode": "linear"}, opset=13)
+refusal("Resize_dynamic_linear", "only nearest upsampling by whole scales.*mode linear", "Resize",
+        [x("batch", 2, "h", "w"), None, k([1, 1, 2.0, 2.0], F32)], {"mode": "linear"}, opset=13)
+refusal("Resize_dynamic_asymmetric_round_3x", "whole scales.*scales \\[1.0, 1.0, 3.0, 1.0\\]", "Resize",
+        [x("batch", 2, "h", "w"), None, k([1, 1, 3.0, 1.0], F32)],
+        {"mode": "nearest", "coordinate_transformation_mode": "asymmetric"}, opset=13)
+refusal("Resize_dynamic_sizes", "sizes instead of scales", "Resize",
+        [x("batch", 2, "h", "w"), None, None, k([1, 2, 8, 8], I64)], {"mode": "nearest"}, opset=13)
 refusal("QuantizeLinear_int4", "INT4 is not supported", "QuantizeLinear",
         [x(4, 6), x(4, 3, name="scale", gen=positive)], {"axis": 1, "block_size": 2,
                                                           "output_dtype": onnx.TensorProto.INT4}, opset=21)
@@ -1432,3 +1450,30 @@ def test_a_weight_read_through_a_cast_is_a_dense_weight(tmp_path):
     onnx.save(proto, path)
     report = graphconv.compile(path, tmp_path / "m.mindir", target="cpu")
     assert report.status == "verified" and len(report.validation["cases"]) >= 2
+
+
+@pytest.mark.parametrize("ctm", ["asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners"])
+@pytest.mark.parametrize("nearest_mode", ["floor", "ceil", "round_prefer_floor", "round_prefer_ceil"])
+def test_whole_repeats_is_exactly_where_nearest_resize_repeats(ctm, nearest_mode):
+    """opmap.resize.whole_repeats (what a Resize of a dynamic shape is lowered to) against onnx.reference's
+    Resize on 1-D inputs of every length 1..16: where it gives s, every length's output is each element repeated
+    s times; for a scale of 2..4 where it gives None, some length's is not."""
+    from onnx.reference import ReferenceEvaluator
+
+    from opmap.resize import whole_repeats
+
+    def repeats_at_every_length(s: int) -> bool:
+        graph = oh.make_graph([oh.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest",
+                                            coordinate_transformation_mode=ctm, nearest_mode=nearest_mode)],
+                              "g", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"])],
+                              [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(np.array([s], F32), "scales")])
+        ref = ReferenceEvaluator(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)]))
+        return all(np.array_equal(ref.run(None, {"x": np.arange(n, dtype=F32)})[0],
+                                  np.repeat(np.arange(n, dtype=F32), s)) for n in range(1, 17))
+
+    for s in (1, 2, 3, 4):
+        said = whole_repeats("nearest", ctm, nearest_mode, float(s))
+        assert said in (None, s)
+        if said is not None or s > 1:
+            assert (said == s) == repeats_at_every_length(s), (s, said)
