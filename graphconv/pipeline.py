@@ -120,6 +120,8 @@ class Compiler:
             raise UnsupportedError(f"{len(missing)} unsupported op(s): {', '.join(missing)}")
         streamed = self.opt.layer_streamed if self.opt.layer_streamed is not None \
             else model.external_bytes > THRESHOLD_BYTES
+        if self.opt.tp is not None and self.opt.verify:  # (the ranks run whole under msrun: the oracle must too)
+            streamed = False
         return Loaded(model, layers.record_scopes(model.proto), param_names.WeightNames.record(model.proto), streamed)
 
     def hold_cache(self, model: LoadedModel) -> tuple[LoadedModel, dict]:
@@ -439,7 +441,7 @@ class Compiler:
         if self.opt.tp is not None:
             from graphconv.tensor_parallel import TensorParallel
 
-            self._commit(ws, TensorParallel(self).run(loaded, checked, fused, cases, ws))
+            self._commit(ws, TensorParallel(self).run(loaded, checked, fused, cases, ws, spill))
             return
         cpu_form = opmap.fused.inline_fused(fused)
         network = self.lower(self.target.network_graph(fused, cpu_form), loaded, ws)

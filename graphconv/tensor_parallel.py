@@ -84,11 +84,12 @@ class TensorParallel:
         self.c = compiler
         self.n = compiler.opt.tp
 
-    def run(self, loaded, checked, fused: onnx.ModelProto, cases, ws) -> dict[Path, Path]:
-        """The rank networks built, run and verified; returns {staged directory: output directory}."""
+    def run(self, loaded, checked, fused: onnx.ModelProto, cases, ws, spill=None) -> dict[Path, Path]:
+        """The rank networks built, run and verified; returns {staged directory: output directory}. `spill`:
+        the compile's spill file (a model whose weights are in files), where the shards go."""
         with self.c.report.stage("shard") as st:
             plan = sharding.plan(fused, self.n)
-            ranks = [sharding.shard(fused, plan, r) for r in range(self.n)]
+            ranks = [sharding.shard(fused, plan, r, spill) for r in range(self.n)]
             st.detail = {"tp": self.n, "blocks": len(plan.blocks), "all_reduces": len(plan.reduces),
                          "all_gathers": len(plan.gathers)}
         tasks, nets = [], []

@@ -156,6 +156,86 @@ def test_ranks_summed_equal_the_unsharded_block(tp):
     assert np.abs(alone - expected).max() > 1e-2
 
 
+def _weights_to_file(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """A copy of `model` whose float matrices are in the file `path`, referenced by absolute location, as
+    graphconv's loader leaves a model with external data (graphconv.frontend.weights.take_over_external)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    with open(path, "wb") as f:
+        for t in out.graph.initializer:
+            if t.data_type == TensorProto.FLOAT and len(t.dims) == 2:
+                data = numpy_helper.to_array(t).tobytes()
+                offset = f.tell()
+                f.write(data)
+                t.ClearField("raw_data")
+                t.data_location = TensorProto.EXTERNAL
+                for k, v in (("location", str(path)), ("offset", str(offset)), ("length", str(len(data)))):
+                    t.external_data.add(key=k, value=v)
+    return out
+
+
+def _in_memory(model: onnx.ModelProto) -> onnx.ModelProto:
+    from graphconv.frontend import weights
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in out.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(np.array(weights.to_array(t)), t.name))
+    return out
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_shards_of_weights_in_files_go_to_the_spill_file(tp, tmp_path):
+    """A model whose weights are in files (how large models arrive): each rank's shards are appended to the
+    compile's spill file and the rank graph refers to them there (no weight bytes in its protobuf); replicated
+    weights stay in the model's own file. The shards are Megatron's (EXPECTED), and the ranks together compute
+    the unsharded block."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    from graphconv.frontend import weights
+
+    model = _block()
+    on_disk = _weights_to_file(model, tmp_path / "model.data")
+    spill = weights.SpillFile(tmp_path / "spill.bin")
+    plan = sharding.plan(on_disk, tp)
+    ranks = [sharding.shard(on_disk, plan, r, spill) for r in range(tp)]
+    original = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for r, m in enumerate(ranks):
+        split = {t.name: t for t in m.graph.initializer if t.name in EXPECTED[tp]}
+        for name, (axis, slices) in EXPECTED[tp].items():
+            t = split[name]
+            want = np.concatenate([np.take(original[name], np.arange(a, b), axis=axis) for a, b in slices[r]], axis)
+            if name == "bv":  # (a 1-D bias is inline in the model: its shard stays inline)
+                assert not uses_external_data(t)
+            else:
+                assert uses_external_data(t) and not t.raw_data
+                assert ExternalDataInfo(t).location == str(tmp_path / "spill.bin")
+            np.testing.assert_array_equal(weights.to_array(t), want)
+        assert ExternalDataInfo(next(t for t in m.graph.initializer if t.name == "Wq")).location != \
+            ExternalDataInfo(next(t for t in on_disk.graph.initializer if t.name == "Wq")).location
+        assert m.ByteSize() < on_disk.ByteSize() + 4096  # (the shards' bytes are not in it)
+    x = np.random.default_rng(1).standard_normal((2, 3, HIDDEN)).astype(np.float32)
+    _simulate(model, [_in_memory(m) for m in ranks], {"x": x})
+
+
+def test_tp_oracle_runs_the_whole_model_past_the_layer_threshold(tmp_path, monkeypatch):
+    """--tp verifies the ranks whole under msrun, so the oracle's outputs are needed whole: a model past the
+    layer-streamed threshold is not left to the layer-by-layer oracle (which --tp never runs)."""
+    from graphconv import pipeline
+    from graphconv.options import CompileOptions
+    from graphconv.progress import Progress
+
+    path = tmp_path / "block.onnx"
+    onnx.save_model(_block(), path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="block.onnx.data", size_threshold=0)
+    monkeypatch.setattr(pipeline, "THRESHOLD_BYTES", -1)  # (any model is past it)
+    streamed = {}
+    for tp, verify in ((None, True), (2, True), (2, False)):
+        opt = CompileOptions(output=tmp_path / f"out-{tp}-{verify}", tp=tp, verify=verify)
+        streamed[tp, verify] = pipeline.Compiler(path, opt, Progress(quiet=True)).load().layer_streamed
+    assert streamed == {(None, True): True, (2, True): False, (2, False): True}
+
+
 def _simulate(model, ranks, feeds, atol=1e-5):
     expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
     for got in run_ranks(ranks, feeds):

@@ -28,6 +28,7 @@ import dataclasses
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
@@ -650,17 +651,23 @@ def plan(model: onnx.ModelProto, tp: int) -> Plan:
     return _Planner(model, tp).run()
 
 
-def shard(model: onnx.ModelProto, p: Plan, rank: int) -> onnx.ModelProto:
+def shard(model: onnx.ModelProto, p: Plan, rank: int, spill: weights.SpillFile | None = None) -> onnx.ModelProto:
     """Rank `rank`'s graph: its shards of the split weights, its head counts, its Reshape sizes, an AllReduce
     after every row-parallel projection and an AllGather after the LM head. Shape information is inferred
-    again."""
+    again. With `spill` (a model whose weights are in files), the shard of a weight in a file is appended to
+    it, one weight at a time, and the rank graph refers to it there, as to the weights a pass made: the rank
+    graphs hold no weight bytes (the N ranks' shards are the model's size; a rank's past 2 GB would not fit
+    a protobuf), and each rank's MindIR is written from the files, streamed (graphconv/target/emit.py)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     for t in g.initializer:
         split = p.weights.get(t.name)
         if split is not None and split.axis is not None:
-            t.CopyFrom(numpy_helper.from_array(split.shard(weights.to_array(t), rank), t.name))
+            part = split.shard(weights.to_array(t), rank)
+            in_file = spill is not None and uses_external_data(t)
+            t.CopyFrom(spill.tensor_proto(t.name, part) if in_file else numpy_helper.from_array(part, t.name))
+            del part
     graph = _Graph(out)
     new_nodes = []
     for node in g.node:
