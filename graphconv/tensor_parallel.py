@@ -114,8 +114,9 @@ class TensorParallel:
         self.c.report.census = census.primitive_census(next(f for f in results[0]["files"] if f.endswith(".mindir")))
         sources = self._sources(ws)
         total = _weight_bytes(fused)
-        rows = [{"rank": r, "weight_bytes": _weight_bytes(g), "share": round(_weight_bytes(g) / total, 4)}
-                for r, g in enumerate(ranks)]
+        rows = [{"rank": r, "weight_bytes": _weight_bytes(g), "share": round(_weight_bytes(g) / total, 4),
+                 "streamed": bool(res.get("streamed")), "peak_rss_bytes": res.get("peak_rss_bytes")}
+                for r, (g, res) in enumerate(zip(ranks, results))]
         if self.c.opt.verify:
             self._verify(nets, results, cases, checked.expected, rows)
         else:

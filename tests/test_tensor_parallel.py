@@ -446,6 +446,9 @@ def _check_compiled(out: Path, tp: int, all_gathers: int = 1) -> dict:
     assert [r["rank"] for r in rows] == list(range(tp))
     for row in rows:
         assert row["max_abs"] < 1e-4 and row["share"] < 1.0
+        # each rank's own peak (ru_maxrss): MindSpore and the rank's weights at least
+        assert row["peak_rss_bytes"] > max(row["weight_bytes"], 100 * 2**20)
+        assert row["streamed"] is False  # (tiny: below emit.STREAM_MIN_BYTES, mindspore.export writes it)
     assert report["census"]["AllReduce"] == 4  # 2 layers x (attention out, MLP down)
     assert report["census"].get("AllGather", 0) == all_gathers  # the vocab-parallel LM head's logits
     plan = json.loads((out / "plan.json").read_text())
