@@ -89,7 +89,7 @@ class TensorParallel:
         the compile's spill file (a model whose weights are in files), where the shards go."""
         with self.c.report.stage("shard") as st:
             plan = sharding.plan(fused, self.n)
-            ranks = [sharding.shard(fused, plan, r, spill) for r in range(self.n)]
+            ranks = sharding.shard_all(fused, plan, spill)
             st.detail = {"tp": self.n, "blocks": len(plan.blocks), "all_reduces": len(plan.reduces),
                          "all_gathers": len(plan.gathers)}
         tasks, nets = [], []

@@ -198,7 +198,7 @@ def test_shards_of_weights_in_files_go_to_the_spill_file(tp, tmp_path):
     on_disk = _weights_to_file(model, tmp_path / "model.data")
     spill = weights.SpillFile(tmp_path / "spill.bin")
     plan = sharding.plan(on_disk, tp)
-    ranks = [sharding.shard(on_disk, plan, r, spill) for r in range(tp)]
+    ranks = sharding.shard_all(on_disk, plan, spill)  # (each weight read once for every rank)
     original = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for r, m in enumerate(ranks):
         split = {t.name: t for t in m.graph.initializer if t.name in EXPECTED[tp]}
@@ -214,6 +214,10 @@ def test_shards_of_weights_in_files_go_to_the_spill_file(tp, tmp_path):
         assert ExternalDataInfo(next(t for t in m.graph.initializer if t.name == "Wq")).location != \
             ExternalDataInfo(next(t for t in on_disk.graph.initializer if t.name == "Wq")).location
         assert m.ByteSize() < on_disk.ByteSize() + 4096  # (the shards' bytes are not in it)
+        alone = sharding.shard(on_disk, plan, r, spill)  # (rank by rank: the same graph and values)
+        assert [n.SerializeToString() for n in alone.graph.node] == [n.SerializeToString() for n in m.graph.node]
+        assert all(np.array_equal(weights.to_array(a), weights.to_array(b))
+                   for a, b in zip(alone.graph.initializer, m.graph.initializer, strict=True))
     x = np.random.default_rng(1).standard_normal((2, 3, HIDDEN)).astype(np.float32)
     _simulate(model, [_in_memory(m) for m in ranks], {"x": x})
 
@@ -554,7 +558,7 @@ def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
 
     seen = {}
 
-    def stop(self, loaded, checked, fused, cases, ws):
+    def stop(self, loaded, checked, fused, cases, ws, spill=None):
         seen["fused"] = fused
         raise Stop
 

@@ -655,19 +655,43 @@ def shard(model: onnx.ModelProto, p: Plan, rank: int, spill: weights.SpillFile |
     """Rank `rank`'s graph: its shards of the split weights, its head counts, its Reshape sizes, an AllReduce
     after every row-parallel projection and an AllGather after the LM head. Shape information is inferred
     again. With `spill` (a model whose weights are in files), the shard of a weight in a file is appended to
-    it, one weight at a time, and the rank graph refers to it there, as to the weights a pass made: the rank
-    graphs hold no weight bytes (the N ranks' shards are the model's size; a rank's past 2 GB would not fit
-    a protobuf), and each rank's MindIR is written from the files, streamed (graphconv/target/emit.py)."""
+    it and the rank graph refers to it there, as to the weights a pass made: the rank graphs hold no weight
+    bytes (the N ranks' shards are the model's size; a rank's past 2 GB would not fit a protobuf), and each
+    rank's MindIR is written from the files, streamed (graphconv/target/emit.py)."""
+    return _rank_graph(model, p, rank, _shards(model, p, [rank], spill)[0])
+
+
+def shard_all(model: onnx.ModelProto, p: Plan, spill: weights.SpillFile | None = None) -> list[onnx.ModelProto]:
+    """Every rank's graph (`shard`), each split weight read once for all the ranks: a column split touches
+    every page of its weight, so rank by rank the model would be read N times."""
+    return [_rank_graph(model, p, r, made) for r, made in enumerate(_shards(model, p, range(p.tp), spill))]
+
+
+def _shards(model: onnx.ModelProto, p: Plan, ranks, spill) -> list[dict[str, onnx.TensorProto]]:
+    """For each of `ranks`, its shard of every split weight (in `spill` where the weight is in a file); one
+    weight in memory at a time."""
+    out: list[dict[str, onnx.TensorProto]] = [{} for _ in ranks]
+    for t in model.graph.initializer:
+        split = p.weights.get(t.name)
+        if split is None or split.axis is None:
+            continue
+        whole = np.array(weights.to_array(t))  # (read once)
+        in_file = spill is not None and uses_external_data(t)
+        for made, rank in zip(out, ranks):
+            part = split.shard(whole, rank)
+            made[t.name] = spill.tensor_proto(t.name, part) if in_file else numpy_helper.from_array(part, t.name)
+        del whole
+    return out
+
+
+def _rank_graph(model: onnx.ModelProto, p: Plan, rank: int, shards: dict[str, onnx.TensorProto]) -> onnx.ModelProto:
+    """`model` rewritten for `rank` (shard), its split weights replaced by `shards`."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     for t in g.initializer:
-        split = p.weights.get(t.name)
-        if split is not None and split.axis is not None:
-            part = split.shard(weights.to_array(t), rank)
-            in_file = spill is not None and uses_external_data(t)
-            t.CopyFrom(spill.tensor_proto(t.name, part) if in_file else numpy_helper.from_array(part, t.name))
-            del part
+        if t.name in shards:
+            t.CopyFrom(shards[t.name])
     graph = _Graph(out)
     new_nodes = []
     for node in g.node:
