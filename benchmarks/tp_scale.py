@@ -49,9 +49,9 @@ def main(argv: list[str]) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if any(work.iterdir()):
         raise SystemExit(f"tp_scale: --workdir {work} is not empty")
-    free = shutil.disk_usage(work).free
-    if free < DISK_FACTOR * weight_bytes:
-        raise SystemExit(f"tp_scale: {free / 1e9:.1f} GB free, need {DISK_FACTOR} x {weight_bytes / 1e9:.1f} GB")
+    free, factor = shutil.disk_usage(work).free, DISK_FACTOR - (1 if args.model else 0)  # (--model: built)
+    if free < factor * weight_bytes:
+        raise SystemExit(f"tp_scale: {free / 1e9:.1f} GB free, need {factor:.1f} x {weight_bytes / 1e9:.1f} GB")
     try:
         model = args.model
         if model is None:
@@ -87,6 +87,9 @@ def main(argv: list[str]) -> int:
     finally:
         if not args.keep and args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
+        elif not args.keep:  # (the report and the logs stay)
+            for sub in ("model", "out"):
+                shutil.rmtree(work / sub, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -156,6 +156,57 @@ def test_ranks_summed_equal_the_unsharded_block(tp):
     assert np.abs(alone - expected).max() > 1e-2
 
 
+def _with_repeat_by_one(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The block with a repeat_kv by 1 on k and v after their transposes, in BNSD, as compile_scale's graph spells
+    it when the kv heads are the heads: Unsqueeze(axis 2) -> [B, kv, 1, S, D], Reshape back to [B, kv, S, D]
+    (the heads entry a constant: each rank's must be its own)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    g.initializer.extend([numpy_helper.from_array(np.array([2], np.int64), "unit_axis"),
+                          numpy_helper.from_array(np.array([0, KV_HEADS, -1, HEAD_DIM], np.int64), "kv_back")])
+    fa = next(n for n in g.node if n.op_type == "FlashAttentionScore")
+    nodes = []
+    for n in g.node:
+        if n is fa:
+            for k, x in ((1, "k"), (2, "v")):
+                nodes += [helper.make_node("Unsqueeze", [x, "unit_axis"], [f"{x}5"], name=f"{x}_unsqueeze"),
+                          helper.make_node("Reshape", [f"{x}5", "kv_back"], [f"{x}_rep"], name=f"{x}_repeated")]
+                fa.input[k] = f"{x}_rep"
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.value_info[:]
+    return onnx.shape_inference.infer_shapes(out, data_prop=True)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_bnsd_reshape_between_transpose_and_attention_keeps_each_ranks_heads(tp):
+    """A Reshape in BNSD layout (heads on axis 1) on the k/v chain: its heads entry is the rank's kv heads
+    (2 kv heads: 1 per rank over 2 ranks; over 4, each rank holds one), and the ranks together compute the
+    unsharded block."""
+    model = _with_repeat_by_one(_block())
+    plan = sharding.plan(model, tp)
+    per_rank = max(KV_HEADS // tp, 1)
+    assert plan.reshapes["k_repeated"] == (1, [per_rank] * tp) and plan.reshapes["v_repeated"] == (1, [per_rank] * tp)
+    ranks = sharding.shard_all(model, plan)
+    x = np.random.default_rng(2).standard_normal((2, 3, HIDDEN)).astype(np.float32)
+    _simulate(model, ranks, {"x": x})
+
+
+def test_bnsd_reshape_moving_the_heads_is_refused():
+    """A Reshape after the transpose whose input does not hold the heads on axis 1 is not followed: an error
+    naming it, never a guess."""
+    model = _with_repeat_by_one(_block())
+    for t in model.graph.initializer:
+        if t.name == "unit_axis":
+            t.CopyFrom(numpy_helper.from_array(np.array([1], np.int64), "unit_axis"))  # [B, 1, kv, S, D]
+    del model.graph.value_info[:]
+    model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    with pytest.raises(sharding.ShardingError, match="k_unsqueeze|k_repeated"):
+        sharding.plan(model, 2)
+
+
 def _weights_to_file(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     """A copy of `model` whose float matrices are in the file `path`, referenced by absolute location, as
     graphconv's loader leaves a model with external data (graphconv.frontend.weights.take_over_external)."""
