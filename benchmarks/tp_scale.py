@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/tp_scale.py --size default --tp 2                        # 1.1B fp32, verified
     .venv/bin/python benchmarks/tp_scale.py --size 7b --dtype fp16 --tp 8 --no-verify    # 7B fp16
+    .venv/bin/python benchmarks/tp_scale.py --size 7b --dtype fp16 --tp 8 --layers 2     # its shapes, verified
 
 1. Builds compile_scale's Llama-shaped model (its build_model: the weights in one external data file,
    written one tensor at a time), or takes --model.
@@ -21,6 +22,7 @@ Disk: the model, the compile's spill file (the shards of its split weights, ~ th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -38,12 +40,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="default")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--layers", type=int, help="override the size's layer count (its widths and heads kept)")
     ap.add_argument("--no-verify", action="store_true", help="passed to graphconv compile")
     ap.add_argument("--model", type=Path, help="an existing model.onnx instead of building one")
     ap.add_argument("--workdir", type=Path, help="new or empty directory (default: a new one under /tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir (model, OUT_DIR, report, logs)")
     args = ap.parse_args(argv)
-    cfg = SIZES[args.size]
+    cfg = dataclasses.replace(SIZES[args.size], **({"layers": args.layers} if args.layers else {}))
     weight_bytes = DTYPES[args.dtype].itemsize * cfg.n_params()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tp_scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -56,7 +59,7 @@ def main(argv: list[str]) -> int:
         model = args.model
         if model is None:
             log(f"building {args.size} {args.dtype} ({weight_bytes / 1e9:.2f} GB) in {work}")
-            model, _ = build_model(cfg, work / "model", 0, "random", args.dtype)
+            model, _ = build_model(cfg, work / "model", 0, "random", args.dtype)  # (compile_scale's defaults)
         out, report = work / "out", work / "report.json"
         cmd = [sys.executable, "-m", "graphconv", "compile", str(model), "--tp", str(args.tp), "-o", str(out),
                "--report", str(report), "-q"] + (["--no-verify"] if args.no_verify else [])
