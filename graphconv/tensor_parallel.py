@@ -98,7 +98,7 @@ class TensorParallel:
             net = self.c.lower(self.c.target.network_graph(graph, cpu_form), loaded, ws, f"rank_{r}",
                                lazy_inline=self.c.target.lazy_inline)
             twin = self.c.lower(cpu_form, loaded, ws, f"rank_{r}_cpu_twin", lazy_inline=False) \
-                if self.c.target.needs_twin(cpu_form, graph) else None
+                if self.c.opt.verify and self.c.target.needs_twin(cpu_form, graph) else None  # (runs only to verify)
             out_dir = ws.path(f"out_rank_{r}")
             out_dir.mkdir()
             run = self._case_run(cpu_form, cases, ws, r) if self.c.opt.verify else None

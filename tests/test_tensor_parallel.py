@@ -595,6 +595,37 @@ def test_tp2_at_scale_verifies_and_streams_each_rank(tmp_path):
         assert variables.stat().st_size == pytest.approx(row["weight_bytes"], rel=1e-3)
 
 
+def test_no_verify_lowers_no_cpu_twins(tmp_path, monkeypatch):
+    """`--tp N --no-verify`: the ranks only export their MindIRs under msrun, so no cpu twin is lowered (on the
+    7B at --tp 8 the twins took 38 s of a 295 s compile)."""
+    from graphconv import pipeline
+    from graphconv.runtime import msrun
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def capture(tasks, workdir, label="msrun", timeout=0):
+        seen["tasks"] = tasks
+        raise Stop
+
+    monkeypatch.setattr(msrun, "run", capture)
+    stages = {}
+    for verify in (True, False):
+        seen.clear()
+        compiler = pipeline.Compiler(ROOT / "models/examples/tiny_llama.onnx",
+                                     pipeline.CompileOptions(output=tmp_path / f"out-{verify}", tp=2, verify=verify),
+                                     pipeline.SILENT)
+        with pytest.raises(Stop):
+            compiler.run()
+        stages[verify] = [s.name for s in compiler.report.stages]
+        kinds = {t["kind"] for t in seen["tasks"]}
+        assert kinds == ({"export_and_verify"} if verify else {"export"})
+    assert "lower-rank_0_cpu_twin" in stages[True]  # (target ascend: fused primitives have no CPU kernels)
+    assert not any("cpu_twin" in name for name in stages[False])
+
+
 def test_msrun_rank_failure_and_timeout(tmp_path):
     """A rank whose task fails is named; a run past its timeout is killed, msrun's whole group with it."""
     import psutil
