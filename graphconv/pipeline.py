@@ -420,11 +420,14 @@ class Compiler:
 
     def _check_space(self, loaded: Loaded) -> None:
         """Refuse now, with the numbers, an output whose filesystem cannot hold even the MindIR's weights (a
-        lower bound: at --precision fp16/bf16 half the model's bytes), rather than fail when it fills up; the
+        lower bound: at --precision fp16/bf16 half the model's bytes; under --tp, a model's weights in files
+        twice: the shards go to the spill file first), rather than fail when it fills up; the
         7B benchmark checks the same way (benchmarks/compile_scale.py). A disk that fills later is still one
         line (graphconv.errors.disk_full)."""
         weight_bytes = loaded.model.external_bytes + loaded.model.proto.ByteSize()
         needed = weight_bytes // 2 if self.opt.precision != "fp32" else weight_bytes
+        if self.opt.tp is not None and loaded.model.external_bytes:  # (the shards in the spill file, then the ranks')
+            needed += loaded.model.external_bytes
         free = shutil.disk_usage(self.output.parent.absolute()).free
         if free < needed:
             raise DiskFullError(f"no space left on device for {self.output.absolute()}: {free / 2**20:.1f} MiB "

@@ -595,6 +595,38 @@ def test_tp2_at_scale_verifies_and_streams_each_rank(tmp_path):
         assert variables.stat().st_size == pytest.approx(row["weight_bytes"], rel=1e-3)
 
 
+def test_tp_disk_check_counts_the_shards_twice(tmp_path, monkeypatch):
+    """A model whose weights are in files: under --tp its shards are written to the spill file, then into the
+    ranks' MindIRs, so a disk holding the weights once but not twice is refused up front (before any stage),
+    where the single-device compile goes ahead."""
+    import shutil
+
+    from graphconv import pipeline
+    from graphconv.errors import DiskFullError
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "W")  # (past the loader's inline size)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 64])], [w])
+    path = tmp_path / "block.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path,
+                    save_as_external_data=True, location="block.onnx.data", size_threshold=0)
+    external = (tmp_path / "block.onnx.data").stat().st_size
+    real = shutil.disk_usage
+    # room for the weights once and a half
+    monkeypatch.setattr(pipeline.shutil, "disk_usage", lambda p: real(p)._replace(free=external * 3 // 2 + 4096))
+    for tp in (None, 2):
+        opt = pipeline.CompileOptions(output=tmp_path / (f"out-{tp}" if tp else "out.mindir"), tp=tp)
+        compiler = pipeline.Compiler(path, opt, pipeline.SILENT)
+        loaded = compiler.load()
+        assert loaded.model.external_bytes == external
+        if tp is None:
+            compiler._check_space(loaded)
+        else:
+            with pytest.raises(DiskFullError, match="no space left on device"):
+                compiler._check_space(loaded)
+
+
 def test_no_verify_lowers_no_cpu_twins(tmp_path, monkeypatch):
     """`--tp N --no-verify`: the ranks only export their MindIRs under msrun, so no cpu twin is lowered (on the
     7B at --tp 8 the twins took 38 s of a 295 s compile)."""
