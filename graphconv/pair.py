@@ -493,9 +493,6 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     bundle = Path(bundle) if bundle else None
     if bundle is not None and bundle.exists():
         raise InputError(f"--bundle {bundle} already exists")
-    if bundle is not None and builder:
-        raise InputError("--bundle is not supported for an onnxruntime-genai folder yet (its graph reads the mask as "
-                         "lengths: the bundle's script would have to batch prompts by length)")
     if tp is not None:
         _check_tp(tp, stateful_cache, bundle, cpu_twin, options)
     per_inputs = split_inputs(inputs, tuple(sources))

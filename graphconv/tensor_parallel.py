@@ -69,8 +69,8 @@ def check_options(opt, output: Path) -> None:
         raise InputError(f"-o {output} already exists (--tp writes a new directory)")
     if not output.parent.absolute().is_dir():
         raise InputError(f"output directory {output.parent} does not exist")
-    for flag, value in (("--bundle", opt.bundle), ("--emit-source", opt.emit_source),
-                        ("--layer-streamed", opt.layer_streamed), ("--verify-each", opt.verify_each)):
+    for flag, value in (("--emit-source", opt.emit_source), ("--layer-streamed", opt.layer_streamed),
+                        ("--verify-each", opt.verify_each)):
         if value:
             raise InputError(f"{flag} is not supported with --tp yet")
     if opt.precision != "fp32":
@@ -123,7 +123,11 @@ class TensorParallel:
             self.c.report.validation["status"] = self.c.report.status = "unverified"
         self.c.report.validation["tensor_parallel"] = {"tp": self.n, "unsharded_weight_bytes": total, "ranks": rows,
                                                        "run": "msrun on CPU (MindSpore's CPU collectives)"}
-        return {self._stage_output(plan, sources, results, fused, ws): Path(self.c.output)}
+        staged = self._stage_output(plan, sources, results, fused, ws)
+        moves = {staged: Path(self.c.output)}
+        if self.c.opt.bundle:
+            moves[self._bundle(staged, cases, checked.expected, rows, ws)] = Path(self.c.opt.bundle)
+        return moves
 
     def _case_run(self, model, cases, ws, rank: int) -> dict:
         from graphconv.target import emit
@@ -185,6 +189,24 @@ class TensorParallel:
         self.c.report.artifacts.update({"tp_dir": str(self.c.output), "plan": str(Path(self.c.output) / "plan.json"),
                                         "launch": str(Path(self.c.output) / "launch_ascend.sh")})
         return staged
+
+    def _bundle(self, staged: Path, cases, expected, rows, ws) -> Path:
+        """The deploy bundle (graphconv/deploy/tensor_parallel.py), staged beside the rank files."""
+        from graphconv.deploy.tensor_parallel import write_tp_bundle
+
+        self.c.progress.info("bundle")
+        with self.c.report.stage("bundle"):
+            directory = ws.path("bundle")
+            directory.mkdir()
+            v = self.c.report.validation
+            written = write_tp_bundle(
+                directory, staged, name=Path(self.c.output).name, tp=self.n, inputs=self.c.report.model["inputs"],
+                outputs=self.c.report.model["outputs"], cases=cases, expected=expected,
+                precision=self.c.opt.precision, ranks=rows, status=v.get("status", "unverified"),
+                checked=v.get("checked"), tools=self.c.report.provenance["tools"], census=self.c.report.census)
+        self.c.report.artifacts["bundle"] = str(self.c.opt.bundle)
+        v.setdefault("bundle_files", written)
+        return directory
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:

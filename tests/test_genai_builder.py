@@ -202,3 +202,26 @@ def test_int4_builder_folder_generates_the_exact_semantics_tokens(builds, tmp_pa
     result = generation.generate(gen_dir, [PROMPT], 12, check=True, device="cpu")
     assert result.sequences[0] == genai_tokens(exact_folder, PROMPT, 12)
     assert all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in result.steps)
+
+
+def test_builder_folder_bundle_script_runs_prompts_grouped_by_length(builds, tmp_path):
+    """--bundle of a builder folder: the bundle's generate_mindspore.py (MindSpore alone, --device CPU on a --target
+    cpu compile) runs the prompts of one length together, as the graph reads the mask as lengths, and prints
+    transformers' greedy tokens for prompts of three lengths, in the order given."""
+    import os
+
+    folder = builds("llama", "fp32")
+    bundle = tmp_path / "bundle"
+    report = pair.compile_pair(folder, tmp_path / "gen", target="cpu", bundle=bundle)
+    assert report["status"] == "verified" and report["cache"]["max_seq"] == 256  # (held in place)
+    assert json.loads((bundle / "generation.json").read_text())["prompt_padding"] == "none"
+    prompts = [PROMPT, PROMPT[:3], PROMPT[::-1], PROMPT[1:]]
+    ran = subprocess.run([sys.executable, str(bundle / "generate_mindspore.py"), "--input-ids",
+                          ";".join(",".join(map(str, p)) for p in prompts), "--max-new-tokens", "8", "--device", "CPU"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    meta = json.loads((tmp_path / "gen" / "generation.json").read_text())
+    eos = meta["eos_token_id"] if isinstance(meta["eos_token_id"], list) else [meta["eos_token_id"]]
+    hf = [transformers_tokens(folder.parent.parent / "hf_llama", p, 8, eos) for p in prompts]
+    assert [[int(t) for t in line.split()] for line in ran.stdout.strip().splitlines()] == hf

@@ -515,9 +515,10 @@ def _check_compiled(out: Path, tp: int, all_gathers: int = 1) -> dict:
 def test_llama_tp2_under_msrun(exported, tmp_path):
     model = exported("llama")
     out = tmp_path / "llama-tp2"
-    r = _compile(model, out, 2)
+    r = _compile(model, out, 2, "--bundle", str(tmp_path / "bundle"))
     assert r.returncode == 0, r.stderr
     plan = _check_compiled(out, 2)
+    _check_bundle(tmp_path / "bundle", out, model, 2)
     q = plan["weights"]["model.model.layers.0.self_attn.q_proj.weight"]  # [in, out]: 4 heads of 16 -> 2 + 2
     assert q["split"] == "axis" and q["axis"] == 1 and q["slices"] == [[[0, 32]], [[32, 64]]]
     k = plan["weights"]["model.model.layers.0.self_attn.k_proj.weight"]  # 2 kv heads of 16 -> 1 + 1
@@ -528,6 +529,30 @@ def test_llama_tp2_under_msrun(exported, tmp_path):
     assert embed["split"] == "replicated" and "embedding" in embed["role"]
     head = plan["weights"]["model.lm_head.weight"]  # [hidden, vocab] (the exporter's transpose): vocab 128 -> 64
     assert head["axis"] == 1 and head["slices"] == [[[0, 64]], [[64, 128]]] and "LM head" in head["role"]
+
+
+def _check_bundle(bundle: Path, out: Path, model: Path, tp: int) -> None:
+    """The --tp bundle: the very rank files of the output, the plan and launch script, the reference cases
+    holding onnxruntime's outputs of the unsharded model, and a README saying what is unverified on Ascend."""
+    for f in out.iterdir():
+        assert (bundle / f.name).read_bytes() == f.read_bytes(), f.name
+    meta = json.loads((bundle / "reference" / "cases.json").read_text())
+    assert len(meta["cases"]) >= 2 and {o["name"] for o in meta["outputs"]} == {"logits"}
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    for case in meta["cases"]:
+        with np.load(bundle / case["inputs"]) as feeds, np.load(bundle / case["outputs"]) as ref:
+            got = session.run(["logits"], dict(feeds))[0]
+            np.testing.assert_allclose(ref["logits"], got, atol=1e-5, rtol=1e-5)
+    readme = (bundle / "README.md").read_text()
+    assert "UNVERIFIED ON ASCEND" in readme and f"over {tp} devices" in readme
+    assert f"./launch_ascend.sh {meta['cases'][0]['inputs']}" in readme
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["tensor_parallel"] == tp and [r["rank"] for r in manifest["ranks"]] == list(range(tp))
+    assert all(r["max_abs"] < 1e-4 for r in manifest["ranks"]) and "under msrun" in manifest["verified_here"]
+    first = meta["cases"][0]
+    check = subprocess.run([sys.executable, str(bundle / "compare_outputs.py"), str(bundle / first["outputs"]),
+                            "--case", first["name"]], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_llama_bad_tp_one_line_nothing_written(exported, tmp_path):
@@ -677,6 +702,34 @@ def test_msrun_rank_failure_and_timeout(tmp_path):
     left = [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
     assert not left
 
+
+
+def test_msrun_that_cannot_start_is_one_line_exit_1(tmp_path, monkeypatch):
+    """msrun's master port taken by another process (a real one, bound here): its scheduler fails ("Failed to
+    init the tcp server.") and the ranks would wait for it until their cluster timed out. The run is tried once
+    more on another port, then ends in a LaunchError (exit 1) naming the port and the scheduler's error, with
+    nothing of msrun left running."""
+    import socket
+
+    import psutil
+
+    from graphconv.runtime import msrun
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    monkeypatch.setattr(msrun, "free_port", lambda: port)
+    try:
+        with pytest.raises(msrun.LaunchError, match=rf"master port {port}\): its scheduler failed: Failed to init "
+                                                    "the tcp server") as e:
+            msrun.run([{"kind": "no-such-task"}, {"kind": "no-such-task"}], tmp_path, timeout=600)
+    finally:
+        taken.close()
+    assert e.value.exit_code == 1 and "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.glob("msrun-logs-*.log")) == ["msrun-logs-1.log", "msrun-logs-2.log"]
+    spec = str(tmp_path / "msrun-tasks.json")
+    assert not [p for p in psutil.process_iter(["cmdline"]) if spec in " ".join(p.info["cmdline"] or [])]
 
 # --- generation (a cache held in place, split by kv heads) ----------------------------------------------------
 

@@ -173,30 +173,7 @@ def write_bundle(directory: Path, ctx: BundleContext) -> list[str]:
             expected = reference.Oracle(ctx.onnx_model).run(ctx.cases)
         except Exception as e:  # noqa: BLE001
             ctx.warnings.append(f"bundle: no reference outputs ({e}); compare_outputs.py has nothing to compare")
-    cases_meta = []
-    for k, case in enumerate(ctx.cases):
-        entry = {"name": case.name, "inputs": f"reference/{case.name}.inputs.npz", "shapes": {}, "stored": {}}
-        arrays = {}
-        for spec in ctx.inputs:
-            arr, stored = _np_ready(case.inputs[spec["name"]])
-            arrays[spec["name"]] = arr
-            entry["shapes"][spec["name"]] = list(arr.shape)
-            entry["stored"][spec["name"]] = stored
-        w.npz(entry["inputs"], arrays)
-        if expected is not None:
-            entry["outputs"] = f"reference/{case.name}.outputs.npz"
-            w.npz(entry["outputs"], {n: _np_ready(v)[0] for n, v in expected[k].items()})
-        entry["mask"] = None
-        if case.mask is not None:
-            entry["mask"] = f"reference/{case.name}.mask.npy"
-            w.npy(entry["mask"], np.asarray(case.mask, dtype=bool))
-        cases_meta.append(entry)
-    atol, rtol = compare.default_tolerance(TOLERANCE_KEY[ctx.precision])
-    w.text("reference/cases.json", json.dumps({
-        "precision": ctx.precision, "atol": atol, "rtol": rtol,
-        "rule": "|actual - reference| <= atol + rtol * |reference|, elementwise; integers and bools exactly; "
-                "inf/NaN must match in kind; positions where the mask row is 0 are skipped",
-        "inputs": ctx.inputs, "outputs": ctx.outputs, "cases": cases_meta}, indent=2) + "\n")
+    cases_meta = write_reference(w, ctx.inputs, ctx.outputs, ctx.cases, expected, ctx.precision)
 
     # scripts and configs
     w.text("compare_outputs.py", compare_script(), executable=True)
@@ -225,6 +202,37 @@ def write_bundle(directory: Path, ctx: BundleContext) -> list[str]:
     w.text("manifest.json", _json(manifest) + "\n")
     _self_check(directory)
     return sorted(set(w.written))
+
+
+def write_reference(w: _Writer, inputs: list[dict], outputs: list[dict], cases: list, expected: list[dict] | None,
+                    precision: str) -> list[dict]:
+    """reference/: each case's inputs and (where known) expected outputs as .npz keyed by graph name, its mask,
+    and cases.json with the comparison rule compare_outputs.py applies; returns the cases' entries."""
+    cases_meta = []
+    for k, case in enumerate(cases):
+        entry = {"name": case.name, "inputs": f"reference/{case.name}.inputs.npz", "shapes": {}, "stored": {}}
+        arrays = {}
+        for spec in inputs:
+            arr, stored = _np_ready(case.inputs[spec["name"]])
+            arrays[spec["name"]] = arr
+            entry["shapes"][spec["name"]] = list(arr.shape)
+            entry["stored"][spec["name"]] = stored
+        w.npz(entry["inputs"], arrays)
+        if expected is not None:
+            entry["outputs"] = f"reference/{case.name}.outputs.npz"
+            w.npz(entry["outputs"], {n: _np_ready(v)[0] for n, v in expected[k].items()})
+        entry["mask"] = None
+        if case.mask is not None:
+            entry["mask"] = f"reference/{case.name}.mask.npy"
+            w.npy(entry["mask"], np.asarray(case.mask, dtype=bool))
+        cases_meta.append(entry)
+    atol, rtol = compare.default_tolerance(TOLERANCE_KEY[precision])
+    w.text("reference/cases.json", json.dumps({
+        "precision": precision, "atol": atol, "rtol": rtol,
+        "rule": "|actual - reference| <= atol + rtol * |reference|, elementwise; integers and bools exactly; "
+                "inf/NaN must match in kind; positions where the mask row is 0 are skipped",
+        "inputs": inputs, "outputs": outputs, "cases": cases_meta}, indent=2) + "\n")
+    return cases_meta
 
 
 def _json(obj, indent: int = 0) -> str:

@@ -24,6 +24,11 @@ from pathlib import Path
 from graphconv.errors import InputError, InternalError
 
 TIMEOUT_SECONDS = 1800
+JOIN_SECONDS = 300  # a rank joins its group within seconds (the imports, then init()); on a loaded host, more
+
+
+class LaunchError(InputError):
+    """msrun could not start the ranks (an environment's failure, not the model's: exit 1)."""
 
 
 def free_port() -> int:
@@ -43,31 +48,51 @@ def find_msrun() -> str:
 
 def run(tasks: list[dict], workdir: Path, label: str = "msrun", timeout: float = TIMEOUT_SECONDS) -> list[dict]:
     """Every rank's worker task under msrun (rank i does tasks[i]); their results, or an InternalError naming
-    the first rank that failed."""
-    from graphconv.runtime.child import _die_with_parent, child_env
-
-    n = len(tasks)
-    logs = workdir / "msrun-logs"
+    the first rank that failed. msrun that cannot start the ranks (its scheduler failed, or no rank joined the
+    group in JOIN_SECONDS) is tried once more on another port (another process may have taken the free one),
+    then a LaunchError."""
     for r, task in enumerate(tasks):
         task["result"] = str(workdir / f"rank{r}.result.json")
     spec = workdir / "msrun-tasks.json"
     spec.write_text(json.dumps(tasks))
+    for attempt in (1, 2):
+        try:
+            return _run_once(tasks, workdir, spec, label, timeout, workdir / f"msrun-logs-{attempt}")
+        except LaunchError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _run_once(tasks: list[dict], workdir: Path, spec: Path, label: str, timeout: float, logs: Path) -> list[dict]:
+    from graphconv.runtime.child import _die_with_parent, child_env
+
+    n = len(tasks)
     env = child_env(workdir)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     port = free_port()
     cmd = [find_msrun(), f"--worker_num={n}", f"--local_worker_num={n}", f"--master_port={port}",
            f"--log_dir={logs}", "--join=True", str(Path(__file__).resolve()), str(spec)]
+    joined = [_joined(spec, r) for r in range(n)]
+    for j in joined:  # (from an attempt that did not start)
+        j.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    with open(workdir / "msrun.log", "wb") as log:
+    with open(logs.with_suffix(".log"), "wb") as log:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         try:
             while proc.poll() is None:
-                if time.perf_counter() - t0 > timeout:
+                waited = time.perf_counter() - t0
+                if waited > timeout:
                     raise InternalError(f"{label}: the ranks did not finish within {timeout:.0f} s")
                 if any(_failed(t) for t in tasks):  # (the others may wait for it in a collective: no use waiting)
                     break
+                if not all(j.exists() for j in joined):
+                    failure = _scheduler_failure(logs)
+                    if failure or waited > JOIN_SECONDS:
+                        raise LaunchError(f"{label}: msrun could not start the ranks (master port {port}): "
+                                          f"{failure or f'they had not joined their group after {JOIN_SECONDS} s'}")
                 time.sleep(0.25)
         finally:
             _kill_group(proc)  # (on failure, timeout or interrupt; after success, any rank msrun left behind)
@@ -80,10 +105,28 @@ def run(tasks: list[dict], workdir: Path, label: str = "msrun", timeout: float =
             raise InternalError(f"{label}: rank {r} failed: {result.get('error')}")
     for r, result in results.items():
         if result is None:
-            tail = _tail(logs / f"worker_{r}.log") or _tail(workdir / "msrun.log")
+            tail = _tail(logs / f"worker_{r}.log") or _tail(logs.with_suffix(".log"))
             raise InternalError(f"{label}: rank {r} left no result (msrun exit code {proc.returncode}): {tail}")
     results[0]["msrun_seconds"] = round(time.perf_counter() - t0, 2)
     return list(results.values())
+
+
+def _joined(spec: Path, rank: int) -> Path:
+    """The file rank `rank` writes once it joined the group (rank_main)."""
+    return spec.with_name(f"rank{rank}.joined")
+
+
+def _scheduler_failure(logs: Path) -> str | None:
+    """What ended msrun's scheduler before the ranks joined (its log's first ERROR, e.g. "Failed to init the
+    tcp server." for a taken port), or None while it runs."""
+    path = logs / "scheduler.log"
+    if not path.exists():
+        return None
+    text = path.read_text(errors="replace")
+    if "Traceback (most recent call last)" not in text:
+        return None
+    first = next((ln for ln in text.splitlines() if "[ERROR]" in ln), "")
+    return f"its scheduler failed: {first.rpartition('] ')[2].strip() or 'see its log'}"
 
 
 def _failed(task: dict) -> bool:
@@ -148,6 +191,7 @@ def rank_main(spec: str) -> int:
 
     network.cpu_graph_mode()
     init()
+    _joined(Path(spec), get_rank()).touch()
     task = json.loads(Path(spec).read_text())[get_rank()]
     result = worker.handle(task)
     result["peak_rss_bytes"] = _peak_rss()
