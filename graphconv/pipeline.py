@@ -120,6 +120,8 @@ class Compiler:
             raise UnsupportedError(f"{len(missing)} unsupported op(s): {', '.join(missing)}")
         streamed = self.opt.layer_streamed if self.opt.layer_streamed is not None \
             else model.external_bytes > THRESHOLD_BYTES
+        if self.opt.tp is not None and self.opt.verify:  # (the ranks run whole under msrun: the oracle must too)
+            streamed = False
         return Loaded(model, layers.record_scopes(model.proto), param_names.WeightNames.record(model.proto), streamed)
 
     def hold_cache(self, model: LoadedModel) -> tuple[LoadedModel, dict]:
@@ -418,11 +420,14 @@ class Compiler:
 
     def _check_space(self, loaded: Loaded) -> None:
         """Refuse now, with the numbers, an output whose filesystem cannot hold even the MindIR's weights (a
-        lower bound: at --precision fp16/bf16 half the model's bytes), rather than fail when it fills up; the
+        lower bound: at --precision fp16/bf16 half the model's bytes; under --tp, a model's weights in files
+        twice: the shards go to the spill file first), rather than fail when it fills up; the
         7B benchmark checks the same way (benchmarks/compile_scale.py). A disk that fills later is still one
         line (graphconv.errors.disk_full)."""
         weight_bytes = loaded.model.external_bytes + loaded.model.proto.ByteSize()
         needed = weight_bytes // 2 if self.opt.precision != "fp32" else weight_bytes
+        if self.opt.tp is not None and loaded.model.external_bytes:  # (the shards in the spill file, then the ranks')
+            needed += loaded.model.external_bytes
         free = shutil.disk_usage(self.output.parent.absolute()).free
         if free < needed:
             raise DiskFullError(f"no space left on device for {self.output.absolute()}: {free / 2**20:.1f} MiB "
@@ -439,7 +444,7 @@ class Compiler:
         if self.opt.tp is not None:
             from graphconv.tensor_parallel import TensorParallel
 
-            self._commit(ws, TensorParallel(self).run(loaded, checked, fused, cases, ws))
+            self._commit(ws, TensorParallel(self).run(loaded, checked, fused, cases, ws, spill))
             return
         cpu_form = opmap.fused.inline_fused(fused)
         network = self.lower(self.target.network_graph(fused, cpu_form), loaded, ws)

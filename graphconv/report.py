@@ -126,8 +126,9 @@ class Report:
         tp = self.validation.get("tensor_parallel")
         for row in tp["ranks"] if tp else []:
             err = f"  max_abs {row['max_abs']:.3g}" if "max_abs" in row else ""
+            rss = f"  peak RSS {row['peak_rss_bytes'] / 2**20:,.0f} MiB" if row.get("peak_rss_bytes") else ""
             lines.append(f"    rank {row['rank']:<3} weights {row['weight_bytes']:,} bytes ({row['share']:.1%} of "
-                         f"{tp['unsharded_weight_bytes']:,}){err}")
+                         f"{tp['unsharded_weight_bytes']:,}){err}{rss}{'  streamed' if row.get('streamed') else ''}")
         ap = self.validation.get("ascend_precision")
         if ap and "outputs" not in ap:  # (not measured: e.g. an fp16 model's fused ops take fp16 already)
             lines.append(f"  ascend precision: {ap['status']} ({ap.get('why', '')})")

@@ -84,11 +84,12 @@ class TensorParallel:
         self.c = compiler
         self.n = compiler.opt.tp
 
-    def run(self, loaded, checked, fused: onnx.ModelProto, cases, ws) -> dict[Path, Path]:
-        """The rank networks built, run and verified; returns {staged directory: output directory}."""
+    def run(self, loaded, checked, fused: onnx.ModelProto, cases, ws, spill=None) -> dict[Path, Path]:
+        """The rank networks built, run and verified; returns {staged directory: output directory}. `spill`:
+        the compile's spill file (a model whose weights are in files), where the shards go."""
         with self.c.report.stage("shard") as st:
             plan = sharding.plan(fused, self.n)
-            ranks = [sharding.shard(fused, plan, r) for r in range(self.n)]
+            ranks = sharding.shard_all(fused, plan, spill)
             st.detail = {"tp": self.n, "blocks": len(plan.blocks), "all_reduces": len(plan.reduces),
                          "all_gathers": len(plan.gathers)}
         tasks, nets = [], []
@@ -97,7 +98,7 @@ class TensorParallel:
             net = self.c.lower(self.c.target.network_graph(graph, cpu_form), loaded, ws, f"rank_{r}",
                                lazy_inline=self.c.target.lazy_inline)
             twin = self.c.lower(cpu_form, loaded, ws, f"rank_{r}_cpu_twin", lazy_inline=False) \
-                if self.c.target.needs_twin(cpu_form, graph) else None
+                if self.c.opt.verify and self.c.target.needs_twin(cpu_form, graph) else None  # (runs only to verify)
             out_dir = ws.path(f"out_rank_{r}")
             out_dir.mkdir()
             run = self._case_run(cpu_form, cases, ws, r) if self.c.opt.verify else None
@@ -113,8 +114,9 @@ class TensorParallel:
         self.c.report.census = census.primitive_census(next(f for f in results[0]["files"] if f.endswith(".mindir")))
         sources = self._sources(ws)
         total = _weight_bytes(fused)
-        rows = [{"rank": r, "weight_bytes": _weight_bytes(g), "share": round(_weight_bytes(g) / total, 4)}
-                for r, g in enumerate(ranks)]
+        rows = [{"rank": r, "weight_bytes": _weight_bytes(g), "share": round(_weight_bytes(g) / total, 4),
+                 "streamed": bool(res.get("streamed")), "peak_rss_bytes": res.get("peak_rss_bytes")}
+                for r, (g, res) in enumerate(zip(ranks, results))]
         if self.c.opt.verify:
             self._verify(nets, results, cases, checked.expected, rows)
         else:

@@ -174,6 +174,15 @@ def _tail(path: Path) -> str:
     return " | ".join(lines[-3:])[-400:]
 
 
+def _peak_rss() -> int | None:
+    """This rank's peak resident memory (ru_maxrss, in KiB on Linux): what one device's host process needs."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def rank_main(spec: str) -> int:
     """In each rank: join the group, do this rank's task, write its result."""
     from mindspore.communication import get_rank, init
@@ -185,6 +194,7 @@ def rank_main(spec: str) -> int:
     _joined(Path(spec), get_rank()).touch()
     task = json.loads(Path(spec).read_text())[get_rank()]
     result = worker.handle(task)
+    result["peak_rss_bytes"] = _peak_rss()
     tmp = Path(task["result"]).with_suffix(".partial")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, task["result"])

@@ -28,6 +28,7 @@ import dataclasses
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
@@ -265,6 +266,7 @@ class _Planner:
         only. The heads sit on axis 1 (BNSD) at the attention; a Reshape splitting [..., F] into [..., heads,
         D] puts them on the features, head by head. Returns the projection's weight and the head size."""
         biases, split, head_dim, features = [], None, None, []
+        heads_axis = 1  # BNSD at the attention; 2 (BSND) once the walk has passed the Transpose
         node = self.g.producer.get(value)
         while True:
             if node is None:
@@ -279,6 +281,9 @@ class _Planner:
                     perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
                     if perm != [[0, 2, 1, 3]]:
                         _fail(f"{node.name!r}: a transpose other than BSND <-> BNSD before {fa.name!r}")
+                    heads_axis = 3 - heads_axis
+            elif node.op_type == "Unsqueeze" and self.after_heads(node, heads_axis, count):
+                pass
             elif key == ("mindspore", "RmsNorm") and self.per_head_norm(node):
                 pass
             elif key == CACHE_UPDATE:  # the cache held in place: each rank's holds its kv heads (dim 1)
@@ -286,6 +291,10 @@ class _Planner:
                 value = node.input[1]
                 node = self.g.producer.get(value)
                 continue
+            elif node.op_type == "Reshape" and heads_axis == 1:  # heads kept on axis 1, the dims after regrouped
+                if not self.after_heads(node, heads_axis, count):
+                    _fail(f"{node.name!r}: a reshape in BNSD layout that moves the heads of {fa.name!r}")
+                head_dim = self.reshape_heads(node, fa, count, [len(h) for h in heads], head_dim, features, 1)
             elif node.op_type == "Reshape":
                 head_dim = self.reshape_heads(node, fa, count, [len(h) for h in heads], head_dim, features)
             elif node.op_type == "Split" and split is None:
@@ -351,6 +360,22 @@ class _Planner:
         for r in range(self.tp):
             split.slices[r] = sorted(set(split.slices[r]) | set(slices[r]))
 
+    def after_heads(self, node, heads_axis: int, count: int) -> bool:
+        """In BNSD layout (`heads_axis` 1), an Unsqueeze or Reshape that leaves the heads where they are: its
+        input's dim 1 is the `count` heads, and an Unsqueeze adds axes after them only (as a repeat_kv by 1
+        leaves: Unsqueeze(2) then Reshape back to [B, heads, S, D]), so each rank's heads pass through it."""
+        if heads_axis != 1:
+            return False
+        vi = next((v for v in self.g.model.graph.value_info if v.name == node.input[0]), None)
+        dims = vi.type.tensor_type.shape.dim if vi is not None and vi.type.tensor_type.HasField("shape") else []
+        if len(dims) < 4 or dims[1].dim_value != count:
+            return False
+        if node.op_type != "Unsqueeze":
+            return True
+        axes = self.g.const(node.input[1]) if len(node.input) > 1 else \
+            next((np.array(a.ints) for a in node.attribute if a.name == "axes"), None)
+        return axes is not None and bool(np.all((axes >= 2) | (axes < 0) & (axes + len(dims) + len(axes) >= 2)))
+
     def per_head_norm(self, node) -> bool:
         """A norm over the last axis of a 4-d value, one weight for every head (Qwen3's q_norm / k_norm): head
         by head, so the same on every rank."""
@@ -413,20 +438,23 @@ class _Planner:
             entries += [(piece, i, value) for i in range(length)]
         return entries
 
-    def reshape_heads(self, node, fa, count: int, per_rank: list[int], head_dim: int | None, features) -> int:
-        """A Reshape on the way to the attention: [..., heads, D] (the heads entry rewritten per rank unless
-        -1) or [..., F] (F = heads * D, or q, k and v together: rewritten once the rank's columns are known).
-        Returns D."""
+    def reshape_heads(self, node, fa, count: int, per_rank: list[int], head_dim: int | None, features,
+                      heads_axis: int = 2) -> int:
+        """A Reshape on the way to the attention: [..., heads, D] (BSND; or [B, heads, S, D] in BNSD,
+        `heads_axis` 1: the heads entry rewritten per rank unless -1) or [..., F] (F = heads * D, or q, k and v
+        together: rewritten once the rank's columns are known). Returns D."""
         entries = self.shape_entries(node)
         consts = [None if v is None else int(v[i]) for _, i, v in entries]
-        if len(entries) == 4:
-            d, hd = consts[3], consts[2]
+        if len(entries) == 4 or heads_axis != 2:
+            if len(entries) != 4:
+                _fail(f"{node.name!r}: a reshape to rank {len(entries)} in BNSD layout before {fa.name!r}")
+            d, hd = consts[3], consts[heads_axis]
             if d is None or d <= 0:
                 _fail(f"{node.name!r}: the head size (last entry of its target shape) is not a constant")
             if hd not in (-1, count):
                 _fail(f"{node.name!r}: its heads entry {hd} is neither -1 nor the {count} heads of {fa.name!r}")
             if hd == count:
-                self.reshapes[node.name] = (2, per_rank)
+                self.reshapes[node.name] = (heads_axis, per_rank)
             return d
         if head_dim is None:
             _fail(f"{node.name!r}: a reshape of the features before the heads are known")
@@ -650,17 +678,47 @@ def plan(model: onnx.ModelProto, tp: int) -> Plan:
     return _Planner(model, tp).run()
 
 
-def shard(model: onnx.ModelProto, p: Plan, rank: int) -> onnx.ModelProto:
+def shard(model: onnx.ModelProto, p: Plan, rank: int, spill: weights.SpillFile | None = None) -> onnx.ModelProto:
     """Rank `rank`'s graph: its shards of the split weights, its head counts, its Reshape sizes, an AllReduce
     after every row-parallel projection and an AllGather after the LM head. Shape information is inferred
-    again."""
+    again. With `spill` (a model whose weights are in files), the shard of a weight in a file is appended to
+    it and the rank graph refers to it there, as to the weights a pass made: the rank graphs hold no weight
+    bytes (the N ranks' shards are the model's size; a rank's past 2 GB would not fit a protobuf), and each
+    rank's MindIR is written from the files, streamed (graphconv/target/emit.py)."""
+    return _rank_graph(model, p, rank, _shards(model, p, [rank], spill)[0])
+
+
+def shard_all(model: onnx.ModelProto, p: Plan, spill: weights.SpillFile | None = None) -> list[onnx.ModelProto]:
+    """Every rank's graph (`shard`), each split weight read once for all the ranks: a column split touches
+    every page of its weight, so rank by rank the model would be read N times."""
+    return [_rank_graph(model, p, r, made) for r, made in enumerate(_shards(model, p, range(p.tp), spill))]
+
+
+def _shards(model: onnx.ModelProto, p: Plan, ranks, spill) -> list[dict[str, onnx.TensorProto]]:
+    """For each of `ranks`, its shard of every split weight (in `spill` where the weight is in a file); one
+    weight in memory at a time."""
+    out: list[dict[str, onnx.TensorProto]] = [{} for _ in ranks]
+    for t in model.graph.initializer:
+        split = p.weights.get(t.name)
+        if split is None or split.axis is None:
+            continue
+        whole = np.array(weights.to_array(t))  # (read once)
+        in_file = spill is not None and uses_external_data(t)
+        for made, rank in zip(out, ranks):
+            part = split.shard(whole, rank)
+            made[t.name] = spill.tensor_proto(t.name, part) if in_file else numpy_helper.from_array(part, t.name)
+        del whole
+    return out
+
+
+def _rank_graph(model: onnx.ModelProto, p: Plan, rank: int, shards: dict[str, onnx.TensorProto]) -> onnx.ModelProto:
+    """`model` rewritten for `rank` (shard), its split weights replaced by `shards`."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     for t in g.initializer:
-        split = p.weights.get(t.name)
-        if split is not None and split.axis is not None:
-            t.CopyFrom(numpy_helper.from_array(split.shard(weights.to_array(t), rank), t.name))
+        if t.name in shards:
+            t.CopyFrom(shards[t.name])
     graph = _Graph(out)
     new_nodes = []
     for node in g.node:
