@@ -44,8 +44,7 @@ from graphconv.frontend.contrib.rotary import apply_rotary, ints, widen
 
 FLOAT, FLOAT16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
 INT64 = onnx.TensorProto.INT64
-_REFUSED_INPUTS = {9: "position_ids", 10: "attention_bias", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
-                   15: "k_norm_weight", 16: "query_seqlens"}
+_REFUSED_INPUTS = {12: "k_scale", 13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight", 16: "query_seqlens"}
 
 
 def _dim(rw: Rewrite, value: str, axis: int) -> str:
@@ -67,6 +66,33 @@ def _steps(rw: Rewrite, length: str) -> str:
 
 def _bnsh(rw: Rewrite, x: str, heads: int, head_size: int) -> str:
     return rw.op("Transpose", rw.op("Reshape", x, ints(rw, 0, 0, heads, head_size)), perm=[0, 2, 1, 3])
+
+
+def _rotary_positions(rw: Rewrite, seq: str, total: str, qpos: str) -> str:
+    """The positions q and the new k are rotated at, (B, S): p_b + s without position_ids; with them,
+    position_ids[b, s], except for a first prompt (S == total_sequence_length), where the kernel reads only
+    position_ids[0, 0] and rotates every row at position_ids[0, 0] + s (measured on onnxruntime 1.32, and its
+    schema says so: "when processing the first prompt the kernel uses only the first element")."""
+    if not rw.has(9):
+        return qpos
+    ids = rw.op("Cast", rw.input(9), to=INT64)
+    first = rw.op("Slice", rw.op("Reshape", ids, ints(rw, -1)), ints(rw, 0), ints(rw, 1))  # (1,)
+    from_first = rw.op("Add", rw.op("Unsqueeze", first, ints(rw, 1)), _steps(rw, seq))  # (1, S)
+    return rw.op("Where", rw.op("Equal", seq, total), from_first, ids)
+
+
+def _bias_at_key_positions(rw: Rewrite, query: str, kpos: str, length: str) -> str:
+    """attention_bias (B|1, N|1, S, T), its last axis indexed by absolute key position, as (B, N|1, S, L) over
+    the Concat(past, new) keys: column kpos[b, j] for key j (a gather, clipped for the keys the mask drops). When
+    every row is full (T_b = P + S) kpos[b, j] = j and this is bias[..., :L]."""
+    bias = rw.input(10)
+    batch = _dim(rw, query, 0)
+    bias = rw.op("Expand", bias, rw.op("Concat", batch, ints(rw, 1, 1, 1), axis=0))  # (B, N|1, S, T)
+    columns = _dim(rw, bias, 3)
+    col = rw.op("Max", rw.op("Min", kpos, rw.op("Sub", columns, ints(rw, 1))), ints(rw, 0))
+    shape = rw.op("Concat", rw.op("Slice", rw.op("Shape", bias), ints(rw, 0), ints(rw, 3)), length, axis=0)
+    index = rw.op("Expand", rw.op("Unsqueeze", col, ints(rw, 1, 2)), shape)
+    return rw.op("GatherElements", bias, index, axis=3)
 
 
 def _check(rw: Rewrite) -> None:
@@ -130,11 +156,12 @@ def group_query_attention(rw: Rewrite) -> None:
 
     if rw.attr("do_rotary", 0):
         cos_cache, sin_cache = rw.input(7), rw.input(8)
+        rpos = _rotary_positions(rw, seq, total, qpos)
         half = rw.static_dim(cos_cache, 1)
         if not cos_cache or not sin_cache or half is None or 2 * half > h:
             rw.fail("do_rotary needs cos_cache/sin_cache of a static last dim <= head_size / 2")
         interleaved = bool(rw.attr("rotary_interleaved", 0))
-        cos, sin = (rw.op("Unsqueeze", widen(rw, rw.op("Gather", c, qpos, axis=0), 2 * half, interleaved),
+        cos, sin = (rw.op("Unsqueeze", widen(rw, rw.op("Gather", c, rpos, axis=0), 2 * half, interleaved),
                           ints(rw, 1)) for c in (cos_cache, sin_cache))  # (B, 1, S, R)
         q = apply_rotary(rw, q, cos, sin, h, 2 * half, interleaved)
         k = apply_rotary(rw, k, cos, sin, h, 2 * half, interleaved)
@@ -171,7 +198,11 @@ def group_query_attention(rw: Rewrite) -> None:
     if softcap > 0:
         c = rw.const(np_dt(softcap))
         scores = rw.op("Mul", rw.op("Tanh", rw.op("Div", scores, c)), c)
-    masked = rw.op("Where", attend, scores, rw.const(np_dt(-np.inf)))
+    if rw.has(10):  # attention_bias, added after the softcap, read at each key's absolute position
+        bias = _bias_at_key_positions(rw, query, kpos, length)
+        masked = rw.op("Add", scores, rw.op("Where", attend, bias, rw.const(np_dt(-np.inf))))
+    else:
+        masked = rw.op("Where", attend, scores, rw.const(np_dt(-np.inf)))
     if dtype != FLOAT:  # the kernel's softmax is float32
         masked = rw.op("Cast", masked, to=FLOAT)
     sink = rw.input(11) if rw.has(11) else (rw.const(np.zeros(n, np_dt)) if rw.attr("smooth_softmax", 0) == 1 else "")
