@@ -78,7 +78,10 @@ def _rotary_positions(rw: Rewrite, seq: str, total: str, qpos: str) -> str:
     ids = rw.op("Cast", rw.input(9), to=INT64)
     first = rw.op("Slice", rw.op("Reshape", ids, ints(rw, -1)), ints(rw, 0), ints(rw, 1))  # (1,)
     from_first = rw.op("Add", rw.op("Unsqueeze", first, ints(rw, 1)), _steps(rw, seq))  # (1, S)
-    return rw.op("Where", rw.op("Equal", seq, total), from_first, ids)
+    positions = rw.op("Where", rw.op("Equal", seq, total), from_first, ids)
+    # reshaped to the query's (B, S), read off its shape: shape inference then knows cos/sin have the query's batch
+    # (an exporter's position_ids may reach here with a batch dim of its own symbol; fuse-rope must prove it)
+    return rw.op("Reshape", positions, rw.op("Slice", rw.op("Shape", rw.input(0)), ints(rw, 0), ints(rw, 2)))
 
 
 def _bias_at_key_positions(rw: Rewrite, query: str, kpos: str, length: str) -> str:
