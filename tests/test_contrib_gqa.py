@@ -221,6 +221,53 @@ def test_the_rotary_part_fuses_to_rotary_position_embedding(interleaved, batch, 
     same_as_onnxruntime(m, fused, [gqa_case(m, b, 5, 0, [5] * b), gqa_case(m, b, 1, 4, [5] * b, seed=1)])
 
 
+def exporter_gqa_model(past=True):
+    """GroupQueryAttention as transformers' exporter writes it with OnnxConfig(ort_fusions="cpu"): position_ids
+    (input 9) and, as attention_bias (input 10), its padding-and-causal mask Cast(Not(keep)) · float32 min
+    built in the graph from a bool `keep` (B, 1, S, T) (a graph input here; the export computes it)."""
+    m = gqa_model(past=past, positions=True, bias_heads=1)
+    keep = helper.make_tensor_value_info("keep", T.BOOL, ["batch", 1, "seq", "total"])
+    bias = [helper.make_node("Not", ["keep"], ["discard"]), helper.make_node("Cast", ["discard"], ["discard_f"], to=T.FLOAT),
+            helper.make_node("Mul", ["discard_f", "fmin"], ["attention_bias"])]
+    m.graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "fmin"))
+    (old,) = [i for i in m.graph.input if i.name == "attention_bias"]
+    m.graph.input.remove(old)
+    m.graph.input.append(keep)
+    nodes = list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(bias + nodes)
+    return m
+
+
+def _exporter_case(m, b, s, past, seed=0, pad_query=False):
+    """Full rows (the exporter's seqlens_k), positions past + s, and a mask keeping the causal keys of all but
+    the first key of row 1 (a padded position); `pad_query`: also for the query at that position, which then
+    keeps no key (the kernel gives 0 there; the fused primitives leave such a row undefined)."""
+    case = gqa_case(m, b, s, past, [past + s] * b, seed=seed)
+    case.inputs["position_ids"] = np.tile(past + np.arange(s), (b, 1)).astype(np.int64)
+    keep = np.tril(np.ones((s, past + s), bool), k=past)[None, None].repeat(b, 0)
+    keep[1, :, 0 if pad_query else 1:, 0] = False
+    case.inputs["keep"] = keep
+    case.inputs.pop("attention_bias", None)
+    return case
+
+
+@pytest.mark.parametrize("past, kind", [(True, "FusedInferAttentionScore"), (False, "FlashAttentionScore")])
+def test_the_exporter_spelling_fuses_attention_and_rotary(past, kind):
+    """Expected from the node: one attention over the cache (or none), its mask the exporter's bias, and two RoPE
+    applications (q and k) at position_ids. The old code refused the node ("its position_ids input is not
+    decomposed")."""
+    m = exporter_gqa_model(past)
+    cases = [_exporter_case(m, 2, 5, 0)] + ([_exporter_case(m, 2, 1, 4, seed=1)] if past else [])
+    decomposition_matches(m, cases=cases + [_exporter_case(m, 2, 5, 0, pad_query=True)])
+    _, (count, fused) = _fused(m, "fuse-attention")
+    assert count == 1 and [n.op_type for n in fused_nodes(fused)] == [kind]
+    same_as_onnxruntime(m, fused, cases)
+    _, (count, fused) = _fused(m, "fuse-rope")
+    assert count == 2 and all(_mode(n) == 0 for n in fused_nodes(fused))
+    same_as_onnxruntime(m, fused, cases)
+
+
 def test_softcap_decomposes_but_does_not_fuse():
     """FlashAttentionScore has no soft-capping argument: the decomposition stays unfused (fuse-attention's
     coverage says why)."""

@@ -203,7 +203,10 @@ def group_query_attention(rw: Rewrite) -> None:
         scores = rw.op("Mul", rw.op("Tanh", rw.op("Div", scores, c)), c)
     if rw.has(10):  # attention_bias, added after the softcap, read at each key's absolute position
         bias = _bias_at_key_positions(rw, query, kpos, length)
-        masked = rw.op("Add", scores, rw.op("Where", attend, bias, rw.const(np_dt(-np.inf))))
+        inf = rw.const(np_dt(-np.inf))
+        if dtype == FLOAT:  # float32's lowest is -inf to the kernel: a row whose every key has it gives 0 (measured)
+            bias = rw.op("Where", rw.op("Equal", bias, rw.const(np.float32(np.finfo(np.float32).min))), inf, bias)
+        masked = rw.op("Add", scores, rw.op("Where", attend, bias, inf))
     else:
         masked = rw.op("Where", attend, scores, rw.const(np_dt(-np.inf)))
     if dtype != FLOAT:  # the kernel's softmax is float32
@@ -219,7 +222,8 @@ def group_query_attention(rw: Rewrite) -> None:
         probs = rw.op("Slice", probs, ints(rw, 0), rw.op("Add", past, seq), ints(rw, -1))
     else:
         probs = rw.op("Softmax", masked, axis=-1)
-    if window > 0:  # a padded row whose window holds no valid key gives 0 (the kernel's), not NaN
+    if window > 0 or (rw.has(10) and dtype == FLOAT):  # a row with no key left gives 0 (the kernel's), not NaN
+        # (float16 with a bias: NaN, as the kernel, measured)
         zero32 = rw.const(np.array(0, np.float32))  # (probs are float32 here)
         probs = rw.op("Where", rw.op("IsNaN", probs), zero32, probs)
     if dtype != FLOAT:
