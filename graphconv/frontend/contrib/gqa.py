@@ -27,9 +27,17 @@ fp32 CPU kernel (1.32, measured) rotates them at position s and lets them attend
 the window of position s; none: output 0), and so does the decomposition (the padded keys are in present,
 rotated, as in the kernel). Its fp16 kernel gives other values there when a window is set.
 
+position_ids (B, S) (transformers' exporter with OnnxConfig(ort_fusions=...) writes them): the positions q and the
+new k are rotated at, position_ids[b, s], except for a first prompt, where the kernel reads position_ids[0, 0]
+alone and rotates every row at position_ids[0, 0] + s (measured on 1.32; the schema says "uses only the first
+element"). The causal mask, the window and the cache rows keep p_b + s.
+attention_bias (B|1, N|1, S, total_sequence_length), the exporter's mask: added after the softcap, before the
+causal mask; column = the key's absolute position (a GatherElements at kpos; bias[..., :L] when every row is full).
+float32's lowest value counts as -inf: a row whose every key has it (a padded query row) gives 0, not
+softmax's uniform row (measured; float16: NaN, as the kernel's).
 float16 as the kernel does it where it matters: the softmax in float32 (a Cast island); q·kᵀ stays in float16
 (the kernel's is float32: differences within fp16 tolerance, ~1e-3 measured).
-Refused with the reason: opset < 13, position_ids, attention_bias, quantized caches (k_scale/v_scale, quant types),
+Refused with the reason: opset < 13, quantized caches (k_scale/v_scale, quant types),
 q/k_norm_weight, query_seqlens, the output_qk output or qk_output, causal=0, sliding_window_cache=1.
 """
 
