@@ -26,14 +26,26 @@ NEW = 12
 FUSED_ATTENTION = ("FlashAttentionScore", "FusedInferAttentionScore")
 
 
+ARCHS = {"llama": "Llama", "qwen2": "Qwen2"}  # Qwen2: q/k/v biases, GroupQueryAttention's separate q, k, v
+
+
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("ortf") / "ckpt"
-    config = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    tf.LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
+def checkpoints(tmp_path_factory):
+    """arch -> a tiny checkpoint folder (2 layers, 4 heads over 2 kv heads), saved on first use."""
+    made = {}
+
+    def get(arch: str) -> Path:
+        if arch not in made:
+            torch.manual_seed(0)
+            folder = tmp_path_factory.mktemp(f"ortf-{arch}") / "ckpt"
+            config = getattr(tf, f"{ARCHS[arch]}Config")(
+                vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256)
+            getattr(tf, f"{ARCHS[arch]}ForCausalLM")(config).save_pretrained(folder)
+            made[arch] = folder
+        return made[arch]
+
+    return get
 
 
 def _load(checkpoint: Path):
@@ -89,12 +101,13 @@ def _hf_tokens(checkpoint: Path, prompts, new: int) -> list[list[int]]:
     return out
 
 
-def test_the_plain_export_compiles_fused_and_verifies(checkpoint, tmp_path):
+@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
+def test_the_plain_export_compiles_fused_and_verifies(checkpoints, tmp_path, arch):
     """One graph (logits and the new cache): GroupQueryAttention reads position_ids (input 9) and its mask as
     attention_bias (input 10). The old code refused it: "its position_ids input is not decomposed"."""
     from transformers.exporters import OnnxConfig, OnnxExporter
 
-    model = _load(checkpoint)
+    model = _load(checkpoints(arch))
     OnnxExporter().export(model, _sample(), OnnxConfig(dynamic=True, ort_fusions="cpu")).save_pretrained(tmp_path / "x")
     path = tmp_path / "x" / "model.onnx"
     ops = _contrib_inputs(path)
@@ -115,8 +128,8 @@ def test_the_plain_export_compiles_fused_and_verifies(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("multi_token_decode", [False, True])
-def test_the_generation_folder_generates_transformers_tokens(checkpoint, tmp_path, multi_token_decode):
+@pytest.mark.parametrize("arch, multi_token_decode", [("llama", False), ("llama", True), ("qwen2", False)])
+def test_the_generation_folder_generates_transformers_tokens(checkpoints, tmp_path, arch, multi_token_decode):
     """export_for_generation: prefill.onnx and decode.onnx both with GroupQueryAttention (a multi-token decode
     graph: RotaryEmbedding and plain attention instead). `graphconv compile FOLDER -o GEN` verifies each graph
     with the census above (attention over the cache: FusedInferAttentionScore) and `graphconv generate GEN`
@@ -125,6 +138,7 @@ def test_the_generation_folder_generates_transformers_tokens(checkpoint, tmp_pat
     elsewhere than in transformers."""
     from transformers.exporters import OnnxConfig, OnnxExporter
 
+    checkpoint = checkpoints(arch)
     model = _load(checkpoint)
     folder = tmp_path / "exported"
     OnnxExporter().export_for_generation(model, _sample(), OnnxConfig(dynamic=True, ort_fusions="cpu"),
