@@ -334,7 +334,19 @@ def transformers_generation(folder: Path) -> tuple[dict, dict[str, Path], dict[s
         "cache_feeds": feeds, "position_ids": "position_ids = cumsum(attention_mask, -1) - 1, padded positions 0",
         "graphs": graphs,
     }
+    if _rotates_prompt_from_first_row(sources["prefill"]):
+        meta["prompt_padding"] = "none"
     return meta, sources, dims
+
+
+def _rotates_prompt_from_first_row(path: Path) -> bool:
+    """Whether the prefill graph holds a GroupQueryAttention (`OnnxConfig(ort_fusions=...)`): onnxruntime's kernel
+    rotates every row of a first prompt at position_ids[0, 0] + s, so a left-padded row would be rotated at other
+    positions than transformers' (and the cache keeps them); prompts of one length then run together, unpadded."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return any(n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft" for n in graph.node)
 
 
 def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int | None) -> tuple[int, int]:

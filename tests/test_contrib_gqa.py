@@ -33,9 +33,11 @@ def _caches(rotary_dim: int, max_pos: int = 64):
 
 
 def gqa_model(packed=True, past=True, rotary=True, n=N, kv=KV, h=H, rotary_dim=None, batch="batch", sink=False,
-              **attrs):
+              positions=False, bias_heads=0, **attrs):
     """One GroupQueryAttention node as the model builder writes it (packed QKV, past/present, seqlens_k and
-    total_sequence_length as graph inputs, cos/sin caches as initializers), or a variant."""
+    total_sequence_length as graph inputs, cos/sin caches as initializers), or a variant; `positions` adds the
+    position_ids input and `bias_heads` (1 or n) an attention_bias input of that many heads, as transformers'
+    exporter with ort_fusions writes them."""
     hidden = (n + 2 * kv) * h if packed else n * h
     vi = helper.make_tensor_value_info
     inputs = [vi("query", T.FLOAT, [batch, "seq", hidden])]
@@ -52,6 +54,12 @@ def gqa_model(packed=True, past=True, rotary=True, n=N, kv=KV, h=H, rotary_dim=N
     if rotary:
         inits = _caches(rotary_dim or h)
         names += ["cos_cache", "sin_cache"]
+    if positions:
+        names += [""] * (9 - len(names)) + ["position_ids"]
+        inputs.append(vi("position_ids", T.INT64, [batch, "seq"]))
+    if bias_heads:
+        names += [""] * (10 - len(names)) + ["attention_bias"]
+        inputs.append(vi("attention_bias", T.FLOAT, [batch, bias_heads, "seq", "total"]))
     if sink:
         names += [""] * (11 - len(names)) + ["head_sink"]
         inits.append(numpy_helper.from_array(np.linspace(-1, 2, n).astype(np.float32), "head_sink"))
@@ -69,10 +77,15 @@ def gqa_case(m, b, s, past, lens, seed=0) -> ReferenceCase:
     total_sequence_length = max(lens). lens < past + s: a ragged (right-padded) batch."""
     rng = np.random.default_rng(seed)
     specs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
-    sizes = {"batch": b, "seq": s, "past": past}
+    sizes = {"batch": b, "seq": s, "past": past, "total": max(lens)}
     feeds = {}
     for name, dims in specs.items():
-        if name == "seqlens_k":
+        if name == "position_ids":  # any positions within the cos/sin caches' 64 rows
+            feeds[name] = rng.integers(0, 60, (b, s)).astype(np.int64)
+        elif name == "attention_bias":  # a bias, some entries a large negative (a padding mask's)
+            x = rng.standard_normal([sizes.get(d, d) for d in dims])
+            feeds[name] = np.where(rng.random(x.shape) < 0.2, -1e9, x).astype(np.float32)
+        elif name == "seqlens_k":
             feeds[name] = np.array(lens, np.int32) - 1
         elif name == "total_sequence_length":
             feeds[name] = np.array(max(lens), np.int32)
@@ -99,6 +112,15 @@ VARIANTS = {
     "head-sink": dict(sink=True),
     "scale": dict(scale=0.1),
     "mha": dict(kv=4),
+    # transformers' exporter (OnnxConfig(ort_fusions="cpu")): position_ids and an attention_bias (its mask)
+    "position-ids": dict(positions=True),
+    "attention-bias": dict(bias_heads=1),
+    "per-head-bias": dict(bias_heads=N),
+    "exporter": dict(positions=True, bias_heads=1),
+    "bias-softcap": dict(bias_heads=1, softcap=1.5),
+    "bias-window": dict(bias_heads=1, local_window_size=2),
+    "bias-sink": dict(bias_heads=1, sink=True),
+    "positions-interleaved-partial": dict(positions=True, h=32, rotary_dim=16, rotary_interleaved=1),
 }
 
 
@@ -119,7 +141,7 @@ def _fp16(m):
     return m
 
 
-@pytest.mark.parametrize("variant", ["builder", "local-window", "softcap", "head-sink"])
+@pytest.mark.parametrize("variant", ["builder", "local-window", "softcap", "head-sink", "exporter"])
 def test_float16_group_query_attention_decomposes_within_fp16_tolerance(variant):
     """onnxruntime's fp16 kernel computes the scores and softmax in fp32 (the decomposition's Cast island around
     the softmax). Compared on the valid rows: its padded rows differ from its own fp32 kernel's with a window."""
@@ -140,7 +162,6 @@ def test_group_query_attention_without_a_cache_decomposes_exactly():
 
 
 @pytest.mark.parametrize("inputs, attrs, why", [
-    ({9: "position_ids"}, {}, "position_ids"), ({10: "attention_bias"}, {}, "attention_bias"),
     ({12: "k_scale"}, {}, "k_scale"), ({16: "query_seqlens"}, {}, "query_seqlens"),
     ({}, {"causal": 0}, "causal=0"), ({}, {"sliding_window_cache": 1, "local_window_size": 4}, "sliding_window_cache"),
     ({}, {"k_quant_type": "PER_TENSOR"}, "quantized"),
@@ -198,6 +219,53 @@ def test_the_rotary_part_fuses_to_rotary_position_embedding(interleaved, batch, 
     assert all(_mode(n) == interleaved for n in fused_nodes(fused))
     b = 1 if batch == 1 else 2
     same_as_onnxruntime(m, fused, [gqa_case(m, b, 5, 0, [5] * b), gqa_case(m, b, 1, 4, [5] * b, seed=1)])
+
+
+def exporter_gqa_model(past=True):
+    """GroupQueryAttention as transformers' exporter writes it with OnnxConfig(ort_fusions="cpu"): position_ids
+    (input 9) and, as attention_bias (input 10), its padding-and-causal mask Cast(Not(keep)) · float32 min
+    built in the graph from a bool `keep` (B, 1, S, T) (a graph input here; the export computes it)."""
+    m = gqa_model(past=past, positions=True, bias_heads=1)
+    keep = helper.make_tensor_value_info("keep", T.BOOL, ["batch", 1, "seq", "total"])
+    bias = [helper.make_node("Not", ["keep"], ["discard"]), helper.make_node("Cast", ["discard"], ["discard_f"], to=T.FLOAT),
+            helper.make_node("Mul", ["discard_f", "fmin"], ["attention_bias"])]
+    m.graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "fmin"))
+    (old,) = [i for i in m.graph.input if i.name == "attention_bias"]
+    m.graph.input.remove(old)
+    m.graph.input.append(keep)
+    nodes = list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(bias + nodes)
+    return m
+
+
+def _exporter_case(m, b, s, past, seed=0, pad_query=False):
+    """Full rows (the exporter's seqlens_k), positions past + s, and a mask keeping the causal keys of all but
+    the first key of row 1 (a padded position); `pad_query`: also for the query at that position, which then
+    keeps no key (the kernel gives 0 there; the fused primitives leave such a row undefined)."""
+    case = gqa_case(m, b, s, past, [past + s] * b, seed=seed)
+    case.inputs["position_ids"] = np.tile(past + np.arange(s), (b, 1)).astype(np.int64)
+    keep = np.tril(np.ones((s, past + s), bool), k=past)[None, None].repeat(b, 0)
+    keep[1, :, 0 if pad_query else 1:, 0] = False
+    case.inputs["keep"] = keep
+    case.inputs.pop("attention_bias", None)
+    return case
+
+
+@pytest.mark.parametrize("past, kind", [(True, "FusedInferAttentionScore"), (False, "FlashAttentionScore")])
+def test_the_exporter_spelling_fuses_attention_and_rotary(past, kind):
+    """Expected from the node: one attention over the cache (or none), its mask the exporter's bias, and two RoPE
+    applications (q and k) at position_ids. The old code refused the node ("its position_ids input is not
+    decomposed")."""
+    m = exporter_gqa_model(past)
+    cases = [_exporter_case(m, 2, 5, 0)] + ([_exporter_case(m, 2, 1, 4, seed=1)] if past else [])
+    decomposition_matches(m, cases=cases + [_exporter_case(m, 2, 5, 0, pad_query=True)])
+    _, (count, fused) = _fused(m, "fuse-attention")
+    assert count == 1 and [n.op_type for n in fused_nodes(fused)] == [kind]
+    same_as_onnxruntime(m, fused, cases)
+    _, (count, fused) = _fused(m, "fuse-rope")
+    assert count == 2 and all(_mode(n) == 0 for n in fused_nodes(fused))
+    same_as_onnxruntime(m, fused, cases)
 
 
 def test_softcap_decomposes_but_does_not_fuse():

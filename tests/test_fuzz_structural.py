@@ -189,6 +189,24 @@ def test_value_info_contradicting_the_graph_is_dropped(runner, bases, tmp_path):
     _refused(_compile(runner, out, tmp_path / "output"), "a declared type contradicts the graph")
 
 
+def test_value_info_contradicting_an_initializer_is_dropped():
+    """transformers' exporter with ort_fusions declares its `unfused_attention_*_scale` initializer, dims [1], as a
+    scalar: strict inference failed without naming a node ("differ in rank: (1) vs (0)"), and the compile with it.
+    The initializer is the value: the hint goes, with a note."""
+    from graphconv.frontend.load import infer_shapes
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    g = helper.make_graph([helper.make_node("Mul", ["x", "scale"], ["y"])], "g", [x], [y],
+                          [numpy_helper.from_array(np.array([0.5], np.float32), "scale")],
+                          value_info=[helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    notes = []
+    inferred = infer_shapes(m, Path("m.onnx"), notes)
+    assert notes == ["value_info of initializer 'scale' contradicts its dims [1]: ignored"]
+    assert [d.dim_param for d in inferred.graph.output[0].type.tensor_type.shape.dim][0] == "n"
+
+
 def test_declared_dtype_contradiction_names_the_dtypes(runner, bases, tmp_path):
     """An input declared bfloat16 where the graph's value_info says int64 (the issue's bf16 input on the
     Llama): one line naming both dtypes."""

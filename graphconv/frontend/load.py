@@ -339,6 +339,7 @@ def infer_shapes(model: onnx.ModelProto, path: Path, notes: list[str] | None = N
     (onnxruntime overrides it too; onnxruntime-genai's builder writes some that contradict): it is dropped,
     with a note. A contradicting element type, or a graph input's or output's declared shape, is refused. Where strict
     inference fails for another reason (an op it cannot infer), the lenient one runs as before."""
+    _drop_value_info_contradicting_initializers(model, notes)
     for _ in range(len(model.graph.value_info) + 1):
         try:
             return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
@@ -363,6 +364,25 @@ def infer_shapes(model: onnx.ModelProto, path: Path, notes: list[str] | None = N
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as e:
         raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
+
+
+def _drop_value_info_contradicting_initializers(model: onnx.ModelProto, notes: list[str] | None) -> None:
+    """A value_info naming an initializer with other dims (transformers' exporter with ort_fusions declares its
+    `unfused_attention_*_scale`, a [1] tensor, as a scalar): the initializer is the value, the hint goes, with a
+    note (onnx's strict inference stops there without naming a node)."""
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    stale = []
+    for vi in model.graph.value_info:
+        tt = vi.type.tensor_type
+        if vi.name in dims and vi.type.HasField("tensor_type") and tt.HasField("shape"):
+            declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if len(declared) != len(dims[vi.name]) or any(d is not None and d != t for d, t in
+                                                          zip(declared, dims[vi.name])):
+                stale.append(vi)
+    for vi in stale:
+        model.graph.value_info.remove(vi)
+        if notes is not None:
+            notes.append(f"value_info of initializer {vi.name!r} contradicts its dims {dims[vi.name]}: ignored")
 
 
 def _type_name(elem_type: int) -> str:

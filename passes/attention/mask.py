@@ -4,7 +4,8 @@ additive, the form FlashAttentionScore takes (opmap/fused/flash_attention.py).
   additive      a float mask in the scores' dtype whose values provably are 0 or <= LARGE_NEGATIVE: built by
                 Where(c, 0, neg) / Where(c, neg, 0), (1 - Cast(bool)) * neg, ConstantOfShape, constants, and
                 Add/Min of such, through Expand/Reshape/Unsqueeze/Squeeze/Slice/Transpose/Tile/Identity/
-                float Cast (an integer mask input cast to float is not provably 0/1 and is refused);
+                float Cast, Gather/GatherElements/GatherND of the data (an integer mask input cast to float is
+                not provably 0/1 and is refused);
   keep_bool     Where(c, scores, fill), c bool and fill <= LARGE_NEGATIVE: becomes the additive
                 Where(c, 0, fill) (S + fill rounds to fill, or underflows in exp like fill: every partly
                 masked row's softmax is bit-identical);
@@ -29,7 +30,10 @@ from passes.attention.sdpa import DOMAIN, Sdpa
 # An additive mask value at or below this discards a position: exp(-1e4 + s - max) is 0 in fp32 for any
 # score |s| < 9000, so the softmax equals FlashAttentionScore's discard.
 LARGE_NEGATIVE = -1e4
-_PASS_THROUGH = {"Expand", "Reshape", "Unsqueeze", "Squeeze", "Slice", "Transpose", "Tile", "Identity", "Flatten"}
+# Ops whose output holds only values of their first input (shape ops, and gathers: a decomposed
+# GroupQueryAttention reads its attention_bias at each key's position with GatherElements).
+_PASS_THROUGH = {"Expand", "Reshape", "Unsqueeze", "Squeeze", "Slice", "Transpose", "Tile", "Identity", "Flatten",
+                 "Gather", "GatherElements", "GatherND"}
 
 
 def _zero_one(value: ir.Value, depth: int = 0) -> bool:

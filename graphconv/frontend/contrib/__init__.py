@@ -29,7 +29,7 @@ import onnx
 from graphconv.errors import UnsupportedError
 from graphconv.onnx_domains import canonical_domain, default_opset, find_default_opset
 from graphconv.frontend.contrib.registry import DECOMPOSITIONS, MICROSOFT, decomposes  # noqa: F401 (API)
-from graphconv.frontend.contrib.rewrite import Rewrite, static_shapes
+from graphconv.frontend.contrib.rewrite import Rewrite, read_values, static_shapes
 
 @functools.cache
 def onnxruntime_ops() -> frozenset[tuple[str, str]]:
@@ -94,6 +94,7 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     opset = default_opset(model)
     taken = {x for n in model.graph.node for x in (*n.input, *n.output, n.name)}
     taken |= {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
+    read = read_values(model)
     counts: collections.Counter[str] = collections.Counter()
     chosen = {id(n) for n in nodes}  # the contrib nodes found above, by the one rule (contrib_nodes)
     new_nodes: list[onnx.NodeProto] = []
@@ -101,7 +102,7 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
         if id(node) not in chosen:
             new_nodes.append(node)
             continue
-        rw = Rewrite(node, shapes, opset, taken)
+        rw = Rewrite(node, shapes, opset, taken, read)
         DECOMPOSITIONS[(canonical_domain(node.domain), node.op_type)](rw)
         new_nodes.extend(rw.finish())
         counts[label(node)] += 1

@@ -27,9 +27,17 @@ fp32 CPU kernel (1.32, measured) rotates them at position s and lets them attend
 the window of position s; none: output 0), and so does the decomposition (the padded keys are in present,
 rotated, as in the kernel). Its fp16 kernel gives other values there when a window is set.
 
+position_ids (B, S) (transformers' exporter with OnnxConfig(ort_fusions=...) writes them): the positions q and the
+new k are rotated at, position_ids[b, s], except for a first prompt, where the kernel reads position_ids[0, 0]
+alone and rotates every row at position_ids[0, 0] + s (measured on 1.32; the schema says "uses only the first
+element"). The causal mask, the window and the cache rows keep p_b + s.
+attention_bias (B|1, N|1, S, total_sequence_length), the exporter's mask: added after the softcap, before the
+causal mask; column = the key's absolute position (a GatherElements at kpos; bias[..., :L] when every row is full).
+float32's lowest value counts as -inf: a row whose every key has it (a padded query row) gives 0, not
+softmax's uniform row (measured; float16: NaN, as the kernel's).
 float16 as the kernel does it where it matters: the softmax in float32 (a Cast island); q·kᵀ stays in float16
 (the kernel's is float32: differences within fp16 tolerance, ~1e-3 measured).
-Refused with the reason: opset < 13, position_ids, attention_bias, quantized caches (k_scale/v_scale, quant types),
+Refused with the reason: opset < 13, quantized caches (k_scale/v_scale, quant types),
 q/k_norm_weight, query_seqlens, the output_qk output or qk_output, causal=0, sliding_window_cache=1.
 """
 
@@ -44,8 +52,7 @@ from graphconv.frontend.contrib.rotary import apply_rotary, ints, widen
 
 FLOAT, FLOAT16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
 INT64 = onnx.TensorProto.INT64
-_REFUSED_INPUTS = {9: "position_ids", 10: "attention_bias", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
-                   15: "k_norm_weight", 16: "query_seqlens"}
+_REFUSED_INPUTS = {12: "k_scale", 13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight", 16: "query_seqlens"}
 
 
 def _dim(rw: Rewrite, value: str, axis: int) -> str:
@@ -67,6 +74,36 @@ def _steps(rw: Rewrite, length: str) -> str:
 
 def _bnsh(rw: Rewrite, x: str, heads: int, head_size: int) -> str:
     return rw.op("Transpose", rw.op("Reshape", x, ints(rw, 0, 0, heads, head_size)), perm=[0, 2, 1, 3])
+
+
+def _rotary_positions(rw: Rewrite, seq: str, total: str, qpos: str) -> str:
+    """The positions q and the new k are rotated at, (B, S): p_b + s without position_ids; with them,
+    position_ids[b, s], except for a first prompt (S == total_sequence_length), where the kernel reads only
+    position_ids[0, 0] and rotates every row at position_ids[0, 0] + s (measured on onnxruntime 1.32, and its
+    schema says so: "when processing the first prompt the kernel uses only the first element")."""
+    if not rw.has(9):
+        return qpos
+    ids = rw.op("Cast", rw.input(9), to=INT64)
+    first = rw.op("Slice", rw.op("Reshape", ids, ints(rw, -1)), ints(rw, 0), ints(rw, 1))  # (1,)
+    from_first = rw.op("Add", rw.op("Unsqueeze", first, ints(rw, 1)), _steps(rw, seq))  # (1, S)
+    positions = rw.op("Where", rw.op("Equal", seq, total), from_first, ids)
+    # reshaped to the query's (B, S), read off its shape: shape inference then knows cos/sin have the query's batch
+    # (an exporter's position_ids may reach here with a batch dim of its own symbol; fuse-rope must prove it)
+    return rw.op("Reshape", positions, rw.op("Slice", rw.op("Shape", rw.input(0)), ints(rw, 0), ints(rw, 2)))
+
+
+def _bias_at_key_positions(rw: Rewrite, query: str, kpos: str, length: str) -> str:
+    """attention_bias (B|1, N|1, S, T), its last axis indexed by absolute key position, as (B, N|1, S, L) over
+    the Concat(past, new) keys: column kpos[b, j] for key j (a gather, clipped for the keys the mask drops). When
+    every row is full (T_b = P + S) kpos[b, j] = j and this is bias[..., :L]."""
+    bias = rw.input(10)
+    batch = _dim(rw, query, 0)
+    bias = rw.op("Expand", bias, rw.op("Concat", batch, ints(rw, 1, 1, 1), axis=0))  # (B, N|1, S, T)
+    columns = _dim(rw, bias, 3)
+    col = rw.op("Max", rw.op("Min", kpos, rw.op("Sub", columns, ints(rw, 1))), ints(rw, 0))
+    shape = rw.op("Concat", rw.op("Slice", rw.op("Shape", bias), ints(rw, 0), ints(rw, 3)), length, axis=0)
+    index = rw.op("Expand", rw.op("Unsqueeze", col, ints(rw, 1, 2)), shape)
+    return rw.op("GatherElements", bias, index, axis=3)
 
 
 def _check(rw: Rewrite) -> None:
@@ -130,11 +167,12 @@ def group_query_attention(rw: Rewrite) -> None:
 
     if rw.attr("do_rotary", 0):
         cos_cache, sin_cache = rw.input(7), rw.input(8)
+        rpos = _rotary_positions(rw, seq, total, qpos)
         half = rw.static_dim(cos_cache, 1)
         if not cos_cache or not sin_cache or half is None or 2 * half > h:
             rw.fail("do_rotary needs cos_cache/sin_cache of a static last dim <= head_size / 2")
         interleaved = bool(rw.attr("rotary_interleaved", 0))
-        cos, sin = (rw.op("Unsqueeze", widen(rw, rw.op("Gather", c, qpos, axis=0), 2 * half, interleaved),
+        cos, sin = (rw.op("Unsqueeze", widen(rw, rw.op("Gather", c, rpos, axis=0), 2 * half, interleaved),
                           ints(rw, 1)) for c in (cos_cache, sin_cache))  # (B, 1, S, R)
         q = apply_rotary(rw, q, cos, sin, h, 2 * half, interleaved)
         k = apply_rotary(rw, k, cos, sin, h, 2 * half, interleaved)
@@ -171,7 +209,14 @@ def group_query_attention(rw: Rewrite) -> None:
     if softcap > 0:
         c = rw.const(np_dt(softcap))
         scores = rw.op("Mul", rw.op("Tanh", rw.op("Div", scores, c)), c)
-    masked = rw.op("Where", attend, scores, rw.const(np_dt(-np.inf)))
+    if rw.has(10):  # attention_bias, added after the softcap, read at each key's absolute position
+        bias = _bias_at_key_positions(rw, query, kpos, length)
+        inf = rw.const(np_dt(-np.inf))
+        if dtype == FLOAT:  # float32's lowest is -inf to the kernel: a row whose every key has it gives 0 (measured)
+            bias = rw.op("Where", rw.op("Equal", bias, rw.const(np.float32(np.finfo(np.float32).min))), inf, bias)
+        masked = rw.op("Add", scores, rw.op("Where", attend, bias, inf))
+    else:
+        masked = rw.op("Where", attend, scores, rw.const(np_dt(-np.inf)))
     if dtype != FLOAT:  # the kernel's softmax is float32
         masked = rw.op("Cast", masked, to=FLOAT)
     sink = rw.input(11) if rw.has(11) else (rw.const(np.zeros(n, np_dt)) if rw.attr("smooth_softmax", 0) == 1 else "")
@@ -185,7 +230,8 @@ def group_query_attention(rw: Rewrite) -> None:
         probs = rw.op("Slice", probs, ints(rw, 0), rw.op("Add", past, seq), ints(rw, -1))
     else:
         probs = rw.op("Softmax", masked, axis=-1)
-    if window > 0:  # a padded row whose window holds no valid key gives 0 (the kernel's), not NaN
+    if window > 0 or (rw.has(10) and dtype == FLOAT):  # a row with no key left gives 0 (the kernel's), not NaN
+        # (float16 with a bias: NaN, as the kernel, measured)
         zero32 = rw.const(np.array(0, np.float32))  # (probs are float32 here)
         probs = rw.op("Where", rw.op("IsNaN", probs), zero32, probs)
     if dtype != FLOAT:

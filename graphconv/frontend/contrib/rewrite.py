@@ -31,21 +31,48 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[list, int]]:
     for t in model.graph.initializer:
         shapes[t.name] = (list(t.dims), t.data_type)
     ssi = symbolic_inference(bare, auto_merge=True, guess_output_rank=True)
-    if ssi is None:
-        return shapes
-    ssi._update_output_from_vi()
-    inferred = ssi.out_mp_
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+    if ssi is not None:
+        ssi._update_output_from_vi()
+        inferred = ssi.out_mp_
+        _add_declared(shapes, list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output))
+    # What inference left unknown, the model's own declarations give (the dynamo exporter declares every value;
+    # onnxruntime's inference stops past a GroupQueryAttention whose total_sequence_length it cannot read).
+    declared = {}
+    _add_declared(declared, list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output))
+    return {**declared, **shapes}
+
+
+def _add_declared(shapes: dict, infos) -> None:
+    for vi in infos:
         tt = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and tt.HasField("shape"):
+        if vi.type.HasField("tensor_type") and tt.HasField("shape") and tt.elem_type:
             shapes[vi.name] = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                                 for d in tt.shape.dim], tt.elem_type)
-    return shapes
+
+
+def read_values(model: onnx.ModelProto) -> set[str]:
+    """Every value some node reads (in subgraphs too) or the graph outputs: an output named but read by nothing
+    (onnxscript's fusions name every output of the contrib nodes they write) is not the model's to compute."""
+    read = {o.name for o in model.graph.output}
+    todo = [model.graph]
+    while todo:
+        graph = todo.pop()
+        for n in graph.node:
+            read.update(n.input)
+            for a in n.attribute:
+                todo.extend([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))
+        read.update(o.name for o in graph.output)
+    read.discard("")
+    return read
 
 
 class Rewrite:
-    def __init__(self, node: onnx.NodeProto, shapes: dict, opset: int, taken: set[str]):
+    def __init__(self, node: onnx.NodeProto, shapes: dict, opset: int, taken: set[str],
+                 read: set[str] | None = None):
+        """`read`: the values the model reads (read_values); an output of the node outside it counts as unused.
+        None: every named output is used."""
         self.node = node
+        self._read = read
         self.opset = opset
         self._shapes = shapes
         self._taken = taken
@@ -66,7 +93,8 @@ class Rewrite:
 
     def output(self, i: int) -> str:
         """The i-th output's name, or '' when the model does not use it."""
-        return self.node.output[i] if i < len(self.node.output) else ""
+        name = self.node.output[i] if i < len(self.node.output) else ""
+        return name if self._read is None or name in self._read else ""
 
     def shape(self, value: str) -> list | None:
         s = self._shapes.get(value)
@@ -122,7 +150,7 @@ class Rewrite:
 
     def finish(self) -> list[onnx.NodeProto]:
         produced = {o for n in self._nodes for o in n.output}
-        missing = [o for o in self.node.output if o and o not in produced]
+        missing = [o for i, o in enumerate(self.node.output) if self.output(i) and o not in produced]
         if missing:
             self.fail(f"the decomposition does not compute output(s) {missing} (a graphconv bug)")
         return self._nodes
