@@ -522,6 +522,7 @@ class Oracle:
         try:
             out = self._ort(cases)
             self.name = "onnxruntime"
+            self.fallback_reason = None  # (an earlier call's: these outputs are onnxruntime's)
             return out
         except Exception as e:  # noqa: BLE001 - any ORT failure sends us to the fallback
             if not fallback:
