@@ -449,8 +449,8 @@ def conv_transpose(n):
     (negative: cropped; output_padding at the end), the kernel is transposed per group and flipped. pads
     follow the spec: from output_shape or auto_pad (total padding split begin/end) when given, else `pads`."""
     xs, ws = n.shape(0), n.shape(1)
-    if xs is None or ws is None or not all(isinstance(d, int) for d in xs[1:] + ws):
-        n.fail("static input (but the batch) and weight shapes are needed")
+    if xs is None or ws is None or not all(isinstance(d, int) for d in ws):
+        n.fail("a known input rank and a static weight shape are needed")
     spatial = len(ws) - 2
     if spatial not in (1, 2, 3):
         n.fail(f"{spatial}-D transposed convolution is not supported")
@@ -466,6 +466,8 @@ def conv_transpose(n):
     if out_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out_shape = [d * s for d, s in zip(in_dims, strides)]
     if out_shape is not None:
+        if not all(isinstance(d, int) for d in in_dims):
+            n.fail("output_shape or a SAME auto_pad needs static spatial input dims")
         out_shape = list(out_shape)[-spatial:]
         total = [s * (d - 1) + op + k - o for s, d, op, k, o in zip(strides, in_dims, out_pad, k_eff, out_shape)]
         begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
@@ -480,20 +482,15 @@ def conv_transpose(n):
     w = n.call("ops.transpose", w, (0, 2, 1) + tuple(range(3, 3 + spatial)))
     w = n.call("ops.reshape", w, (cout, cin // group) + tuple(kernel))
     w = n.call("ops.flip", w, tuple(range(2, 2 + spatial)))
-    dims = list(xs)
-    for a, s in enumerate(strides):
-        if s == 1 or dims[2 + a] == 0:
+    for a, s in enumerate(strides):  # s-1 zeros after each element, the last s-1 dropped: (d-1)*s+1
+        if s == 1 or in_dims[a] == 0:
             continue
-        ax = 2 + a
-        reps = [1] * (len(dims) + 1)
-        reps[ax + 1] = s - 1
+        ax = 2 + a  # (no size is named, so the spatial dims may be dynamic)
         grown = n.call("ops.expand_dims", x, ax + 1)
-        zeros = n.call("ops.tile", n.call("ops.zeros_like", grown), tuple(reps))
-        merged = dims[:ax] + [dims[ax] * s] + dims[ax + 1:]
-        merged[0] = -1
-        x = n.call("ops.reshape", n.call("ops.concat", (grown, zeros), ax + 1), tuple(merged))
-        dims[ax] = (dims[ax] - 1) * s + 1
-        x = n.getitem(x, tuple([slice(None)] * ax) + (slice(None, dims[ax]),))
+        after = len(xs) - 1 - ax  # axes after the new one
+        x = n.call("ops.pad", grown, (0, 0) * (after) + (0, s - 1))
+        x = n.call("ops.flatten", x, start_dim=ax, end_dim=ax + 1)
+        x = n.getitem(x, tuple([slice(None)] * ax) + (slice(None, -(s - 1)),))
     pad_b = [k - 1 - p for k, p in zip(k_eff, pads[:spatial])]
     pad_e = [k - 1 - p + op for k, p, op in zip(k_eff, pads[spatial:], out_pad)]
     if any(pad_b) or any(pad_e):

@@ -759,6 +759,11 @@ case("ConvTranspose_1d_output_shape", "ConvTranspose", [x("batch", 2, 6), k(weig
      {"strides": [2], "output_shape": [13]})
 case("ConvTranspose_3d_same_upper", "ConvTranspose", [x("batch", 1, 3, 4, 2), k(weights(1, 2, 2, 2, 2))],
      {"strides": [2, 2, 2], "auto_pad": "SAME_UPPER"})
+# dynamic spatial dims (PaddleOCR's DB head upsamples by 2 x 2 kernels at stride 2)
+case("ConvTranspose_dynamic_spatial_stride2", "ConvTranspose",
+     [x("batch", 2, "h", "w"), k(weights(2, 3, 2, 2)), k(weights(3, seed=1))], {"strides": [2, 2]})
+case("ConvTranspose_dynamic_1d_stride3_pads", "ConvTranspose", [x("batch", 2, "seq"), k(weights(2, 3, 4))],
+     {"strides": [3], "pads": [1, 2], "output_padding": [1]})
 
 # pooling beyond MindSpore's 2-D float primitives: window pooling
 case("MaxPool_1d", "MaxPool", [x("batch", 3, 9)], {"kernel_shape": [3], "strides": [2]})
@@ -1272,6 +1277,8 @@ refusal("Resize_dynamic_asymmetric_round_3x", "whole scales.*scales \\[1.0, 1.0,
         {"mode": "nearest", "coordinate_transformation_mode": "asymmetric"}, opset=13)
 refusal("Resize_dynamic_sizes", "sizes instead of scales", "Resize",
         [x("batch", 2, "h", "w"), None, None, k([1, 2, 8, 8], I64)], {"mode": "nearest"}, opset=13)
+refusal("ConvTranspose_dynamic_output_shape", "output_shape or a SAME auto_pad needs static spatial", "ConvTranspose",
+        [x("batch", 2, "seq"), k(weights(2, 3, 3))], {"strides": [2], "output_shape": [13]})
 refusal("QuantizeLinear_int4", "INT4 is not supported", "QuantizeLinear",
         [x(4, 6), x(4, 3, name="scale", gen=positive)], {"axis": 1, "block_size": 2,
                                                           "output_dtype": onnx.TensorProto.INT4}, opset=21)
