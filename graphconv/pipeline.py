@@ -33,7 +33,7 @@ from graphconv.progress import SILENT, Progress
 from graphconv.report import Report, model_info, op_histogram
 from graphconv.runtime import child, scheduling
 from graphconv.target import emit, layers, lowering, targets
-from graphconv.verify import census, compare, precision_checks, reference
+from graphconv.verify import census, compare, observed_ranks, precision_checks, reference
 from graphconv.stage_results import Emitted, Loaded, Lowered, Validated
 from graphconv import verification
 from graphconv.verification import Verification
@@ -244,6 +244,19 @@ class Compiler:
                         return dataclasses.replace(checked, model=original)
         return checked
 
+    def observed_ranks(self, loaded: Loaded, checked: Validated, cases) -> Validated:
+        """The ranks onnx's shape inference could not give, from onnxruntime's run on the reference cases
+        (graphconv/verify/observed_ranks.py); not at sizes run layer by layer, nor without a run."""
+        if checked.expected is None or loaded.layer_streamed or loaded.model.external_bytes:
+            return checked
+        model, given = observed_ranks.complete(checked.model, cases, reference.Oracle)
+        if not given:
+            return checked
+        shown = ", ".join(repr(n) for n in given[:3]) + (f" and {len(given) - 3} more" if len(given) > 3 else "")
+        self.report.warnings.append(f"onnx's shape inference left the rank of {len(given)} values unknown ({shown}): "
+                                    "they have the ranks onnxruntime's run gave")
+        return dataclasses.replace(checked, model=infer_shapes(model, self.model_path))
+
     def _at_a_stride(self, model: LoadedModel, oracle, cases, why: str) -> tuple[list | None, list, list[str]]:
         """The generated inputs did not serve (`why`): the oracle's outputs and the cases again, with every free
         dim but the batch at multiples of 32, then of 64 (reference.STRIDES: the strides detectors and OCR models
@@ -437,6 +450,7 @@ class Compiler:
         cases = self.reference_cases(loaded)
         checked = self.validate(loaded, self.simplify(loaded.model, ws), cases)
         cases = checked.cases or cases
+        checked = self.observed_ranks(loaded, checked, cases)
         spill = weights.SpillFile(ws.path("made-weights.bin")) if loaded.model.external_bytes else None
         fused = self.fuse(checked.model, cases, checked.expected, spill)
         if self.opt.precision != "fp32":

@@ -102,7 +102,7 @@ LAYERS = [
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
      "graphconv.verify.dims", "graphconv.verify.outputs", "graphconv.verify.integer_products",
-     "graphconv.verify.exact"),  # the oracle's side
+     "graphconv.verify.exact", "graphconv.verify.observed_ranks"),  # the oracle's side
     ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the compiler to MindSpore
     ("graphconv.runtime",),                           # what runs compiled programs: MindSpore children
     ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.verify.precision_checks",
