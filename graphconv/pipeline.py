@@ -69,7 +69,8 @@ def _too_small(expected: list[dict], cases, model: onnx.ModelProto) -> str | Non
     empty = next((name for outs in expected for name, v in outs.items() if getattr(v, "size", 1) == 0), None)
     if empty is not None:
         return f"made output {empty!r} empty"
-    window = next((w for c in cases if (w := reference.window_too_large(model, c))), None)
+    window = next((w for c in cases if (w := reference.window_too_large(
+        model, c, lambda names: observed_ranks.observed_shapes(model, c, names, reference.Oracle)))), None)
     return None if window is None else f"are smaller than the window of {window}"
 
 
@@ -219,7 +220,10 @@ class Compiler:
                         from None
             small = _too_small(expected, cases, original)
             if small and not self.opt.inputs and not self.opt.dims:  # sizes too small for the model's strides
-                again, strided, _ = self._at_a_stride(loaded.model, oracle, cases, f"the generated inputs {small}")
+                again, strided, tried = self._at_a_stride(loaded.model, oracle, cases, f"the generated inputs {small}")
+                if again is None and "window" in small:  # (MindSpore refuses a window larger than its input)
+                    raise UnsupportedError(f"the generated inputs {small} at {'; then '.join(tried)}: give the sizes "
+                                           "the model takes, --dim NAME=A,B for its free dims, or --inputs")
                 expected, cases = (again, strided) if again is not None else (expected, cases)
             self.report.validation["oracle"] = oracle.name
             if oracle.exact:

@@ -249,3 +249,24 @@ def test_the_search_for_sizes_never_falls_back_to_the_reference_evaluator():
     (out,) = [o["y"] for o in oracle.run(cases[:1])]
     assert oracle.name == "onnx.reference"
     np.testing.assert_allclose(out, [erf(v) for v in cases[0].inputs["x"]], rtol=1e-6)  # (its Erf: float32)
+
+
+def test_a_window_no_stride_fills_is_one_line_naming_it(tmp_path):
+    """An average pool of window and stride 100 behind a Reshape to a computed shape (onnx's inference cannot
+    size the pool's input: the sizes come from onnxruntime's run of each case) is larger than its input at the
+    generated sizes and at multiples of 32 and 64, where onnxruntime still pools to 1 (its division truncates):
+    exit 1 naming the window and what to give, before any lowering (MindSpore refuses the window)."""
+    m = helper.make_node
+    nodes = [m("Shape", ["x"], ["s"]), m("Greater", ["s", "zero"], ["pos"]),
+             m("Compress", ["s", "pos"], ["si"], axis=0), m("Reshape", ["x", "si"], ["r"]),
+             m("AveragePool", ["r"], ["y"], kernel_shape=[100], strides=[100])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, ["batch", 1, "width"])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 1, "pooled"])],
+                          [numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    expected = (r"smaller than the window of AveragePool_4 \(window 100 over \d+\) at .*then batch = 3, width = 64: "
+                r"give the sizes the model takes, --dim")
+    with pytest.raises(UnsupportedError, match=expected) as e:
+        graphconv.compile(path, tmp_path / "pool.mindir", target="cpu")
+    assert "\n" not in str(e.value)

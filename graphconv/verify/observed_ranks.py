@@ -24,6 +24,18 @@ def unknown_rank_values(model: onnx.ModelProto) -> list[str]:
     return [o for n in graph.node for o in n.output if o and o not in known]
 
 
+def observed_shapes(model: onnx.ModelProto, case, names: list[str], oracle_factory) -> dict[str, tuple]:
+    """The shapes the values `names` had in onnxruntime's run of `case` ({} where it does not run)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)  # (onnxruntime takes untyped outputs)
+    try:
+        (run,) = oracle_factory(probe).run([case], fallback=False)
+    except UnsupportedError:
+        return {}
+    return {n: tuple(run[n].shape) for n in names if n in run}
+
+
 def complete(model: onnx.ModelProto, cases, oracle_factory) -> tuple[onnx.ModelProto, list[str]]:
     """`model` with a shape of the observed rank for each value whose rank was unknown (where every case ran
     with one rank), and the names given one. `oracle_factory(model)` -> an object with

@@ -285,11 +285,13 @@ def _np_dtype_name(elem_type: int) -> str:
 _WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool")
 
 
-def window_too_large(model: onnx.ModelProto, case: "ReferenceCase") -> str | None:
+def window_too_large(model: onnx.ModelProto, case: "ReferenceCase", observe=None) -> str | None:
     """The first windowed node (Conv, pooling) whose window, at `case`'s input sizes, is larger than its padded
     input (shape inference on the model with those sizes fixed), as `node (window 32 over 5)`; else None. ONNX's
     own inference and onnxruntime still give such a node an output of 1 (their division truncates toward zero)
-    where MindSpore refuses an output of 0: sizes the model is not meant for, which the generator avoids."""
+    where MindSpore refuses an output of 0: sizes the model is not meant for, which the generator avoids. Where
+    inference cannot size a window's input (after a Reshape to a computed shape), `observe(names)` -> {name:
+    shape} gives the sizes a run of the case had (graphconv/verify/observed_ranks.py), if given."""
     if not any(n.op_type in _WINDOWED for n in model.graph.node):
         return None
     fixed = onnx.ModelProto()
@@ -307,26 +309,35 @@ def window_too_large(model: onnx.ModelProto, case: "ReferenceCase") -> str | Non
         return None
     shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
               for vi in list(inferred.graph.value_info) + list(inferred.graph.input)}
-    weights_dims = {t.name: list(t.dims) for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type not in _WINDOWED or not n.input:
-            continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
-            continue
-        kernel = attrs.get("kernel_shape") or (weights_dims.get(n.input[1], [])[2:] if len(n.input) > 1 else [])
+    windows = [w for n in model.graph.node if (w := _window(n, model)) is not None]
+    unsized = [n.input[0] for n, _, _, _ in windows if None in (shapes.get(n.input[0]) or [None])]
+    if unsized and observe is not None:
+        shapes.update({name: list(shape) for name, shape in observe(sorted(set(unsized))).items()})
+    for n, kernel, pads, dilations in windows:
         spatial = (shapes.get(n.input[0]) or [])[2:]
-        if not kernel or len(spatial) != len(kernel):
+        if len(spatial) != len(kernel):
             continue
-        pads = list(attrs.get("pads") or [0] * 2 * len(kernel))
-        dilations = list(attrs.get("dilations") or [1] * len(kernel))
-        if len(pads) != 2 * len(kernel) or len(dilations) != len(kernel):
-            continue  # (attributes the checker refuses: not this function's to judge)
         for k, (size, width) in enumerate(zip(spatial, kernel)):
             extent = (width - 1) * dilations[k] + 1
             if size is not None and size + pads[k] + pads[k + len(kernel)] < extent:
                 return f"{n.name or n.op_type} (window {extent} over {size})"
     return None
+
+
+def _window(n: onnx.NodeProto, model: onnx.ModelProto) -> tuple | None:
+    """(node, kernel, pads, dilations) of a windowed node with explicit padding, else None."""
+    if n.op_type not in _WINDOWED or not n.input:
+        return None
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
+        return None
+    weight = next((t for t in model.graph.initializer if len(n.input) > 1 and t.name == n.input[1]), None)
+    kernel = list(attrs.get("kernel_shape") or (list(weight.dims)[2:] if weight is not None else []))
+    pads = list(attrs.get("pads") or [0] * 2 * len(kernel))
+    dilations = list(attrs.get("dilations") or [1] * len(kernel))
+    if not kernel or len(pads) != 2 * len(kernel) or len(dilations) != len(kernel):
+        return None  # (attributes the checker refuses: not this function's to judge)
+    return n, kernel, pads, dilations
 
 
 def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
