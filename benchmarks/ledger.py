@@ -70,8 +70,8 @@ def reason_from(stderr: str, limit: int = 240) -> str:
 # --- enumeration and classification ------------------------------------------------------------------------------
 
 # Module class names marking a state-space or linear-attention layer (ledgered in their own row).
-_HYBRID = re.compile(r"Mamba|SSM|Mixer$|DeltaNet|LinearAttention|Lightning|Recurrent|Rwkv|xLSTM|mLSTM|sLSTM|"
-                     r"ShortConv|Conv1dLayer|RGLRU|KimiDelta|Linear(Attn|Attention)", re.I)
+_HYBRID = re.compile(r"Mamba|SSM|Mixer$|DeltaNet|LinearAttention|Lightning|Recurrent|Rwkv|RWKV|xLSTM|mLSTM|sLSTM|"
+                     r"ShortConv|Conv1dLayer|RGLRU|KimiDelta|Linear(Attn|Attention)")
 
 
 def model_types() -> list[str]:
@@ -90,6 +90,9 @@ def static_exclusion(model_type: str) -> tuple[str, str] | None:
         seq2seq = (ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.get(model_type)
                    or ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES[model_type])
         return "encoder-decoder", f"{cls} is the decoder of the encoder-decoder {seq2seq}"
+    if model_type in ma.MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES or \
+            model_type in ma.MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES:
+        return "multimodal", f"{cls}: a decoder of audio codes (a text-to-audio model), not of text"
     if model_type in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return "encoder", (f"an encoder with a LM head: {cls} is the masked LM "
                            f"{ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES[model_type]} run with is_decoder=True")
@@ -143,7 +146,8 @@ SHRINK = {
     ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"): 1,
     ("n_group", "topk_group"): 1,
     ("first_k_dense_replace", "first_k_dense", "moe_layer_start_index"): 1,
-    ("kv_lora_rank",): 32, ("q_lora_rank",): 32, ("qk_rope_head_dim",): 8, ("qk_nope_head_dim",): 16,
+    ("kv_lora_rank",): 32, ("q_lora_rank",): 32, ("qk_rope_head_dim",): 16, ("qk_nope_head_dim",): 16,
+    ("rotary_dim",): 8,  # GPT-J, CodeGen: partial rotary inside the shrunk head_dim 16
     ("v_head_dim",): 16,
     ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"): 256,
     ("state_size", "ssm_state_size", "mamba_d_state"): 16,
@@ -164,16 +168,56 @@ def shrink_kwargs(defaults: dict) -> dict:
             v = defaults.get(k)
             if k in defaults and isinstance(v, (int, float)) and not isinstance(v, bool):
                 kw[k] = value
+    if "head_dim" in defaults and defaults["head_dim"] is None:  # Ministral, Hunyuan: None is not derived
+        kw["head_dim"] = 16
+    for k, v in defaults.items():  # Bamba's attn_layer_indices: the second layer attends
+        if k.endswith("layer_indices") and isinstance(v, list) and v:
+            kw[k] = [1]
     for k in TOKEN_KEYS:  # special ids inside the shrunk vocabulary
         v = defaults.get(k)
         if isinstance(v, int) and v >= 300:
             kw[k] = {"pad_token_id": 0, "bos_token_id": 1}.get(k, 2)
         elif isinstance(v, list):
             kw[k] = [i if i < 300 else 2 for i in v]
-    for k in ("layer_types", "mlp_layer_types", "layers_block_type", "no_rope_layers", "mlp_only_layers"):
-        if isinstance(defaults.get(k), list):  # per-layer lists: the first two (regenerated where None)
-            kw[k] = defaults[k][:2] or None
+    layers = next((defaults[k] for k in SHRINK_LAYER_KEYS if isinstance(defaults.get(k), int)), None)
+    for k, v in defaults.items():  # per-layer lists and patterns: two layers, of two kinds where there are two
+        if isinstance(v, (list, str)) and layers and len(v) == layers and k not in ("architectures",):
+            kw[k] = _two_layers(v)
+    if isinstance(defaults.get("attention_types"), list):  # GPT-Neo: [[["global", "local"], 12]]
+        kw["attention_types"] = [[defaults["attention_types"][0][0], 1]]
+    for k in ("attn_layer_period", "expert_layer_period"):  # Jamba: every 2nd layer, the second one
+        if isinstance(defaults.get(k), int):
+            kw[k], kw[k.replace("period", "offset")] = 2, 1
+    expand = defaults.get("mamba_expand") or defaults.get("expand")
+    if isinstance(expand, (int, float)) and any(k in defaults for k in ("state_size", "ssm_state_size",
+                                                                        "mamba_d_state")):
+        # Mamba-2 heads tile the inner width expand x hidden: heads x head_dim 16 must equal it
+        for k in ("mamba_n_heads", "num_heads"):
+            if k in kw:
+                kw[k] = int(expand * kw.get("hidden_size", 64)) // 16
+        for k in ("n_groups", "mamba_n_groups"):
+            if isinstance(defaults.get(k), int):
+                kw[k] = 1
+    if isinstance(defaults.get("kv_lora_rank"), int):  # MLA decompresses one k/v per query head: no GQA
+        for k in ("num_key_value_heads",):
+            if k in kw:
+                kw[k] = 4
+    for k in ("index_n_heads", "index_num_heads"):  # DeepSeek-V3.2's indexer: at most the query heads
+        if isinstance(defaults.get(k), int):
+            kw[k] = 2
+    if isinstance(defaults.get("index_head_dim"), int):
+        kw["index_head_dim"] = 16
     return kw
+
+
+SHRINK_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
+
+
+def _two_layers(v):
+    """The first layer and the first of another kind (a hybrid keeps one attention layer), in order."""
+    other = next((i for i, x in enumerate(v) if x != v[0]), 1)
+    two = [v[0], v[other]]
+    return "".join(two) if isinstance(v, str) else two
 
 
 def build_config(model_type: str):
@@ -278,8 +322,9 @@ def expected_census(model, inputs: dict) -> tuple[dict, dict]:
 # --- preparing one type (run in a child process) ----------------------------------------------------------------
 
 
-def prepare(model_type: str, out: Path) -> dict:
-    """Classify, build, count and save one type: the entry's static part."""
+def prepare(model_type: str, out: Path, save: bool = True) -> dict:
+    """Classify, build, count and save one type: the entry's static part (`save` False: classify and count
+    only, nothing written, no reference generation)."""
     import torch
     from transformers.models.auto import modeling_auto as ma
     from transformers.utils import logging as tf_logging
@@ -313,6 +358,8 @@ def prepare(model_type: str, out: Path) -> dict:
     census, facts = expected_census(model, {"input_ids": ids, "attention_mask": mask})
     entry["expected"] = census
     entry["expected_from"] = facts
+    if not save:
+        return entry
     model.save_pretrained(out / "ckpt")
     if entry["has_cache"]:
         entry["torch_tokens"] = _torch_greedy(model, config)
@@ -472,6 +519,31 @@ def census_misses(entry: dict) -> list[str]:
 # --- the run -----------------------------------------------------------------------------------------------------
 
 
+def classify(model_type: str, timeout: float) -> dict:
+    """`prepare` in this process, without a checkpoint; a failure to build is the entry's reason."""
+    import signal
+
+    def alarm(*_):
+        raise TimeoutError(f"build timed out after {timeout:.0f} s")
+
+    signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(int(timeout))
+    t0 = time.time()
+    try:
+        entry = prepare(model_type, Path("."), save=False)
+    except Exception as e:  # noqa: BLE001 - the ledger records why a type does not build
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as names
+
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+        entry = {"type": model_type, "class": names[model_type], "category": "build-failed",
+                 "reason": f"{type(e).__name__}: {first[:200]}".replace("|", "/")}
+    finally:
+        signal.alarm(0)
+    entry["build_seconds"] = round(time.time() - t0, 1)
+    entry["stages"] = {}
+    return entry
+
+
 def run_prepare_child(model_type: str, d: Path, timeout: float) -> dict:
     t0 = time.time()
     try:
@@ -504,7 +576,8 @@ def run_type(model_type: str, work: Path, stages: list[str], timeout: float, res
         entry = results[model_type] = {"type": model_type, "class": names[model_type], "category": "excluded",
                                        "excluded": ex[0], "reason": ex[1], "stages": {}}
         save()
-    if entry is None or "category" not in entry:
+    if entry is None or "category" not in entry or (entry["category"] in ("decoder", "hybrid")
+                                                    and not (d / "ckpt").is_dir()):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         entry = run_prepare_child(model_type, d, timeout)
@@ -544,6 +617,10 @@ def main(argv=None) -> int:
     ap.add_argument("--doc", type=Path, help="write the markdown ledger here (e.g. docs/architectures.md)")
     ap.add_argument("--list", action="store_true", help="print the enumerated types and exit")
     ap.add_argument("--doc-only", action="store_true", help="write --doc from WORK/results.json, run nothing")
+    ap.add_argument("--classify", action="store_true",
+                    help="classify, build and count every type in this process (no CLI stages, no checkpoint)")
+    ap.add_argument("--merge", type=Path, help="with --doc-only: fill types missing from WORK from this "
+                                               "other work dir's results.json (a --classify run)")
     ap.add_argument("--prepare", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.prepare:  # the child: classify, build, count, save
@@ -565,7 +642,11 @@ def main(argv=None) -> int:
     if a.doc_only:
         from transformers import __version__ as tv
 
-        a.doc.write_text(render(json.loads(rfile.read_text()), types, tv))
+        data = json.loads(rfile.read_text())
+        if a.merge:
+            for t, e in json.loads((a.merge / "results.json").read_text())["types"].items():
+                data["types"].setdefault(t, e)
+        a.doc.write_text(render(data, types, tv))
         return 0
     a.work.mkdir(parents=True, exist_ok=True)
     data = json.loads(rfile.read_text()) if a.resume and rfile.exists() else {"types": {}, "runs": []}
@@ -579,6 +660,11 @@ def main(argv=None) -> int:
     t0 = time.time()
     for i, t in enumerate(chosen, 1):
         print(f"[{i}/{len(chosen)}] {t}", flush=True)
+        if a.classify:
+            if t not in results:
+                results[t] = classify(t, a.timeout)
+                save()
+            continue
         run_type(t, a.work, stages, a.timeout, results, save)
     data["runs"].append({"types": len(chosen), "seconds": round(time.time() - t0, 1),
                          "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})

@@ -38,11 +38,14 @@ def test_census_from_the_module_tree_matches_the_zoo(name):
 
 
 def test_shrink_is_generic():
-    kw = ledger.shrink_kwargs({"num_hidden_layers": 32, "hidden_size": 4096, "num_key_value_heads": 8,
+    """Known keys shrunk, None kept, ids inside the vocabulary, per-layer lists cut to two layers of two kinds
+    (a hybrid keeps an attention layer)."""
+    kw = ledger.shrink_kwargs({"num_hidden_layers": 4, "hidden_size": 4096, "num_key_value_heads": 8,
                                "q_lora_rank": None, "vocab_size": 151936, "eos_token_id": 151645,
-                               "tie_word_embeddings": True, "layer_types": ["a", "b", "c"]})
+                               "tie_word_embeddings": True, "layer_types": ["lin", "lin", "lin", "full"],
+                               "pattern": "MM*M"})
     assert kw == {"num_hidden_layers": 2, "hidden_size": 64, "num_key_value_heads": 2, "vocab_size": 300,
-                  "eos_token_id": 2, "layer_types": ["a", "b"]}
+                  "eos_token_id": 2, "layer_types": ["lin", "full"], "pattern": "M*"}
 
 
 # --- classification and outcomes ---------------------------------------------------------------------------------
