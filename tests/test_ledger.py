@@ -98,7 +98,8 @@ def test_llama_through_every_stage(tmp_path):
     assert e["stages"]["generate"]["token_exact"] and e["stages"]["generate"]["argmax_match"]
     assert ledger.census_misses(e) == [] and ledger.verdict(e) == "verified"
     text = doc.read_text()
-    assert "| llama | LlamaForCausalLM | ok | ok | ok | ok | ok | FA 2/2, RMS 5/5, RoPE 4/4, SwiGLU 2/2 |" in text
+    assert "| llama | LlamaForCausalLM | verified | ok | ok | ok | ok | ok | FA 2/2, RMS 5/5, RoPE 4/4, SwiGLU 2/2 |" \
+        in text
 
 
 @pytest.mark.ledger
