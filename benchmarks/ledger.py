@@ -733,6 +733,11 @@ def _census(entry: dict) -> str:
     return ", ".join(parts) or "–"
 
 
+def type_seconds(entry: dict) -> float:
+    """What one type cost: its build child plus every stage it ran."""
+    return entry.get("build_seconds", 0.0) + sum(s.get("seconds", 0.0) for s in entry.get("stages", {}).values())
+
+
 def render(data: dict, all_types: list[str], tf_version: str) -> str:
     res = data["types"]
     entries = [res.get(t, {"type": t}) for t in all_types]
@@ -743,7 +748,6 @@ def render(data: dict, all_types: list[str], tf_version: str) -> str:
     unknown = [e for e in entries if "category" not in e]
     internal = [e["type"] for e in entries if any(s.get("exit") == 3 for s in e.get("stages", {}).values())]
     runs = data.get("runs", [])
-    wall = sum(r["seconds"] for r in runs)
 
     def stage_counts(group, stage):
         c: dict[str, int] = {}
@@ -798,10 +802,16 @@ def render(data: dict, all_types: list[str], tf_version: str) -> str:
         L.append(f"| {stage} | {stage_counts(decoders, stage)} | {stage_counts(hybrids, stage)} |")
     L += [f"| fused census complete (of compiled) | {census_full(decoders)} | {census_full(hybrids)} |",
           f"| generate token-exact vs transformers (of generated) | {tokens(decoders)} | {tokens(hybrids)} |", ""]
-    if runs:
-        L.append(f"Wall time: {wall / 60:.1f} min over {len(runs)} run(s) on a 2-core host shared with other jobs, "
-                 "one type at a time; " + "; ".join(f"{r['types']} types in {r['seconds'] / 60:.1f} min "
-                                                    f"({r['finished']})" for r in runs) + ".")
+    ran = [e for e in decoders + hybrids if e.get("stages")]
+    spent = sum(type_seconds(e) for e in ran)
+    if ran:
+        full = spent / len(ran) * (len(decoders) + len(hybrids))
+        L.append(f"Time: {spent / 60:.1f} min for the {len(ran)} types run through the CLI (build + every stage, "
+                 f"one type at a time, a 2-core host shared with other jobs: {spent / len(ran):.0f} s a type); "
+                 f"the full run of all {len(decoders) + len(hybrids)} decoders and hybrids at that rate: about "
+                 f"{full / 3600:.1f} h." + (f" Completed runs: " + "; ".join(
+                     f"{r['types']} types in {r['seconds'] / 60:.1f} min ({r['finished']})" for r in runs) + "."
+                     if runs else ""))
         L.append("")
     header = ["| type | class | verdict | " + " | ".join(STAGES) + " | census fused/expected | max abs | misses |",
               "|---" * (len(STAGES) + 6) + "|"]
