@@ -94,8 +94,8 @@ def static_exclusion(model_type: str) -> tuple[str, str] | None:
             model_type in ma.MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES:
         return "multimodal", f"{cls}: a decoder of audio codes (a text-to-audio model), not of text"
     if model_type in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        return "encoder", (f"an encoder with a LM head: {cls} is the masked LM "
-                           f"{ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES[model_type]} run with is_decoder=True")
+        return "encoder", (f"an encoder with a LM head: the type's masked LM is "
+                           f"{ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES[model_type]}; {cls} runs it with is_decoder")
     if model_type in ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES or "ConditionalGeneration" in cls:
         return "multimodal", f"{cls}: a multimodal wrapper (its text decoder is ledgered under its own type)"
     return None
@@ -110,13 +110,14 @@ def dynamic_exclusion(config, model) -> tuple[str, str] | None:
         text = getattr(config, "text_config", None)
         tt = f"; its text decoder is type {text.model_type!r}" if text is not None else ""
         return "multimodal", f"a multimodal wrapper ({', '.join(subs)}){tt}"
-    if "is_decoder" in config.to_dict():  # BertGeneration: BERT layers with a causal mask on request
-        return "encoder", f"an encoder with a LM head: {type(config).__name__} has is_decoder (default False)"
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder", "config.is_encoder_decoder"
     cross = [n for n, _ in model.named_modules() if re.search(r"(encoder_attn|crossattention|cross_attn)$", n)]
     if cross:
         return "encoder-decoder", f"the decoder of an encoder-decoder: cross attention ({cross[0]})"
+    bert = [n for n, _ in model.named_modules() if n.endswith(".attention.self")]
+    if bert:  # BertGeneration: BERT's layer layout, a causal mask on request (is_decoder)
+        return "encoder", f"an encoder with a LM head: BERT's layer layout ({bert[0]}), causal with is_decoder"
     return None
 
 
