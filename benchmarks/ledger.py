@@ -734,6 +734,21 @@ def _census(entry: dict) -> str:
     return ", ".join(parts) or "–"
 
 
+def miss_causes(entry: dict) -> list[str]:
+    """Each miss of a type as a groupable key: a failed stage's reason without its numbers and names, a census
+    miss's primitive and reason."""
+    keys = []
+    for stage, res in entry.get("stages", {}).items():
+        if res.get("reason") and res["outcome"] != "skipped":
+            r = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", res["reason"])
+            r = re.sub(r"model type '[^']*'", "model type T", r)
+            keys.append(f"{stage} {res['outcome']}: {r[:110]}")
+    for line in census_misses(entry):
+        prim, _, why = line.partition(" ")
+        keys.append(f"{prim} unfused: {re.sub(r'[0-9]+', 'N', why.partition(': ')[2])[:110]}")
+    return keys
+
+
 def type_seconds(entry: dict) -> float:
     """What one type cost: its build child plus every stage it ran."""
     return entry.get("build_seconds", 0.0) + sum(s.get("seconds", 0.0) for s in entry.get("stages", {}).values())
@@ -813,6 +828,15 @@ def render(data: dict, all_types: list[str], tf_version: str) -> str:
                  f"{full / 3600:.1f} h." + (f" Completed runs: " + "; ".join(
                      f"{r['types']} types in {r['seconds'] / 60:.1f} min ({r['finished']})" for r in runs) + "."
                      if runs else ""))
+        L.append("")
+    causes: dict[str, list[str]] = {}
+    for e in decoders + hybrids:
+        for key in miss_causes(e):
+            causes.setdefault(key, []).append(e["type"])
+    if causes:
+        L += ["## Misses by cause", "", "| cause | types |", "|---|---|"]
+        for key, ts in sorted(causes.items(), key=lambda kv: -len(kv[1])):
+            L.append(f"| {key} | {len(ts)}: {', '.join(ts)} |")
         L.append("")
     header = ["| type | class | verdict | " + " | ".join(STAGES) + " | census fused/expected | max abs | misses |",
               "|---" * (len(STAGES) + 6) + "|"]
