@@ -745,7 +745,9 @@ def miss_causes(entry: dict) -> list[str]:
             keys.append(f"{stage} {res['outcome']}: {r[:110]}")
     for line in census_misses(entry):
         prim, _, why = line.partition(" ")
-        keys.append(f"{prim} unfused: {re.sub(r'[0-9]+', 'N', why.partition(': ')[2])[:110]}")
+        got, want = map(int, why.partition(":")[0].split("/"))
+        keys.append(f"{prim} {'unfused' if got < want else 'over-counted'}: "
+                    f"{re.sub(r'[0-9]+', 'N', why.partition(': ')[2])[:110]}")
     return keys
 
 
