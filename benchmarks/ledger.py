@@ -793,7 +793,9 @@ def render(data: dict, all_types: list[str], tf_version: str) -> str:
          "`compile` of that folder → `generate --check` (prompts `5,6,7,8;9,10`, 8 new tokens, compared with "
          "transformers' own greedy `generate`). The expected census is counted from the PyTorch module tree in one "
          "forward pass (RMSNorm / LayerNorm modules, outermost attention modules, tensors returned by the modeling "
-         "module's `apply_rotary*`, gated-MLP and GELU activations, MoE routers), never from graphconv's output. "
+         "module's `apply_rotary*`, gated-MLP and GELU activations, MoE routers), never from graphconv's output; "
+         "an activation written inline rather than as a module (gpt-oss's x·sigmoid(1.702x) GLU) is not counted, "
+         "and shows as over-counted. "
          "Regenerate: `python benchmarks/ledger.py --work DIR --resume --doc docs/architectures.md`.", "",
          "## Summary", "",
          "| | count |", "|---|---|",
