@@ -506,7 +506,7 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     if bundle is not None and bundle.exists():
         raise InputError(f"--bundle {bundle} already exists")
     if tp is not None:
-        _check_tp(tp, stateful_cache, bundle, cpu_twin, options)
+        _check_tp(tp, stateful_cache, cpu_twin, options)
     per_inputs = split_inputs(inputs, tuple(sources))
     pair_plan = (meta, sources, options if builder or exported else _prompt_dims(meta, sources, options),
                  graph_dims, None)  # (a builder's graph has its own prompt case: frontend.contrib.cases)
@@ -529,15 +529,13 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     return _compile_into(gen_dir, bundle, export_dir, *pair_plan, per_inputs, cpu_twin, progress, report_path, why)
 
 
-def _check_tp(tp: int, stateful_cache: bool | None, bundle, cpu_twin: bool | None, options: dict) -> None:
+def _check_tp(tp: int, stateful_cache: bool | None, cpu_twin: bool | None, options: dict) -> None:
     """What --tp takes for a generation folder in this version, checked before any work."""
     if not isinstance(tp, int) or tp < 2:
         raise InputError(f"--tp {tp}: give at least 2 ranks")
     if stateful_cache is False:
         raise InputError("--tp: a generation folder compiles with its KV cache held in place only (not with "
                          "--no-stateful-cache)")
-    if bundle is not None:
-        raise InputError("--bundle is not supported with --tp yet")
     if cpu_twin is False:
         raise InputError("--tp: the cpu MindIRs are what generate and the cached-step check run here "
                          "(not with --no-cpu-twin)")
@@ -653,7 +651,12 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
                                             for p in state["params"].values()),
                 "checked": "each rank's prompt call under msrun vs onnxruntime on the unsharded graph (the "
                            "compile's cases); the cached steps by generating under msrun (cache.cached_steps_check)"}
-        if bundle_staging is not None:
+        if bundle_staging is not None and tp is not None:
+            from graphconv.deploy.tensor_parallel import write_tp_generation_bundle
+
+            write_tp_generation_bundle(bundle_staging, staging, report)
+            report["artifacts"]["bundle"] = str(bundle)
+        elif bundle_staging is not None:
             from graphconv.deploy.pair import write_pair_files
 
             write_pair_files(bundle_staging, meta, graphs)

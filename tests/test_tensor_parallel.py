@@ -824,8 +824,8 @@ def test_generate_tp_is_token_exact_with_unsharded_and_transformers(llama_with_p
     from test_generate import NEW, PROMPTS, _hf_generate, _ids_arg, _match
 
     src, export_dir = llama_with_past
-    gen = tmp_path / f"gen-tp{tp}"
-    r = _compile_gen(export_dir, gen, tp, "--target", target)
+    gen, bundle = tmp_path / f"gen-tp{tp}", tmp_path / "bundle"
+    r = _compile_gen(export_dir, gen, tp, "--target", target, *(("--bundle", str(bundle)) if target == "cpu" else ()))
     assert r.returncode == 0, r.stderr
     ranks = [f"rank_{r}.mindir" for r in range(tp)] + [f"rank_{r}.cpu.mindir" for r in range(tp)]
     assert sorted(p.name for p in gen.iterdir()) == sorted(ranks + ["plan.json", "generation.json", "report.json",
@@ -859,6 +859,22 @@ def test_generate_tp_is_token_exact_with_unsharded_and_transformers(llama_with_p
         assert r.returncode == 0, r.stdout[-2000:]
         assert (gen / "generated.txt").read_text().split("\n")[:3] == [" ".join(map(str, s))
                                                                        for s in got["sequences"]]
+    if target == "cpu":  # the bundle: the ranks' MindIRs and what runs them; its launch script gives the tokens
+        assert sorted(p.name for p in bundle.iterdir()) == sorted(
+            [f"rank_{r}.mindir" for r in range(tp)] + ["plan.json", "generation.json", "launch_ascend.sh",
+                                                       "generate_mindspore.py", "README.md"])
+        assert all((bundle / f"rank_{r}.mindir").read_bytes() == (gen / f"rank_{r}.mindir").read_bytes()
+                   for r in range(tp))
+        assert "UNVERIFIED ON ASCEND" in (bundle / "README.md").read_text()
+        if tp == 2:
+            env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                   "MASTER_PORT": str(msrun.free_port())}
+            r = subprocess.run([str(bundle / "launch_ascend.sh"), "--input-ids", _ids_arg(PROMPTS),
+                                "--max-new-tokens", str(NEW), "--device", "CPU"], capture_output=True, text=True,
+                               env=env, timeout=600)
+            assert r.returncode == 0, r.stdout[-2000:]
+            assert (bundle / "generated.txt").read_text().split("\n")[:3] == [" ".join(map(str, s))
+                                                                              for s in got["sequences"]]
 
 
 def test_generation_tp_bad_input_one_line_nothing_written(llama_with_past, tmp_path):

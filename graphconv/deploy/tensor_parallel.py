@@ -8,7 +8,9 @@
     compare_outputs.py    a rank's outputs against the reference (numpy only)
     README.md, manifest.json
 
-The rank files are the --tp output directory's, hard-linked where the filesystem allows. The single-device
+The rank files are the --tp output directory's, hard-linked where the filesystem allows. A generation folder
+compiled with --tp gets its own (write_tp_generation_bundle): the ranks' MindIRs, the plan, generation.json, the
+msrun launch script and the generation script every rank runs. The single-device
 bundle's Lite and ATC routes are not written: graphconv has not checked that converter_lite or ATC take a
 graph holding collectives.
 """
@@ -70,3 +72,41 @@ def _readme(name: str, tp: int, cases_meta: list[dict], ranks: list[dict], statu
             + rows + "\n\n"
             f"UNVERIFIED ON ASCEND: {UNVERIFIED}. The Lite and ATC routes of a single-device bundle are not "
             "offered:\ngraphconv has not checked that converter_lite or ATC take a graph holding collectives.\n")
+
+
+GENERATION_FILES = ("plan.json", "generation.json", "launch_ascend.sh", "generate_mindspore.py")
+
+
+def write_tp_generation_bundle(directory: Path, gen_dir: Path, report: dict) -> list[str]:
+    """The bundle of a generation folder compiled with --tp: the rank MindIRs of the target (not the cpu ones
+    `generate` runs here), the plan, generation.json, the msrun launch script and the generation script it runs
+    on every rank, the tokenizer where there is one, and a README saying what was checked and what was not."""
+    w = _Writer(directory)
+    tp = report["tensor_parallel"]["tp"]
+    for r in range(tp):
+        w.link(gen_dir / f"rank_{r}.mindir", f"rank_{r}.mindir")
+    for name in GENERATION_FILES:
+        w.link(gen_dir / name, name)
+    for f in sorted(p for p in (gen_dir / "tokenizer").rglob("*") if p.is_file()):
+        w.link(f, f.relative_to(gen_dir).as_posix())
+    ranks = report["tensor_parallel"].get("ranks") or []
+    rows = "\n".join(f"| {r['rank']} | {r['weight_bytes']:,} | {r['share']:.3f} | "
+                     f"{r.get('max_abs', float('nan')):.3g} |" for r in ranks)
+    check = (report.get("cache") or {}).get("cached_steps_check") or {}
+    w.text("README.md", (
+        f"# Text generation over {tp} devices (tensor parallelism)\n\n"
+        f"- `rank_<i>.mindir` (i = 0..{tp - 1}): rank i's generation graph, its shards of the weights and its kv "
+        "heads of the\n  cache (held in place: Parameters each call writes, stored without their bytes; "
+        "generation.json's\n  `state.params`).\n"
+        "- `launch_ascend.sh`: msrun runs `generate_mindspore.py` on every rank (HCCL between them); rank 0 prints "
+        "the\n  new ids and writes `generated.txt`:\n\n"
+        "      ./launch_ascend.sh --input-ids '1,2,3;4,5' --max-new-tokens 16\n\n"
+        "- `plan.json`: each weight's and cache's split; `generation.json`: token ids, the graph's inputs, the "
+        "cache.\n\n"
+        "## What was checked, and what was not\n\n"
+        f"Checked here, on this machine's CPU under msrun: each rank's prompt call against onnxruntime on the "
+        f"unsharded graph, and the cached steps by generating (argmax match: {check.get('argmax_match')}, max abs "
+        f"{check.get('max_abs')}).\n\n"
+        "| rank | weight bytes | share of the unsharded | prompt max abs |\n|---|---|---|---|\n" + rows + "\n\n"
+        f"UNVERIFIED ON ASCEND: {UNVERIFIED}.\n"))
+    return sorted(set(w.written))
