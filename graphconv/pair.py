@@ -50,7 +50,7 @@ from graphconv.frontend.contained import inside
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
 from graphconv.generation import cache_dtype, mindir_bytes
 from graphconv.progress import SILENT, Progress
-from graphconv.runtime import decoding
+from graphconv.runtime import decoding, msrun
 from graphconv.workspace import partial_dir, release
 
 GRAPHS = ("prefill", "decode")
@@ -689,8 +689,7 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
     return report
 
 
-RANKS_LAUNCH = """#!/bin/sh
-# Generate with the {n} ranks of {name} on one Ascend host: msrun starts {n} processes, rank i loads
+RANKS_ABOUT = """# Generate with the {n} ranks of {name} on one Ascend host: msrun starts {n} processes, rank i loads
 # rank_<i>.mindir (its shards, and its kv heads' cache) and runs generate_mindspore.py's loop; the AllReduce and
 # AllGather between them run over HCCL. Rank 0 prints the new ids (msrun_logs/worker_0.log) and writes
 # generated.txt, shown at the end.   ./launch_ascend.sh --input-ids '1,2,3;4,5' --max-new-tokens 16
@@ -698,12 +697,6 @@ RANKS_LAUNCH = """#!/bin/sh
 # UNVERIFIED ON ASCEND: graphconv ran these ranks' cpu MindIRs (rank_<i>.cpu.mindir) under msrun on CPU
 # (MindSpore's CPU collectives) and checked their tokens against onnxruntime, not on Ascend. Not checked here:
 # HCCL itself, the rank-to-device binding (msrun's default: rank i on device i), the fused primitives' kernels.
-set -e
-cd "$(dirname "$0")"
-PORT=${{MASTER_PORT:-8118}}
-msrun --worker_num={n} --local_worker_num={n} --master_port=$PORT --log_dir=msrun_logs --join=True \\
-    generate_mindspore.py "$@"
-cat generated.txt
 """
 
 
@@ -717,7 +710,9 @@ def _write_rank_scripts(staging: Path, name: str, meta: dict, report: dict) -> N
     script.write_text(generate_script(inputs))
     script.chmod(0o755)
     launch = staging / "launch_ascend.sh"
-    launch.write_text(RANKS_LAUNCH.format(n=meta["tensor_parallel"]["tp"], name=name))
+    n = meta["tensor_parallel"]["tp"]
+    launch.write_text(msrun.launch_script(n, RANKS_ABOUT.format(n=n, name=name), "generate_mindspore.py",
+                                          "cat generated.txt\n"))
     launch.chmod(0o755)
 
 

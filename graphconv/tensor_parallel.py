@@ -25,7 +25,7 @@ from graphconv.target import sharding
 from graphconv.verify import census, outputs
 from passes.stateful_cache import CACHE_PREFIX
 
-LAUNCH_SCRIPT = """#!/bin/sh
+LAUNCH_ABOUT = """\
 # Run the {n} ranks of {name} on one Ascend host: msrun starts {n} processes, rank i loads rank_<i>.mindir
 # (its shards only) and the AllReduce between them runs over HCCL.
 #
@@ -33,11 +33,6 @@ LAUNCH_SCRIPT = """#!/bin/sh
 # collectives), not on Ascend. Not checked here: HCCL itself, the rank-to-device binding (msrun's
 # default: rank i on device i; set --bind_core / ASCEND_RT_VISIBLE_DEVICES as your host needs), the fused
 # primitives' kernels, and run_rank.py's inputs (give your own: one .npz per call, keys = graph input names).
-set -e
-cd "$(dirname "$0")"
-PORT=${{MASTER_PORT:-8118}}
-msrun --worker_num={n} --local_worker_num={n} --master_port=$PORT --log_dir=msrun_logs --join=True \\
-    run_rank.py "$@"
 """
 
 RUN_RANK = '''"""One rank of the tensor-parallel network (launched by launch_ascend.sh through msrun):
@@ -181,7 +176,7 @@ class TensorParallel:
         (staged / "plan.json").write_text(json.dumps(plan.as_json(sources), indent=1) + "\n")
         name = Path(self.c.output).name
         launch = staged / "launch_ascend.sh"
-        launch.write_text(LAUNCH_SCRIPT.format(n=self.n, name=name))
+        launch.write_text(msrun.launch_script(self.n, LAUNCH_ABOUT.format(n=self.n, name=name), "run_rank.py"))
         launch.chmod(0o755)
         (staged / "run_rank.py").write_text(RUN_RANK.format(
             inputs=[i.name for i in fused.graph.input if i.name not in {t.name for t in fused.graph.initializer}],

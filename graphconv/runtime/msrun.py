@@ -31,6 +31,14 @@ class LaunchError(InputError):
     """msrun could not start the ranks (an environment's failure, not the model's: exit 1)."""
 
 
+def launch_script(n: int, about: str, script: str, after: str = "") -> str:
+    """An Ascend host's launch_ascend.sh: `about` (comment lines), then msrun starting `n` ranks of `script`
+    (run from the script's own folder, the port from MASTER_PORT), then `after`."""
+    return (f"#!/bin/sh\n{about}set -e\ncd \"$(dirname \"$0\")\"\nPORT=${{MASTER_PORT:-8118}}\n"
+            f"msrun --worker_num={n} --local_worker_num={n} --master_port=$PORT --log_dir=msrun_logs --join=True \\\n"
+            f"    {script} \"$@\"\n{after}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
