@@ -24,15 +24,21 @@ def unknown_rank_values(model: onnx.ModelProto) -> list[str]:
     return [o for n in graph.node for o in n.output if o and o not in known]
 
 
-def observed_shapes(model: onnx.ModelProto, case, names: list[str], oracle_factory) -> dict[str, tuple]:
-    """The shapes the values `names` had in onnxruntime's run of `case` ({} where it does not run)."""
+def _runs(model: onnx.ModelProto, cases, names: list[str], oracle_factory) -> list[dict] | None:
+    """Each case's outputs of a copy of `model` whose outputs include `names`; None where onnxruntime does not
+    run it."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)  # (onnxruntime takes untyped outputs)
     try:
-        (run,) = oracle_factory(probe).run([case], fallback=False)
+        return oracle_factory(probe).run(cases, fallback=False)
     except UnsupportedError:
-        return {}
+        return None
+
+
+def observed_shapes(model: onnx.ModelProto, case, names: list[str], oracle_factory) -> dict[str, tuple]:
+    """The shapes the values `names` had in onnxruntime's run of `case` ({} where it does not run)."""
+    (run,) = _runs(model, [case], names, oracle_factory) or [{}]
     return {n: tuple(run[n].shape) for n in names if n in run}
 
 
@@ -44,12 +50,8 @@ def complete(model: onnx.ModelProto, cases, oracle_factory) -> tuple[onnx.ModelP
     names = unknown_rank_values(model)
     if not names or not cases:
         return model, []
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)  # (onnxruntime takes untyped outputs)
-    try:
-        runs = oracle_factory(probe).run(cases, fallback=False)
-    except UnsupportedError:
+    runs = _runs(model, cases, names, oracle_factory)
+    if runs is None:
         return model, []
     out = onnx.ModelProto()
     out.CopyFrom(model)
