@@ -56,9 +56,6 @@ from graphconv.workspace import partial_dir, release
 GRAPHS = ("prefill", "decode")
 STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what a stateful graph takes
 MAX_SEQ_LEN_DEFAULT_CAP = 4096  # --max-seq-len's default: the model's max_position_embeddings, at most this
-# While it compiles, the rewritten graph holds the cache's zeros as initializers (the MindIRs do not store them:
-# runtime/mindir_state.py): within protobuf's 2 GB.
-MAX_CACHE_BYTES = 1 << 30
 
 
 _GENAI_CONFIG = "genai_config.json"
@@ -375,17 +372,12 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
             raise CacheNotHeld("--max-seq-len is required: no max_position_embeddings is known (generation.json, or a "
                                "config.json beside the graph)")
         max_seq_len = min(configured, MAX_SEQ_LEN_DEFAULT_CAP)
-    size = max_batch * max_seq_len * _cache_bytes_per_position(meta)
-    if size > MAX_CACHE_BYTES:
-        raise CacheNotHeld(f"--max-batch {max_batch} x --max-seq-len {max_seq_len}: the cache's zeros would take "
-                           f"{size / 2**30:.1f} GiB, held in the graph while it compiles (at most "
-                           f"{MAX_CACHE_BYTES / 2**30:.0f} GiB so far): lower either")
     return max_batch, max_seq_len
 
 
-def _cache_bytes_per_position(meta: dict) -> int:
-    """Bytes of keys and values one row's position takes over all layers."""
-    itemsize = 4 if cache_dtype(meta) == "fp32" else 2
+def _cache_bytes_per_position(meta: dict, precision: str = "fp32") -> int:
+    """Bytes of keys and values one row's position takes over all layers (a low --precision stores the cache low)."""
+    itemsize = 4 if cache_dtype(meta) == "fp32" and precision == "fp32" else 2
     return 2 * int(meta.get("num_layers") or 0) * int(meta.get("num_kv_heads") or 0) * int(meta.get("head_dim") or 0) \
         * itemsize
 
@@ -514,7 +506,11 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         return _compile_into(gen_dir, bundle, export_dir, *pair_plan, per_inputs, cpu_twin, progress, report_path,
                              "not asked for (--no-stateful-cache)")
     try:
-        plan = _stateful_plan(meta, sources, options, _cache_capacity(meta, sources, max_batch, max_seq_len))
+        capacity = _cache_capacity(meta, sources, max_batch, max_seq_len)
+        plan = _stateful_plan(meta, sources, options, capacity)
+        cache_bytes = capacity[0] * capacity[1] * _cache_bytes_per_position(meta, options.get("precision", "fp32"))
+        progress.info(f"KV cache held in place: {capacity[0]} rows x {capacity[1]} positions, "
+                      f"{cache_bytes / 2**30:.2f} GiB of device memory at run time (made at load, not stored)")
         if tp is not None:
             return _compile_into(gen_dir, bundle, export_dir, *plan, per_inputs, cpu_twin, progress, report_path,
                                  tp=tp)

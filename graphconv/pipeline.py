@@ -92,13 +92,14 @@ class Compiler:
                                   "target": options.target, "precision": options.precision}
 
     # --- the stages ---------------------------------------------------------------------------------
-    def load(self) -> Loaded:
+    def load(self, ws: Workspace | None = None) -> Loaded:
+        """The model loaded, with its KV cache held in place where asked (its zeros a hole of a file in `ws`)."""
         self.progress.info(f"load {self.model_path}")
         with self.report.stage("load") as st:
             model = load(self.model_path)  # (external weights stay on disk for the whole compile)
             cache = None
             if self.opt.cache_capacity is not None:
-                model, cache = self.hold_cache(model)
+                model, cache = self.hold_cache(model, ws)
             st.nodes_after = len(model.proto.graph.node)
             if model.external_bytes:
                 st.detail = {"external_weight_bytes": model.external_bytes, "weights": "read in place"}
@@ -125,14 +126,17 @@ class Compiler:
             streamed = False
         return Loaded(model, layers.record_scopes(model.proto), param_names.WeightNames.record(model.proto), streamed)
 
-    def hold_cache(self, model: LoadedModel) -> tuple[LoadedModel, dict]:
-        """The with-past graph with its KV cache held in place (passes/stateful_cache.py), and what was done."""
+    def hold_cache(self, model: LoadedModel, ws: Workspace | None) -> tuple[LoadedModel, dict]:
+        """The with-past graph with its KV cache held in place (passes/stateful_cache.py), and what was done.
+        The cache's zeros are a hole of a file in `ws` (no memory, no disk, and no bytes for the MindIR writer
+        to copy: graphconv.frontend.weights.is_zeros); without `ws`, in the proto."""
         max_batch, max_seq = self.opt.cache_capacity
         if model.upgraded_from is not None:
             raise CacheNotHeld(f"not in a graph upgraded from opset {model.upgraded_from} yet")
+        zeros = weights.SpillFile(ws.path("cache-zeros.bin")).zeros if ws is not None else None
         try:
             proto, layout = stateful_cache.make_stateful(model.proto, max_batch, max_seq,
-                                                         presents=gqa_presents(model.as_given))
+                                                         presents=gqa_presents(model.as_given), zeros=zeros)
         except stateful_cache.NotStateful as e:
             raise CacheNotHeld(str(e)) from None
         detail = {"max_batch": max_batch, "max_seq": max_seq, "layout": "[max_batch, kv_heads, max_seq, head_dim]",
@@ -398,15 +402,15 @@ class Compiler:
     # --- the run ------------------------------------------------------------------------------------
     def run(self) -> Report:
         self._check_options()
-        loaded = self.load()
-        collect_dims(self.report.model["inputs"], [], self.opt.shape_ranges)  # names no symbolic dim: exit 1 now
-        if self.opt.bundle:  # refuse bad bundle options now, not after a long compile
-            from graphconv import deploy
-
-            deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
-        self.report.scheduling = {"switches": self.schedule.as_dict()}
-        self._check_space(loaded)
         with Workspace(self.output) as ws, child.children(ws.dir):
+            loaded = self.load(ws)
+            collect_dims(self.report.model["inputs"], [], self.opt.shape_ranges)  # names no symbolic dim: exit 1
+            if self.opt.bundle:  # refuse bad bundle options now, not after a long compile
+                from graphconv import deploy
+
+                deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
+            self.report.scheduling = {"switches": self.schedule.as_dict()}
+            self._check_space(loaded)
             try:
                 self._run_in(loaded, ws)
             except VerificationError as e:  # the report is still written, and says how the run ended

@@ -279,7 +279,10 @@ def _low_name(name: str, precision: str) -> str:
 
 
 def _to_low(t: onnx.TensorProto, precision: str, spill=None) -> onnx.TensorProto:
-    """`t` converted; written to `spill` (not into the proto) when it came from a file."""
+    """`t` converted; written to `spill` (not into the proto) when it came from a file, and only named there
+    when it is zeros never written (a KV cache's: SpillFile.zeros)."""
+    if spill is not None and t.data_location == TensorProto.EXTERNAL and weights.is_zeros(weights.weight_ref(t)):
+        return spill.zeros(t.name, LOW_DTYPES[precision], list(t.dims))
     arr = weights.to_array(t).astype(np.float32)
     if precision == "fp16":
         low = arr.astype(np.float16)

@@ -6,8 +6,8 @@ the sequence axis. The caller feeds each step's presents back, so every token mo
 of the graph. This transform keeps the graph's arithmetic and moves the cache inside:
 
 - each past input becomes an initializer `cache.<past name>` of fixed capacity [max_batch, kv heads, max_seq,
-  head dim] (zeros; BNSD, the layout of the past it replaces and of FusedInferAttentionScore's keys), which the
-  lowering turns into a MindSpore Parameter;
+  head dim] (zeros: in a compile, a hole of a file in its private directory; BNSD, the layout of the past it
+  replaces and of FusedInferAttentionScore's keys), which the lowering turns into a MindSpore Parameter;
 - each Concat(past, new) becomes `graphconv::KVCacheUpdate(cache, new, indices, total_length)`: write the new
   keys/values at positions past_length .. past_length + q of every row and head, in place, and read back the
   cache's first past_length + q positions: exactly what the Concat gave (opmap/kv_cache.py lowers it with
@@ -54,7 +54,7 @@ class CacheLayout:
     max_seq: int
     # past input name -> (cache initializer name, kv heads, head dim, the present output it replaced or None)
     caches: dict[str, tuple[str, int, int, str | None]]
-    nbytes: int  # the caches' zeros, stored as initializers
+    nbytes: int  # the caches' zeros
 
 
 def function(opset: int) -> onnx.FunctionProto:
@@ -140,12 +140,14 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
 
 def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_names: list[str] | None = None,
                   ids: str = "input_ids", mask: str = "attention_mask",
-                  presents: dict[str, str] | None = None) -> tuple[onnx.ModelProto, CacheLayout]:
+                  presents: dict[str, str] | None = None, zeros=None) -> tuple[onnx.ModelProto, CacheLayout]:
     """The stateful graph of a with-past `model` (changed in place and returned) and its cache layout.
     `past_names`: the cache inputs (default: past_inputs(model)). `presents`: {past: the output returning it
     grown} where that output is not the Concat's own, but equals it on the calls the generation makes
     (GroupQueryAttention's present, decomposed by graphconv.frontend.contrib.gqa: the Concat gathered into the
-    kernel's layout, the same rows when no row is padded); it leaves the outputs too. NotStateful says why not."""
+    kernel's layout, the same rows when no row is padded); it leaves the outputs too. `zeros(name, elem type, dims)`
+    makes each cache's initializer (a compile's: graphconv.frontend.weights.SpillFile.zeros, external zeros that
+    take neither memory nor disk, so any capacity fits); default: zeros in the proto. NotStateful says why not."""
     graph = model.graph
     inputs = {vi.name: vi for vi in graph.input}
     typed = {vi.name: vi for vi in [*graph.value_info, *graph.output]}
@@ -215,7 +217,8 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
         if np_dtype.kind != "f" and elem != onnx.TensorProto.BFLOAT16:
             raise NotStateful(f"{name}: cache dtype {onnx.TensorProto.DataType.Name(elem)} is not a float")
         size = max_batch * n * max_seq * d * np_dtype.itemsize
-        inits.append(helper.make_tensor(cache, elem, [max_batch, n, max_seq, d], bytes(size), raw=True))  # zeros
+        dims = [max_batch, n, max_seq, d]
+        inits.append(zeros(cache, elem, dims) if zeros else helper.make_tensor(cache, elem, dims, bytes(size), raw=True))
         nbytes += size
         shape_value = f"{p}_{len(top)}_shape"
         inits += [numpy_helper.from_array(np.array([n], np.int64), f"{shape_value}_n"),

@@ -307,6 +307,45 @@ def test_weights_put_in_any_order_give_the_same_file(tmp_path, monkeypatch):
         wf.finish()
 
 
+def test_zeros_never_written_go_last_unwritten_and_strip_by_truncating(tmp_path):
+    """A source that is a hole of its file (SpillFile.zeros: a KV cache's initial value) is laid out after the
+    other Parameters and never written, nor taken by put (a layer-streamed run's cache holds what its calls
+    wrote); stripping it (mindir_state.strip) truncates the file, the other weights untouched."""
+    import onnx
+
+    from graphconv.frontend import weights
+    from graphconv.runtime import mindir_state
+
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal(5).astype(np.float32)
+    spill = weights.SpillFile(tmp_path / "spill.bin")
+    refs = {"cache.k": weights.weight_ref(spill.zeros("cache.k", onnx.TensorProto.FLOAT, [64, 1024])),
+            "w.v": weights.weight_ref(spill.tensor_proto("w.v", v)),
+            "aa.zeros_written": weights.weight_ref(spill.tensor_proto("aa", np.zeros(16, np.float32)))}
+    assert [weights.is_zeros(r) for r in refs.values()] == [True, False, False]  # (written zeros are data)
+    assert np.array_equal(weights.read(refs["cache.k"]), np.zeros((64, 1024), np.float32))
+    sources = {name: mindir_stream.Source.of_ref(r) for name, r in refs.items()}
+    model = _graph([("cache.k", [64, 1024], 1), ("w.v", [5], 1), ("aa.zeros_written", [16], 1)])
+    wf = mindir_stream.WeightsFile(model, tmp_path, "m", sources)
+    assert not wf.put("cache.k", np.ones((64, 1024), np.float32), False)
+    data_file = wf.finish() / "data_0"
+    at = {mindir_stream.parameter_name(p.name): (p.external_data.offset, p.external_data.length)
+          for p in model.graph.parameter}
+    assert at == {"aa.zeros_written": (64, 64), "w.v": (128, 20), "cache.k": (192, 64 * 1024 * 4)}  # zeros last
+    assert data_file.stat().st_size == 192 + 64 * 1024 * 4 and data_file.stat().st_blocks * 512 < 64 * 1024
+    data = data_file.read_bytes()
+    assert np.array_equal(np.frombuffer(data[128:148], np.float32), v) and not any(data[192:])
+
+    graph_file = tmp_path / "m_graph.mindir"
+    graph_file.write_bytes(model.SerializeToString())
+    assert mindir_state.strip(graph_file, "cache.") == {"cache.k": {"shape": [64, 1024], "dtype": "float32"}}
+    assert data_file.read_bytes() == data[:192]  # truncated; the others where they were
+    kept = census.mind_ir_pb2().ModelProto.FromString(graph_file.read_bytes())
+    assert {mindir_stream.parameter_name(p.name): (p.external_data.offset, p.external_data.length)
+            for p in kept.graph.parameter if p.HasField("external_data")} == {"aa.zeros_written": (64, 64),
+                                                                            "w.v": (128, 20)}
+
+
 @pytest.fixture
 def external_llama(tmp_path):
     d = tmp_path / "model"

@@ -228,3 +228,28 @@ def test_a_weight_stored_low_and_read_through_a_cast_is_read_as_it_is(stored, pr
     expected = np.maximum(xs @ w.astype(target).astype(np.float32), 0)
     got = _run(precision.emulate_in_fp32(low, precision_), x)["y"]
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_zeros_never_written_are_lowered_without_writing(tmp_path, precision):
+    """A KV cache's zeros (a hole of the compile's file, weights.SpillFile.zeros) lowered to fp16/bf16: the low
+    copy is named in the spill file as zeros too, not read and written (gigabytes at a real capacity)."""
+    from graphconv.frontend import weights
+    from passes.precision import LOW_DTYPES, apply_precision
+
+    spill = weights.SpillFile(tmp_path / "spill.bin")
+    cache = spill.zeros("cache.k", TensorProto.FLOAT, [256, 1024])
+    w = numpy_helper.from_array(np.ones((4, 1024), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "cache.k"], ["s"]),
+                               helper.make_node("MatMul", ["s", "wt"], ["y"]),
+                               helper.make_node("Transpose", ["w"], ["wt"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 4])], [cache, w])
+    lowered, _ = apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), precision,
+                                 spill=spill)
+    low = next(t for t in lowered.graph.initializer if t.name.startswith("cache.k"))
+    assert low.data_type == LOW_DTYPES[precision] and list(low.dims) == [256, 1024]
+    ref = weights.weight_ref(low)
+    assert ref.path == str(spill.path) and ref.length == 256 * 1024 * 2 and weights.is_zeros(ref)
+    assert not weights.read(ref).astype(np.float32).any()
+    assert spill.path.stat().st_blocks * 512 < 256 * 1024  # (the fp32 zeros and the low ones: holes)

@@ -21,6 +21,7 @@ with 1.32), hence the stripping rather than a rewritten model file.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import weakref
 from pathlib import Path
@@ -126,6 +127,22 @@ def read(ref: WeightRef | list, mmap: bool = True) -> np.ndarray:
         return np.fromfile(f, dtype=dt, count=count).reshape(ref.shape)
 
 
+def is_zeros(ref: WeightRef) -> bool:
+    """Whether the tensor's bytes are a hole of its file (SpillFile.zeros): zeros that were never written. False
+    where the filesystem cannot tell (no SEEK_DATA), which only costs reading them."""
+    if ref.parts or ref.length == 0:
+        return False
+    end = ref.offset + ref.length
+    try:
+        with open(ref.path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < end:
+                return False
+            data = os.lseek(f.fileno(), ref.offset, os.SEEK_DATA)
+    except OSError as e:
+        return e.errno == errno.ENXIO  # no data from the offset to the end of the file
+    return data >= end
+
+
 def to_array(t: onnx.TensorProto) -> np.ndarray:
     """numpy_helper.to_array that also reads tensors whose external location is absolute (memory-mapped)."""
     return read(weight_ref(t)) if uses_external_data(t) else onnx.numpy_helper.to_array(t)
@@ -214,6 +231,22 @@ class SpillFile:
         offset, length = self._append(array)
         t = onnx.TensorProto(name=name, data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
         t.dims.extend(array.shape)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", str(self.path)), ("offset", str(offset)), ("length", str(length))):
+            t.external_data.add(key=k, value=v)
+        return t
+
+    def zeros(self, name: str, data_type: int, dims: list[int]) -> onnx.TensorProto:
+        """A tensor of zeros written nowhere: the file is only extended over it (a hole, which takes no disk
+        and reads as zeros), so that readers that can tell (`is_zeros`) skip its bytes. A KV cache's initial
+        value (passes/stateful_cache.py): gigabytes at a real capacity, none of them ever read."""
+        length = int(np.prod(dims, dtype=np.int64)) * np_dtype(data_type).itemsize
+        with open(self.path, "ab") as f:
+            end = f.seek(0, os.SEEK_END)
+            offset = end + (-end) % _ALIGN
+            f.truncate(offset + length)
+        t = onnx.TensorProto(name=name, data_type=data_type)
+        t.dims.extend(dims)
         t.data_location = onnx.TensorProto.EXTERNAL
         for k, v in (("location", str(self.path)), ("offset", str(offset)), ("length", str(length))):
             t.external_data.add(key=k, value=v)

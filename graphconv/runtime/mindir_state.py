@@ -26,7 +26,8 @@ def strip(path: Path, prefix: str) -> dict[str, dict]:
     """Remove the bytes of the Parameters of the MindIR `path` whose name starts with `prefix`, from the .mindir
     (raw_data) or from its `_variables/` data file (which is rewritten without them, the other Parameters'
     offsets moved). Returns {name: {"shape", "dtype"}} of what was stripped (empty: nothing matched, the files
-    are untouched). The files are replaced whole (written beside, then renamed), keeping their permissions."""
+    are untouched). The files are replaced whole (written beside, then renamed), keeping their permissions, or
+    the data file truncated where the stripped bytes were its tail."""
     from graphconv.verify import census
 
     path = Path(path)
@@ -54,7 +55,15 @@ def strip(path: Path, prefix: str) -> dict[str, dict]:
 def _compact(data_file: Path, entries: list) -> None:
     """Rewrite a MindIR data file with only `entries` (ExternalDataProtos pointing into it), in their order in
     the file, each at a multiple of ALIGN after the header, as mindspore.export lays them out; their offsets
-    are updated in place."""
+    are updated in place. Where that moves none of them (the state was the file's tail: the streamed writer
+    puts zeros last), the file is only truncated."""
+    unmoved, offset = [], HEADER_BYTES
+    for entry in sorted(entries, key=lambda e: e.offset):
+        unmoved.append(entry.offset == offset)
+        offset += -(-entry.length // ALIGN) * ALIGN
+    if all(unmoved):
+        os.truncate(data_file, offset)
+        return
     tmp = data_file.with_name(data_file.name + ".compact")
     with open(data_file, "rb") as src, open(tmp, "wb") as out:
         out.write(src.read(HEADER_BYTES))

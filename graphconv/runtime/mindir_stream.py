@@ -26,9 +26,10 @@ mindspore/core/load_mindir/load_model.cc; and experiments with mindspore.export 
 - data_0 starts with a 64-byte header: byte 0 is 1 when the writer was little-endian (the loader refuses a
   file whose byte order differs from its own), bytes 1..63 are zero. Then every Parameter, in order of its
   name (the part after the first ':', Python string order), its bytes in C order (little-endian), zero-padded
-  to a multiple of 64 bytes: the first offset is 64, `length` is the unpadded size. mindspore.export opens a
-  data_1 only past PARAMETER_SPLIT_SIZE (1 TiB in its KiB units, counting only tensors whose size is not a
-  multiple of 64): one data_0 here;
+  to a multiple of 64 bytes: the first offset is 64, `length` is the unpadded size (this writer puts the
+  Parameters whose source is a hole of its file, zeros never written, after the others, unwritten).
+  mindspore.export opens a data_1 only past PARAMETER_SPLIT_SIZE (1 TiB in its KiB units, counting only
+  tensors whose size is not a multiple of 64): one data_0 here;
 - the loader reads each data_N whole into memory and keeps it until the load ends, then copies every tensor
   out of it: loading a split MindIR holds twice its weight bytes (what mindspore.load costs, not this writer).
 
@@ -103,6 +104,13 @@ class Source:
         ref = ref if isinstance(ref, WeightRef) else WeightRef.of_list(ref)
         return cls(ref.shape, ref.dtype, ref.path, ref.offset, ref.length,
                    parts=tuple(cls.of_ref(r) for r in ref.parts), axis=ref.axis)
+
+    def is_zeros(self) -> bool:
+        """Whether the bytes are a hole of their file: zeros never written (graphconv.frontend.weights.is_zeros)."""
+        from graphconv.frontend.weights import WeightRef, is_zeros
+
+        return self.array is None and not self.parts and self.path is not None and \
+            is_zeros(WeightRef("", self.path, self.offset, self.length, self.dtype, self.shape))
 
     def files(self) -> list["Source"]:
         """The Sources whose bytes are in a file: this one, or its parts'."""
@@ -272,9 +280,15 @@ class WeightsFile:
         location = f"{prefix}_variables/data_0"
         self.entries: dict[str, tuple[int, int, np.dtype, bool, tuple]] = {}  # name -> offset, length, dtype, flip, dims
         offset = HEADER_BYTES
-        for name, proto in sorted(((parameter_name(p.name), p) for p in model.graph.parameter), key=lambda i: i[0]):
-            if name not in sources:
-                raise StreamError(f"no values for parameter {name!r}")
+        missing = next((parameter_name(p.name) for p in model.graph.parameter
+                        if parameter_name(p.name) not in sources), None)
+        if missing is not None:
+            raise StreamError(f"no values for parameter {missing!r}")
+        # Zeros never written (a KV cache's: graphconv.frontend.weights.is_zeros) go last, as the file's tail
+        # of holes, which a stripped state gives back by truncating (graphconv/runtime/mindir_state.py).
+        self.zeros = {name for name, src in sources.items() if src.is_zeros()}
+        for name, proto in sorted(((parameter_name(p.name), p) for p in model.graph.parameter),
+                                  key=lambda i: (i[0] in self.zeros, i[0])):
             target = numpy_dtype(MIND_IR_DTYPES.get(proto.data_type, "") or _unknown(proto))
             dims = tuple(int(d) for d in proto.dims)
             flip = bool(transposed.get(name))
@@ -298,7 +312,7 @@ class WeightsFile:
         """Write weight `name` from `value`, its final array (`transposed`: Linear's layout), if the graph
         stores it exactly so (same layout, dims and dtype) and it is not written yet. Returns whether it was."""
         entry = self.entries.get(name)
-        if name not in self.pending or entry is None:
+        if name not in self.pending or entry is None or name in self.zeros:
             return False
         offset, length, target, flip, dims = entry
         if bool(transposed) != flip or value.dtype != target or tuple(value.shape) != dims or value.nbytes != length:
@@ -314,7 +328,8 @@ class WeightsFile:
             self._background.drain()
             for name in sorted(self.pending):
                 offset, _, target, flip, _ = self.entries[name]
-                _write_one(self._file.fileno(), offset, self.sources[name], target, flip, self.chunk_bytes)
+                if name not in self.zeros:  # (a hole of the file already)
+                    _write_one(self._file.fileno(), offset, self.sources[name], target, flip, self.chunk_bytes)
                 drop_written(self._file.fileno())
                 self._done(name)
         finally:
