@@ -190,6 +190,13 @@ def rank_files(gen: dict, device: str) -> list[str]:
     return [f"rank_{r}{suffix}" for r in range(int(gen["tensor_parallel"]["tp"]))]
 
 
+def _state_params(graph: dict, device: str) -> dict | None:
+    """The state Parameters the MindIR run on `device` takes zeros for (graphconv/runtime/mindir_state.py): a low
+    precision compile's cache is fp16/bf16, its cpu MindIR's fp32 (generation.json's state.cpu_params)."""
+    state = graph.get("state") or {}
+    return state.get("cpu_params", state.get("params")) if device == "cpu" else state.get("params")
+
+
 def cache_dtype(gen: dict) -> str:
     """The cache's dtype: generation.json's cache_dtype; before it was written, `dtype` (then the same)."""
     return gen.get("cache_dtype") or gen.get("dtype", "fp32")
@@ -348,7 +355,7 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
                     **{g: {"mindir": str(m), "inputs": _specs(mindir_io(gen["graphs"][g])[0], cache_dtype(gen)),
                            "outputs": mindir_io(gen["graphs"][g])[1],
                            "empty_cache": bool(gen["graphs"][g].get("empty_cache")),
-                           "state_params": (gen["graphs"][g].get("state") or {}).get("params")}
+                           "state_params": _state_params(gen["graphs"][g], device)}
                        for g, m in zip(GRAPHS, mindirs)}}
             ranks = f" ({gen['tensor_parallel']['tp']} ranks under msrun)" if gen.get("tensor_parallel") else ""
             progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}{ranks}")

@@ -603,7 +603,9 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
                                          **{**graph_options, "target": "cpu", "precision": "fp32",
                                             "keep_fp32": None}).to_dict()
                 if capacity is not None:
-                    _strip_state([twin])
+                    twin_params = _strip_state([twin])
+                    if twin_params != state["params"]:  # (an fp16/bf16 compile's cache is low, its twin's fp32)
+                        state["cpu_params"] = twin_params
             weights[g] = {"mindir_bytes": mindir_bytes(staging / f"{g}.mindir"),
                           "cpu_mindir_bytes": mindir_bytes(twin) if twin.exists() else 0}
         meta = {**meta, "source_dir": str(export_dir.resolve())}

@@ -305,9 +305,12 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
     to fp32 (an exact widening): an fp32 copy would double their bytes, on disk in the spill and in memory, and the
     low ones are the target network's own Parameters, which the verification shares with this network where they
     agree (graphconv/runtime/network.shareable). A graph whose subgraphs read weights (If, Loop) gets fp32 copies
-    instead, since a Cast at the top would not reach them. Used to run a bf16 network on MindSpore CPU, whose bf16
-    kernels are missing (module docstring).
+    instead, since a Cast at the top would not reach them. So does a KV cache held in place (passes/stateful_cache.py):
+    its update writes the Parameter itself, and the values it writes are rounded already. Used to run a bf16 network
+    on MindSpore CPU, whose bf16 kernels are missing (module docstring).
     """
+    from passes.stateful_cache import cache_names
+
     low = LOW_DTYPES[precision]
     typed = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.value_info) + list(model.graph.output)}
     result = onnx.ModelProto()
@@ -316,12 +319,15 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
     subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                     for n in g.node for a in n.attribute)
     widened = {}
+    caches = set(cache_names(result))
     for t in g.initializer:
         if t.data_type != low:
             continue
-        if subgraphs:
+        external = spill is not None and t.data_location == TensorProto.EXTERNAL
+        if external and t.name in caches and weights.is_zeros(weights.weight_ref(t)):
+            t.CopyFrom(spill.zeros(t.name, TensorProto.FLOAT, list(t.dims)))
+        elif subgraphs or t.name in caches:
             wide = weights.to_array(t).astype(np.float32)
-            external = spill is not None and t.data_location == TensorProto.EXTERNAL
             t.CopyFrom(spill.tensor_proto(t.name, wide) if external else numpy_helper.from_array(wide, t.name))
         else:
             widened[t.name] = f"{t.name}__wide"

@@ -424,6 +424,33 @@ def test_a_cache_past_protobufs_limit_is_held_in_place_and_not_stored(llama_stat
     assert on_disk < 8 * 2**20, on_disk  # (the weights: 0.5 MiB)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_low_precision_compile_holds_the_cache_low_and_its_cpu_mindir_fp32(tmp_path, precision):
+    """A bf16 checkpoint exported --dtype auto and compiled --precision bf16/fp16 (the 7B's flow): the ascend
+    MindIR's cache is in that dtype, the cpu MindIR's fp32 (generation.json's state.params and cpu_params: the
+    zeros each loader gives), the bf16 network's verification on CPU (fp32 holding rounded values) writes its
+    fp32 cache in place, and the cpu MindIR generates as transformers (fp32 compute)."""
+    from graphconv.frontend.hf_export import export_checkpoint
+
+    torch.manual_seed(0)
+    src = _save(_llama().to(torch.bfloat16), tmp_path / "ckpt")
+    export_checkpoint(src, tmp_path / "exp", "text-generation-with-past", dtype="auto")
+    gen = tmp_path / "gen"
+    proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(tmp_path / "exp"), "-o", str(gen),
+                           "--precision", precision, "--max-batch", "4", "--max-seq-len", "64", "--json"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] == "verified" and report["cache"]["cached_steps_check"]["argmax_match"]
+    state = json.loads((gen / "generation.json").read_text())["graphs"]["decode"]["state"]
+    low = {"bf16": "bfloat16", "fp16": "float16"}[precision]
+    assert {p["dtype"] for p in state["params"].values()} == {low} and len(state["params"]) == 4
+    assert {p["dtype"] for p in state["cpu_params"].values()} == {"float32"}
+    census = primitive_census(gen / "decode.mindir")
+    assert census.get("FusedInferAttentionScore") == 2 and census.get("ScatterNdUpdate") == 4
+    _generate_matches_transformers(src, gen, eos=2, pad=2)
+
+
 def test_cached_steps_too_large_for_this_host_are_skipped_with_the_reason(llama_stateful, tmp_path, monkeypatch):
     """Where MindSpore CPU cannot hold the model (the 1.1B), the compile still verifies the prompt calls, and
     the report says the cached steps were not checked and why."""

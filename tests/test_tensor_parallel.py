@@ -763,6 +763,12 @@ def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
     seen = {}
 
     def stop(self, loaded, checked, fused, cases, ws, spill=None):
+        from graphconv.frontend import weights
+
+        # (the caches' zeros are a file in the compile's directory, removed on the way out: read in now)
+        for t in fused.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                t.CopyFrom(numpy_helper.from_array(np.array(weights.to_array(t)), t.name))
         seen["fused"] = fused
         raise Stop
 
@@ -776,7 +782,8 @@ def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_stateful_ranks_hold_their_kv_heads_and_sum_to_the_unsharded_prompt(llama_with_past, monkeypatch, tp):
+def test_stateful_ranks_hold_their_kv_heads_and_sum_to_the_unsharded_prompt(llama_with_past, monkeypatch, tp,
+                                                                            tmp_path):
     """Each rank's cache initializers hold its kv heads (2 kv heads: 1 per rank over 2; over 4, ranks 0-1 kv head
     0 and ranks 2-3 kv head 1), its KVCacheUpdates write them, and the ranks run together (tp_simulate) compute
     the unsharded stateful graph's logits at the prompt call (past length 0, where onnxruntime runs it)."""
@@ -790,6 +797,20 @@ def test_stateful_ranks_hold_their_kv_heads_and_sum_to_the_unsharded_prompt(llam
     for rank in ranks:
         held = [list(t.dims) for t in rank.graph.initializer if t.name.startswith("cache.")]
         assert held == [[4, 1, 64, 16]] * 4
+    # a compile's caches are zeros never written (weights.SpillFile.zeros): so are their shards, unread
+    from graphconv.frontend import weights
+
+    spill = weights.SpillFile(tmp_path / "spill.bin")
+    unwritten = onnx.ModelProto()
+    unwritten.CopyFrom(fused)
+    for t in unwritten.graph.initializer:
+        if t.name.startswith("cache."):
+            t.CopyFrom(spill.zeros(t.name, t.data_type, list(t.dims)))
+    for r in range(tp):
+        held = [t for t in sharding.shard(unwritten, p, r, spill).graph.initializer if t.name.startswith("cache.")]
+        assert [list(t.dims) for t in held] == [[4, 1, 64, 16]] * 4
+        assert all(weights.is_zeros(weights.weight_ref(t)) for t in held)
+    assert spill.path.stat().st_blocks == 0  # (holes only)
     ids = np.array([[5, 6, 7, 8, 9, 10, 11], [0, 0, 0, 0, 12, 13, 14]], np.int64)
     mask = (np.arange(7) >= np.array([[0], [4]])).astype(np.int64)
     feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": np.clip(mask.cumsum(-1) - 1, 0, None)}

@@ -702,8 +702,14 @@ def _shards(model: onnx.ModelProto, p: Plan, ranks, spill) -> list[dict[str, onn
         split = p.weights.get(t.name)
         if split is None or split.axis is None:
             continue
-        whole = np.array(weights.to_array(t))  # (read once)
         in_file = spill is not None and uses_external_data(t)
+        if in_file and weights.is_zeros(weights.weight_ref(t)):  # a KV cache's zeros: its shards, zeros unwritten
+            for made, rank in zip(out, ranks):
+                dims = list(t.dims)
+                dims[split.axis] = sum(b - a for a, b in split.slices[rank])
+                made[t.name] = spill.zeros(t.name, t.data_type, dims)
+            continue
+        whole = np.array(weights.to_array(t))  # (read once)
         for made, rank in zip(out, ranks):
             part = split.shard(whole, rank)
             made[t.name] = spill.tensor_proto(t.name, part) if in_file else numpy_helper.from_array(part, t.name)
