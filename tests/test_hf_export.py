@@ -467,3 +467,29 @@ def test_a_sequence_length_the_exporter_fixes_is_named_at_export(tmp_path):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr  # (no torch.onnx warnings either)
     assert "fixed input_ids's axis 1 (sequence_length) at 7, the example's size" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_router_whose_experts_tie_is_named_at_export(tmp_path):
+    """AFMoE built from its config: transformers zero-initialises the router, every expert scores 0.5, and
+    which 2 of 4 a top-k keeps is the implementation's tie-break (torch.topk kept experts 2 and 3, onnxruntime's
+    TopK 0 and 1): every logit disagreed (3600 of 3600). The refusal now names the top-k and its ties, one
+    line, exit 1, nothing written; the same checkpoint with a random router exports and agrees with PyTorch."""
+    torch.manual_seed(0)
+    config = tf.AfmoeConfig(**TINY, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+                            num_hidden_layers=2, num_dense_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=16, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+                            max_position_embeddings=128, layer_types=["sliding_attention", "full_attention"])
+    model = tf.AfmoeForCausalLM(config).eval()
+    router = model.model.layers[1].mlp.router.gate.weight
+    assert not router.any()  # (transformers' initialisation, what the test is about)
+    src = _save(model, tmp_path / "ckpt")
+    _refused(_export(src, tmp_path / "out", "text-generation"),
+             "torch.topk(k=2) in AfmoeTokenChoiceRouter.forward finds its k-th and (k+1)-th values equal (0.5) "
+             "in 14 of 14 rows: torch.topk and ONNX TopK (the lower index first) keep different ones", tmp_path / "out")
+    with torch.no_grad():
+        router.normal_(0, INITIALIZER_RANGE)
+    src = _save(model, tmp_path / "routed")
+    proc = _export(src, tmp_path / "out", "text-generation")
+    assert proc.returncode == 0, proc.stderr
+    checks = json.loads((tmp_path / "out" / "generation.json").read_text())["graphs"]["model"]["checks"]
+    assert len(checks) == 2 and all(c["ok"] and c["max_abs"] < 1e-4 for c in checks), checks

@@ -279,14 +279,11 @@ def _check(module, example_inputs, second_inputs, graph_names: dict, path: Path,
 def check_case(module, oracle, label: str, inputs: dict, graph_names: dict, names, masked_axes: dict,
                atol: float = 1e-4, rtol: float = 1e-4) -> list[dict]:
     """`oracle` (a reference.Oracle on the written graph) against `module` at one case: a check per output,
-    or an InputError naming the first that disagrees."""
-    import torch
-
+    or an InputError naming the first that disagrees (first the top-k ties PyTorch met, where it met some)."""
     model = onnx.load(str(oracle.model), load_external_data=False)
     feed_names = {vi.name for vi in model.graph.input}
     specs = {s.name: s for s in reference.input_specs(model)}
-    with torch.no_grad():
-        ref = _as_tuple(module(**inputs))
+    ref, ties = torch_outputs(module, inputs)
     feed = {graph_names[k]: v.numpy() for k, v in inputs.items() if graph_names[k] in feed_names}
     mask = next((v for k, v in feed.items() if reference.is_mask_input(specs[k]) and v.ndim == 2), None)
     case = reference.ReferenceCase(label, feed, None if mask is None else mask.astype(bool))
@@ -297,9 +294,75 @@ def check_case(module, oracle, label: str, inputs: dict, graph_names: dict, name
         c = compare.compare(got[name], expected, atol, rtol, _valid(case, expected, masked_axes.get(name)))
         checks.append({"shape": label, "inputs": {graph_names[k]: list(v.shape) for k, v in inputs.items()},
                        "output": name, "oracle": oracle.name, **c.as_dict()})
+        if not c.ok and ties:
+            raise InputError(f"{ties[0]}: torch.topk and ONNX TopK (the lower index first) keep different ones "
+                             f"of equal values, so the exported model disagrees with PyTorch at the {label}, output "
+                             f"{name} (weights that score alike: an untrained router?)")
         if not c.ok:
             raise InputError(f"exported model disagrees with PyTorch at the {label}, output {name}: {c.reason}")
     return checks
+
+
+def torch_outputs(module, inputs: dict) -> tuple[tuple, list[str]]:
+    """`module`'s outputs at `inputs` and the ties its top-k calls met there (topk_ties); a module that
+    recorded them up front (hf_export's _Recorded) gives what it recorded."""
+    import torch
+
+    recorded = getattr(module, "recorded", None)
+    if recorded is not None:
+        return recorded(inputs)
+    with torch.no_grad(), topk_ties() as ties:
+        out = _as_tuple(module(**inputs))
+    return out, ties
+
+
+@contextlib.contextmanager
+def topk_ties():
+    """A list, filled while inside, of the torch.topk calls that chose among equal finite values (the k-th and
+    the (k+1)-th largest equal in some row), one line each naming the caller. Which of equal values a top-k
+    keeps is its implementation's choice: ONNX TopK keeps the lower index, torch.topk on CPU may not (AFMoE's
+    router, which transformers initialises to zero, scores 4 experts 0.5 each: torch keeps experts 2 and 3,
+    onnxruntime 0 and 1), and every output after the router then differs."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    found: list[str] = []
+    torch_dir = os.path.dirname(torch.__file__)
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.topk or func is torch.Tensor.topk:
+                caller = sys._getframe(1)
+                while caller is not None and caller.f_code.co_filename.startswith(torch_dir):
+                    caller = caller.f_back
+                tie = _topk_tie(args, kwargs or {}, caller)
+                if tie and tie not in found:
+                    found.append(tie)
+            return out
+
+    with Watch():
+        yield found
+
+
+def _topk_tie(args, kwargs, caller) -> str | None:
+    """One line for a torch.topk call that chose among equal finite values, else None."""
+    import torch
+
+    bound = {**dict(zip(("input", "k", "dim", "largest"), args)), **kwargs}
+    x, k, dim = bound.get("input"), int(bound.get("k", 0)), bound.get("dim", -1)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0 or not 0 < k < x.shape[dim]:
+        return None
+    ranked = x.detach().sort(dim, descending=bound.get("largest", True)).values
+    kth, after = ranked.narrow(dim, k - 1, 1), ranked.narrow(dim, k, 1)
+    tied = (kth == after) & torch.isfinite(kth)
+    if not tied.any():
+        return None
+    owner = caller.f_locals.get("self") if caller is not None else None
+    where = caller.f_code.co_name if caller is not None else "?"
+    where = f"{type(owner).__name__}.{where}" if owner is not None else where
+    return (f"torch.topk(k={k}) in {where} finds its k-th and (k+1)-th values equal ({kth[tied][0].item():g}) "
+            f"in {int(tied.sum())} of {tied.numel()} rows")
 
 
 def _valid(case, expected, axes: tuple[int, int] | None):

@@ -734,22 +734,22 @@ def _tied(model) -> list[list[str]]:
 class _Recorded:
     """A model wrapper's outputs at the inputs it was run at, computed up front: the check runs PyTorch at
     every case first and frees the model before onnxruntime loads its copy, so the two are never in memory
-    together. Called with the same input tensors, it returns what the model returned."""
+    together. `recorded` with the same input tensors gives what export.torch_outputs gave."""
 
     def __init__(self):
         self._outputs: dict[tuple, object] = {}
 
     def record(self, module, inputs: dict) -> None:
-        import torch
+        from graphconv.frontend.export import torch_outputs
 
-        with torch.no_grad():
-            self._outputs[self._key(inputs)] = module(**inputs)
+        self._outputs[self._key(inputs)] = torch_outputs(module, inputs)
 
     @staticmethod
     def _key(inputs: dict) -> tuple:
         return tuple(id(v) for v in inputs.values())
 
-    def __call__(self, **inputs):
+    def recorded(self, inputs: dict) -> tuple[tuple, list[str]]:
+        """(outputs, top-k ties) as export.torch_outputs gave them."""
         return self._outputs[self._key(inputs)]
 
 
