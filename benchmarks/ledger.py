@@ -370,16 +370,19 @@ def prepare(model_type: str, out: Path, save: bool = True) -> dict:
 
 
 def perturb(model, std: float = 0.1) -> None:
-    """Add N(0, std) to every norm weight and every bias: transformers initialises them to constants (1 or 0;
-    Gemma's (1 + w) norms to 0), which would hide a dropped gamma, beta or bias, and would let two norms of one
-    input (GPT-NeoX's parallel residual) be merged as duplicates. Adding keeps each init's centre."""
+    """Add N(0, std) to every norm weight, every bias and every parameter initialised to zeros: transformers
+    initialises them to constants (1 or 0; Gemma's (1 + w) norms to 0), which would hide a dropped gamma, beta
+    or bias, and would let two norms of one input (GPT-NeoX's parallel residual) be merged as duplicates. A
+    router left at zeros (AFMoE's) scores every expert alike, and which of equal scores a top-k keeps is the
+    kernel's choice (PyTorch's and onnxruntime's differ): a trained checkpoint has no such ties. Adding keeps
+    each init's centre."""
     import torch
 
     with torch.no_grad():
         for m in model.modules():
             norm = "norm" in type(m).__name__.lower()
             for name, p in m.named_parameters(recurse=False):
-                if name == "bias" or (norm and name == "weight"):
+                if name == "bias" or (norm and name == "weight") or (p.is_floating_point() and not p.any()):
                     p.add_(torch.randn_like(p) * std)
 
 
