@@ -12,6 +12,10 @@ Spellings matched (Mul/Add operands in either order):
     Rewritten to Swiglu(MatMul(x, concat([Wg, Wu], axis=1)) [+ concat([bg, bu])], dim=-1) [then Reshape(., shape)]:
     the gate weight comes first. The merged weight is a new initializer named after the gate weight + "_gate_up";
     the two sources are dropped once nothing else uses them.
+    weights read through Casts (no bias): MatMul(x, Cast(Wg)) and MatMul(x, Cast(Wu)), Wg and Wu initializers of
+    one low dtype, as a `--dtype auto` export of a bf16 checkpoint writes every projection (onnxsim folds such
+    Casts only below its size limit, so real models keep them): merged as stored, then read through one Cast,
+    Swiglu(MatMul(x, Cast(concat([Wg, Wu], axis=1))), dim=-1).
   one merged projection split into halves (Phi-3's and GLM-4's gate_up_proj(x).chunk(2, dim=-1), then
   up * silu(gate): transformers' Phi3MLP / Glm4MLP take gate = the FIRST chunk):
     halves      gate, up = Split(h) into two along the last axis (opset 18's num_outputs=2 over an even static
@@ -56,15 +60,17 @@ from passes.manager import rewrite_pass
 
 
 class SwigluFusion(pattern.RewriteRuleClassBase):
-    def __init__(self, name: str, bias: bool, up_first: bool, reshaped: bool = False):
+    def __init__(self, name: str, bias: bool, up_first: bool, reshaped: bool = False, cast: bool = False):
         super().__init__(name)
-        self._bias, self._up_first, self._reshaped = bias, up_first, reshaped
+        self._bias, self._up_first, self._reshaped, self._cast = bias, up_first, reshaped, cast
         self._graph: ir.Graph | None = None
         self._sources: list[ir.Value] = []
 
     def pattern(self, op, x, wg, wu, bg, bu, shape):
-        gate = op.MatMul(x, wg)
-        up = op.MatMul(x, wu)
+        if self._cast:  # weights stored low, read through a Cast (a `--dtype auto` export of a bf16 checkpoint)
+            gate, up = op.MatMul(x, op.Cast(wg, _outputs=["wg_read"])), op.MatMul(x, op.Cast(wu, _outputs=["wu_read"]))
+        else:
+            gate, up = op.MatMul(x, wg), op.MatMul(x, wu)
         if self._bias:
             gate, up = match.add(op, gate, bg), match.add(op, up, bu)
         if self._reshaped:  # both back to one shape (the same shape value)
@@ -73,19 +79,23 @@ class SwigluFusion(pattern.RewriteRuleClassBase):
         # The root's operand order is a rule variant (a pattern's root is a node, not alternatives).
         return op.Mul(up, act) if self._up_first else op.Mul(act, up)
 
-    def check(self, context, x, wg, wu, bg=None, bu=None, **_) -> pattern.MatchResult:
+    def check(self, context, x, wg, wu, bg=None, bu=None, wg_read=None, wu_read=None, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
         if x.dtype not in match.FLOATS:
             return result.fail(f"dtype {x.dtype}: Swiglu takes float32, float16 or bfloat16", x)
         if x.shape is None or x.shape.rank() is None or x.shape.rank() < 2:
             return result.fail("the input rank is unknown or below 2", x)
+        if self._cast and (wg.const_value is None or wu.const_value is None):  # (merged as stored: initializers)
+            return result.fail("the gate/up weights read through Casts are not initializers (nothing to merge)", wg)
         g, u = match.const_value(wg), match.const_value(wu)
         if g is None or u is None:
             return result.fail("the gate/up weights are not constants (nothing to merge)", wg if g is None else wu)
         if g.ndim != 2 or g.shape != u.shape:
             return result.fail(f"gate/up weights of shapes {g.shape} and {u.shape}: not one 2-D shape", wg)
-        if wg.dtype != x.dtype or wu.dtype != x.dtype:
-            return result.fail(f"dtypes x={x.dtype}, gate={wg.dtype}, up={wu.dtype}: not one dtype", wg)
+        read = (wg_read.dtype, wu_read.dtype) if self._cast else (wg.dtype, wu.dtype)
+        if read != (x.dtype, x.dtype) or wg.dtype != wu.dtype:
+            return result.fail(f"dtypes x={x.dtype}, gate={wg.dtype}, up={wu.dtype}"
+                               f"{f' read as {read[0]}, {read[1]}' if self._cast else ''}: not one dtype", wg)
         if self._bias:
             b1, b2 = match.const_value(bg), match.const_value(bu)
             if b1 is None or b2 is None:
@@ -101,8 +111,9 @@ class SwigluFusion(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, wg, wu, bg=None, bu=None, shape=None, gate_3d=None, **_):
         graph = self._graph
         w_name = match.unique_initializer_name(graph, f"{wg.name}_gate_up")
-        w = match.concatenated(w_name, [wg, wu], axis=1)  # [gate ; up] along the output dim
-        h = op.MatMul(x, op.initializer(w, name=w_name))
+        w = match.concatenated(w_name, [wg, wu], axis=1, stored=self._cast)  # [gate ; up] along the output dim
+        merged = op.initializer(w, name=w_name)
+        h = op.MatMul(x, op.Cast(merged, to=x.dtype) if self._cast else merged)
         record_made(graph, w_name, [wg.name, wu.name], "concat axis 1", made_by="fuse-swiglu")
         self._sources += [wg, wu]
         if bg is not None:
@@ -487,6 +498,8 @@ def rules() -> pattern.RewriteRuleSet:
     found = [SwigluFusion.rule(f"Swiglu{'-bias' if bias else ''}{'-reshaped' if reshaped else ''}"
                                f"{'-up-first' if up_first else ''}", bias, up_first, reshaped)
              for bias, reshaped in ((False, False), (True, False), (True, True)) for up_first in (False, True)]
+    found += [SwigluFusion.rule(f"Swiglu-cast{'-up-first' if up_first else ''}", False, up_first, cast=True)
+              for up_first in (False, True)]
     found += [SwigluGemmFusion.rule(f"Swiglu-gemm{'-bias' if bias else ''}{'-up-first' if up_first else ''}", bias,
                                     up_first) for bias in (False, True) for up_first in (False, True)]
     found += [SwigluHalvesFusion.rule(f"Swiglu-halves-{split}{'-second' if gate_index else ''}-{source}"

@@ -39,19 +39,20 @@ def last_axes(axes, rank: int) -> bool:
     return len(axes) == 1 and last_axis(axes[0], rank)
 
 
-def made_weight(name: str, make, sources: list[ir.Value], axis: int = 0) -> ir.TensorProtocol:
+def made_weight(name: str, make, sources: list[ir.Value], axis: int = 0, dtype=None) -> ir.TensorProtocol:
     """A weight a pass makes from others (`make()`: merged gate/up), of the sources' shapes concatenated
     along `axis` (one source: its shape), computed only when read: by the spill after the pass
     (graphconv.frontend.weights.spill_new_tensors), one weight at a time, or when the model is serialized.
     The sources' memory maps are closed after each computation, so that a pass over 32 layers never holds
-    32 layers' weights. Its dtype is const_value's (bfloat16 read as float32). A source that is a Constant
-    node's output (not an initializer) makes it at once."""
+    32 layers' weights. Its dtype is const_value's (bfloat16 read as float32), or `dtype` (an ir.DataType: what
+    make() returns). A source that is a Constant node's output (not an initializer) makes it at once."""
     if any(v.const_value is None for v in sources):
         return ir.tensor(make(), name=name)
     first = sources[0].const_value
     shape = list(first.shape)
     shape[axis] = sum(v.const_value.shape[axis] for v in sources)
-    dtype = np.dtype(np.float32) if first.dtype == ir.DataType.BFLOAT16 else first.dtype.numpy()
+    if dtype is None:
+        dtype = ir.DataType.FLOAT if first.dtype == ir.DataType.BFLOAT16 else first.dtype
 
     def compute() -> ir.Tensor:
         array = make()
@@ -60,13 +61,19 @@ def made_weight(name: str, make, sources: list[ir.Value], axis: int = 0) -> ir.T
                 v.const_value.release()
         return ir.tensor(array, name=name)
 
-    return ir.LazyTensor(compute, dtype=ir.DataType.from_numpy(dtype), shape=ir.Shape(shape), name=name)
+    return ir.LazyTensor(compute, dtype=dtype, shape=ir.Shape(shape), name=name)
 
 
-def concatenated(name: str, sources: list[ir.Value], axis: int) -> ir.TensorProtocol:
+def concatenated(name: str, sources: list[ir.Value], axis: int, stored: bool = False) -> ir.TensorProtocol:
     """made_weight of np.concatenate(sources' values, axis), marked as such (weights.Concatenated: where every
-    source is in a file, the spill after the pass only names it)."""
-    made = made_weight(name, lambda: np.concatenate([const_value(v) for v in sources], axis=axis), sources, axis)
+    source is in a file, the spill after the pass only names it). `stored`: in the sources' own dtype (bfloat16
+    stays bfloat16: weights read through a Cast, which the merged one is too)."""
+    if stored:
+        made = made_weight(name, lambda: np.concatenate([v.const_value.numpy() for v in sources], axis=axis),
+                           sources, axis, dtype=sources[0].const_value.dtype)
+    else:
+        made = made_weight(name, lambda: np.concatenate([const_value(v) for v in sources], axis=axis), sources,
+                           axis)
     if not isinstance(made, ir.LazyTensor):
         return made
     return weights.Concatenated(made._func, sources, axis, dtype=made.dtype, shape=made.shape, name=name)

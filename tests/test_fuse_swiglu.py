@@ -24,8 +24,9 @@ H, I = 16, 32  # noqa: E741
 
 
 def _mlp_graph(act="sigmoid", sigmoid_first=False, up_first=False, bias=False, opset=17, dtype=TensorProto.FLOAT,
-               const_weights=True, shared_x=True, up_shape=(H, I)):
-    """down(act(x @ Wg [+ bg]) * (x @ Wu [+ bu])) over x[batch, seq, H]."""
+               const_weights=True, shared_x=True, up_shape=(H, I), stored=None):
+    """down(act(x @ Wg [+ bg]) * (x @ Wu [+ bu])) over x[batch, seq, H]. `stored` (a low ONNX dtype): the
+    projection weights are stored so and read through Cast(to=dtype), as a `--dtype auto` export writes them."""
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     rng = np.random.default_rng(0)
     weights = {"wg": rng.standard_normal((H, I)) * 0.3, "wu": rng.standard_normal(up_shape) * 0.3,
@@ -33,13 +34,19 @@ def _mlp_graph(act="sigmoid", sigmoid_first=False, up_first=False, bias=False, o
                "bu": rng.standard_normal(I) * 0.1}
     inits = [numpy_helper.from_array(v.astype(np_dtype), k) for k, v in weights.items()
              if (bias or k[0] != "b") and (const_weights or k != "wg")]
+    casts = []
+    if stored is not None:
+        low = helper.tensor_dtype_to_np_dtype(stored)
+        inits = [numpy_helper.from_array(weights[t.name].astype(low), f"{t.name}_stored") if t.name[0] == "w" else t
+                 for t in inits]
+        casts = [helper.make_node("Cast", [f"{w}_stored"], [w], to=dtype) for w in ("wg", "wu", "wd")]
     inputs = [helper.make_tensor_value_info("x", dtype, ["batch", "seq", H])]
     if not const_weights:
         inputs.append(helper.make_tensor_value_info("wg", dtype, [H, I]))
     if not shared_x:
         inputs.append(helper.make_tensor_value_info("x2", dtype, ["batch", "seq", H]))
-    nodes = [helper.make_node("MatMul", ["x", "wg"], ["g0" if bias else "g"]),
-             helper.make_node("MatMul", ["x" if shared_x else "x2", "wu"], ["u0" if bias else "u"])]
+    nodes = casts + [helper.make_node("MatMul", ["x", "wg"], ["g0" if bias else "g"]),
+                     helper.make_node("MatMul", ["x" if shared_x else "x2", "wu"], ["u0" if bias else "u"])]
     if bias:
         nodes += [helper.make_node("Add", ["g0", "bg"], ["g"]), helper.make_node("Add", ["bu", "u0"], ["u"])]
     if act == "sigmoid":
@@ -101,6 +108,40 @@ def test_each_spelling_merges_and_keeps_numerics(spelling, pipeline):
         np.testing.assert_array_equal(inits["bg_gate_up"], np.concatenate([src["bg"], src["bu"]]))
     tol = 1e-2 if spelling.get("dtype") == TensorProto.FLOAT16 else 1e-5
     assert_same_numerics(original, fused, tol, tol)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("spelling", [dict(stored=TensorProto.BFLOAT16),
+                                      dict(stored=TensorProto.FLOAT16, up_first=True),
+                                      dict(stored=TensorProto.BFLOAT16, sigmoid_first=True)],
+                         ids=lambda s: spelling_id(s, "plain"))
+def test_weights_read_through_casts_merge_as_stored(spelling, pipeline):
+    """MatMul(x, Cast(Wg)) and MatMul(x, Cast(Wu)) with bf16/fp16 initializers (a `--dtype auto` export of a bf16
+    checkpoint, at sizes where onnxsim leaves the Casts): one merged weight in the stored dtype, read through
+    one Cast, then Swiglu; the same numerics."""
+    original = _mlp_graph(**spelling)
+    counts, _, fused = _run(original, pipeline)
+    assert counts["fuse-swiglu"] == 1
+    ops = [n.op_type for n in fused.graph.node if n.op_type != "Constant"]
+    assert sorted(ops) == sorted(["Cast", "Cast", "MatMul", "Swiglu", "MatMul"])  # (the merged one's, down's)
+    inits = {i.name: i for i in fused.graph.initializer}
+    assert "wg_stored" not in inits and "wu_stored" not in inits
+    merged = inits["wg_stored_gate_up"]
+    assert merged.data_type == spelling["stored"]
+    src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    np.testing.assert_array_equal(numpy_helper.to_array(merged),
+                                  np.concatenate([src["wg_stored"], src["wu_stored"]], axis=1))
+    assert_same_numerics(original, fused, 1e-5, 1e-5)
+
+
+def test_weights_read_as_another_dtype_than_x_do_not_merge_and_say_why():
+    model = _mlp_graph(stored=TensorProto.BFLOAT16)
+    cast = next(n for n in model.graph.node if n.op_type == "Cast" and n.output[0] == "wu")
+    cast.attribute[0].i = TensorProto.FLOAT16
+    counts, skipped, _ = _run(model, "fuse-swiglu")
+    assert counts["fuse-swiglu"] == 0
+    reason = "Mul: dtypes x=FLOAT, gate=BFLOAT16, up=BFLOAT16 read as FLOAT, FLOAT16: not one dtype"
+    assert reason in skipped["fuse-swiglu"]
 
 
 def _reshaped_linear_graph():
@@ -504,7 +545,7 @@ def test_real_export_geglu_is_refused_with_the_reason(arch, export_cache, tmp_pa
     assert report.fusions["fuse-swiglu"] == 0 and "Swiglu" not in report.census
 
 
-def _external_mlp(tmp_path, monkeypatch, dtype=TensorProto.FLOAT):
+def _external_mlp(tmp_path, monkeypatch, dtype=TensorProto.FLOAT, **graph):
     """_mlp_graph saved with every weight in mlp.onnx.data, loaded as a compile loads it (none read into the
     proto, though they are small)."""
     from graphconv.frontend import weights
@@ -512,7 +553,7 @@ def _external_mlp(tmp_path, monkeypatch, dtype=TensorProto.FLOAT):
 
     monkeypatch.setattr(weights, "INLINE_MAX_BYTES", 0)
 
-    original = _mlp_graph(dtype=dtype)
+    original = _mlp_graph(dtype=dtype, **graph)
     path = tmp_path / "mlp.onnx"
     saved = onnx.ModelProto()
     saved.CopyFrom(original)  # (saving moves the tensors out of the proto it is given)
@@ -557,6 +598,23 @@ def test_merged_weight_of_external_sources_is_written_nowhere(tmp_path, monkeypa
     assert weights.weight_ref(proto).parts == ()  # the parts went with their spill file
 
 
+def test_merged_weight_of_bfloat16_sources_read_through_casts_is_written_nowhere(tmp_path, monkeypatch):
+    """The Cast spelling merges bf16 sources as stored (bf16): in files, the merged weight is only named, as an
+    fp32 one is, rather than made fp32 and written (twice their bytes)."""
+    from graphconv.frontend import weights
+
+    original, m = _external_mlp(tmp_path, monkeypatch, stored=TensorProto.BFLOAT16)
+    passes.PassManager("fuse-swiglu").run(m)
+    monkeypatch.setattr(weights, "SPILL_MIN_BYTES", 0)
+    spill = weights.SpillFile(tmp_path / "spill.bin")
+    assert weights.spill_new_tensors(m, spill) == 0
+    made = m.graph.initializers["wg_stored_gate_up"].const_value
+    assert isinstance(made, weights.ConcatenatedTensor) and made.dtype == ir.DataType.BFLOAT16
+    src = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    np.testing.assert_array_equal(made.numpy(), np.concatenate([src["wg_stored"], src["wu_stored"]], axis=1))
+    assert not spill.path.exists()
+
+
 @pytest.mark.parametrize("case", ["in memory", "bfloat16"])
 def test_merged_weight_of_bfloat16_or_in_memory_sources_is_spilled(tmp_path, monkeypatch, case):
     """Where a source is in no file, or the merged weight's bytes are not its sources' (bfloat16 sources are
@@ -575,3 +633,37 @@ def test_merged_weight_of_bfloat16_or_in_memory_sources_is_spilled(tmp_path, mon
     assert type(t) is ir.ExternalTensor and moved >= t.nbytes and spill.concatenated_bytes == 0
     src = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in original.graph.initializer}
     np.testing.assert_array_equal(t.numpy(), np.concatenate([src["wg"], src["wu"]], axis=1))
+
+
+def test_bf16_checkpoint_exported_auto_gets_one_swiglu_per_layer(tmp_path):
+    """A bf16 checkpoint (save_pretrained) exported `--dtype auto` reads every weight through Cast(to=FLOAT); past
+    onnxscript's folding limit (8,192 elements; every real model's weights) the Casts stay, and the gate/up
+    projections merge as stored: Swiglu once per decoder layer (2), the compile verified."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from graphconv.verify.census import primitive_census
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    tf.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "ckpt")
+    root = Path(__file__).resolve().parent.parent
+
+    def cli(*args):
+        proc = subprocess.run([sys.executable, "-m", "graphconv", *map(str, args)], capture_output=True, text=True,
+                              cwd=root)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    cli("export", tmp_path / "ckpt", "-o", tmp_path / "exp", "--task", "text-generation", "--dtype", "auto", "-q")
+    exported = onnx.load(str(tmp_path / "exp" / "model.onnx"), load_external_data=False)
+    stored = {t.name for t in exported.graph.initializer if t.data_type == TensorProto.BFLOAT16}
+    assert sum(n.op_type == "Cast" and n.input[0] in stored for n in exported.graph.node) >= 7 * 2  # (the spelling)
+    report = json.loads(cli("compile", tmp_path / "exp" / "model.onnx", "-o", tmp_path / "m.mindir", "--json").stdout)
+    assert report["status"] == "verified" and report["fusions"]["fuse-swiglu"] == 2
+    census = primitive_census(tmp_path / "m.mindir")
+    assert census.get("Swiglu") == 2 and not census.get("SiLU")
