@@ -429,6 +429,12 @@ def _strip_state(mindirs: list[Path]) -> dict[str, dict]:
     return params
 
 
+def _state_bytes(params: dict[str, dict]) -> int:
+    """The bytes of the state Parameters (generation.json's state.params) a loader gives zeros for."""
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
+    return sum(int(np.prod(p["shape"])) * itemsize.get(p["dtype"], 4) for p in params.values())
+
+
 def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
     """The stateful graph's cached steps against onnxruntime on the ONNX pair: three prompts of different lengths
     (left-padded), four greedy steps, every step's logits compared (graphconv.generation's --check)."""
@@ -635,18 +641,17 @@ def _compile_into(gen_dir: Path, bundle: Path | None, export_dir: Path, meta: di
         if capacity is not None:
             held = next(s["detail"]["cache_held_in_place"] for s in next(iter(graphs.values()))["stages"]
                         if s["name"] == "load")
-            report["cache"] = {**held, "stored": "no: zeros made at load (generation.json's state.params)",
+            report["cache"] = {**held, "bytes": _state_bytes(state["params"]),  # (in the ascend MindIR's dtype)
+                               "stored": "no: zeros made at load (generation.json's state.params)",
                                "cached_steps_check": cached_steps}
         else:
             report["cache"] = {"held_in_place": False, "why": not_held}
         if tp is not None:
             own = next(iter(graphs.values()))["validation"].get("tensor_parallel") or {}
-            itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
             report["tensor_parallel"] = {
                 "tp": tp, "plan": str(gen_dir / "plan.json"), "ranks": own.get("ranks"),
                 "unsharded_weight_bytes": own.get("unsharded_weight_bytes"),
-                "cache_bytes_per_rank": sum(int(np.prod(p["shape"])) * itemsize.get(p["dtype"], 4)
-                                            for p in state["params"].values()),
+                "cache_bytes_per_rank": _state_bytes(state["params"]),
                 "checked": "each rank's prompt call under msrun vs onnxruntime on the unsharded graph (the "
                            "compile's cases); the cached steps by generating under msrun (cache.cached_steps_check)"}
         if bundle_staging is not None and tp is not None:

@@ -446,6 +446,7 @@ def test_a_low_precision_compile_holds_the_cache_low_and_its_cpu_mindir_fp32(tmp
     low = {"bf16": "bfloat16", "fp16": "float16"}[precision]
     assert {p["dtype"] for p in state["params"].values()} == {low} and len(state["params"]) == 4
     assert {p["dtype"] for p in state["cpu_params"].values()} == {"float32"}
+    assert report["cache"]["bytes"] == 4 * 64 * 2 * 2 * 2 * 16 * 2  # rows, positions, layers, k/v, heads, dims, bytes
     census = primitive_census(gen / "decode.mindir")
     assert census.get("FusedInferAttentionScore") == 2 and census.get("ScatterNdUpdate") == 4
     _generate_matches_transformers(src, gen, eos=2, pad=2)
