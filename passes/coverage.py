@@ -101,18 +101,26 @@ def _reaches_concat(value: ir.Value, hops: int = 2) -> bool:
     return False
 
 
-def _products_combined(value: ir.Value | None, op_type: str) -> bool:
+def products_combined(value: ir.Value | None, op_type: str) -> bool:
     node = value.producer() if value is not None else None
     return node is not None and _std(node, op_type) and all(
         v is not None and v.producer() is not None and _std(v.producer(), "Mul") for v in node.inputs)
 
 
+def holds_rotation(node: ir.Node) -> bool:
+    """A Concat of a half-length rotation's products, (Sub, Add) or (Add, Sub), or with more inputs a (Sub, Add)
+    pair among them (onnxsim merges DeepSeek's cat(q_pass, cat(Sub, Add)) into one Concat)."""
+    ins = list(node.inputs)
+    if len(ins) == 2:
+        return any(products_combined(ins[k], "Sub") and products_combined(ins[1 - k], "Add") for k in (0, 1))
+    return any(products_combined(ins[i], "Sub") and products_combined(ins[i + 1], "Add")
+               for i in range(len(ins) - 1))
+
+
 def rotary_candidates(graph: ir.Graph) -> list[ir.Node]:
     return [n for n in graph
             if (_std(n, "Neg") and _reaches_concat(n.outputs[0])) or _std(n, "RotaryEmbedding")
-            or (_std(n, "Concat") and len(n.inputs) == 2 and any(
-                _products_combined(n.inputs[k], "Sub") and _products_combined(n.inputs[1 - k], "Add")
-                for k in (0, 1)))]
+            or (_std(n, "Concat") and holds_rotation(n))]
 
 
 _MS_ACTIVATIONS = {"SiLU", "Gelu", "GeluTanh", "FastGelu"}

@@ -51,7 +51,8 @@ or 3-D (B, S, N*D) x, halves (mode 0) or pairs (mode 1, cos/sin batch static 1),
 (rotary_embedding_dim), cos/sin given or gathered by position_ids (NativeRotaryEmbedding below).
 The half-length form (transformers 5's gpt-oss and DeepSeek: cat(x1*cos - x2*sin, x2*cos + x1*sin) with cos/sin
 of D/2 angles, halves by Slices or Split) fuses as mode 0 with cos/sin doubled (cat(cos, cos)), which is the
-same rotation. Not matched: complex-number RoPE.
+same rotation. With pairs instead of halves (x1 = x[..., 0::2], x2 = x[..., 1::2]: DeepSeek-V3's
+rope_interleave, the output de-interleaved) it is the same rotation of cat(x1, x2), which the fused node takes. Not matched: complex-number RoPE.
 MindSpore's `ApplyRotaryPosEmb` (q and k together) is never emitted.
 """
 
@@ -530,7 +531,33 @@ class HalfLengthSlices(_RopeFusion):
                          _outputs=["rot"])
 
     def check_rotation(self, x, d, b):
+        if _pairs_by_slices(b, d):  # DeepSeek-V3's rope_interleave: de-interleaved by the rewrite
+            return _joined_on_last_axis(b, HALF_LENGTH_PARTS)
         return _halves_by_slices(b, d) or _joined_on_last_axis(b, HALF_LENGTH_PARTS)
+
+    def rewrite(self, op, x, cos, sin, x1=None, x2=None, **kw):
+        """With pairs (x1 = x[..., 0::2], x2 = x[..., 1::2]: transformers' apply_rotary_pos_emb_interleave, whose
+        output is in the de-interleaved order), the rotation is rotate_half's of cat(x1, x2), which is given to
+        RotaryPositionEmbedding instead of x: the same numbers, no mode 1 (which needs cos[2i] = cos[2i+1])."""
+        d = x.shape[3]
+        if x1 is not None and _pairs_by_slices({"x1": x1, "x2": x2}, d):
+            def ints(v):
+                return op.Constant(value=ir.tensor(np.array([v], np.int64)))
+
+            pairs = [op.Slice(x, ints(start), ints(d), ints(-1), ints(2)) for start in (0, 1)]  # (the matched
+            for half in pairs:                                                                   # ones go)
+                half.shape, half.dtype = ir.Shape([*list(x.shape)[:3], d // 2]), x.dtype
+            deinterleaved = op.Concat(*pairs, axis=-1)
+            deinterleaved.shape, deinterleaved.dtype = x.shape, x.dtype
+            x = deinterleaved
+        return super().rewrite(op, x, cos, sin, **kw)
+
+
+def _pairs_by_slices(b: dict, d: int) -> bool:
+    """Whether the Slices giving x1 and x2 take x[..., 0::2] and x[..., 1::2] (interleaved pairs)."""
+    x1, x2 = b["x1"].producer(), b["x2"].producer()
+    return x1 is not None and x2 is not None and x1.op_type == x2.op_type == "Slice" and \
+        _slice_range(x1, 4, d) == (0, d, 2) and _slice_range(x2, 4, d) == (1, d, 2)
 
 
 class HalfLengthSplit(HalfLengthSlices):
@@ -765,8 +792,43 @@ def rules() -> pattern.RewriteRuleSet:
         NativeRotaryEmbedding.rule("RoPE-native-opset23-position-ids", True)], commute=True)
 
 
+def split_merged_rotations(model: ir.Model) -> None:
+    """onnxsim merges a Concat into the Concat that reads it: DeepSeek's query cat(q_pass, cat(x1*cos - x2*sin,
+    x2*cos + x1*sin)) becomes one Concat(q_pass, Sub, Add), where the half-length form is no longer a node of its
+    own. Each such consecutive (Sub, Add) pair of products on a Concat's last axis is made its own Concat again
+    (concatenation is associative: the same values), for the rules and the coverage to see."""
+    for node in list(model.graph):
+        if not (is_default_domain(node.domain) and node.op_type == "Concat" and len(node.inputs) > 2):
+            continue
+        rank = node.outputs[0].shape.rank() if node.outputs[0].shape is not None else None
+        if rank is None or not _last_axis(node.attributes.get_int("axis"), rank):
+            continue
+        inputs = list(node.inputs)
+        pair = next((i for i in range(len(inputs) - 1) if coverage.products_combined(inputs[i], "Sub")
+                     and coverage.products_combined(inputs[i + 1], "Add")), None)
+        if pair is None:
+            continue
+        # (the inner one keeps the name: it is the coverage's candidate, fused or refused)
+        inner = ir.node("Concat", inputs[pair:pair + 2], attributes={"axis": -1}, name=node.name)
+        dims = list(inputs[pair].shape) if inputs[pair].shape is not None else None
+        if dims is not None and all(isinstance(d, int) for d in (dims[-1], inputs[pair + 1].shape[-1])):
+            dims[-1] = dims[-1] + inputs[pair + 1].shape[-1]
+            inner.outputs[0].shape = ir.Shape(dims)
+        inner.outputs[0].dtype = inputs[pair].dtype
+        inner.outputs[0].name = f"{node.outputs[0].name}_rotation"
+        outer = ir.node("Concat", [*inputs[:pair], inner.outputs[0], *inputs[pair + 2:]],
+                        attributes={"axis": node.attributes.get_int("axis")}, name=f"{node.name}_outer")
+        outer.outputs[0].shape, outer.outputs[0].dtype = node.outputs[0].shape, node.outputs[0].dtype
+        model.graph.insert_before(node, [inner, outer])
+        name = node.outputs[0].name
+        node.outputs[0].replace_all_uses_with(outer.outputs[0], replace_graph_outputs=True)
+        model.graph.remove(node, safe=True)
+        outer.outputs[0].name = name
+
+
 PASS = rewrite_pass("fuse-rope", "rotary embedding application x*cos + rot(x)*sin (rotate_half, interleaved, "
-                    "partial) -> mindspore::RotaryPositionEmbedding", rules, candidates=coverage.rotary_candidates)
+                    "partial) -> mindspore::RotaryPositionEmbedding", rules, candidates=coverage.rotary_candidates,
+                    prepare=split_merged_rotations)
 
 
 # --- fusion coverage: why a rotary candidate was left ----------------------------------------------------------

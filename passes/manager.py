@@ -111,14 +111,23 @@ def apply_rules(ruleset, model: ir.Model, candidates: Callable[[ir.Graph], list]
 
 
 def rewrite_pass(name: str, description: str, rules, *, default: bool = True,
-                 candidates: Callable[[ir.Graph], list] | None = None) -> Pass:
+                 candidates: Callable[[ir.Graph], list] | None = None,
+                 prepare: Callable[[ir.Model], None] | None = None) -> Pass:
     """Register a pass that applies onnxscript rewrite rules: a RewriteRuleSet, a list of rules, or a
     function returning either, called for each application. Rule objects keep what they matched last (the
     onnxscript matcher its last match, a check the analysis it hands to its rewrite), so rules a module holds
     would hold a compile's graph after it: the built-in passes give a function.
-    candidates: every node the rules could fuse, if a function can tell (see apply_rules)."""
+    candidates: every node the rules could fuse, if a function can tell (see apply_rules).
+    prepare: run on the model first, to restore a spelling the rules match that another tool merged away (an
+    exact rewrite; the candidates are counted after it)."""
     make = _rules_maker(rules)
-    register_pass(name, description, default=default)(lambda model: apply_rules(make(), model, candidates))
+
+    def apply(model: ir.Model) -> PassResult:
+        if prepare is not None:
+            prepare(model)
+        return apply_rules(make(), model, candidates)
+
+    register_pass(name, description, default=default)(apply)
     return _PASSES[name]
 
 

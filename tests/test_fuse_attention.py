@@ -83,9 +83,12 @@ def _repeat(g, x, how, n2, n1, d):
 def _attention_graph(scale_on="scores-mul", kt="transpose", mask="add", causal="trilu", padding=True, gqa=None,
                      n1=4, n2=None, d=16, scale=0.3, fill=FMIN, opset=18, dtype=TensorProto.FLOAT, softmax_axis=-1,
                      probs_output=False, native=False, bias_input=False, mask_last_dim_one=False, full_mask=False,
-                     old_bert_mask=None, softmax_fp32=False, safe_softmax=None, softcap=None, scale_input=False):
-    """Attention over q (B, n1, S, d), k/v (B, n2, S, d) and an int64 attention_mask (B, S), spelled as the
-    arguments say; the output is (B, S, n1, d) so padded query rows are not compared."""
+                     old_bert_mask=None, softmax_fp32=False, safe_softmax=None, softcap=None, scale_input=False,
+                     dv=None):
+    """Attention over q (B, n1, S, d), k (B, n2, S, d), v (B, n2, S, dv; default d: MLA's is smaller) and an int64
+    attention_mask (B, S), spelled as the arguments say; the output is (B, S, n1, dv) so padded query rows are
+    not compared."""
+    dv = dv or d
     n2 = n2 or (2 if gqa and gqa != "tile-heads" else (1 if gqa == "mqa" else n1))
     if gqa == "mqa":
         n2 = 1
@@ -94,11 +97,11 @@ def _attention_graph(scale_on="scores-mul", kt="transpose", mask="add", causal="
     k_shape = {"bsnd": ["batch", "seq", n2, d], "input": ["batch", n2, d, "seq"]}.get(kt, ["batch", n2, "seq", d])
     inputs = [helper.make_tensor_value_info("q", dtype, ["batch", n1, "seq", d]),
               helper.make_tensor_value_info("k", dtype, k_shape),
-              helper.make_tensor_value_info("v", dtype, ["batch", n2, "seq", d]),
+              helper.make_tensor_value_info("v", dtype, ["batch", n2, "seq", dv]),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])]
     q, k, v = "q", "k", "v"
     if gqa and gqa != "mqa":
-        k, v = _repeat(g, k, gqa, n2, n1, d), _repeat(g, v, gqa, n2, n1, d)
+        k, v = _repeat(g, k, gqa, n2, n1, d), _repeat(g, v, gqa, n2, n1, dv)
     # the mask: causal (Trilu or Range/compare) and padding -> allowed (B, 1, S, S) bool
     allowed = None
     if causal == "trilu":
@@ -187,7 +190,7 @@ def _attention_graph(scale_on="scores-mul", kt="transpose", mask="add", causal="
             probs = g.op("Where", g.op("IsNaN", probs), g.const(np.array(safe_softmax, npdt)), probs)
         out = g.op("MatMul", probs, v)
     g.nodes.append(helper.make_node("Transpose", [out], ["out"], perm=[0, 2, 1, 3]))
-    outputs = [helper.make_tensor_value_info("out", dtype, ["batch", "seq", n1, d])]
+    outputs = [helper.make_tensor_value_info("out", dtype, ["batch", "seq", n1, dv])]
     if probs_output:
         g.nodes.append(helper.make_node("Identity", [probs], ["probs"]))
         outputs.append(helper.make_tensor_value_info("probs", dtype, None))
@@ -245,6 +248,8 @@ SPELLINGS = {
     "opset-23 Attention, additive mask, GQA": dict(native=True, opset=23, gqa="expand"),
     "opset-23 Attention, native GQA kv heads": dict(native=True, opset=23, n2=2),
     "opset-23 Attention, bool mask, default scale": dict(native=True, opset=23, mask="bool", scale=None),
+    "MLA: values of a smaller head dim (padded with zeros, the output cut)": dict(d=32, dv=16),
+    "MLA + GQA repeat, dynamo SDPA kT": dict(d=32, dv=16, gqa="expand", kt="reshape3d", scale_on="qk"),
 }
 
 
@@ -298,6 +303,8 @@ NEAR_MISSES = {
     "negative scale": (dict(scale_on="scores-mul", scale=-0.3), "not a positive"),
     "scale not a constant": (dict(scale_input=True), "not a (scaled, masked) MatMul"),
     "soft-capped scores (Gemma-2)": (dict(softcap=50.0), "soft-capped scores (c·tanh(s/c), logit soft-capping)"),
+    "values of a larger head dim than q and k": (dict(d=16, dv=32), "head dims q=16, k=16, v=32: q and k differ or "
+                                                                     "v is larger"),
     "safe softmax filling 0.5, not 0": (dict(safe_softmax=0.5), "not into Where(IsNaN(p), 0, p)"),
 }
 
@@ -873,3 +880,31 @@ def test_fp16_model_needs_no_ascend_precision_check(tmp_path):
         assert report.fusions["fuse-attention"] == cfg.layers
         assert report.validation["ascend_precision"]["status"] == status, dtype
         assert ("ascend-precision" in [s.name for s in report.stages]) == (dtype == "fp32")
+
+
+def test_deepseek_v3_mla_fuses_attention_and_its_interleaved_rotary(tmp_path):
+    """transformers' DeepSeek-V3 (MLA: q/k head dim 16 + 16 rotary, v 16; rope_interleave, its default), saved by
+    save_pretrained and exported by `graphconv export`: per layer (2) one FlashAttentionScore over the values
+    padded to the q/k head dim, and q's and k's rotary (4), which onnxsim merges into the Concat with the
+    pass-through part and which takes its pairs de-interleaved; coverage complete, the network verified."""
+    tf = pytest.importorskip("transformers")
+    import torch
+    from click.testing import CliRunner
+
+    from graphconv.cli import cli
+
+    torch.manual_seed(0)
+    config = tf.DeepseekV3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                                 qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, first_k_dense_replace=2,
+                                 max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+    assert config.rope_interleave
+    tf.DeepseekV3ForCausalLM(config).eval().save_pretrained(tmp_path / "ckpt")
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "ckpt"), "-o", str(tmp_path / "exp"), "--task",
+                                      "text-generation", "-q"])
+    assert result.exit_code == 0, result.output
+    report = graphconv.compile(tmp_path / "exp" / "model.onnx", tmp_path / "m.mindir", target="ascend")
+    assert report.status == "verified"
+    assert report.census.get("FlashAttentionScore") == 2 and report.census.get("RotaryPositionEmbedding") == 4
+    for family, n in (("attention", 2), ("rotary", 4)):
+        assert (report.coverage[family]["candidates"], report.coverage[family]["fused"]) == (n, n), family

@@ -978,15 +978,20 @@ def test_opset23_native_rotary_embedding_refusals(name):
 
 # --- the half-length form: cat(x1*cos - x2*sin, x2*cos + x1*sin), cos/sin of D/2 angles -------------------------
 def _half_length_graph(halves="slices", cos_shape=("seq", D // 2), swap=False, opset=18,
-                       elem=TensorProto.FLOAT, inverse=False):
+                       elem=TensorProto.FLOAT, inverse=False, merged=False):
     """transformers 5's gpt-oss / DeepSeek `_apply_rotary_emb` on x (B, N, S, D); `inverse`: the rotation the
-    other way (x1*cos + x2*sin, x2*cos - x1*sin), which is not RoPE's."""
+    other way (x1*cos + x2*sin, x2*cos - x1*sin), which is not RoPE's. halves="pairs": x1 = x[..., 0::2], x2 =
+    x[..., 1::2] (DeepSeek-V3's apply_rotary_pos_emb_interleave). `merged`: the rotation's Concat merged with the
+    one that joins it to a pass-through part p (B, N, S, 8), as onnxsim leaves DeepSeek's query: Concat(p, Sub,
+    Add)."""
     g = _G(opset)
     shape = ["batch", N, "seq", D]
     x = g.input("x", elem, shape)
     cos, sin = g.input("cos", elem, list(cos_shape)), g.input("sin", elem, list(cos_shape))
     if halves == "slices":
         x1, x2 = g.slice(x, 0, D // 2), g.slice(x, D // 2, INT64_MAX)
+    elif halves == "pairs":
+        x1, x2 = g.slice(x, 0, INT64_MAX, step=2), g.slice(x, 1, INT64_MAX, step=2)
     else:
         x1, x2 = "x1", "x2"
         g.nodes.append(helper.make_node("Split", [x], [x1, x2], name="n_split", axis=-1, num_outputs=2))
@@ -996,6 +1001,9 @@ def _half_length_graph(halves="slices", cos_shape=("seq", D // 2), swap=False, o
 
     first = g.node("Add" if inverse else "Sub", [mul(x1, cos), mul(x2, sin)])
     second = g.node("Sub" if inverse else "Add", [mul(x2, cos), mul(x1, sin)])
+    if merged:
+        passed = g.input("p", elem, ["batch", N, "seq", 8])
+        return g.model(g.node("Concat", [passed, first, second], axis=-1), elem, ["batch", N, "seq", D + 8])
     return g.model(g.node("Concat", [first, second], axis=-1), elem, shape)
 
 
@@ -1006,6 +1014,9 @@ HALF_LENGTH = {
     "(1,1,S,D/2) cos": dict(cos_shape=(1, 1, "seq", D // 2), halves="split"),
     "(B,1,S,D/2) cos": dict(cos_shape=("batch", 1, "seq", D // 2)),
     "fp16": dict(elem=TensorProto.FLOAT16),
+    "pairs (DeepSeek-V3's rope_interleave)": dict(halves="pairs"),
+    "merged into the Concat with a pass-through part (onnxsim)": dict(merged=True),
+    "pairs, merged (DeepSeek-V3's query after onnxsim)": dict(halves="pairs", merged=True),
 }
 
 
@@ -1023,8 +1034,13 @@ def test_the_half_length_form_fuses_once_as_mode_0_and_keeps_numerics(name):
 
 def test_the_half_length_form_is_a_candidate_and_its_refusal_is_said():
     """Before, the form had no rotary candidate: an unfused one was a silent zero. The inverse rotation and
-    cos/sin of the full size are refused with a reason in the coverage."""
+    cos/sin of the full size are refused with a reason in the coverage, merged into a wider Concat too."""
     assert (_coverage(_half_length_graph())["candidates"], _coverage(_half_length_graph())["fused"]) == (1, 1)
+    c = _coverage(_half_length_graph(merged=True, inverse=True))
+    assert (c["candidates"], c["fused"]) == (0, 0)  # (an inverse pair (Add, Sub) in a wider Concat: no candidate)
+    c = _coverage(_half_length_graph(merged=True, cos_shape=("seq", D)))
+    assert (c["candidates"], c["fused"]) == (1, 0)
+    assert f"last dim is {D}, not {D // 2}" in c["items"][0]["reason"], c["items"]
     c = _coverage(_half_length_graph(inverse=True))
     assert (c["candidates"], c["fused"]) == (1, 0)
     assert "is the inverse rotation" in c["items"][0]["reason"], c["items"][0]["reason"]

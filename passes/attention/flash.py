@@ -8,10 +8,15 @@ FlashAttentionScore (opmap/fused/flash_attention.py) takes BNSD q/k/v of one flo
 dim that is a multiple of 16 and at most 512, N1 a multiple of N2 (it does GQA itself), an additive mask
 (the SDPA's, proven by stage mask.py; a scalar 0 for none) and an additive position bias `real_shift` added
 BEFORE the scale: the SDPA's bias (added after it) goes in as bias / scale.
+Values of a smaller static head dim than the query's and key's (MLA: DeepSeek-V2/V3, MiniCPM3, Kimi; q and k
+carry 128 + 64 rotary dims, v 128) are padded with zeros to it, and the output cut back: the padded columns of
+the output are zeros, the others exactly the attention over the values given. This is what transformers does
+for its flash-attention path (`F.pad(value_states, [0, qk_head_dim - v_head_dim])`) and what vLLM's DeepSeek-V2
+and MiniCPM3 attention do without an MLA kernel.
 Refused here: dtypes other than one of fp32/fp16/bf16 (below opset 15, fp32 only: the reference body cannot
-express the others), a non-static head count or head dim, a head dim not a multiple of 16 or > 512, k/v head
-dims or head counts that disagree, batch or key lengths that disagree, q heads not a multiple of kv heads,
-a mask not proven (stage mask.py gave the reason).
+express the others), a non-static head count or head dim, a head dim not a multiple of 16 or > 512, q/k head
+dims that disagree, a value head dim larger than theirs, head counts that disagree, batch or key lengths that
+disagree, q heads not a multiple of kv heads, a mask not proven (stage mask.py gave the reason).
 """
 
 from __future__ import annotations
@@ -50,8 +55,9 @@ def check(s: Sdpa, opset: int, model: ir.Model | None = None) -> tuple[int, int]
     n1, d = qd[1], qd[3]
     if not isinstance(n1, int) or not isinstance(d, int):
         raise Refused(f"the query's head count and head dim must be static (shape {qd})")
-    if kd[3] != d or vd[3] != d:
-        raise Refused(f"head dims q={d}, k={kd[3]}, v={vd[3]} differ")
+    if kd[3] != d or not isinstance(vd[3], int) or vd[3] > d:
+        raise Refused(f"head dims q={d}, k={kd[3]}, v={vd[3]}: q and k differ or v is larger"
+                      if isinstance(vd[3], int) else f"head dims q={d}, k={kd[3]}, v={vd[3]}: v's is not static")
     if not (match.may_equal(qd[0], kd[0]) and match.may_equal(qd[0], vd[0]) and match.may_equal(kd[2], vd[2])):
         raise Refused(f"batch or key length of q {qd}, k {kd}, v {vd} disagree")
     n2 = kd[1]
@@ -125,11 +131,19 @@ class ToFlashAttention(SdpaRule):
             elif self._model is not None:
                 manager.note(self._model, f"{out.producer().name}: attention over the KV cache runs as "
                                           f"FlashAttentionScore, not FusedInferAttentionScore: {refusal}")
-        result = getattr(op, kind)(s.q, s.k, s.v, mask, pse, _domain="mindspore", scale=float(s.scale),
+        d, dv = match.dims(s.q)[3], match.dims(s.v)[3]
+        v = s.v if dv == d else op.Pad(s.v, op.Constant(value=ir.tensor(np.array([0] * 7 + [d - dv], np.int64))))
+        result = getattr(op, kind)(s.q, s.k, v, mask, pse, _domain="mindspore", scale=float(s.scale),
                                    head_num=n1, kv_head_num=n2, mask_kind=s.mask_kind, input_layout="BNSD",
                                    sparse_mode=0)
-        result.dtype, result.shape = out.dtype, out.shape
-        return result
+        result.dtype = out.dtype
+        if dv == d:
+            result.shape = out.shape
+            return result
+        result.shape = ir.Shape([*list(out.shape)[:3], d]) if out.shape is not None else None
+        cut = op.Slice(result, *(op.Constant(value=ir.tensor(np.array([v], np.int64))) for v in (0, dv, 3)))
+        cut.dtype, cut.shape = out.dtype, out.shape
+        return cut
 
 
 def rules() -> pattern.RewriteRuleSet:
