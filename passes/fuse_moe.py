@@ -191,8 +191,8 @@ def _biased_refusal(topk: ir.Node) -> str:
         return (f"{what}: MoeGatingTopKSoftmax has no bias or groups, and FusedAddTopKDiv is documented for a "
                 "sigmoid only (its activate_type values unconfirmed, docs/fused_ops.md)")
     return (f"{what}: MoeGatingTopKSoftmax computes a softmax, and FusedAddTopKDiv (MindSpore 2.10: no "
-            "docstring, no MoeGatingTopK) is unconfirmed: which scores it gathers (with the bias or not), "
-            "activate_type, its group limits (docs/fused_ops.md)")
+            "docstring, no MoeGatingTopK) is unconfirmed: which scores it gathers (with the bias or not), the "
+            "masked groups' value (0 or -inf), activate_type, its group limits (docs/fused_ops.md)")
 
 
 def refusal(topk: ir.Node, opset: int) -> str | None:
