@@ -24,8 +24,10 @@ The candidate rules (also stated in each pass's docstring):
   gelu       every Erf, every Gelu, every Tanh of a GELU-shaped argument (a 0.044715 or sqrt(2/pi)
              coefficient within four producers), every Sigmoid of x times a constant other than 1
              (quick GELU).
-  moe        every TopK over Softmax or Sigmoid scores (through Casts), or whose values go on to a Softmax
-             (registered by passes/fuse_moe.py).
+  moe        every TopK over Softmax or Sigmoid scores (through Casts), or whose values go on to a Softmax,
+             or over Sigmoid/Softmax scores plus an expert bias (through a masked_fill's Where) whose indices
+             gather the chosen weights; every ArgMax of router logits whose index gathers from a Softmax
+             (PhiMoE's sparsemixer) (registered by passes/fuse_moe.py).
 """
 
 from __future__ import annotations

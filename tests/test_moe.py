@@ -256,9 +256,13 @@ def router(softmax_axis=-1, topk_attrs=None, k=2, experts=8, tokens="tokens", ex
     elif scores == "sigmoid":
         nodes.append(oh.make_node("Sigmoid", ["logits"], ["p"]))
         nodes.append(oh.make_node("TopK", ["p", "k"], ["vals", "idx"], **(topk_attrs or {})))
-    elif scores == "topk_first":  # top-k of the logits, then a softmax over the k
+    elif scores == "topk_first" and cast == "after_topk":  # Cohere2-MoE's softmax(top, dtype=torch.float)
         nodes.append(oh.make_node("TopK", ["logits", "k"], ["top", "idx"], **(topk_attrs or {})))
-        nodes.append(oh.make_node("Softmax", ["top"], ["vals"], axis=-1))
+        nodes.append(oh.make_node("Cast", ["top"], ["top32"], to=F32))
+        nodes.append(oh.make_node("Softmax", ["top32"], ["vals"], axis=softmax_axis))
+    elif scores == "topk_first":  # top-k of the logits, then a softmax over the k (GPT-OSS, GraniteMoE, Aria)
+        nodes.append(oh.make_node("TopK", ["logits", "k"], ["top", "idx"], **(topk_attrs or {})))
+        nodes.append(oh.make_node("Softmax", ["top"], ["vals"], axis=softmax_axis))
     nodes += [oh.make_node("ReduceSum", ["vals", "axes"], ["s"], keepdims=1),
               oh.make_node("Div", ["vals", "s"], ["w"]), *extra]
     inits = [w, _k(k), numpy_helper.from_array(np.array([-1], np.int64), "axes")]
@@ -302,7 +306,12 @@ def _coverage(model, tmp_path):
 
 @pytest.mark.parametrize("variant,kwargs,reason", [
     ("sigmoid", {"scores": "sigmoid"}, "sigmoid router scores"),
-    ("topk_first", {"scores": "topk_first"}, "top-k before the softmax"),
+    ("topk_first_fp16", {"scores": "topk_first", "dtype": F16}, "top-k before the softmax on FLOAT16 logits"),
+    ("topk_first_values_read_twice", {"scores": "topk_first", "extra": [oh.make_node("Identity", ["top"], ["t"])],
+                                      "outputs": ("w", "idx", "t")}, "the top-k's values are read beyond"),
+    ("topk_first_softmax_axis0", {"scores": "topk_first", "softmax_axis": 0},
+     "the softmax over the top-k values is not over their last axis"),
+    ("topk_first_smallest", {"scores": "topk_first", "topk_attrs": {"largest": 0}}, "smallest-k"),
     ("softmax_axis0", {"softmax_axis": 0}, "the softmax is not over the last (experts') axis"),
     ("smallest", {"topk_attrs": {"largest": 0}}, "smallest-k"),
     ("unsorted", {"topk_attrs": {"sorted": 0}}, "unsorted top-k"),
@@ -316,6 +325,128 @@ def test_routers_that_do_not_fuse_say_why(variant, kwargs, reason, tmp_path):
     assert (cov["candidates"], cov["fused"]) == (1, 0), cov
     (item,) = cov["items"]
     assert item["pass"] == "fuse-moe" and item["reason"].startswith(reason), item
+
+
+@pytest.mark.parametrize("cast", [None, "after_topk"])
+@pytest.mark.parametrize("rank", [2, 3])
+def test_topk_first_router_fuses_renormalised(cast, rank):
+    """topk(logits) then a softmax over the k chosen logits (GPT-OSS, GraniteMoE, Aria; Cohere2-MoE with a Cast
+    to float): MoeGatingTopKSoftmax and y / sum(y), equal to the unfused graph in fp32 within rounding."""
+    model = router(scores="topk_first", cast=cast, rank=rank)
+    count, fused = fuse(model, "fuse-moe")
+    assert count == 1  # one router
+    (node,) = fused_nodes(fused, "MoeGatingTopKSoftmax")
+    assert [a.i for a in node.attribute if a.name == "k"] == [2]
+    assert not [n for n in fused.graph.node if n.op_type in ("Softmax", "TopK", "Cast")]
+    assert_same_numerics(model, fused, 1e-6, 1e-6)
+
+
+def _ties_router(opset=18):
+    nodes = [oh.make_node("TopK", ["logits", "k"], ["top", "idx"], name="router"),
+             oh.make_node("Softmax", ["top"], ["w"], axis=-1)]
+    return _graph(nodes, [("logits", F32, ["tokens", 8])], ["w", "idx"], [_k(3)], opset=opset)
+
+
+def test_topk_first_fusion_keeps_the_experts_at_ties():
+    """Equal logits (a padded all-zero token, repeated values): onnxruntime's TopK over the logits and the fused
+    graph's over the probabilities pick the same experts in the same order (ties in index order), and the same
+    weights."""
+    model = _ties_router()
+    count, fused = fuse(model, "fuse-moe")
+    assert count == 1
+    feeds = [np.zeros((2, 8), np.float32), ties((6, 8), np.float32),
+             np.array([[1, 3, 3, 0, 3, 1, 1, 3]] * 2, np.float32)]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(fused.SerializeToString(), providers=["CPUExecutionProvider"])
+    for x in feeds:
+        (ew, ei), (gw, gi) = want.run(None, {"logits": x}), got.run(None, {"logits": x})
+        np.testing.assert_array_equal(gi, ei)
+        np.testing.assert_allclose(gw, ew, rtol=1e-6, atol=1e-7)
+
+
+def test_topk_first_below_opset_13_says_why():
+    import onnx_ir as ir
+
+    import passes
+
+    count, _ = fuse(_ties_router(opset=12), "fuse-moe")
+    assert count == 0
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(_ties_router(opset=12)))
+    pm = passes.PassManager("fuse-moe")
+    pm.run(m)
+    (item,) = pm.coverage["moe"]["items"]
+    assert item["reason"].startswith("top-k before the softmax below opset 13"), item
+
+
+def biased_router(group=False, experts=8, k=2, bias=True, activation="Sigmoid"):
+    """AFMoE's router as dynamo writes it: s = sigmoid(x @ W); topk(s + bias) chooses, gather(s, idx) weighs,
+    renormalised. group=True: DeepSeek-V3's, the choice scores masked to the chosen groups by a masked_fill
+    (Where(~mask, -inf, s + bias)); the mask is a graph input here (its group top-k is not what is tested).
+    bias=False: a zero bias, folded away by onnxsim (an Identity here). activation="Softmax": ERNIE-4.5-MoE's."""
+    g = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(g.standard_normal((16, experts)).astype(np.float32), "W"),
+             numpy_helper.from_array(g.standard_normal(experts).astype(np.float32) * 0.1, "bias"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"), _k(k),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    nodes = [oh.make_node("MatMul", ["x", "W"], ["logits"]), oh.make_node(activation, ["logits"], ["s"]),
+             oh.make_node("Add" if bias else "Identity", ["s", "bias"] if bias else ["s"], ["choice"])]
+    inputs = [("x", F32, ["tokens", 16])]
+    if group == "simplified":  # onnxsim's form of it
+        nodes.append(oh.make_node("Where", ["mask", "choice", "ninf"], ["masked"]))
+    elif group:
+        nodes += [oh.make_node("Not", ["mask"], ["off"]), oh.make_node("Where", ["off", "ninf", "choice"], ["masked"])]
+    if group:
+        inputs.append(("mask", TP.BOOL, ["tokens", experts]))
+    nodes += [oh.make_node("TopK", ["masked" if group else "choice", "k"], ["top", "idx"]),
+              oh.make_node("GatherElements", ["s", "idx"], ["ws"], axis=1),
+              oh.make_node("ReduceSum", ["ws", "axes"], ["sum"], keepdims=1), oh.make_node("Div", ["ws", "sum"], ["w"])]
+    return _graph(nodes, inputs, ["w", "idx"], inits)
+
+
+def sparsemixer_router(experts=8):
+    """PhiMoE's sparsemixer (eval, first choice) as dynamo writes it: argmax of the logits, a masked softmax,
+    the chosen expert's probability gathered."""
+    inits = [numpy_helper.from_array(np.random.default_rng(4).standard_normal((16, experts)).astype(np.float32),
+                                     "W"), numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")]
+    nodes = [oh.make_node("MatMul", ["x", "W"], ["logits"]),
+             oh.make_node("ArgMax", ["logits"], ["idx"], axis=-1, keepdims=1),
+             oh.make_node("Where", ["mask", "ninf", "logits"], ["masked"]),
+             oh.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             oh.make_node("GatherElements", ["p", "idx"], ["w"], axis=-1)]
+    return _graph(nodes, [("x", F32, ["tokens", 16]), ("mask", TP.BOOL, ["tokens", experts])], ["w", "idx"], inits)
+
+
+@pytest.mark.parametrize("model,reason", [
+    pytest.param(biased_router(), "sigmoid router choosing by scores + an expert bias: MoeGatingTopKSoftmax "
+                 "computes a softmax, and FusedAddTopKDiv", id="afmoe"),
+    pytest.param(biased_router(group=True), "sigmoid router choosing by scores + an expert bias within the top "
+                 "groups (group-limited): ", id="deepseek_v3"),
+    pytest.param(biased_router(group="simplified", bias=False), "sigmoid router choosing by its scores within the "
+                 "top groups (group-limited): ", id="deepseek_v3_zero_bias"),
+    pytest.param(biased_router(activation="Softmax"), "softmax router choosing by scores + an expert bias: "
+                 "MoeGatingTopKSoftmax has no bias", id="ernie4_5_moe"),
+    pytest.param(biased_router(group="simplified"), "sigmoid router choosing by scores + an expert bias within "
+                 "the top groups", id="deepseek_v3_simplified"),
+    pytest.param(sparsemixer_router(), "PhiMoE's sparsemixer router", id="phimoe"),
+])
+def test_routers_beyond_softmax_topk_are_candidates_with_a_reason(model, reason, tmp_path):
+    """Before, these routers were no candidates: an unfused router was a silent zero. Each is one candidate,
+    refused with its reason."""
+    cov = _coverage(model, tmp_path)
+    assert (cov["candidates"], cov["fused"]) == (1, 0), cov
+    (item,) = cov["items"]
+    assert item["pass"] == "fuse-moe" and item["reason"].startswith(reason), item
+
+
+def test_a_biased_topk_gathering_nothing_is_no_router(tmp_path):
+    """DeepSeek-V3's group-selection top-ks (over scores + bias, gathering no weights: their values are summed,
+    their indices scatter the group mask) are part of the router, not more candidates."""
+    model = biased_router()
+    keep = [n for n in model.graph.node if n.op_type in ("MatMul", "Sigmoid", "Add", "TopK")]
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    model.graph.output[0].name = "top"
+    assert _coverage(model, tmp_path)["candidates"] == 0
 
 
 def test_fused_router_counts_in_coverage(tmp_path):
@@ -447,3 +578,126 @@ def test_mixtral_compiles_and_verifies(compiled, target):
 @pytest.mark.parametrize("target", ["ascend", "cpu"])
 def test_qwen_moe_compiles_and_verifies(compiled, name, target):
     _check(compiled, name, target)
+
+
+# --- 5. transformers' routers beyond softmax-then-top-k, exported by `graphconv export` ----------------------
+
+_SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, initializer_range=0.2)
+# model type -> (config class, model class, config overrides, the MoE layers given those settings)
+ROUTERS = {
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2),
+                lambda c: c.num_hidden_layers),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2),
+                   lambda c: c.num_hidden_layers),
+    "aria_text": ("AriaTextConfig", "AriaTextForCausalLM",
+                  dict(head_dim=16, moe_num_experts=4, moe_topk=2, moe_num_shared_experts=1),
+                  lambda c: c.num_hidden_layers),
+    "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM",
+                    dict(head_dim=16, num_experts=4, num_experts_per_tok=2, num_shared_experts=1, eos_token_id=2),
+                    lambda c: c.num_hidden_layers),
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", dict(moe_intermediate_size=64, head_dim=16, num_experts=4,
+                                                      num_experts_per_tok=2, num_shared_experts=1),
+              lambda c: c.num_hidden_layers - c.num_dense_layers),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(moe_intermediate_size=64, num_key_value_heads=4, head_dim=16, n_routed_experts=4,
+                         num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+                         kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16),
+                    lambda c: c.num_hidden_layers - c.first_k_dense_replace),
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2),
+               lambda c: c.num_hidden_layers),
+}
+
+
+def _hf_export(model_type: str, tmp_path) -> tuple[object, object]:
+    """(the config, the exported model.onnx): the tiny model saved by save_pretrained, exported by the CLI."""
+    tf = pytest.importorskip("transformers")
+    import torch
+    from click.testing import CliRunner
+
+    from graphconv.cli import cli
+
+    config_cls, model_cls, overrides, _ = ROUTERS[model_type]
+    torch.manual_seed(0)
+    config = getattr(tf, config_cls)(**{**_SMALL, **overrides})
+    model = getattr(tf, model_cls)(config).eval()
+    with torch.no_grad():  # zero-initialised routers (AFMoE's) score every expert alike: export refuses the ties
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point() and not t.any():
+                t.normal_(0.0, 0.2)
+    model.save_pretrained(tmp_path / "ckpt")
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "ckpt"), "-o", str(tmp_path / "exp"), "--task",
+                                      "text-generation", "-q"])
+    assert result.exit_code == 0, result.output
+    return config, tmp_path / "exp" / "model.onnx"
+
+
+def _expose_topk_first_routers(model: onnx.ModelProto) -> list[str]:
+    """Every TopK's indices and the Softmax over its values (through Casts) as graph outputs."""
+    uses = {}
+    for n in model.graph.node:
+        for i in n.input:
+            uses.setdefault(i, []).append(n)
+    added = []
+    for n in model.graph.node:
+        if n.op_type == "TopK":
+            v = n.output[0]
+            while uses[v][0].op_type == "Cast":
+                v = uses[v][0].output[0]
+            assert uses[v][0].op_type == "Softmax"
+            added += [n.output[1], uses[v][0].output[0]]
+    info = {v.name: v for v in model.graph.value_info}
+    model.graph.output.extend(info[o] for o in added)
+    return added
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "granitemoe",
+                                        pytest.param("aria_text", marks=pytest.mark.slow),
+                                        pytest.param("cohere2_moe", marks=pytest.mark.slow)])
+def test_topk_first_routers_fuse_in_a_real_export(model_type, tmp_path):
+    """One renormalised MoeGatingTopKSoftmax per MoE layer; onnxruntime on the fused graph: the same experts
+    (indices exactly), the routing weights within 1e-6 and the logits within 1e-5 of the exported graph."""
+    config, path = _hf_export(model_type, tmp_path)
+    model = onnx.shape_inference.infer_shapes(onnx.load(path))
+    routers = _expose_topk_first_routers(model)
+    layers = ROUTERS[model_type][3](config)
+    assert len(routers) == 2 * layers
+    count, fused = fuse(model, "fuse-moe")
+    assert count == layers and len(fused_nodes(fused, "MoeGatingTopKSoftmax")) == layers
+    assert not [n for n in fused.graph.node if n.op_type == "TopK"]
+    from graphconv.verify import reference
+
+    cases = reference.make_cases(model)
+    for case, want, got in zip(cases, reference.Oracle(model).run(cases), reference.Oracle(fused).run(cases)):
+        for name in routers[0::2]:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        for name in routers[1::2]:
+            np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-5)
+
+
+def test_granitemoe_topk_first_router_compiles_and_verifies(tmp_path):
+    """The renormalised fusion through compile (ascend: the primitive with k; cpu twin verified against
+    onnxruntime), the coverage 2/2."""
+    config, path = _hf_export("granitemoe", tmp_path)
+    report = graphconv.compile(path, tmp_path / "m.mindir", target="ascend")
+    assert report.status == "verified", report.error
+    cov = report.coverage["moe"]
+    assert (cov["candidates"], cov["fused"], cov["refused"]) == (2, 2, {}), cov
+    assert report.census.get("MoeGatingTopKSoftmax") == config.num_hidden_layers
+    calls = mindir_primitive_inputs(tmp_path / "m.mindir", "MoeGatingTopKSoftmax")
+    assert len(calls) == 2 and all(call[1:] == [None, 2] for call in calls)
+
+
+@pytest.mark.parametrize("model_type,reason", [
+    ("afmoe", "sigmoid router choosing by scores + an expert bias: "),
+    ("deepseek_v3", "sigmoid router choosing by scores + an expert bias within the top groups"),
+    ("phimoe", "PhiMoE's sparsemixer router"),
+])
+def test_unfused_routers_of_real_exports_say_why(model_type, reason, tmp_path):
+    """Every MoE layer's router is one candidate, refused with its reason (before: 0 candidates)."""
+    config, path = _hf_export(model_type, tmp_path)
+    cov = analyze_fusions(path).coverage["moe"]
+    layers = ROUTERS[model_type][3](config)
+    assert (cov["candidates"], cov["fused"]) == (layers, 0), cov
+    assert all(item["reason"].startswith(reason) for item in cov["items"]), cov["items"]

@@ -19,6 +19,8 @@ Where this comes from (mindspore 2.10 and CANN's own sources):
 graphconv passes finished = None and uses neither finished nor row_idx (row_idx = arange(N*k).reshape(k, N).T,
 the layout MoeInitRouting reads). The indices output is int64 here (ONNX TopK's); the ascend lowering casts the
 primitive's int32 indices to int64.
+A router that takes the top k of the logits first and a softmax over those is this op followed by y / sum(y)
+(standard ops, passes/fuse_moe.py says why that is exact).
 Not covered: MoeInitRouting(V2), GroupedMatmul, MoeFinalizeRouting (the expert path stays as exported).
 """
 
