@@ -126,8 +126,8 @@ def _full(tmp_path: Path, model) -> Path:
 def test_bf16_weights_behind_casts_compile_to_dense_products(tmp_path):
     """The --dtype auto graph's weight Casts: each weight MatMul lowers to ops.dense on the weight stored
     [out, in] (graphconv.target.lowering.dense_weights; MindSpore CPU's matmul of a 3-D input by a 2-D weight
-    copies the weight), 2 layers x 7 matrices + the LM head = 15 Dense, and the network verifies against
-    onnxruntime."""
+    copies the weight), 2 layers x 6 matrices (q, k, v, o, the merged gate/up of fuse-swiglu, down) + the LM
+    head = 13 Dense, and the network verifies against onnxruntime."""
     from click.testing import CliRunner
 
     from graphconv.cli import cli
@@ -146,7 +146,7 @@ def test_bf16_weights_behind_casts_compile_to_dense_products(tmp_path):
     assert result.exit_code == 0, result.output
     done = json.loads(report.read_text())
     assert done["status"] == "verified"
-    assert census.primitive_census(mindir).get("Dense") == 15
+    assert census.primitive_census(mindir).get("Dense") == 13 and done["fusions"]["fuse-swiglu"] == 2
 
 
 def test_bf16_lm_head_cast_is_computed_in_the_epilogue_layer_streamed(tmp_path):
