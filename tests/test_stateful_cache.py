@@ -470,7 +470,8 @@ STATEFUL_ARCHITECTURES = {  # beyond Llama: learned positions, sliding windows o
     "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**_DECODER, sliding_window=4)),
     "gemma2": lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(**_DECODER, head_dim=16, sliding_window=4)),
     "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**_DECODER, head_dim=16)),
-    # MLA: keys of 16 + 16 rotary dims, values of 16 (a cache of two head dims); DeepSeek-V3's interleaved rotary
+    # MLA: transformers caches the latent (kv_lora_rank 32) and the rotated key (16), one head each (a cache of
+    # two head dims), decompressed at every step; DeepSeek-V3's interleaved rotary
     "deepseek_v3": lambda: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
         **{**_DECODER, "num_key_value_heads": 4}, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
         first_k_dense_replace=2)),

@@ -603,8 +603,9 @@ def _graphs(task: str, config, cache: tuple[int, int, int, int] | None) -> list[
 
 def _cache_shape(prefill, inputs: dict, mode, model_type: str) -> tuple[int, int, int, int]:
     """(layers, kv heads, key head dim, value head dim) from one prefill run on fake tensors (nothing is
-    computed). Keys and values may differ in head dim (MLA: DeepSeek-V2/V3, MiniCPM3 cache keys of 128 + 64
-    rotary dims and values of 128), each the same in every layer."""
+    computed). The two may differ, each the same in every layer: transformers' MLA (DeepSeek-V3, MiniCPM3)
+    caches the compressed latent (kv_lora_rank, 512 in DeepSeek-V3) as the keys and the rotated key (64) as the
+    values, one head each, and decompresses both at every step."""
     import torch
 
     with torch.no_grad(), (mode if mode is not None else contextlib.nullcontext()):
