@@ -378,6 +378,8 @@ def _cache_capacity(meta: dict, sources: dict, max_batch: int, max_seq_len: int 
 def _cache_bytes_per_position(meta: dict, precision: str = "fp32") -> int:
     """Bytes of keys and values one row's position takes over all layers (a low --precision stores the cache low)."""
     itemsize = 4 if cache_dtype(meta) == "fp32" and precision == "fp32" else 2
+    if meta.get("cache_layers"):  # (layers of their own shapes: [kv heads, key head dim, value head dim] each)
+        return sum(heads * (key + value) for heads, key, value in meta["cache_layers"]) * itemsize
     head_dims = int(meta.get("head_dim") or 0) + int(meta.get("value_head_dim") or meta.get("head_dim") or 0)
     return int(meta.get("num_layers") or 0) * int(meta.get("num_kv_heads") or 0) * head_dims * itemsize
 

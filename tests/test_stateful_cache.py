@@ -475,6 +475,10 @@ STATEFUL_ARCHITECTURES = {  # beyond Llama: learned positions, sliding windows o
     "deepseek_v3": lambda: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
         **{**_DECODER, "num_key_value_heads": 4}, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
         first_k_dense_replace=2)),
+    # layers of their own cache shapes: a sliding layer's head dim 16, the global layer's 64
+    "gemma4": lambda: tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(
+        **_DECODER, head_dim=16, global_head_dim=64, sliding_window=4, vocab_size_per_layer_input=128,
+        hidden_size_per_layer_input=16)),
     "minicpm3": lambda: tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(
         **{**_DECODER, "num_key_value_heads": 4}, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16)),
 }

@@ -397,17 +397,16 @@ def with_pad_ids(inputs: dict, pad: int) -> dict:
     return {**inputs, "input_ids": ids}
 
 
-def _decode_inputs(batch: int, past: int, seq: int, vocab: int, kv_shape: tuple[int, int, int], num_layers: int,
+def _decode_inputs(batch: int, past: int, seq: int, vocab: int, layers: list[tuple[int, int, int]],
                    seed: int) -> dict:
-    """kv_shape: (kv heads, key head dim, value head dim)."""
+    """layers: per layer (kv heads, key head dim, value head dim)."""
     import torch
 
     mask = _left_padded(batch, past + seq, 2)
-    heads, key_dim, value_dim = kv_shape
     g = torch.Generator().manual_seed(seed)
     inputs = {"input_ids": _tokens(batch, seq, vocab, seed), "attention_mask": mask,
               "position_ids": position_ids_from_mask(mask)[:, past:].contiguous()}
-    for name in _past_args(num_layers):
+    for name, (heads, key_dim, value_dim) in zip(_past_args(len(layers)), [s for s in layers for _ in "kv"]):
         inputs[name] = torch.randn(batch, heads, past, key_dim if name.endswith("_key") else value_dim, generator=g)
     return inputs
 
@@ -485,7 +484,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
             "num_kv_heads": shapes.get("num_kv_heads", _attr(text, "num_key_value_heads")
                                        or _attr(text, "num_attention_heads")),
             "head_dim": shapes.get("head_dim", _head_dim(text)),
-            **({"value_head_dim": shapes["value_head_dim"]} if "value_head_dim" in shapes else {}),
+            **{k: shapes[k] for k in ("value_head_dim", "cache_layers") if k in shapes},
             "vocab_size": _attr(text, "vocab_size"),
             "hidden_size": _attr(text, "hidden_size"),
             "max_position_embeddings": _attr(text, "max_position_embeddings"),
@@ -567,8 +566,8 @@ class _Graph:
     prompt: dict | None = None  # the decode graph's inputs at an empty cache: a prompt, as the prefill takes it
 
 
-def _graphs(task: str, config, cache: tuple[int, int, int, int] | None) -> list[_Graph]:
-    """The graphs of `task`; `cache` = (layers, kv heads, key head dim, value head dim) for the with-past pair."""
+def _graphs(task: str, config, cache: list[tuple[int, int, int]] | None) -> list[_Graph]:
+    """The graphs of `task`; `cache` = per layer (kv heads, key head dim, value head dim) for the with-past pair."""
     OneOutput, Prefill, decode_class = _wrappers()
     vocab = _attr(config.get_text_config(decoder=True), "vocab_size") or 128
     vocab = min(vocab, 1000)  # example ids: any in-vocabulary ids do
@@ -580,7 +579,7 @@ def _graphs(task: str, config, cache: tuple[int, int, int, int] | None) -> list[
     if task in ("text-generation", "feature-extraction"):
         output = "logits" if task == "text-generation" else "last_hidden_state"
         return [_Graph("model", lambda m: OneOutput(m, output), plain, None, plain_axes, list(plain), [output], {})]
-    num_layers, heads, head_dim, value_dim = cache or (0, 0, 0, 0)  # no cache yet: the prefill, for its shape
+    num_layers = len(cache or [])  # no cache yet: the prefill, to run for its shape
     present = cache_names("present", num_layers)
     masked = {n: (0, 2) for n in present}
     prefill_inputs = {**plain, "position_ids": position_ids_from_mask(plain["attention_mask"])}
@@ -592,34 +591,35 @@ def _graphs(task: str, config, cache: tuple[int, int, int, int] | None) -> list[
     axes = {"input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: _TOTAL_EXPORTED},
             "position_ids": {0: BATCH, 1: SEQ}, **{n: {0: BATCH, 2: PAST} for n in _past_args(num_layers)}}
     # decode: seq 2 at export (size 1 would be specialised); the second shape changes batch, past and seq
-    first = _decode_inputs(2, 5, 2, vocab, (heads, head_dim, value_dim), num_layers, 1)
-    second = _decode_inputs(3, 8, 1, vocab, (heads, head_dim, value_dim), num_layers, 2)
-    prompt = with_pad_ids(_decode_inputs(batch, 0, seq, vocab, (heads, head_dim, value_dim), num_layers, 3), pad)
+    first = _decode_inputs(2, 5, 2, vocab, cache, 1)
+    second = _decode_inputs(3, 8, 1, vocab, cache, 2)
+    prompt = with_pad_ids(_decode_inputs(batch, 0, seq, vocab, cache, 3), pad)
     return [prefill,
             _Graph("decode", lambda m: decode_class(num_layers)(m, num_layers), first, second, axes,
                    ["input_ids", "attention_mask", "position_ids", *cache_names("past_key_values", num_layers)],
                    ["logits", *present], masked, (_TOTAL_EXPORTED, TOTAL), prompt)]
 
 
-def _cache_shape(prefill, inputs: dict, mode, model_type: str) -> tuple[int, int, int, int]:
-    """(layers, kv heads, key head dim, value head dim) from one prefill run on fake tensors (nothing is
-    computed). The two may differ, each the same in every layer: transformers' MLA (DeepSeek-V3, MiniCPM3)
-    caches the compressed latent (kv_lora_rank, 512 in DeepSeek-V3) as the keys and the rotated key (64) as the
-    values, one head each, and decompresses both at every step."""
+def _cache_shape(prefill, inputs: dict, mode, model_type: str) -> list[tuple[int, int, int]]:
+    """Per layer (kv heads, key head dim, value head dim), from one prefill run on fake tensors (nothing is
+    computed). Layers may differ (Gemma 4's global layers have other head counts and dims than its sliding ones),
+    and keys from values: transformers' MLA (DeepSeek-V3, MiniCPM3) caches the compressed latent (kv_lora_rank,
+    512 in DeepSeek-V3) as the keys and the rotated key (64) as the values, one head each, and decompresses both
+    at every step."""
     import torch
 
     with torch.no_grad(), (mode if mode is not None else contextlib.nullcontext()):
         flat = prefill(**inputs)[1:]
-    num_layers = len(flat) // 2
-    _, heads, _, head_dim = flat[0].shape
-    value_dim = flat[1].shape[3] if len(flat) > 1 and flat[1].dim() == 4 else head_dim
-    for k, t in enumerate(flat):
-        dim = head_dim if k % 2 == 0 else value_dim
-        if t.dim() != 4 or t.shape[1] != heads or t.shape[3] != dim:
-            what = f"[batch, {heads}, seq, {head_dim}] keys" + \
-                (f" and [batch, {heads}, seq, {value_dim}] values" if value_dim != head_dim else " and values")
-            raise UnsupportedError(f"model type {model_type!r}: the cache layers are not all {what}")
-    return num_layers, int(heads), int(head_dim), int(value_dim)
+    if len(flat) % 2 or any(t.dim() != 4 for t in flat):
+        raise UnsupportedError(f"model type {model_type!r}: the cache is not a [batch, kv heads, seq, head dim] key "
+                               "and value per layer")
+    layers = []
+    for key, value in zip(flat[0::2], flat[1::2]):
+        if key.shape[1] != value.shape[1]:
+            raise UnsupportedError(f"model type {model_type!r}: a cache layer's keys and values have different head "
+                                   f"counts ({key.shape[1]}, {value.shape[1]})")
+        layers.append((int(key.shape[1]), int(key.shape[3]), int(value.shape[3])))
+    return layers
 
 
 # The whole model is checked against PyTorch when the fp32 model and onnxruntime's copy fit in this share of
@@ -707,8 +707,10 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
     if task == "text-generation-with-past":
         prefill = graphs[0]
         cache = _cache_shape(prefill.wrap(model), prefill.inputs, mode, config.model_type)
-        shapes = {"num_layers": cache[0], "num_kv_heads": cache[1], "head_dim": cache[2],
-                  **({"value_head_dim": cache[3]} if cache[3] != cache[2] else {})}
+        heads, head_dim, value_dim = cache[0]
+        shapes = {"num_layers": len(cache), "num_kv_heads": heads, "head_dim": head_dim,
+                  **({"value_head_dim": value_dim} if value_dim != head_dim else {}),
+                  **({"cache_layers": [list(c) for c in cache]} if len(set(cache)) > 1 else {})}
         graphs = _graphs(task, config, cache)
     results = {}
     for g in graphs:
