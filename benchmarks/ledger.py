@@ -660,7 +660,7 @@ def main(argv=None) -> int:
         if a.merge:
             for t, e in json.loads((a.merge / "results.json").read_text())["types"].items():
                 data["types"].setdefault(t, e)
-        a.doc.write_text(render(data, types, tv))
+        a.doc.write_text(render(data, types, tv).replace(f"{a.work.resolve()}/", "WORK/"))  # (no host paths)
         return 0
     a.work.mkdir(parents=True, exist_ok=True)
     data = json.loads(rfile.read_text()) if a.resume and rfile.exists() else {"types": {}, "runs": []}
@@ -686,7 +686,7 @@ def main(argv=None) -> int:
     if a.doc:
         from transformers import __version__ as tv
 
-        a.doc.write_text(render(data, types, tv))
+        a.doc.write_text(render(data, types, tv).replace(f"{a.work.resolve()}/", "WORK/"))  # (no host paths)
         print(f"wrote {a.doc}")
     internal = [t for t, e in results.items() if any(s.get("exit") == 3 for s in e.get("stages", {}).values())]
     if internal:

@@ -496,3 +496,16 @@ def test_a_router_whose_experts_tie_is_named_at_export(tmp_path):
     assert proc.returncode == 0, proc.stderr
     checks = json.loads((tmp_path / "out" / "generation.json").read_text())["graphs"]["model"]["checks"]
     assert len(checks) == 2 and all(c["ok"] and c["max_abs"] < 1e-4 for c in checks), checks
+
+
+def test_a_model_with_a_recurrent_state_is_refused_for_with_past(tmp_path):
+    """RWKV returns a recurrent `state`, not a KV cache: the with-past export was an internal error (exit 3,
+    "'RwkvCausalLMOutput' object has no attribute 'cache'"); it is one line naming what the model returns."""
+    torch.manual_seed(0)
+    config = tf.RwkvConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, attention_hidden_size=64,
+                           intermediate_size=128, context_length=64, bos_token_id=1, eos_token_id=2)
+    src = _save(tf.RwkvForCausalLM(config).eval(), tmp_path / "ckpt")
+    proc = _export(src, tmp_path / "past", "text-generation-with-past")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "RwkvForCausalLM returns no KV cache (its outputs: logits, state)" in proc.stderr
+    assert not (tmp_path / "past").exists()

@@ -321,6 +321,10 @@ def _wrappers():
         def forward(self, input_ids, attention_mask, position_ids):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=DynamicCache(), use_cache=True, return_dict=True)
+            if getattr(out, "cache", None) is None:  # (RWKV returns a recurrent `state`)
+                raise UnsupportedError(f"{type(self.model).__name__} returns no KV cache (its outputs: "
+                                       f"{', '.join(out.keys())}): text-generation-with-past exports attention "
+                                       "caches only")
             return (out.logits, *flat_cache(out.cache))
 
     class Decode(torch.nn.Module):
