@@ -109,14 +109,21 @@ def products_combined(value: ir.Value | None, op_type: str) -> bool:
         v is not None and v.producer() is not None and _std(v.producer(), "Mul") for v in node.inputs)
 
 
+def rotation_pair(node: ir.Node) -> int | None:
+    """Where a Concat of more than two inputs holds a half-length rotation's (Sub, Add) products side by side
+    (onnxsim merges DeepSeek's cat(q_pass, cat(Sub, Add)) into one Concat): the index of the Sub, else None."""
+    ins = list(node.inputs)
+    return next((i for i in range(len(ins) - 1)
+                 if products_combined(ins[i], "Sub") and products_combined(ins[i + 1], "Add")), None)
+
+
 def holds_rotation(node: ir.Node) -> bool:
     """A Concat of a half-length rotation's products, (Sub, Add) or (Add, Sub), or with more inputs a (Sub, Add)
-    pair among them (onnxsim merges DeepSeek's cat(q_pass, cat(Sub, Add)) into one Concat)."""
+    pair among them (rotation_pair)."""
     ins = list(node.inputs)
     if len(ins) == 2:
         return any(products_combined(ins[k], "Sub") and products_combined(ins[1 - k], "Add") for k in (0, 1))
-    return any(products_combined(ins[i], "Sub") and products_combined(ins[i + 1], "Add")
-               for i in range(len(ins) - 1))
+    return rotation_pair(node) is not None
 
 
 def rotary_candidates(graph: ir.Graph) -> list[ir.Node]:

@@ -803,11 +803,10 @@ def split_merged_rotations(model: ir.Model) -> None:
         rank = node.outputs[0].shape.rank() if node.outputs[0].shape is not None else None
         if rank is None or not _last_axis(node.attributes.get_int("axis"), rank):
             continue
-        inputs = list(node.inputs)
-        pair = next((i for i in range(len(inputs) - 1) if coverage.products_combined(inputs[i], "Sub")
-                     and coverage.products_combined(inputs[i + 1], "Add")), None)
+        pair = coverage.rotation_pair(node)
         if pair is None:
             continue
+        inputs = list(node.inputs)
         # (the inner one keeps the name: it is the coverage's candidate, fused or refused)
         inner = ir.node("Concat", inputs[pair:pair + 2], attributes={"axis": -1}, name=node.name)
         dims = list(inputs[pair].shape) if inputs[pair].shape is not None else None

@@ -281,7 +281,7 @@ def _low_name(name: str, precision: str) -> str:
 def _to_low(t: onnx.TensorProto, precision: str, spill=None) -> onnx.TensorProto:
     """`t` converted; written to `spill` (not into the proto) when it came from a file, and only named there
     when it is zeros never written (a KV cache's: SpillFile.zeros)."""
-    if spill is not None and t.data_location == TensorProto.EXTERNAL and weights.is_zeros(weights.weight_ref(t)):
+    if spill is not None and weights.unwritten_zeros(t):
         return spill.zeros(t.name, LOW_DTYPES[precision], list(t.dims))
     arr = weights.to_array(t).astype(np.float32)
     if precision == "fp16":
@@ -324,7 +324,7 @@ def emulate_in_fp32(model: onnx.ModelProto, precision: str, spill=None) -> onnx.
         if t.data_type != low:
             continue
         external = spill is not None and t.data_location == TensorProto.EXTERNAL
-        if external and t.name in caches and weights.is_zeros(weights.weight_ref(t)):
+        if external and t.name in caches and weights.unwritten_zeros(t):
             t.CopyFrom(spill.zeros(t.name, TensorProto.FLOAT, list(t.dims)))
         elif subgraphs or t.name in caches:
             wide = weights.to_array(t).astype(np.float32)

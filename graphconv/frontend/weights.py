@@ -143,6 +143,12 @@ def is_zeros(ref: WeightRef) -> bool:
     return data >= end
 
 
+def unwritten_zeros(t: onnx.TensorProto) -> bool:
+    """Whether `t` is external zeros never written (SpillFile.zeros: a KV cache's), which a stage that would copy
+    or convert its bytes names as another hole instead."""
+    return uses_external_data(t) and is_zeros(weight_ref(t))
+
+
 def to_array(t: onnx.TensorProto) -> np.ndarray:
     """numpy_helper.to_array that also reads tensors whose external location is absolute (memory-mapped)."""
     return read(weight_ref(t)) if uses_external_data(t) else onnx.numpy_helper.to_array(t)

@@ -703,7 +703,7 @@ def _shards(model: onnx.ModelProto, p: Plan, ranks, spill) -> list[dict[str, onn
         if split is None or split.axis is None:
             continue
         in_file = spill is not None and uses_external_data(t)
-        if in_file and weights.is_zeros(weights.weight_ref(t)):  # a KV cache's zeros: its shards, zeros unwritten
+        if in_file and weights.unwritten_zeros(t):  # a KV cache's zeros: its shards, zeros unwritten
             for made, rank in zip(out, ranks):
                 dims = list(t.dims)
                 dims[split.axis] = sum(b - a for a, b in split.slices[rank])
