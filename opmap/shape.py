@@ -84,9 +84,19 @@ def concat(n):
 def split(n):
     rank = n.require_rank(0)
     axis = n.axis(n.attr("axis", 0), rank)
-    sizes = n.require_ints(1, "split sizes") if n.has(1) else None
     parts = n.n_outputs
     x = n.x(0)
+    if n.has(1) and n.const(1) is None:
+        # Sizes computed at run time (JetMoE splits its tokens by the count each expert got): part k is the
+        # slice between the running sums of the sizes.
+        if (n.shape(1) or [parts])[0] != parts:
+            n.fail(f"{parts} outputs, but split sizes of shape {n.shape(1)}")
+        sizes = n.x(1)
+        ends = n.call("ops.cumsum", sizes, 0)
+        starts = n.binop("-", ends, sizes)
+        fn = n.helper("onnx_slice_axis")
+        return tuple(n.call(fn, x, n.getitem(starts, k), n.getitem(ends, k), axis, 1) for k in range(parts))
+    sizes = n.ints(1) if n.has(1) else None
     if sizes is None:
         dim = (n.shape(0) or [None] * rank)[axis]
         if not isinstance(dim, int):

@@ -8,6 +8,10 @@ v[p], position p holds the (p - g(p) + 1)-th element equal to v[p], counted in i
 over the axis). That costs a (k, n) comparison per row, small for the routers (n = experts) and samplers
 (k small) that use TopK.
 
+k computed at run time (DeepSeek-V3.2's indexer keeps min(2048, sequence) keys, `torch.sort` exports as a TopK
+of k = the axis size) passes to MindSpore's TopK as a 0-d tensor: mindspore 2.10 takes it in graph mode and in
+an exported MindIR, at each shape.
+
 Opsets below 13 are upgraded to 13 on load (k an input since 10, `largest` / `sorted` since 11), so one handler
 covers TopK-11 and TopK-24 (bfloat16 added, semantics unchanged). `sorted=0` leaves the order undefined in
 ONNX: the elements come back sorted, which is one valid order (onnxruntime's own order then is the heap's,
@@ -32,21 +36,26 @@ _FLOATS = {_D.FLOAT, _D.FLOAT16, _D.BFLOAT16, _D.DOUBLE}
 def top_k(n):
     rank = n.require_rank(0)
     axis = n.axis(n.attr("axis", -1), rank)
-    k = n.require_ints(1, "TopK k")
-    if len(k) != 1 or k[0] < 0:
-        n.fail(f"k must be one non-negative value, got {k}")
-    k = k[0]
+    k = n.ints(1)
     dims = n.shape(0)
-    dim = dims[axis]
-    if isinstance(dim, int) and k > dim:
-        n.fail(f"k={k} is larger than axis {axis} (size {dim})")
     dt = n.dtype(0)
-    if k == 0:
-        if not all(isinstance(d, int) for d in dims):
-            n.fail("k=0 needs a static input shape (the outputs are empty)")
-        out = list(dims)
-        out[axis] = 0
-        return np.zeros(out, dt.numpy()), np.zeros(out, np.int64)
+    if k is None:  # computed at run time
+        if n.shape(1) not in (None, [1], []):
+            n.fail(f"k must hold one value, got shape {n.shape(1)}")
+        k = n.call("ops.reshape", n.x(1), ())
+    else:
+        if len(k) != 1 or k[0] < 0:
+            n.fail(f"k must be one non-negative value, got {k}")
+        k = k[0]
+        dim = dims[axis]
+        if isinstance(dim, int) and k > dim:
+            n.fail(f"k={k} is larger than axis {axis} (size {dim})")
+        if k == 0:
+            if not all(isinstance(d, int) for d in dims):
+                n.fail("k=0 needs a static input shape (the outputs are empty)")
+            out = list(dims)
+            out[axis] = 0
+            return np.zeros(out, dt.numpy()), np.zeros(out, np.int64)
     x = n.x(0)
     last = rank - 1
     if axis != last:  # work on the last axis: swapping two axes is its own inverse
@@ -84,14 +93,14 @@ def _reverse(n, x, dtype):
     return n.unop("-", x) if dtype in _FLOATS else n.call(n.call("ops.Invert"), x)
 
 
-def _top_k_last(n, x, k: int):
+def _top_k_last(n, x, k):
     """The k largest along the last axis, equal values in index order: (values, int64 indices)."""
     i32 = n.ms_dtype(_D.INT32)
     values = n.call_n("ops.topk", 2, x, k)[0]
     row = n.call("ops.expand_dims", x, -2)  # (..., 1, n)
     col = n.call("ops.expand_dims", values, -1)  # (..., k, 1)
     greater = n.call("ops.sum", n.call("ops.cast", n.binop(">", row, col), i32), -1)  # (..., k)
-    positions = n.const_tensor(np.arange(1, k + 1, dtype=np.int32), "rank")
+    positions = n.call("ops.cumsum", n.call("ops.ones_like", greater), -1)  # 1 .. k: k may be a tensor
     wanted = n.call("ops.expand_dims", n.binop("-", positions, greater), -1)  # (..., k, 1): occurrence number
     equal = n.call("ops.equal", row, col)  # (..., k, n)
     seen = n.call("ops.cumsum", n.call("ops.cast", equal, i32), -1)

@@ -18,13 +18,15 @@ The candidate rules (also stated in each pass's docstring):
   rotary     every Neg whose result reaches a Concat within two shape-only ops (rotate_half's
              concat(-x2, x1), the interleaved stack(-x_odd, x_even)), every opset-23 RotaryEmbedding, and
              every Concat of a Sub and an Add of two products each (the half-length form
-             cat(x1*cos - x2*sin, x2*cos + x1*sin), or its parts the other way round).
+             cat(x1*cos - x2*sin, x2*cos + x1*sin), or its parts the other way round, or each unsqueezed:
+             the pairs' complex product stacked, Llama 4).
   gated_mlp  every Mul of an activation (x*sigmoid(x), SiLU, a GELU) with something other than the
              activation's own input: silu(gate) * up, gelu(gate) * up.
   gelu       every Erf, every Gelu, every Tanh of a GELU-shaped argument (a 0.044715 or sqrt(2/pi)
              coefficient within four producers), every Sigmoid of x times a constant other than 1
              (quick GELU).
-  moe        every TopK over Softmax or Sigmoid scores (through Casts), or whose values go on to a Softmax,
+  moe        every TopK over Softmax or Sigmoid scores (through Casts), or whose values go on to a Softmax
+             or (scattered back over the experts) to a Sigmoid,
              or over Sigmoid/Softmax scores plus an expert bias (through a masked_fill's Where) whose indices
              gather the chosen weights; every ArgMax of router logits whose index gathers from a Softmax
              (PhiMoE's sparsemixer) (registered by passes/fuse_moe.py).
@@ -117,12 +119,24 @@ def rotation_pair(node: ir.Node) -> int | None:
                  if products_combined(ins[i], "Sub") and products_combined(ins[i + 1], "Add")), None)
 
 
+def stacked_rotation(node: ir.Node) -> bool:
+    """A Concat of Unsqueeze(a*c - b*s) and Unsqueeze(a*s + b*c): the rotation of interleaved pairs (a, b)
+    written as a complex product and stacked back into pairs (Llama 4's rotary, traced as real pairs)."""
+    ins = list(node.inputs)
+    if len(ins) != 2:
+        return False
+    inner = [match.producer(v, "Unsqueeze") if v is not None else None for v in ins]
+    return all(u is not None for u in inner) and \
+        products_combined(inner[0].inputs[0], "Sub") and products_combined(inner[1].inputs[0], "Add")
+
+
 def holds_rotation(node: ir.Node) -> bool:
     """A Concat of a half-length rotation's products, (Sub, Add) or (Add, Sub), or with more inputs a (Sub, Add)
-    pair among them (rotation_pair)."""
+    pair among them (rotation_pair), or of the two stacked (stacked_rotation)."""
     ins = list(node.inputs)
     if len(ins) == 2:
-        return any(products_combined(ins[k], "Sub") and products_combined(ins[1 - k], "Add") for k in (0, 1))
+        return any(products_combined(ins[k], "Sub") and products_combined(ins[1 - k], "Add") for k in (0, 1)) \
+            or stacked_rotation(node)
     return rotation_pair(node) is not None
 
 

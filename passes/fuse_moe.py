@@ -21,7 +21,8 @@ before the division, which the unfused graph does not do.
 Coverage family "moe" (passes/coverage.py): every TopK whose scores are a Softmax or a Sigmoid (through Casts),
 or whose values go on to a Softmax (top-k first, then a softmax over the chosen logits), or whose scores are a
 Sigmoid or Softmax plus an expert bias (through a masked_fill's Where: DeepSeek-V3's group-limited choice) with
-its indices gathering the chosen experts' weights (AFMoE, DeepSeek-V3, GLM-4-MoE); and every ArgMax of router
+its indices gathering the chosen experts' weights (AFMoE, DeepSeek-V3, GLM-4-MoE), or whose values go on to a
+Sigmoid (through a Cast or a ScatterElements back over the experts: Llama 4); and every ArgMax of router
 logits whose index gathers from a Softmax (PhiMoE's sparsemixer). What does not fuse says why: a sigmoid
 router, another axis, smallest-k, ...
 Not fused (MoE primitives' semantics unconfirmed): the sigmoid + bias routers' FusedAddTopKDiv (docs/fused_ops.md,
@@ -109,6 +110,22 @@ def _softmax_after(topk: ir.Node) -> tuple[ir.Node, list[ir.Node]] | None:
     return None
 
 
+def _sigmoid_after(topk: ir.Node) -> ir.Node | None:
+    """The Sigmoid of the top-k's values, scattered back over the experts or not (Llama 4: topk(logits), the
+    k values scattered into a -inf tensor, sigmoid: the chosen experts' sigmoid, the others 0)."""
+    value = topk.outputs[0]
+    for _ in range(3):
+        uses = [u.node for u in value.uses() if is_default_domain(u.node.domain)]
+        if len(uses) != 1:
+            return None
+        if uses[0].op_type == "Sigmoid":
+            return uses[0]
+        if uses[0].op_type not in ("Cast", "ScatterElements"):
+            return None
+        value = uses[0].outputs[0]
+    return None
+
+
 def _reads_softmax_values(topk: ir.Node) -> bool:
     return any(u.node.op_type == "Softmax" or (u.node.op_type == "Cast" and match.users(u.node.outputs[0], "Softmax"))
                for u in topk.outputs[0].uses() if is_default_domain(u.node.domain))
@@ -139,7 +156,7 @@ def moe_candidates(graph: ir.Graph) -> list[ir.Node]:
         scores = _through_casts(n.inputs[0])
         if scores is not None and is_default_domain(scores.domain) and scores.op_type in ("Softmax", "Sigmoid"):
             found.append(n)
-        elif _reads_softmax_values(n) or _biased_router(n) is not None:
+        elif _reads_softmax_values(n) or _biased_router(n) is not None or _sigmoid_after(n) is not None:
             found.append(n)
     return found
 
@@ -214,6 +231,10 @@ def refusal(topk: ir.Node, opset: int) -> str | None:
             return "the top-k's values are read beyond the softmax over them"
         if _biased_router(topk) is not None:
             return _biased_refusal(topk)
+        if _sigmoid_after(topk) is not None:
+            return ("top-k before a sigmoid (the k chosen logits' sigmoid as their weights, Llama 4): "
+                    "MoeGatingTopKSoftmax's weights are softmax probabilities, and no MindSpore primitive is "
+                    "confirmed to compute sigmoid weights (FusedAddTopKDiv: docs/fused_ops.md)")
         return "the top-k's scores are not a Softmax"
     x = softmax.inputs[0]
     rank = match.rank(x)

@@ -52,7 +52,9 @@ or 3-D (B, S, N*D) x, halves (mode 0) or pairs (mode 1, cos/sin batch static 1),
 The half-length form (transformers 5's gpt-oss and DeepSeek: cat(x1*cos - x2*sin, x2*cos + x1*sin) with cos/sin
 of D/2 angles, halves by Slices or Split) fuses as mode 0 with cos/sin doubled (cat(cos, cos)), which is the
 same rotation. With pairs instead of halves (x1 = x[..., 0::2], x2 = x[..., 1::2]: DeepSeek-V3's
-rope_interleave, the output de-interleaved) it is the same rotation of cat(x1, x2), which the fused node takes. Not matched: complex-number RoPE.
+rope_interleave, the output de-interleaved) it is the same rotation of cat(x1, x2), which the fused node takes.
+Not matched: complex-number RoPE, and its real-pair form (Llama 4 as graphconv exports it: stack(a*c - b*s, a*s + b*c) of the pairs (a, b), a coverage
+candidate with that reason).
 MindSpore's `ApplyRotaryPosEmb` (q and k together) is never emitted.
 """
 
@@ -915,6 +917,10 @@ def explain(node: ir.Node) -> str | None:
         return _explain_neg(node)
     if node.op_type == "RotaryEmbedding":
         return None  # every RotaryEmbedding matches a rule: its check gives the reason
+    if node.op_type == "Concat" and coverage.stacked_rotation(node):
+        return ("interleaved pairs rotated as a complex product and stacked back (Llama 4): RotaryPositionEmbedding's "
+                "pair mode takes cos/sin of 11SD only (one row of positions), and its half mode would need the pairs "
+                "de-interleaved around it: not matched")
     if node.op_type == "Concat" and match.producer(node.inputs[0], "Add") is not None:
         return "cat(x1 * cos + x2 * sin, x2 * cos - x1 * sin) is the inverse rotation: RoPE's half-length form is " \
                "cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)"

@@ -116,6 +116,18 @@ TOPK = [
                             [("x", F32, ["tokens", 8])], ["values", "indices"], [_k(2)]),
      [{"x": rng.standard_normal((5, 8)).astype(np.float32)},
       {"x": np.zeros((11, 8), np.float32)}]),  # all-zero logits (a padded token): 8 equal probabilities
+    # k computed at run time: DeepSeek-V3.2's indexer keeps min(c, keys) (k = 2, then 3), torch.sort exports as
+    # an ascending TopK of the whole axis.
+    ("k_min_of_axis", _graph([oh.make_node("Shape", ["x"], ["s"], start=1, end=2),
+                              oh.make_node("Min", ["s", "c"], ["k"]),
+                              oh.make_node("TopK", ["x", "k"], ["values", "indices"])],
+                             [("x", F32, ["n", "keys"])], ["values", "indices"],
+                             [numpy_helper.from_array(np.array([3], np.int64), "c")]),
+     [{"x": ties((3, 2), np.float32)}, {"x": ties((4, 7), np.float32)}]),
+    ("k_whole_axis_ascending", _graph([oh.make_node("Shape", ["x"], ["k"]),
+                                       oh.make_node("TopK", ["x", "k"], ["values", "indices"], axis=0, largest=0)],
+                                      [("x", I64, ["n"])], ["values", "indices"]),
+     [{"x": ties((5,), np.int64)}, {"x": ties((9,), np.int64)}]),
 ]
 
 
@@ -220,8 +232,8 @@ def _lower(model):
 
 
 @pytest.mark.parametrize("model,match", [
-    pytest.param(_graph([oh.make_node("TopK", ["x", "k"], ["v", "i"])], [("x", F32, ["n", 4]), ("k", I64, [1])],
-                        ["v", "i"]), "TopK k must be a constant", id="runtime_k"),
+    pytest.param(_graph([oh.make_node("TopK", ["x", "k"], ["v", "i"])], [("x", F32, ["n", 4]), ("k", I64, [2])],
+                        ["v", "i"]), r"k must hold one value, got shape \[2\]", id="runtime_k_two_values"),
     pytest.param(topk_model(["n", 4], F32, 5), r"k=5 is larger than axis 1 \(size 4\)", id="k_too_large"),
     pytest.param(_graph([oh.make_node("OneHot", ["i", "d", "v"], ["y"])],
                         [("i", I64, ["n"]), ("d", I64, []), ("v", F32, [2])], ["y"]),
@@ -606,6 +618,11 @@ ROUTERS = {
                     lambda c: c.num_hidden_layers - c.first_k_dense_replace),
     "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2),
                lambda c: c.num_hidden_layers),
+    # attention chunks of 4 tokens: the chunked layer's mask differs from a causal one at 7 and 9 tokens; the
+    # second layer without rotary (NoPE, with temperature tuning) and full attention
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
+                    dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size_mlp=128,
+                         attention_chunk_size=4, no_rope_layers=[1, 0]), lambda c: c.num_hidden_layers),
 }
 
 
@@ -693,6 +710,7 @@ def test_granitemoe_topk_first_router_compiles_and_verifies(tmp_path):
     ("afmoe", "sigmoid router choosing by scores + an expert bias: "),
     ("deepseek_v3", "sigmoid router choosing by scores + an expert bias within the top groups"),
     ("phimoe", "PhiMoE's sparsemixer router"),
+    ("llama4_text", "top-k before a sigmoid (the k chosen logits' sigmoid as their weights, Llama 4)"),
 ])
 def test_unfused_routers_of_real_exports_say_why(model_type, reason, tmp_path):
     """Every MoE layer's router is one candidate, refused with its reason (before: 0 candidates)."""
@@ -701,3 +719,19 @@ def test_unfused_routers_of_real_exports_say_why(model_type, reason, tmp_path):
     layers = ROUTERS[model_type][3](config)
     assert (cov["candidates"], cov["fused"]) == (layers, 0), cov
     assert all(item["reason"].startswith(reason) for item in cov["items"]), cov["items"]
+
+
+def test_llama4_text_compiles_and_verifies(tmp_path):
+    """Llama 4 (issue 35): its complex-number rotary exported as real pairs (graphconv.frontend.export_rewrites;
+    the export's own check against transformers passed), a chunked-attention layer whose chunks of 4 tokens
+    matter at both verified shapes, a NoPE layer with temperature tuning, and top-1-first sigmoid routers;
+    compiled and verified against onnxruntime."""
+    config, path = _hf_export("llama4_text", tmp_path)
+    assert config.layer_types == ["chunked_attention", "full_attention"]
+    report = graphconv.compile(path, tmp_path / "m.mindir")
+    assert report.status == "verified", report.error
+    assert all(c["inputs"]["input_ids"][1] > config.attention_chunk_size for c in report.validation["cases"])
+    assert report.census.get("FlashAttentionScore") == 2 and report.census.get("RmsNorm") == 7
+    rotary = report.coverage["rotary"]  # layer 0's q and k: no silent zero
+    assert (rotary["candidates"], rotary["fused"]) == (2, 0), rotary
+    assert all(i["reason"].startswith("interleaved pairs rotated as a complex product") for i in rotary["items"])

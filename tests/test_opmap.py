@@ -412,6 +412,10 @@ case("Split_num_outputs", "Split", [x("batch", "seq", 8)], {"axis": 2, "num_outp
 case("Split_num_outputs_dynamic", "Split", [x("batch", "seq", 4)], {"axis": 1, "num_outputs": 3}, n_out=3,
      opset=18, dims=({"batch": 2, "seq": 7}, {"batch": 3, "seq": 9}))
 case("Split_input_opset18", "Split", [x("batch", "seq", 4), k([3, 1], I64)], {"axis": 2}, n_out=2, opset=18)
+# Sizes computed at run time, one part empty (JetMoE splits its tokens by each expert's count; an expert may get none).
+case("Split_runtime_sizes", "Split", [x("batch", "seq", 4), x(3, dtype=I64, name="sizes",
+                                                              gen=lambda r, s, d: [d["seq"] - 1, 0, 1])],
+     {"axis": 1}, n_out=3, opset=13)
 case("Split_input_dynamic_axis", "Split", [x("batch", 5, 4), k([2, 3], I64)], {"axis": 1}, n_out=2, opset=13)
 
 # Slice: constant starts/ends/axes/steps in every spelling, then run-time starts/ends.
@@ -1247,8 +1251,8 @@ refusal("Slice_runtime_step_runtime_start", "run-time step", None, None, nodes=[
     inits={"eight": np.array([8], I64), "big": np.array([INT64_MAX], I64), "two": np.array([2], I64)}, opset=15)
 refusal("Slice_runtime_axes", "axes must be a constant", "Slice",
         [x(), k([0], I64), k([1], I64), x(1, dtype=I64, name="axes")])
-refusal("Split_runtime_sizes", "split sizes must be a constant", "Split",
-        [x(), x(2, dtype=I64, name="sizes")], {"axis": 2}, n_out=2, opset=13)
+refusal("Split_runtime_sizes_not_one_per_output", "3 outputs, but split sizes of shape", "Split",
+        [x(), x(2, dtype=I64, name="sizes")], {"axis": 2}, n_out=3, opset=13)
 refusal("Reduce_runtime_axes", "reduction axes must be a constant", "ReduceMean",
         [x(), x(1, dtype=I64, name="axes")], opset=18)
 refusal("Conv_dynamic_weight_shape", "weight shape must be static", "Conv", [x(*IMG), x(4, 3, "k", "k")])

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from graphconv import interrupts
 from graphconv.errors import InputError, UnsupportedError
-from graphconv.frontend import tokenizer
+from graphconv.frontend import export_rewrites, tokenizer
 from graphconv.frontend.contained import inside
 from graphconv.frontend.export import (ExportResult, check_against_torch, exporter_failure, fixed_dynamic_axes,
                                        grown_inputs, require_torch)
@@ -703,6 +703,9 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
     note = f"{cls.__name__}, attention implementation {attn!r} (transformers' default)"
     if note not in notes:
         notes.append(note)
+    rewrite = export_rewrites.names(config.model_type)
+    if rewrite and f"traced: {rewrite}" not in notes:
+        notes.append(f"traced: {rewrite}")
     tied = _tied(model)
     if tied:
         notes.append(f"tied parameters ({'; '.join(' = '.join(n) for n in tied)}): stored once")
@@ -721,7 +724,8 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         say(f"export {g.name}.onnx" + (f" ({shapes['num_layers']} layers, cache [batch, {shapes['num_kv_heads']}, "
                                         f"seq, {shapes['head_dim']}])" if g.name == "prefill" else ""))
         try:
-            ir_model = wl.export_graph(g.wrap(model), g.inputs, g.axes, opset, g.input_names, g.output_names)
+            with export_rewrites.exportable(config.model_type):
+                ir_model = wl.export_graph(g.wrap(model), g.inputs, g.axes, opset, g.input_names, g.output_names)
         except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
             raise UnsupportedError(f"PyTorch's dynamo exporter refused the model at opset {opset}: "
                                    f"{exporter_failure(e)}") from None
