@@ -283,8 +283,14 @@ def _reduction(n) -> str:
 
 @register("ScatterND", since=13)
 def scatter_nd(n):
-    """Opset 16 adds reduction add / mul, 18 max / min: duplicates accumulate, as MindSpore's tensor_scatter_*."""
-    return n.call(_SCATTER[_reduction(n)], n.x(0), n.x(1), n.x(2))
+    """Opset 16 adds reduction add / mul, 18 max / min: duplicates accumulate, as MindSpore's tensor_scatter_*.
+    No indices (a constant of size 0: Qwen 3.5's interleaved M-RoPE assigns an empty section at small sizes)
+    update nothing: the data as it is."""
+    reduction = _reduction(n)
+    indices = n.const(1)
+    if indices is not None and indices.size == 0:
+        return n.x(0)
+    return n.call(_SCATTER[reduction], n.x(0), n.x(1), n.x(2))
 
 
 @register("ScatterElements", since=13)

@@ -208,3 +208,12 @@ def test_generated_param_holds_the_weights_own_memory(tmp_path):
     assert got == {"plain_equal": True, "plain_shares": True, "flipped_equal": True, "frozen_equal": True,
                    "frozen_shares": False, "b16_equal": True, "zeros": True, "names": ["w"] * 5,
                    "requires_grad": [True, True]}
+
+
+def test_empty_array_literals_keep_their_shape():
+    """A constant of size 0 is written with its shape: [] would make a (0, 1) index array 1-D (Qwen 3.5's empty
+    M-RoPE section reached TensorScatterUpdate as 1-D indices, which mindspore.export rejects)."""
+    for value in (np.zeros((0, 1), np.int64), np.zeros((2, 0, 3), np.float16), np.zeros(0, np.float32)):
+        got = eval(codegen._np_literal(value), {"np": np})
+        assert got.shape == value.shape and got.dtype == (np.float32 if value.dtype == np.float16 else value.dtype)
+    assert codegen._np_literal(np.array([[1]], np.int64)) == "np.array([[1]], dtype='int64')"

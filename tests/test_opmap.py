@@ -508,6 +508,7 @@ case("GatherND_runtime", "GatherND", [x("batch", 4, 5), x(3, 1, dtype=I64, gen=i
 case("GatherND_full", "GatherND", [x("batch", 4), x("seq", 2, dtype=I64, gen=lambda r, s, d: np.stack(
     [r.integers(0, d["batch"], s[0]), r.integers(0, 4, s[0])], 1))])
 case("ScatterND", "ScatterND", [x("batch", 4), k([[1], [0]], I64), x(2, 4)])
+case("ScatterND_no_indices", "ScatterND", [x("batch", 4), k(np.zeros((0, 1)), I64), x(0, 4)])  # updates nothing
 case("ScatterND_elements", "ScatterND", [x("batch", 4, dtype=I64), k([[0, 1], [1, 3], [0, 0]], I64),
                                          x(3, dtype=I64)])
 case("ScatterND_runtime_indices", "ScatterND", [x("batch", "seq", 4), x(1, 1, dtype=I64, gen=index_in("batch", False)),

@@ -724,7 +724,7 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         say(f"export {g.name}.onnx" + (f" ({shapes['num_layers']} layers, cache [batch, {shapes['num_kv_heads']}, "
                                         f"seq, {shapes['head_dim']}])" if g.name == "prefill" else ""))
         try:
-            with export_rewrites.exportable(config.model_type):
+            with export_rewrites.exportable(config):
                 ir_model = wl.export_graph(g.wrap(model), g.inputs, g.axes, opset, g.input_names, g.output_names)
         except Exception as e:  # noqa: BLE001 - the exporter's own failure, reported as such
             raise UnsupportedError(f"PyTorch's dynamo exporter refused the model at opset {opset}: "

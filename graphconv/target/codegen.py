@@ -59,6 +59,8 @@ def literal(value) -> str:
 def _np_literal(value: np.ndarray) -> str:
     if value.dtype.kind == "f" and value.dtype.itemsize < 4 or value.dtype.name == "bfloat16":
         value = value.astype(np.float32)  # cast back to the right MindSpore dtype by Tensor(..., dtype)
+    if value.size == 0:  # (a list literal would lose the shape: [] for (0, 1))
+        return f"np.zeros({value.shape!r}, dtype={value.dtype.name!r})"
     if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
         body = repr(value.tolist()).replace("inf", "np.inf").replace("nan", "np.nan")
         return f"np.array({body}, dtype={value.dtype.name!r})"
