@@ -267,8 +267,8 @@ class Compiler:
 
     def _at_a_stride(self, model: LoadedModel, oracle, cases, why: str) -> tuple[list | None, list, list[str]]:
         """The generated inputs did not serve (`why`): the oracle's outputs and the cases again, with every free
-        dim but the batch at multiples of 32, then of 64 (reference.STRIDES: the strides detectors and OCR models
-        take), and a warning saying which sizes ran; (None, cases, the sizes tried) where none ran with outputs
+        dim but the batch at multiples of 32, then of 64, then of 256 (reference.STRIDES: the strides detectors and
+        OCR models take, and frames longer than an audio model's window), and a warning saying which sizes ran; (None, cases, the sizes tried) where none ran with outputs
         that are not empty."""
         tried = [reference.dims_text(model.proto, cases[0])]
         for stride in reference.STRIDES:
@@ -470,6 +470,7 @@ class Compiler:
             return
         cpu_form = opmap.fused.inline_fused(fused)
         network = self.lower(self.target.network_graph(fused, cpu_form), loaded, ws)
+        self.target.check_network(network.net.program)
         if not self.opt.verify:
             try:
                 emitted, expected = Verification(self).emit(network, ws), checked.expected

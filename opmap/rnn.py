@@ -1,4 +1,5 @@
-"""Recurrent layers: RNN, GRU, LSTM (opsets 7 and 14), unrolled over a static sequence length.
+"""Recurrent layers: RNN, GRU, LSTM (opsets 7 and 14), unrolled over a static sequence length (the batch may be
+dynamic); an LSTM over a dynamic sequence runs MindSpore's LSTM primitive (`_lstm_primitive`, CPU only).
 
 The ONNX equations, one statement group per time step (the input projection of all steps is one matmul up
 front): gates in ONNX's order (GRU z, r, h; LSTM i, o, f, c), bias = Wb + Rb, GRU's linear_before_reset, LSTM
@@ -53,10 +54,14 @@ def _activation(n, name: str, alpha, beta):
 
 def _recurrent(n, kind: str):
     xs = n.shape(0)
-    if xs is None or not all(isinstance(d, int) for d in xs):
-        n.fail("the input shape must be static (the sequence is unrolled)")
     layout = int(n.attr("layout", 0))
+    if xs is None or len(xs) != 3:
+        n.fail("the input must be 3-D with a known rank")
     seq, batch = (xs[1], xs[0]) if layout else (xs[0], xs[1])
+    if not isinstance(seq, int):
+        if kind == "LSTM":
+            return _lstm_primitive(n, layout)
+        n.fail("the sequence length must be static (the sequence is unrolled)")
     hidden = int(n.attr("hidden_size"))
     direction = text(n.attr("direction", "forward"))
     dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
@@ -78,7 +83,11 @@ def _recurrent(n, kind: str):
         n.fail("sequence_lens with a reverse direction is not supported")
     if seq_lens is not None:
         seq_lens = n.call("ops.cast", seq_lens, n.ms_dtype(ir.DataType.INT64))
-    zeros = n.const_tensor(np.zeros((batch, hidden), n.dtype(0).numpy()), "zeros_h")
+    if isinstance(batch, int):
+        zeros = n.const_tensor(np.zeros((batch, hidden), n.dtype(0).numpy()), "zeros_h")
+    else:  # a dynamic batch: zeros shaped like one step's first gate (batch, hidden)
+        first = n.call("ops.matmul", n.getitem(x, 0), n.call("ops.transpose", n.getitem(n.x(1), 0), (1, 0)))
+        zeros = n.call("ops.zeros_like", n.getitem(first, (slice(None), slice(None, hidden))))
     ys, hs, cs = [], [], []
     for d, name in enumerate(dirs):
         fs = []
@@ -168,6 +177,66 @@ def _recurrent(n, kind: str):
         y_c = n.call("ops.transpose", y_c, (1, 0, 2)) if y_c is not None else None
     outputs = (y, y_h) if kind != "LSTM" else (y, y_h, y_c)
     return outputs[: max(1, n.n_outputs)]
+
+
+# ONNX's LSTM gate blocks (i, o, f, c) in the order of MindSpore's LSTM primitive (PyTorch's: i, f, c, o)
+_TO_MINDSPORE_GATES = (0, 2, 3, 1)
+
+
+def _lstm_primitive(n, layout: int):
+    """An LSTM over a dynamic sequence: MindSpore's own `ops.LSTM` primitive, one unidirectional call per
+    direction (the reverse one on the time-reversed sequence), its weights laid out as `nn.LSTM` lays them out
+    on CPU (mindspore/nn/layer/rnns.py, _DynamicLSTMCPUGPU: w_ih, w_hh, then b_ih + b_hh, flattened, gates
+    i, f, c, o). MindSpore runs this primitive on CPU and GPU only (Ascend's nn.LSTM uses DynamicRNN): the
+    ascend target refuses it (graphconv/target/targets.py)."""
+    hidden = int(n.attr("hidden_size"))
+    direction = text(n.attr("direction", "forward"))
+    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    acts = [text(a) for a in (n.attr("activations") or _DEFAULTS["LSTM"] * len(dirs))]
+    if acts != _DEFAULTS["LSTM"] * len(dirs) or n.attr("clip", None) is not None or n.attr("input_forget", 0):
+        n.fail("over a dynamic sequence only the default activations, no clip and no input_forget are supported "
+               "(MindSpore's LSTM primitive)")
+    if n.has(4) or n.has(7):
+        n.fail("over a dynamic sequence, sequence_lens and peepholes are not supported (MindSpore's LSTM primitive)")
+    w, r = n.const(1), n.const(2)
+    b = n.const(3) if n.has(3) else None
+    if w is None or r is None or (n.has(3) and b is None):
+        n.fail("over a dynamic sequence W, R and B must be constants (laid out for MindSpore's LSTM primitive)")
+    dt = n.dtype(0).numpy()
+    size = w.shape[-1]
+
+    def gates(a):  # (4H, ...) in ONNX's gate order -> MindSpore's
+        return np.concatenate([a[g * hidden:(g + 1) * hidden] for g in _TO_MINDSPORE_GATES])
+
+    x = n.x(0)
+    if layout:
+        x = n.call("ops.transpose", x, (1, 0, 2))
+    reverse = n.call("ops.ReverseV2", [0])
+    zeros = None
+    ys, hs, cs = [], [], []
+    for d, name in enumerate(dirs):
+        bias = gates(b[d][:4 * hidden] + b[d][4 * hidden:]) if b is not None else np.zeros(4 * hidden, dt)
+        flat = np.concatenate([gates(w[d]).reshape(-1), gates(r[d]).reshape(-1), bias]).astype(dt)
+        weights = n.const_tensor(flat.reshape(-1, 1, 1), f"lstm_weights_{name}")
+        if not (n.has(5) and n.has(6)) and zeros is None:  # (1, batch, H) zeros at the run's batch
+            zeros = n.call("ops.tile", n.call("ops.zeros_like", n.getitem(x, (slice(0, 1), slice(None), slice(0, 1)))),
+                           (1, 1, hidden))
+        h0 = n.getitem(n.x(5), slice(d, d + 1)) if n.has(5) else zeros
+        c0 = n.getitem(n.x(6), slice(d, d + 1)) if n.has(6) else zeros
+        xd = n.call(reverse, x) if name == "reverse" else x
+        lstm = n.call("ops.LSTM", size, hidden, 1, True, False, 0.0)
+        y, h, c = n.call_n(lstm, 5, xd, h0, c0, weights)[:3]
+        ys.append(n.call(reverse, y) if name == "reverse" else y)
+        hs.append(h)
+        cs.append(c)
+    y = n.call("ops.stack", tuple(ys), 1)  # (seq, dirs, batch, hidden)
+    y_h = n.call("ops.concat", tuple(hs), 0) if len(hs) > 1 else hs[0]
+    y_c = n.call("ops.concat", tuple(cs), 0) if len(cs) > 1 else cs[0]
+    if layout:
+        y = n.call("ops.transpose", y, (2, 0, 1, 3))
+        y_h = n.call("ops.transpose", y_h, (1, 0, 2))
+        y_c = n.call("ops.transpose", y_c, (1, 0, 2))
+    return (y, y_h, y_c)[: max(1, n.n_outputs)]
 
 
 @register("RNN", "GRU", "LSTM", since=7)

@@ -106,6 +106,20 @@ def rules() -> pattern.RewriteRuleSet:
                                    GemmToMatMulAdd.rule()])
 
 
+class _IdentityElimination(IdentityEliminationPass):
+    """onnx-ir's pass, except where an Identity is a subgraph's output of a value from an enclosing graph (an If
+    branch returning an outer value, silero-vad's): onnx-ir 1.1 removes it, leaving the branch an output that no
+    node of it produces, which is invalid ONNX."""
+
+    def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
+        source = node.inputs[0] if len(node.inputs) == 1 else None
+        if node.outputs and node.outputs[0].is_graph_output() and source is not None:
+            producer = source.producer()
+            if (producer.graph if producer is not None else source.graph) is not node.graph:
+                return False
+        return super()._try_eliminate_identity_node(node)
+
+
 @register_pass("canonicalize", "Div(1,x)->Reciprocal, Pow(x,2)->Mul, lossless Cast pairs, Gemm->MatMul+Add, "
                                "constant folding")
 def canonicalize(model: ir.Model) -> PassResult:
@@ -114,7 +128,7 @@ def canonicalize(model: ir.Model) -> PassResult:
     count = rules().apply_to_model(model)
     before = _computing_nodes(model)
     optimizer.fold_constants(model)
-    IdentityEliminationPass()(model)
+    _IdentityElimination()(model)
     RemoveUnusedNodesPass()(model)
     return PassResult(count + max(before - _computing_nodes(model), 0))
 

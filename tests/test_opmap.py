@@ -874,6 +874,18 @@ case("LSTM_peepholes_seq_lens", "LSTM",
       x(1, 2, 3), x(1, 2, 3), k(weights(1, 9, seed=3))], {"hidden_size": 3}, n_out=3, opset=13)
 case("LSTM_bidirectional_clip", "LSTM", [_seq, k(weights(2, 12, 4)), k(weights(2, 12, 3, seed=1))],
      {"hidden_size": 3, "direction": "bidirectional", "clip": 0.5}, n_out=3, opset=14)
+# a dynamic batch (unrolled); an LSTM over a dynamic sequence (MindSpore's LSTM primitive, both seq sizes)
+_dyn = x("seq", "batch", 4)
+case("LSTM_dynamic_batch", "LSTM", [x(3, "batch", 4), k(weights(1, 12, 4)), k(weights(1, 12, 3, seed=1)),
+                                    k(weights(1, 24, seed=2))], {"hidden_size": 3}, n_out=3, opset=14)
+case("GRU_dynamic_batch", "GRU", [x(3, "batch", 4), k(weights(1, 15, 4)), k(weights(1, 15, 5, seed=1))],
+     {"hidden_size": 5}, n_out=2, opset=14)
+case("LSTM_dynamic_seq_bidirectional", "LSTM", [_dyn, k(weights(2, 12, 4)), k(weights(2, 12, 3, seed=1)),
+                                                k(weights(2, 24, seed=2))],
+     {"hidden_size": 3, "direction": "bidirectional"}, n_out=3, opset=14)
+case("LSTM_dynamic_seq_reverse_initial_state", "LSTM",
+     [_dyn, k(weights(1, 12, 4)), k(weights(1, 12, 3, seed=1)), None, None, x(1, "batch", 3), x(1, "batch", 3)],
+     {"hidden_size": 3, "direction": "reverse"}, n_out=3, opset=14)
 
 # spectral
 case("DFT_real_onesided", "DFT", [x("batch", 8, 1)], {"axis": 1, "onesided": 1}, opset=17)
@@ -1256,6 +1268,11 @@ refusal("Split_runtime_sizes_not_one_per_output", "3 outputs, but split sizes of
         [x(), x(2, dtype=I64, name="sizes")], {"axis": 2}, n_out=3, opset=13)
 refusal("Reduce_runtime_axes", "reduction axes must be a constant", "ReduceMean",
         [x(), x(1, dtype=I64, name="axes")], opset=18)
+refusal("GRU_dynamic_seq", "the sequence length must be static", "GRU",
+        [x("seq", "batch", 4), k(weights(1, 15, 4)), k(weights(1, 15, 5, seed=1))], {"hidden_size": 5}, n_out=2)
+refusal("LSTM_dynamic_seq_clip", "only the default activations, no clip", "LSTM",
+        [x("seq", "batch", 4), k(weights(1, 12, 4)), k(weights(1, 12, 3, seed=1))], {"hidden_size": 3, "clip": 1.0},
+        n_out=3)
 refusal("Conv_dynamic_weight_shape", "weight shape must be static", "Conv", [x(*IMG), x(4, 3, "k", "k")])
 refusal("Conv_same_upper_dynamic_stride2", "static spatial dims", "Conv", [x(*IMG), k(weights(4, 3, 3, 3))],
         {"auto_pad": "SAME_UPPER", "strides": [2, 2]})

@@ -154,11 +154,12 @@ def _related(tmp_path, extra: int):
 
 
 def test_a_relation_nothing_states_gets_a_hint_naming_the_dims(tmp_path, capfd):
-    """len_b must be len_a + 1: the sizes chosen (5 and 9), then at multiples of 32 and 64, all fail; the refusal
-    names every size tried and how to choose them."""
+    """len_b must be len_a + 1: the sizes chosen (5 and 9), then at multiples of 32, 64 and 256, all fail; the
+    refusal names every size tried and how to choose them."""
     path = _related(tmp_path, 1)
     with pytest.raises(UnsupportedError, match=r"the generated inputs had len_a = 5, len_b = 9; then len_a = 32, "
-                                               r"len_b = 32; then len_a = 64, len_b = 64: .* --dim NAME=A,B"):
+                                               r"len_b = 32; then len_a = 64, len_b = 64; then len_a = 256, "
+                                               r"len_b = 256: .* --dim NAME=A,B"):
         graphconv.compile(path, tmp_path / "g.mindir", target="cpu")
     assert "E:onnxruntime" not in capfd.readouterr().err  # its own log stays quiet (unless --debug)
     report = graphconv.compile(path, tmp_path / "g.mindir", target="cpu", dims={"len_a": (4, 6), "len_b": (5, 7)})
@@ -252,20 +253,20 @@ def test_the_search_for_sizes_never_falls_back_to_the_reference_evaluator():
 
 
 def test_a_window_no_stride_fills_is_one_line_naming_it(tmp_path):
-    """An average pool of window and stride 100 behind a Reshape to a computed shape (onnx's inference cannot
+    """An average pool of window and stride 600 behind a Reshape to a computed shape (onnx's inference cannot
     size the pool's input: the sizes come from onnxruntime's run of each case) is larger than its input at the
-    generated sizes and at multiples of 32 and 64, where onnxruntime still pools to 1 (its division truncates):
+    generated sizes and at multiples of 32, 64 and 256, where onnxruntime still pools to 1 (its division truncates):
     exit 1 naming the window and what to give, before any lowering (MindSpore refuses the window)."""
     m = helper.make_node
     nodes = [m("Shape", ["x"], ["s"]), m("Greater", ["s", "zero"], ["pos"]),
              m("Compress", ["s", "pos"], ["si"], axis=0), m("Reshape", ["x", "si"], ["r"]),
-             m("AveragePool", ["r"], ["y"], kernel_shape=[100], strides=[100])]
+             m("AveragePool", ["r"], ["y"], kernel_shape=[600], strides=[600])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, ["batch", 1, "width"])],
                           [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 1, "pooled"])],
                           [numpy_helper.from_array(np.array(0, np.int64), "zero")])
     path = tmp_path / "pool.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    expected = (r"smaller than the window of AveragePool_4 \(window 100 over \d+\) at .*then batch = 3, width = 64: "
+    expected = (r"smaller than the window of AveragePool_4 \(window 600 over \d+\) at .*then batch = 3, width = 256: "
                 r"give the sizes the model takes, --dim")
     with pytest.raises(UnsupportedError, match=expected) as e:
         graphconv.compile(path, tmp_path / "pool.mindir", target="cpu")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from graphconv.errors import InputError
+from graphconv.errors import InputError, UnsupportedError
 
 if TYPE_CHECKING:  # (the CLI imports this module for --target's choices: it stays light)
     import onnx
@@ -49,6 +49,14 @@ class Target:
         compile's tolerance covers it)."""
         return self.fused_primitives and compile_precision == "fp32"
 
+    def check_network(self, program) -> None:
+        """Refuse a lowered network holding a primitive MindSpore cannot run on this target's device."""
+        if not self.fused_primitives:
+            return
+        for call, why in HOST_ONLY.items():
+            if program.calls(call):
+                raise UnsupportedError(f"{why}; --target cpu compiles this model")
+
     def check(self, compile_precision: str) -> None:
         """Refuse a precision this target cannot run."""
         from passes import precision
@@ -57,6 +65,10 @@ class Target:
             raise InputError(f"--precision {compile_precision} needs --target ascend: MindSpore CPU has no "
                              f"{compile_precision} kernels for MatMul, Softmax, Exp, ...")
 
+
+# Primitives the lowering emits that have no Ascend kernel (their call in the generated code -> why).
+HOST_ONLY = {"ops.LSTM": "an LSTM over a dynamic sequence runs MindSpore's LSTM primitive, which has CPU and GPU "
+                         "kernels only (on Ascend nn.LSTM uses DynamicRNN, which graphconv does not emit)"}
 
 ASCEND = Target("ascend", "MindSpore fused primitives", fused_primitives=True)
 CPU = Target("cpu", "a network that runs on CPU", fused_primitives=False)

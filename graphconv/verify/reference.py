@@ -27,7 +27,9 @@ from graphconv.errors import InputError, UnsupportedError
 BATCH_SIZES = (3, 5)
 SPATIAL_SIZES = (20, 28)
 OTHER_SIZES = [(5, 11), (9, 6), (13, 4), (7, 10)]
-STRIDES = (32, 64)  # tried in turn when onnxruntime refuses the sizes above (stride_overrides)
+# Tried in turn when onnxruntime refuses the sizes above (stride_overrides): detectors' and OCR models' strides,
+# then 256 for audio models whose frames must exceed a window (silero-vad's reflect pad of 64 samples).
+STRIDES = (32, 64, 256)
 _BATCH_RE = dims.BATCH
 _SPATIAL_RE = re.compile(r"height|width|^h$|^w$", re.I)
 _MASK_RE = re.compile(r"mask", re.I)
