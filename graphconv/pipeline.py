@@ -268,8 +268,8 @@ class Compiler:
     def _at_a_stride(self, model: LoadedModel, oracle, cases, why: str) -> tuple[list | None, list, list[str]]:
         """The generated inputs did not serve (`why`): the oracle's outputs and the cases again, with every free
         dim but the batch at multiples of 32, then of 64, then of 256 (reference.STRIDES: the strides detectors and
-        OCR models take, and frames longer than an audio model's window), and a warning saying which sizes ran; (None, cases, the sizes tried) where none ran with outputs
-        that are not empty."""
+        OCR models take, and frames longer than an audio model's window), and a warning saying which sizes ran;
+        (None, cases, the sizes tried) where none ran with outputs that are not empty."""
         tried = [reference.dims_text(model.proto, cases[0])]
         for stride in reference.STRIDES:
             sizes = reference.stride_overrides(model.proto, stride, self.opt.dims)
