@@ -271,3 +271,20 @@ def test_a_window_no_stride_fills_is_one_line_naming_it(tmp_path):
     with pytest.raises(UnsupportedError, match=expected) as e:
         graphconv.compile(path, tmp_path / "pool.mindir", target="cpu")
     assert "\n" not in str(e.value)
+
+
+def test_an_integer_input_compared_with_a_constant_gets_that_constant():
+    """silero-vad's `sr`: Equal(sr, 16000) chooses the 16 kHz branch; fed a random small integer, the run took
+    the other branch, which the model is not made for. Both cases feed the constant; another integer input
+    stays random."""
+    m = helper.make_node
+    g = helper.make_graph(
+        [m("Equal", ["sr", "khz16"], ["is16"]), m("Cast", ["is16"], ["f"], to=T.FLOAT), m("Mul", ["x", "f"], ["y"]),
+         m("Add", ["n", "n"], ["n2"])], "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, ["batch", 4]), helper.make_tensor_value_info("sr", T.INT64, []),
+         helper.make_tensor_value_info("n", T.INT64, [1])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 4]), helper.make_tensor_value_info("n2", T.INT64, [1])],
+        [numpy_helper.from_array(np.array(16000, np.int64), "khz16")])
+    cases = reference.make_cases(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    assert [int(c.inputs["sr"]) for c in cases] == [16000, 16000]
+    assert all(c.inputs["n"][0] < reference.DEFAULT_INT_HIGH for c in cases)

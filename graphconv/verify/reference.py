@@ -342,6 +342,31 @@ def _window(n: onnx.NodeProto, model: onnx.ModelProto) -> tuple | None:
     return n, kernel, pads, dilations
 
 
+def _selectors(model: onnx.ModelProto) -> dict[str, int]:
+    """Integer graph inputs of one element that the graph compares for equality with a constant (silero-vad's
+    `sr`, Equal(sr, 16000) choosing the 16 kHz branch): name -> that constant. Fed it, the run takes the branch
+    the model was made for rather than the one a random value falls into."""
+    g = model.graph
+    scalar_ints = {i.name for i in g.input if i.type.tensor_type.elem_type in _INT_TYPES
+                   and all(d.HasField("dim_value") and d.dim_value == 1 for d in i.type.tensor_type.shape.dim)}
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if t.name not in scalar_ints}
+    consts.update({n.output[0]: onnx.numpy_helper.to_array(a.t) for n in g.node if n.op_type == "Constant"
+                   for a in n.attribute if a.name == "value"})
+    found = {}
+    for n in g.node:
+        if n.op_type != "Equal" or len(n.input) != 2:
+            continue
+        for a, b in (n.input, reversed(n.input)):
+            c = consts.get(b)
+            if a in scalar_ints and a not in found and c is not None and c.size == 1 and c.dtype.kind in "iu":
+                found[a] = int(c.reshape(-1)[0])
+    return found
+
+
+_INT_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+              onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
+
+
 def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
                dim_overrides: dict | None = None, seed: int = 0, pad_masks: bool = True,
                preferred_dims: dict | None = None) -> list[ReferenceCase]:
@@ -352,6 +377,7 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
     for case_index in range(2):
         check_memory(model, specs, {name: pair[case_index] for name, pair in sizes.items()})
     bounds = _index_bounds(model)
+    selectors = _selectors(model)
     cases = []
     for case_index in range(2):
         rng = np.random.default_rng(seed + case_index)
@@ -369,6 +395,8 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
                 value = rng.standard_normal(shape).astype(spec.dtype)
             elif spec.dtype.kind == "b":
                 value = rng.random(shape) < 0.5
+            elif spec.dtype.kind in "iu" and spec.name in selectors:
+                value = np.full(shape, selectors[spec.name], dtype=spec.dtype)
             elif spec.dtype.kind in "iu":
                 high = bounds.get(spec.name, DEFAULT_INT_HIGH)
                 value = rng.integers(0, max(high, 1), size=shape).astype(spec.dtype)
