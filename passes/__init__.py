@@ -15,4 +15,5 @@ from passes import fuse_swiglu  # noqa: E402,F401
 from passes import fuse_rope  # noqa: E402,F401
 from passes import fuse_attention  # noqa: E402,F401
 from passes import fuse_moe  # noqa: E402,F401
+from passes import fuse_lstm  # noqa: E402,F401
 from passes import coverage  # noqa: E402,F401  (the fusion families and their candidate rules)

@@ -30,6 +30,7 @@ The candidate rules (also stated in each pass's docstring):
              or over Sigmoid/Softmax scores plus an expert bias (through a masked_fill's Where) whose indices
              gather the chosen weights; every ArgMax of router logits whose index gathers from a Softmax
              (PhiMoE's sparsemixer) (registered by passes/fuse_moe.py).
+  recurrent  every LSTM over a dynamic sequence length (registered by passes/fuse_lstm.py).
 """
 
 from __future__ import annotations

@@ -112,10 +112,11 @@ def test_cli_compiles_the_shipped_example(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "tiny_llama.mindir"]
 
 
-def test_lstm_over_a_dynamic_sequence_compiles_for_cpu_and_ascend_says_why_not(tmp_path):
+def test_lstm_over_a_dynamic_sequence_compiles_for_both_targets(tmp_path):
     """A PyTorch LSTM exported with a dynamic sequence (what silero-vad and ddddocr's recognizers ship): the cpu
-    target runs MindSpore's LSTM primitive and verifies at two sequence lengths; the ascend target refuses in
-    one line, naming why (the primitive has no Ascend kernel) and --target cpu."""
+    target runs MindSpore's LSTM primitive, the ascend target DynamicRNN (fuse-lstm; its cpu twin the LSTM
+    primitive), one call per direction; both verify at two sequence lengths. Without fuse-lstm the ascend
+    target refuses in one line: the LSTM primitive has no Ascend kernel."""
     import torch
 
     torch.manual_seed(0)
@@ -123,10 +124,13 @@ def test_lstm_over_a_dynamic_sequence_compiles_for_cpu_and_ascend_says_why_not(t
     path = tmp_path / "lstm.onnx"
     torch.onnx.export(lstm, (torch.randn(6, 2, 4),), str(path), input_names=["x"], output_names=["y", "h", "c"],
                       dynamic_axes={"x": {0: "seq", 1: "batch"}}, dynamo=False)
-    report = graphconv.compile(path, tmp_path / "cpu.mindir", target="cpu")
-    _check_verified(report)
-    assert len({c["inputs"]["x"][0] for c in report.validation["cases"]}) == 2
-    assert report.census.get("LSTM") == 2  # one call per direction
+    for target, primitive in (("cpu", "LSTM"), ("ascend", "DynamicRNN")):
+        report = graphconv.compile(path, tmp_path / f"{target}.mindir", target=target)
+        _check_verified(report)
+        assert len({c["inputs"]["x"][0] for c in report.validation["cases"]}) == 2
+        assert report.census.get(primitive) == 2, report.census
+    assert report.coverage["recurrent"]["fused"] == 1
+    assert report.validation["ascend_precision"]["status"] == "ok"
     with pytest.raises(graphconv.UnsupportedError, match=r"MindSpore's LSTM primitive, which has CPU and GPU kernels "
                                                          r"only .*; --target cpu compiles this model"):
-        graphconv.compile(path, tmp_path / "ascend.mindir", target="ascend")
+        graphconv.compile(path, tmp_path / "plain.mindir", target="ascend", disable_passes=("fuse-lstm",))

@@ -373,11 +373,11 @@ def test_ascend_precision_body_rounds_through_fp16():
 
 
 def test_pass_runs_after_the_other_transformer_fusions_and_can_be_disabled():
-    """fuse-attention matches what the norm, activation and rotary fusions leave (only fuse-moe, which it does
-    not touch, comes after it)."""
+    """fuse-attention matches what the norm, activation and rotary fusions leave (only fuse-moe and fuse-lstm,
+    which it does not touch, come after it)."""
     names = passes.PassManager().names
     later = names[names.index("fuse-attention") + 1:]
-    assert later == ["fuse-moe"]
+    assert later == ["fuse-moe", "fuse-lstm"]
     assert "fuse-attention" not in passes.PassManager(disabled=("fuse-attention",)).names
 
 

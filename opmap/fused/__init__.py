@@ -100,3 +100,4 @@ from opmap.fused import flash_attention  # noqa: E402,F401
 from opmap.fused import fused_infer_attention  # noqa: E402,F401
 from opmap.fused import fast_gelu  # noqa: E402,F401
 from opmap.fused import moe_gating  # noqa: E402,F401
+from opmap.fused import dynamic_rnn  # noqa: E402,F401
