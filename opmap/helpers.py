@@ -91,6 +91,24 @@ def onnx_slice_axis(x, start, end, axis, step):
     return ops.gather(x, index, axis)
 
 
+def onnx_slice_axis_stepped(x, start, end, axis, step):
+    """onnx_slice_axis with a run-time step too (a 0-d or 1-element tensor, never 0): the bounds are clamped
+    for its sign at run time."""
+    dim = ops.dyn_shape(x)[axis]
+    start = start.reshape(()).astype(ms.int64)
+    end = end.reshape(()).astype(ms.int64)
+    step = step.reshape(()).astype(ms.int64)
+    start = ops.where(start < 0, start + dim, start)
+    end = ops.where(end < 0, end + dim, end)
+    forward = step > 0
+    lo = ops.where(forward, ops.zeros_like(dim), ops.zeros_like(dim) - 1)
+    hi = ops.where(forward, dim, dim - 1)
+    start = ops.minimum(ops.maximum(start, lo), hi)
+    end = ops.minimum(ops.maximum(end, lo), hi)
+    end = ops.where(forward, ops.maximum(end, start), ops.minimum(end, start))
+    return ops.gather(x, ops.range(start, end, step), axis)
+
+
 def onnx_gather(x, index, axis):
     """ONNX Gather: negative indices count from the end of the axis."""
     dim = ops.dyn_shape(x)[axis]

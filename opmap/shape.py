@@ -128,8 +128,18 @@ def split18(n):
 def slice_(n):
     rank = n.require_rank(0)
     x = n.x(0)
-    if n.has(4) and n.const(4) is None:
-        n.fail("a run-time step is not supported")
+    if n.has(4) and n.const(4) is None:  # run-time steps: each axis sliced at run time
+        axes = [n.axis(a, rank) for a in n.require_ints(3, "Slice axes")] if n.has(3) else None
+        if axes is None:
+            count = (n.shape(4) or [None])[0]
+            if not isinstance(count, int):
+                n.fail("the number of sliced axes is unknown")
+            axes = list(range(count))
+        fn = n.helper("onnx_slice_axis_stepped")
+        for k, a in enumerate(axes):
+            x = n.call(fn, x, *(n.getitem(n.x(i), slice(k, k + 1)) for i in (1, 2)), a,
+                       n.getitem(n.x(4), slice(k, k + 1)))
+        return x
     starts, ends = n.ints(1), n.ints(2)
     axes = n.require_ints(3, "Slice axes") if n.has(3) else None
     steps = n.ints(4) if n.has(4) else None

@@ -70,3 +70,37 @@ def test_inexact_rewrites_are_refused(name):
     _, out = fuse(model, "canonicalize")
     assert kept in [n.op_type for n in out.graph.node]
     assert_same_numerics(model, out, 0.0, 0.0)
+
+
+def test_an_if_branch_returning_an_outer_value_keeps_its_identity(tmp_path):
+    """silero-vad's If: a branch whose output is Identity(an outer value). onnx-ir 1.1's identity elimination
+    removed it and left the branch an output no node of it produced (invalid ONNX; the compile then failed with
+    "used before it is defined"). The other branch folds a constant into an initializer of its own, which
+    the lowering reads as a constant (Slice axes). The compile verifies at both conditions."""
+    import graphconv
+
+    def branch(name, nodes, inits=()):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_out", F, ["n", 4])],
+                                 list(inits))
+
+    keep = branch("keep", [helper.make_node("Identity", ["x"], ["keep_out"])])
+    rev = branch("rev", [helper.make_node("Constant", [], ["axis"], value=numpy_helper.from_array(
+        np.array([1], np.int64))), helper.make_node("Add", ["axis", "zero"], ["axes"]),
+        helper.make_node("Slice", ["x", "minus_one", "very_negative", "axes", "minus_one"], ["rev_out"])],
+        [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+         numpy_helper.from_array(np.array([-2**62], np.int64), "very_negative")])
+    g = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0), helper.make_node("Less", ["total", "zero_f"],
+                                                                                       ["negative"]),
+         helper.make_node("If", ["negative"], ["y"], then_branch=rev, else_branch=keep)], "g",
+        [helper.make_tensor_value_info("x", F, ["n", 4])], [helper.make_tensor_value_info("y", F, ["n", 4])],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero_f")])
+    path = tmp_path / "if.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), path)
+    count, canonical = fuse(onnx.load(path), "canonicalize")
+    (if_node,) = [n for n in canonical.graph.node if n.op_type == "If"]
+    else_branch = next(a.g for a in if_node.attribute if a.name == "else_branch")
+    assert [n.op_type for n in else_branch.node] == ["Identity"]
+    report = graphconv.compile(path, tmp_path / "if.mindir", target="cpu", simplify=False)
+    assert report.status == "verified", report.error

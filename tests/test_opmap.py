@@ -1250,18 +1250,20 @@ case("Swiglu_fused", "Swiglu", [x("batch", "seq", 8)], {"dim": -1}, domain=fused
 case("MoeGatingTopKSoftmax_fused", "MoeGatingTopKSoftmax", [x("batch", 8)], {"k": 2}, n_out=2, domain=fused.DOMAIN,
      xfail="MoeGatingTopKSoftmax has no CPU kernel (Ascend only); tests/test_moe.py checks the cpu twin")
 
+# run-time steps (silero-vad's If branch): reversed along the dynamic axis, and a run-time start with step 2
+graph_case("Slice_runtime_step_reverse", "Slice", [
+    node("Shape", ["x"], ["s"], start=1, end=2), node("Div", ["s", "s"], ["one"]), node("Neg", ["one"], ["step"]),
+    node("Slice", ["x", "minus_one", "very_negative", "axis1", "step"], ["y"])], [x(name="x")],
+    {"minus_one": np.array([-1], I64), "very_negative": np.array([-INT64_MAX], I64), "axis1": np.array([1], I64)},
+    opset=15)
+graph_case("Slice_runtime_start_and_step", "Slice", [
+    node("Shape", ["x"], ["s"], start=1, end=2), node("Div", ["s", "s"], ["one"]), node("Add", ["one", "one"], ["two"]),
+    node("Slice", ["x", "one", "big", "axis1", "two"], ["y"])], [x(name="x")],
+    {"big": np.array([INT64_MAX], I64), "axis1": np.array([1], I64)}, opset=15)
+
 # --- refusals: what the lowering must reject with a clear UnsupportedError ------------------------------------
 
 refusal("Squeeze_no_axes_dynamic", "without axes needs a fully static", "Squeeze", [x("batch", 1, 4)])
-refusal("Slice_runtime_step", "run-time step", None, None, nodes=[
-    node("Shape", ["x"], ["s"], start=1, end=2), node("Div", ["s", "eight"], ["step"]),
-    node("Slice", ["x", "zero", "big", "two", "step"], ["y"])], inputs=[x(name="x")],
-    inits={"eight": np.array([8], I64), "zero": np.array([0], I64), "big": np.array([INT64_MAX], I64),
-           "two": np.array([2], I64)}, opset=15)
-refusal("Slice_runtime_step_runtime_start", "run-time step", None, None, nodes=[
-    node("Shape", ["x"], ["s"], start=1, end=2), node("Div", ["s", "eight"], ["step"]),
-    node("Slice", ["x", "step", "big", "two", "step"], ["y"])], inputs=[x(name="x")],
-    inits={"eight": np.array([8], I64), "big": np.array([INT64_MAX], I64), "two": np.array([2], I64)}, opset=15)
 refusal("Slice_runtime_axes", "axes must be a constant", "Slice",
         [x(), k([0], I64), k([1], I64), x(1, dtype=I64, name="axes")])
 refusal("Split_runtime_sizes_not_one_per_output", "3 outputs, but split sizes of shape", "Split",

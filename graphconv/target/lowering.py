@@ -164,6 +164,8 @@ class Lowering:
             else Operand(value=item)
 
     def lower_graph(self, graph: ir.Graph) -> list:
+        for v in graph.initializers.values():  # (a branch's own: constant folding leaves its results there)
+            self.operands.setdefault(v, Operand(value=None, initializer=v))
         for node in graph:
             self.lower_node(node)
         out = []
