@@ -226,8 +226,13 @@ class Compiler:
             if small and not self.opt.inputs and not self.opt.dims:  # sizes too small for the model's strides
                 again, strided, tried = self._at_a_stride(loaded.model, oracle, cases, f"the generated inputs {small}")
                 if again is None and "window" in small:  # (MindSpore refuses a window larger than its input)
-                    raise UnsupportedError(f"the generated inputs {small} at {'; then '.join(tried)}: give the sizes "
-                                           "the model takes, --dim NAME=A,B for its free dims, or --inputs")
+                    along = next((d for c in cases if (d := reference.window_input_dim(original, c, lambda names, c=c: (
+                        observed_ranks.observed_shapes(original, c, names, reference.Oracle))))), None)
+                    hint = f"--dim '{along}=A,B' for the input dim the window runs along (the sizes the model " \
+                           "takes), and --dim NAME=A,B for other free dims" if along else \
+                           "give the sizes the model takes, --dim NAME=A,B for its free dims"
+                    raise UnsupportedError(f"the generated inputs {small} at {'; then '.join(tried)}: {hint}, or "
+                                           "--inputs")
                 expected, cases = (again, strided) if again is not None else (expected, cases)
             self.report.validation["oracle"] = oracle.name
             if oracle.exact:

@@ -256,7 +256,8 @@ def test_a_window_no_stride_fills_is_one_line_naming_it(tmp_path):
     """An average pool of window and stride 600 behind a Reshape to a computed shape (onnx's inference cannot
     size the pool's input: the sizes come from onnxruntime's run of each case) is larger than its input at the
     generated sizes and at multiples of 32, 64 and 256, where onnxruntime still pools to 1 (its division truncates):
-    exit 1 naming the window and what to give, before any lowering (MindSpore refuses the window)."""
+    exit 1 naming the window and the dim to give (the input's dim at the window's axis), before any lowering
+    (MindSpore refuses the window)."""
     m = helper.make_node
     nodes = [m("Shape", ["x"], ["s"]), m("Greater", ["s", "zero"], ["pos"]),
              m("Compress", ["s", "pos"], ["si"], axis=0), m("Reshape", ["x", "si"], ["r"]),
@@ -267,7 +268,7 @@ def test_a_window_no_stride_fills_is_one_line_naming_it(tmp_path):
     path = tmp_path / "pool.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     expected = (r"smaller than the window of AveragePool_4 \(window 600 over \d+\) at .*then batch = 3, width = 256: "
-                r"give the sizes the model takes, --dim")
+                r"--dim 'width=A,B' for the input dim the window runs along \(the sizes the model takes\)")
     with pytest.raises(UnsupportedError, match=expected) as e:
         graphconv.compile(path, tmp_path / "pool.mindir", target="cpu")
     assert "\n" not in str(e.value)

@@ -288,6 +288,26 @@ _WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool")
 
 
 def window_too_large(model: onnx.ModelProto, case: "ReferenceCase", observe=None) -> str | None:
+    """The first windowed node whose window is larger than its input at `case`'s sizes, as text
+    (`_window_too_large`), else None."""
+    found = _window_too_large(model, case, observe)
+    return found[0] if found else None
+
+
+def window_input_dim(model: onnx.ModelProto, case: "ReferenceCase", observe=None) -> str | None:
+    """The free dim of the graph input that the too-large window most likely runs along: a convolutional net
+    keeps its (N, C, spatial...) axes, so the one input of the window's rank whose dim at the window's axis is
+    symbolic (PP-OCRv4's recognizer: height `?`, which must be 48). None where that is not one dim."""
+    found = _window_too_large(model, case, observe)
+    if not found:
+        return None
+    _, axis, rank = found
+    names = {_dim_name(spec, axis, spec.shape[axis]) for spec in input_specs(model)
+             if len(spec.shape) == rank and spec.dtype.kind == "f" and not isinstance(spec.shape[axis], int)}
+    return names.pop() if len(names) == 1 else None
+
+
+def _window_too_large(model: onnx.ModelProto, case: "ReferenceCase", observe=None) -> tuple[str, int, int] | None:
     """The first windowed node (Conv, pooling) whose window, at `case`'s input sizes, is larger than its padded
     input (shape inference on the model with those sizes fixed), as `node (window 32 over 5)`; else None. ONNX's
     own inference and onnxruntime still give such a node an output of 1 (their division truncates toward zero)
@@ -322,7 +342,7 @@ def window_too_large(model: onnx.ModelProto, case: "ReferenceCase", observe=None
         for k, (size, width) in enumerate(zip(spatial, kernel)):
             extent = (width - 1) * dilations[k] + 1
             if size is not None and size + pads[k] + pads[k + len(kernel)] < extent:
-                return f"{n.name or n.op_type} (window {extent} over {size})"
+                return f"{n.name or n.op_type} (window {extent} over {size})", 2 + k, 2 + len(kernel)
     return None
 
 
