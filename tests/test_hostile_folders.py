@@ -323,6 +323,26 @@ def test_real_checkpoints_sizes_agree(tmp_path, model):
                                hf_export._headers(hf_export._weight_files(folder)))
 
 
+def test_a_layer_stack_run_in_cycles_counts_its_own_layers(tmp_path):
+    """HRM (hrm_text): num_hidden_layers counts the layers applied (num_layers_per_stack x H_cycles x
+    (L_cycles + 1)); the checkpoint holds num_layers_per_stack per stack. Before, the export refused the folder
+    transformers itself saved."""
+    import transformers
+
+    from graphconv.frontend import hf_export
+
+    config = transformers.HrmTextConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, head_dim=16,
+                                        vocab_size=300, num_hidden_layers=2)
+    assert (config.num_layers_per_stack, config.num_hidden_layers) == (2, 16)
+    torch.manual_seed(0)
+    folder = _save(transformers.HrmTextForCausalLM(config), tmp_path / "ckpt")
+    raw = json.loads((folder / "config.json").read_text())
+    hf_export._check_sizes(folder / "config.json", raw, hf_export._headers(hf_export._weight_files(folder)))
+    with pytest.raises(InputError, match="num_hidden_layers is 16, the checkpoint holds 2 layers"):
+        hf_export._check_sizes(folder / "config.json", {**raw, "num_layers_per_stack": 3},
+                               hf_export._headers(hf_export._weight_files(folder)))
+
+
 class _Unpickled:
     """Unpickling this makes the directory `marker`: proof that the file was unpickled."""
 
