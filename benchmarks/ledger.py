@@ -463,13 +463,27 @@ def run_stage(stage: str, d: Path, timeout: float) -> dict:
     return res
 
 
-def _run(cmd: list[str], timeout: float, cwd: Path | None = None) -> tuple[int | None, str, str]:
+# A build's address space: a class whose generic shrink still builds a huge model (blt took 18.5 GiB of the
+# host's 24 before it was stopped) fails with MemoryError instead of taking the host down.
+BUILD_MEMORY_BYTES = 10 * 2**30
+
+
+def _limit_memory(nbytes: int):
+    def apply():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+    return apply
+
+
+def _run(cmd: list[str], timeout: float, cwd: Path | None = None,
+         memory: int | None = None) -> tuple[int | None, str, str]:
     """Run cmd in a session of its own; on timeout kill the whole session (graphconv's MindSpore and
-    onnxruntime children too), exit code None."""
+    onnxruntime children too), exit code None. `memory`: its address space limit in bytes."""
     import signal
 
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_limit_memory(memory) if memory else None)
     try:
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out, err
@@ -562,7 +576,8 @@ def classify(model_type: str, timeout: float) -> dict:
 
 def run_prepare_child(model_type: str, d: Path, timeout: float) -> dict:
     t0 = time.time()
-    code, _, err = _run([sys.executable, __file__, "--prepare", model_type, "--work", str(d)], timeout)
+    code, _, err = _run([sys.executable, __file__, "--prepare", model_type, "--work", str(d)], timeout,
+                        memory=BUILD_MEMORY_BYTES)
     if code is None:
         return {"type": model_type, "category": "build-failed", "reason": f"build timed out after {timeout:.0f} s"}
     f = d / "prepare.json"
