@@ -53,8 +53,9 @@ The half-length form (transformers 5's gpt-oss and DeepSeek: cat(x1*cos - x2*sin
 of D/2 angles, halves by Slices or Split) fuses as mode 0 with cos/sin doubled (cat(cos, cos)), which is the
 same rotation. With pairs instead of halves (x1 = x[..., 0::2], x2 = x[..., 1::2]: DeepSeek-V3's
 rope_interleave, the output de-interleaved) it is the same rotation of cat(x1, x2), which the fused node takes.
-Not matched: complex-number RoPE, and its real-pair form (Llama 4 as graphconv exports it: stack(a*c - b*s, a*s + b*c) of the pairs (a, b), a coverage
-candidate with that reason).
+Llama 4's rotary as graphconv exports it (its complex product on the pairs (a, b) of x viewed as (..., D/2, 2),
+stacked back: stack(a*c - b*s, a*s + b*c)) is the half-length form of cat(a, b) with its halves stacked into
+pairs, which the rewrite writes around a mode-0 node (StackedPairs). Not matched: complex-number RoPE itself.
 MindSpore's `ApplyRotaryPosEmb` (q and k together) is never emitted.
 """
 
@@ -396,15 +397,21 @@ class _RopeFusion(pattern.RewriteRuleClassBase):
     def pattern(self, op, x, cos, sin):
         return op.Add(op.Mul(x, cos), op.Mul(self.rotation(op, x), sin))
 
+    def rotated(self, x: ir.Value, bindings: dict) -> tuple[ir.Value, int | None, str | None]:
+        """(a 4-D value with x's leading dims, the rotated size D, why not): x itself, its last dim."""
+        return x, self._facts.static(x, 3) if _rank(x) == 4 else None, None
+
     def check(self, context, x, cos, sin, **bindings) -> pattern.MatchResult:
         result = pattern.MatchResult()
         facts = self._facts
         facts.bind(context.model)
+        x, d, why = self.rotated(x, bindings)
+        if why:
+            return result.fail(why, x)
         if _rank(x) != 4:
             return result.fail(f"x {x.name} is of rank {_rank(x)}; RotaryPositionEmbedding takes a 4-D x", x)
         if match.opset(context) < 11:
             return result.fail("below opset 11 the reference body cannot be written (it needs Range)", x)
-        d = facts.static(x, 3)
         if d is None:
             return result.fail(f"the rotated size (x's last dim) of {x.name} is not static", x)
         why = _broken(context.model, x, {}, d, self.mode)
@@ -573,6 +580,61 @@ class HalfLengthSplit(HalfLengthSlices):
 
 
 HALF_LENGTH_PARTS = "(x1 * cos - x2 * sin, x2 * cos + x1 * sin)"
+
+
+class StackedPairs(_RopeFusion):
+    """Llama 4's rotary as graphconv exports it (graphconv/frontend/export_rewrites.py: its complex product on
+    real pairs): the pairs (a, b) = x viewed as (..., D/2, 2), Gathers 0 and 1 of the last axis; the result
+    stack(a * cos - b * sin, a * sin + b * cos) on a new last axis, with cos/sin of D/2 angles. That is the
+    half-length form of the de-interleaved cat(a, b) with its halves stacked back into pairs, which the
+    rewrite writes around RotaryPositionEmbedding (mode 0; mode 1 would take cos/sin of one row of positions
+    only, 11SD, where Llama 4's are per row)."""
+
+    half_length = True
+
+    def pattern(self, op, x, cos, sin):
+        a = op.Gather(x, _allow_other_inputs=True, _outputs=["a"])
+        b = op.Gather(x, _allow_other_inputs=True, _outputs=["b"])
+        real = op.Unsqueeze(op.Sub(op.Mul(a, cos), op.Mul(b, sin)), _allow_other_inputs=True, _outputs=["real"])
+        imag = op.Unsqueeze(op.Add(op.Mul(a, sin), op.Mul(b, cos)), _allow_other_inputs=True, _outputs=["imag"])
+        return op.Concat(real, imag, _outputs=["rot"])
+
+    def rotated(self, x, bindings):
+        a, b = bindings["a"], bindings["b"]
+        if _rank(x) != 5 or self._facts.static(x, 4) != 2:
+            return a, None, f"{x.name} is not a 5-D view of pairs (…, D/2, 2)"
+        for value, index in ((a, 0), (b, 1)):
+            gather = value.producer()
+            if not _last_axis(gather.attributes.get_int("axis", 0), 5) or match.ints(gather.inputs[1]) != [index]:
+                return a, None, f"{value.name} is not the pairs' element {index} (a Gather of the last axis)"
+        for name in ("real", "imag"):
+            axes = match.ints(match.input_at(bindings[name].producer(), 1))
+            if axes is None or len(axes) != 1 or not _last_axis(axes[0], 5):
+                return a, None, "the rotated pairs are not stacked on a new last axis"
+        if not _last_axis(bindings["rot"].producer().attributes.get_int("axis", 0), 5):
+            return a, None, "the rotated pairs are not stacked on a new last axis"
+        half = self._facts.static(x, 3)
+        return a, 2 * half if half is not None else None, None
+
+    def check_rotation(self, x, d, b):
+        return None  # (checked by rotated)
+
+    def rewrite(self, op, x, cos, sin, a=None, b=None, **kw):
+        half = a.shape[3]
+
+        def ints(v):
+            return op.Constant(value=ir.tensor(np.array([v], np.int64)))
+
+        pairs = [op.Gather(x, op.Constant(value=ir.tensor(np.array(k, np.int64))), axis=-1) for k in (0, 1)]
+        for part in pairs:  # (the matched Gathers go with the match)
+            part.shape, part.dtype = a.shape, a.dtype
+        deinterleaved = op.Concat(*pairs, axis=-1)
+        deinterleaved.shape, deinterleaved.dtype = ir.Shape([*list(a.shape)[:3], 2 * half]), a.dtype
+        y = super().rewrite(op, deinterleaved, cos, sin, **kw)
+
+        parts = [op.Unsqueeze(op.Slice(y, ints(lo), ints(hi), ints(-1)), ints(-1))
+                 for lo, hi in ((0, half), (half, 2 * half))]
+        return op.Concat(*parts, axis=-1)
 
 
 def _joined_on_last_axis(b: dict, parts: str) -> str | None:
@@ -790,6 +852,7 @@ def rules() -> pattern.RewriteRuleSet:
         InterleavedSlices.rule("RoPE-interleaved-slices", facts),
         InterleavedSlicesFlatten.rule("RoPE-interleaved-slices-flatten", facts),
         HalfLengthSlices.rule("RoPE-half-length-slices", facts), HalfLengthSplit.rule("RoPE-half-length-split", facts),
+        StackedPairs.rule("RoPE-stacked-pairs", facts),
         NativeRotaryEmbedding.rule("RoPE-native-opset23", False),
         NativeRotaryEmbedding.rule("RoPE-native-opset23-position-ids", True)], commute=True)
 
@@ -918,9 +981,8 @@ def explain(node: ir.Node) -> str | None:
     if node.op_type == "RotaryEmbedding":
         return None  # every RotaryEmbedding matches a rule: its check gives the reason
     if node.op_type == "Concat" and coverage.stacked_rotation(node):
-        return ("interleaved pairs rotated as a complex product and stacked back (Llama 4): RotaryPositionEmbedding's "
-                "pair mode takes cos/sin of 11SD only (one row of positions), and its half mode would need the pairs "
-                "de-interleaved around it: not matched")
+        return ("the stacked products are not stack(a * cos - b * sin, a * sin + b * cos) of Gathers 0 and 1 of the "
+                "pairs' last axis (Llama 4's form)")
     if node.op_type == "Concat" and match.producer(node.inputs[0], "Add") is not None:
         return "cat(x1 * cos + x2 * sin, x2 * cos - x1 * sin) is the inverse rotation: RoPE's half-length form is " \
                "cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)"

@@ -1049,6 +1049,51 @@ def test_the_half_length_form_is_a_candidate_and_its_refusal_is_said():
     assert f"last dim is {D}, not {D // 2}, half the rotated size {D}" in c["items"][0]["reason"], c["items"]
 
 
+# --- Llama 4's pairs: stack(a*cos - b*sin, a*sin + b*cos) of x viewed as (..., D/2, 2) ----------------------------
+def _stacked_pairs_graph(cos_shape=("batch", "seq", 1, D // 2), indices=(0, 1), stack_axis=-1, swap=False):
+    """graphconv's export of Llama 4's complex rotary (frontend/export_rewrites.py) on x (B, S, N, D): its
+    pairs a, b are Gathers 0 and 1 of x reshaped to (B, S, N, D/2, 2); cos/sin of D/2 angles per row
+    (B, S, 1, D/2); the result stacked on a new last axis and reshaped back to (B, S, N, D)."""
+    g = _G(18)
+    x = g.input("x", TensorProto.FLOAT, ["batch", "seq", N, D])
+    cos = g.input("cos", TensorProto.FLOAT, list(cos_shape))
+    sin = g.input("sin", TensorProto.FLOAT, list(cos_shape))
+    pairs = g.node("Reshape", [x, g.const([0, 0, N, D // 2, 2])])
+    a, b = (g.node("Gather", [pairs, g.const(k)], axis=-1) for k in indices)
+
+    def mul(u, v):
+        return g.node("Mul", [v, u] if swap else [u, v])
+
+    real = g.node("Sub", [mul(a, cos), mul(b, sin)])
+    imag = g.node("Add", [mul(a, sin), mul(b, cos)])
+    stacked = g.node("Concat", [g.unsqueeze(real, [stack_axis]), g.unsqueeze(imag, [stack_axis])], axis=stack_axis)
+    out = g.node("Reshape", [stacked, g.const([0, 0, N, D])])
+    return g.model(out, TensorProto.FLOAT, ["batch", "seq", N, D])
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_llama4_stacked_pairs_fuse_once_as_mode_0_and_keep_numerics(swap):
+    """The rewrite de-interleaves the pairs (cat(a, b)), rotates them by rotate_half's mode 0 with cat(cos, cos),
+    and stacks the halves back into pairs: the same numbers."""
+    original = _stacked_pairs_graph(swap=swap)
+    count, skipped, fused = _run(original)
+    assert (count, skipped, _modes(fused)) == (1, [], [0])
+    assert not {"Sub", "Add", "Mul"} & {n.op_type for n in fused.graph.node}
+    assert_same_numerics(original, fused, 1e-5, 1e-5)
+    assert (_coverage(original)["candidates"], _coverage(original)["fused"]) == (1, 1)
+
+
+def test_llama4_stacked_pairs_that_are_not_a_rotation_say_why():
+    """The pairs swapped (b first) is the inverse rotation; stacked on another axis it is not pairs: each a
+    candidate (no silent zero) refused with a reason."""
+    c = _coverage(_stacked_pairs_graph(indices=(1, 0)))
+    assert (c["candidates"], c["fused"]) == (1, 0)
+    assert "is not the pairs' element 0" in c["items"][0]["reason"], c["items"]
+    c = _coverage(_stacked_pairs_graph(stack_axis=3))
+    assert (c["candidates"], c["fused"]) == (1, 0), c
+    assert "not stacked on a new last axis" in c["items"][0]["reason"], c["items"]
+
+
 def test_gpt_oss_half_length_rotary_fuses_in_a_real_export(tmp_path):
     """transformers' gpt-oss (saved by save_pretrained, exported by `graphconv export`) writes the half-length
     form: 2 layers x (q, k) = 4 RotaryPositionEmbedding, the coverage 4/4, and the network verified."""

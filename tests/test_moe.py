@@ -723,7 +723,7 @@ def test_unfused_routers_of_real_exports_say_why(model_type, reason, tmp_path):
 
 def test_llama4_text_compiles_and_verifies(tmp_path):
     """Llama 4 (issue 35): its complex-number rotary exported as real pairs (graphconv.frontend.export_rewrites;
-    the export's own check against transformers passed), a chunked-attention layer whose chunks of 4 tokens
+    the export's own check against transformers passed) and fused, a chunked-attention layer whose chunks of 4 tokens
     matter at both verified shapes, a NoPE layer with temperature tuning, and top-1-first sigmoid routers;
     compiled and verified against onnxruntime."""
     config, path = _hf_export("llama4_text", tmp_path)
@@ -732,6 +732,6 @@ def test_llama4_text_compiles_and_verifies(tmp_path):
     assert report.status == "verified", report.error
     assert all(c["inputs"]["input_ids"][1] > config.attention_chunk_size for c in report.validation["cases"])
     assert report.census.get("FlashAttentionScore") == 2 and report.census.get("RmsNorm") == 7
-    rotary = report.coverage["rotary"]  # layer 0's q and k: no silent zero
-    assert (rotary["candidates"], rotary["fused"]) == (2, 0), rotary
-    assert all(i["reason"].startswith("interleaved pairs rotated as a complex product") for i in rotary["items"])
+    rotary = report.coverage["rotary"]  # layer 0's q and k (layer 1 is NoPE), the pairs' form (fuse-rope)
+    assert (rotary["candidates"], rotary["fused"]) == (2, 2), rotary
+    assert report.census.get("RotaryPositionEmbedding") == 2
