@@ -1247,6 +1247,11 @@ case("SiLU_fused", "SiLU", [x("batch", "seq", 8)], domain=fused.DOMAIN)
 case("FastGelu_fused", "FastGelu", [x("batch", "seq", 8)], domain=fused.DOMAIN)
 case("Swiglu_fused", "Swiglu", [x("batch", "seq", 8)], {"dim": -1}, domain=fused.DOMAIN,
      xfail="Swiglu has no CPU kernel (Ascend only); tests/test_fuse_swiglu.py checks the cpu twin")
+case("DynamicRNN_fused", "DynamicRNN", [x("seq", "batch", 4), k(weights(1, 12, 4)), k(weights(1, 12, 3, seed=1)),
+                                        k(weights(1, 24, seed=2)), x(1, "batch", 3), x(1, "batch", 3)],
+     {"hidden_size": 3, "direction": "forward"}, n_out=3, domain=fused.DOMAIN,
+     xfail="DynamicRNN has no CPU kernel (Ascend only); tests/test_fuse_lstm.py and tests/test_compile.py check the "
+           "cpu twin")
 case("MoeGatingTopKSoftmax_fused", "MoeGatingTopKSoftmax", [x("batch", 8)], {"k": 2}, n_out=2, domain=fused.DOMAIN,
      xfail="MoeGatingTopKSoftmax has no CPU kernel (Ascend only); tests/test_moe.py checks the cpu twin")
 
