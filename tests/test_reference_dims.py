@@ -289,3 +289,20 @@ def test_an_integer_input_compared_with_a_constant_gets_that_constant():
     cases = reference.make_cases(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
     assert [int(c.inputs["sr"]) for c in cases] == [16000, 16000]
     assert all(c.inputs["n"][0] < reference.DEFAULT_INT_HIGH for c in cases)
+
+
+def test_the_selector_search_reads_no_weight(tmp_path):
+    """Only one-element initializers are read to find the constants an input is compared with: a weight in an
+    external file stays unread (a held KV cache's zeros are such a file, with an absolute path, which onnx
+    refuses to read: compile-past failed with exit 3 before this)."""
+    m = helper.make_node
+    g = helper.make_graph([m("MatMul", ["x", "w"], ["y"])], "g", [helper.make_tensor_value_info("x", T.FLOAT, ["n", 4])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["n", 4])],
+                          [numpy_helper.from_array(np.ones((4, 4), np.float32), "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    w = model.graph.initializer[0]
+    w.ClearField("raw_data")
+    w.data_location = onnx.TensorProto.EXTERNAL
+    w.external_data.add(key="location", value=str(tmp_path / "absent.bin"))  # absolute, and not there
+    cases = reference.make_cases(model)
+    assert [c.inputs["x"].shape for c in cases] == [(3, 4), (5, 4)]

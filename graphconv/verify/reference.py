@@ -369,7 +369,8 @@ def _selectors(model: onnx.ModelProto) -> dict[str, int]:
     g = model.graph
     scalar_ints = {i.name for i in g.input if i.type.tensor_type.elem_type in _INT_TYPES
                    and all(d.HasField("dim_value") and d.dim_value == 1 for d in i.type.tensor_type.shape.dim)}
-    consts = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer if t.name not in scalar_ints}
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer  # (one-element ones only: weights
+              if t.name not in scalar_ints and not t.external_data and all(d == 1 for d in t.dims)}  # stay unread)
     consts.update({n.output[0]: onnx.numpy_helper.to_array(a.t) for n in g.node if n.op_type == "Constant"
                    for a in n.attribute if a.name == "value"})
     found = {}
