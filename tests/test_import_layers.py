@@ -137,9 +137,10 @@ def test_the_compile_path_imports_no_test_zoo_and_no_torch():
     # graphconv.frontend.hf_export: `graphconv export CHECKPOINT_DIR`, torch and transformers imported inside
     # its functions (the CLI imports it only for `export`); graphconv.frontend.weightless_export, its fake-weight
     # exporter, is imported only from inside hf_export's functions; graphconv.frontend.tokenizer imports
-    # transformers' AutoTokenizer inside `load`, for `generate --prompt` only
+    # transformers' AutoTokenizer inside `load`, for `generate --prompt` only; graphconv.frontend.export_rewrites,
+    # imported by hf_export only, imports torch inside the rewrites it swaps in while tracing
     allowed = {"graphconv.frontend.export", "graphconv.frontend.hf_export", "graphconv.frontend.weightless_export",
-               "graphconv.frontend.tokenizer", "graphconv.tools.matrix"}
+               "graphconv.frontend.tokenizer", "graphconv.tools.matrix", "graphconv.frontend.export_rewrites"}
     found = []
     for name, path in _modules().items():
         if name in allowed:
