@@ -61,17 +61,18 @@ def _line(e: Exception) -> str:
     return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
 
 
-def _too_small(expected: list[dict], cases, model: onnx.ModelProto) -> str | None:
+def _too_small(expected: list[dict], cases, model: onnx.ModelProto) -> tuple[str, str | None] | None:
     """Why the generated sizes are too small for the model (its downsampling past what they hold), or None: an
-    output that came out empty from inputs none of which is, or a window larger than its input."""
+    output that came out empty from inputs none of which is, or a window larger than its input (then also the
+    input dim the window most likely runs along, if one)."""
     if any(v.size == 0 for c in cases for v in c.inputs.values()):
         return None
     empty = next((name for outs in expected for name, v in outs.items() if getattr(v, "size", 1) == 0), None)
     if empty is not None:
-        return f"made output {empty!r} empty"
+        return f"made output {empty!r} empty", None
     window = next((w for c in cases if (w := reference.window_too_large(
         model, c, lambda names: observed_ranks.observed_shapes(model, c, names, reference.Oracle)))), None)
-    return None if window is None else f"are smaller than the window of {window}"
+    return None if window is None else (f"are smaller than the window of {window[0]}", window[1])
 
 
 class Compiler:
@@ -224,14 +225,13 @@ class Compiler:
                         from None
             small = _too_small(expected, cases, original)
             if small and not self.opt.inputs and not self.opt.dims:  # sizes too small for the model's strides
-                again, strided, tried = self._at_a_stride(loaded.model, oracle, cases, f"the generated inputs {small}")
-                if again is None and "window" in small:  # (MindSpore refuses a window larger than its input)
-                    along = next((d for c in cases if (d := reference.window_input_dim(original, c, lambda names, c=c: (
-                        observed_ranks.observed_shapes(original, c, names, reference.Oracle))))), None)
+                why, along = small
+                again, strided, tried = self._at_a_stride(loaded.model, oracle, cases, f"the generated inputs {why}")
+                if again is None and "window" in why:  # (MindSpore refuses a window larger than its input)
                     hint = f"--dim '{along}=A,B' for the input dim the window runs along (the sizes the model " \
                            "takes), and --dim NAME=A,B for other free dims" if along else \
                            "give the sizes the model takes, --dim NAME=A,B for its free dims"
-                    raise UnsupportedError(f"the generated inputs {small} at {'; then '.join(tried)}: {hint}, or "
+                    raise UnsupportedError(f"the generated inputs {why} at {'; then '.join(tried)}: {hint}, or "
                                            "--inputs")
                 expected, cases = (again, strided) if again is not None else (expected, cases)
             self.report.validation["oracle"] = oracle.name

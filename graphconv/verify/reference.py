@@ -287,29 +287,10 @@ def _np_dtype_name(elem_type: int) -> str:
 _WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool")
 
 
-def window_too_large(model: onnx.ModelProto, case: "ReferenceCase", observe=None) -> str | None:
-    """The first windowed node whose window is larger than its input at `case`'s sizes, as text
-    (`_window_too_large`), else None."""
-    found = _window_too_large(model, case, observe)
-    return found[0] if found else None
-
-
-def window_input_dim(model: onnx.ModelProto, case: "ReferenceCase", observe=None) -> str | None:
-    """The free dim of the graph input that the too-large window most likely runs along: a convolutional net
-    keeps its (N, C, spatial...) axes, so the one input of the window's rank whose dim at the window's axis is
-    symbolic (PP-OCRv4's recognizer: height `?`, which must be 48). None where that is not one dim."""
-    found = _window_too_large(model, case, observe)
-    if not found:
-        return None
-    _, axis, rank = found
-    names = {_dim_name(spec, axis, spec.shape[axis]) for spec in input_specs(model)
-             if len(spec.shape) == rank and spec.dtype.kind == "f" and not isinstance(spec.shape[axis], int)}
-    return names.pop() if len(names) == 1 else None
-
-
-def _window_too_large(model: onnx.ModelProto, case: "ReferenceCase", observe=None) -> tuple[str, int, int] | None:
+def window_too_large(model: onnx.ModelProto, case: "ReferenceCase", observe=None) -> tuple[str, str | None] | None:
     """The first windowed node (Conv, pooling) whose window, at `case`'s input sizes, is larger than its padded
-    input (shape inference on the model with those sizes fixed), as `node (window 32 over 5)`; else None. ONNX's
+    input (shape inference on the model with those sizes fixed), as (`node (window 32 over 5)`, the input dim it
+    most likely runs along); else None. ONNX's
     own inference and onnxruntime still give such a node an output of 1 (their division truncates toward zero)
     where MindSpore refuses an output of 0: sizes the model is not meant for, which the generator avoids. Where
     inference cannot size a window's input (after a Reshape to a computed shape), `observe(names)` -> {name:
@@ -342,8 +323,18 @@ def _window_too_large(model: onnx.ModelProto, case: "ReferenceCase", observe=Non
         for k, (size, width) in enumerate(zip(spatial, kernel)):
             extent = (width - 1) * dilations[k] + 1
             if size is not None and size + pads[k] + pads[k + len(kernel)] < extent:
-                return f"{n.name or n.op_type} (window {extent} over {size})", 2 + k, 2 + len(kernel)
+                return f"{n.name or n.op_type} (window {extent} over {size})", _input_dim(model, 2 + k,
+                                                                                          2 + len(kernel))
     return None
+
+
+def _input_dim(model: onnx.ModelProto, axis: int, rank: int) -> str | None:
+    """The free dim a window over `axis` of a rank-`rank` value most likely runs along: a convolutional net keeps
+    its (N, C, spatial...) axes, so the one float input of that rank whose dim at `axis` is symbolic (PP-OCRv4's
+    recognizer: height `?`, which must be 48). None where that is not one dim."""
+    names = {_dim_name(spec, axis, spec.shape[axis]) for spec in input_specs(model)
+             if len(spec.shape) == rank and spec.dtype.kind == "f" and not isinstance(spec.shape[axis], int)}
+    return names.pop() if len(names) == 1 else None
 
 
 def _window(n: onnx.NodeProto, model: onnx.ModelProto) -> tuple | None:
@@ -362,30 +353,26 @@ def _window(n: onnx.NodeProto, model: onnx.ModelProto) -> tuple | None:
     return n, kernel, pads, dilations
 
 
-def _selectors(model: onnx.ModelProto) -> dict[str, int]:
+def _selectors(model: onnx.ModelProto, specs: list[InputSpec]) -> dict[str, int]:
     """Integer graph inputs of one element that the graph compares for equality with a constant (silero-vad's
     `sr`, Equal(sr, 16000) choosing the 16 kHz branch): name -> that constant. Fed it, the run takes the branch
-    the model was made for rather than the one a random value falls into."""
+    the model was made for rather than the one a random value falls into. Only one-element constants are read
+    (weights stay where they are)."""
+    scalar_ints = {s.name for s in specs if s.dtype.kind in "iu" and all(d == 1 for d in s.shape)}
     g = model.graph
-    scalar_ints = {i.name for i in g.input if i.type.tensor_type.elem_type in _INT_TYPES
-                   and all(d.HasField("dim_value") and d.dim_value == 1 for d in i.type.tensor_type.shape.dim)}
-    consts = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer  # (one-element ones only: weights
-              if t.name not in scalar_ints and not t.external_data and all(d == 1 for d in t.dims)}  # stay unread)
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer
+              if t.name not in scalar_ints and not t.external_data and all(d == 1 for d in t.dims)}
     consts.update({n.output[0]: onnx.numpy_helper.to_array(a.t) for n in g.node if n.op_type == "Constant"
-                   for a in n.attribute if a.name == "value"})
+                   for a in n.attribute if a.name == "value" and all(d == 1 for d in a.t.dims)})
     found = {}
     for n in g.node:
         if n.op_type != "Equal" or len(n.input) != 2:
             continue
         for a, b in (n.input, reversed(n.input)):
             c = consts.get(b)
-            if a in scalar_ints and a not in found and c is not None and c.size == 1 and c.dtype.kind in "iu":
+            if a in scalar_ints and a not in found and c is not None and c.dtype.kind in "iu":
                 found[a] = int(c.reshape(-1)[0])
     return found
-
-
-_INT_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
-              onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
 
 
 def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
@@ -398,7 +385,7 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
     for case_index in range(2):
         check_memory(model, specs, {name: pair[case_index] for name, pair in sizes.items()})
     bounds = _index_bounds(model)
-    selectors = _selectors(model)
+    selectors = _selectors(model, specs)
     cases = []
     for case_index in range(2):
         rng = np.random.default_rng(seed + case_index)
