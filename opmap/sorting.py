@@ -94,13 +94,15 @@ def _reverse(n, x, dtype):
 
 
 def _top_k_last(n, x, k):
-    """The k largest along the last axis, equal values in index order: (values, int64 indices)."""
+    """The k largest along the last axis, equal values in index order: (values, int64 indices); k an int or a
+    0-d tensor."""
     i32 = n.ms_dtype(_D.INT32)
     values = n.call_n("ops.topk", 2, x, k)[0]
     row = n.call("ops.expand_dims", x, -2)  # (..., 1, n)
     col = n.call("ops.expand_dims", values, -1)  # (..., k, 1)
     greater = n.call("ops.sum", n.call("ops.cast", n.binop(">", row, col), i32), -1)  # (..., k)
-    positions = n.call("ops.cumsum", n.call("ops.ones_like", greater), -1)  # 1 .. k: k may be a tensor
+    positions = n.const_tensor(np.arange(1, k + 1, dtype=np.int32), "rank") if isinstance(k, int) else \
+        n.call("ops.cumsum", n.call("ops.ones_like", greater), -1)  # 1 .. k (k computed at run time)
     wanted = n.call("ops.expand_dims", n.binop("-", positions, greater), -1)  # (..., k, 1): occurrence number
     equal = n.call("ops.equal", row, col)  # (..., k, n)
     seen = n.call("ops.cumsum", n.call("ops.cast", equal, i32), -1)
