@@ -18,7 +18,7 @@ import onnx_ir as ir
 from opmap.attrs import text
 from opmap.registry import register
 
-_DEFAULTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _ALPHA = {"LeakyRelu": 0.01, "ThresholdedRelu": 1.0, "Elu": 1.0, "HardSigmoid": 0.2, "Affine": 1.0,
           "ScaledTanh": 1.0}
@@ -63,13 +63,12 @@ def _recurrent(n, kind: str):
             return _lstm_primitive(n, layout)
         n.fail("the sequence length must be static (the sequence is unrolled)")
     hidden = int(n.attr("hidden_size"))
-    direction = text(n.attr("direction", "forward"))
-    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    dirs = directions(n)
     gates = _GATES[kind]
-    acts = [text(a) for a in (n.attr("activations") or _DEFAULTS[kind] * len(dirs))]
+    acts = [text(a) for a in (n.attr("activations") or DEFAULT_ACTIVATIONS[kind] * len(dirs))]
     alphas = list(n.attr("activation_alpha") or [])
     betas = list(n.attr("activation_beta") or [])
-    per_dir = len(_DEFAULTS[kind])
+    per_dir = len(DEFAULT_ACTIVATIONS[kind])
     clip = n.attr("clip", None)
     if kind == "LSTM" and n.attr("input_forget", 0):
         n.fail("input_forget=1 is not supported")
@@ -85,9 +84,8 @@ def _recurrent(n, kind: str):
         seq_lens = n.call("ops.cast", seq_lens, n.ms_dtype(ir.DataType.INT64))
     if isinstance(batch, int):
         zeros = n.const_tensor(np.zeros((batch, hidden), n.dtype(0).numpy()), "zeros_h")
-    else:  # a dynamic batch: zeros shaped like one step's first gate (batch, hidden)
-        first = n.call("ops.matmul", n.getitem(x, 0), n.call("ops.transpose", n.getitem(n.x(1), 0), (1, 0)))
-        zeros = n.call("ops.zeros_like", n.getitem(first, (slice(None), slice(None, hidden))))
+    else:  # a dynamic batch: zeros at the run's batch
+        zeros = n.getitem(_state_zeros(n, x, hidden), 0)
     ys, hs, cs = [], [], []
     for d, name in enumerate(dirs):
         fs = []
@@ -179,59 +177,90 @@ def _recurrent(n, kind: str):
     return outputs[: max(1, n.n_outputs)]
 
 
-# ONNX's LSTM gate blocks (i, o, f, c) in the order of MindSpore's LSTM primitive (PyTorch's: i, f, c, o)
-_TO_MINDSPORE_GATES = (0, 2, 3, 1)
-
-
-def _lstm_primitive(n, layout: int):
-    """An LSTM over a dynamic sequence: MindSpore's own `ops.LSTM` primitive, one unidirectional call per
-    direction (the reverse one on the time-reversed sequence), its weights laid out as `nn.LSTM` lays them out
-    on CPU (mindspore/nn/layer/rnns.py, _DynamicLSTMCPUGPU: w_ih, w_hh, then b_ih + b_hh, flattened, gates
-    i, f, c, o). MindSpore runs this primitive on CPU and GPU only (Ascend's nn.LSTM uses DynamicRNN): the
-    ascend target refuses it (graphconv/target/targets.py)."""
-    hidden = int(n.attr("hidden_size"))
+def directions(n) -> list[str]:
     direction = text(n.attr("direction", "forward"))
-    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
-    acts = [text(a) for a in (n.attr("activations") or _DEFAULTS["LSTM"] * len(dirs))]
-    if acts != _DEFAULTS["LSTM"] * len(dirs) or n.attr("clip", None) is not None or n.attr("input_forget", 0):
-        n.fail("over a dynamic sequence only the default activations, no clip and no input_forget are supported "
-               "(MindSpore's LSTM primitive)")
-    if n.has(4) or n.has(7):
-        n.fail("over a dynamic sequence, sequence_lens and peepholes are not supported (MindSpore's LSTM primitive)")
+    return ["forward", "reverse"] if direction == "bidirectional" else [direction]
+
+
+def _state_zeros(n, x, hidden: int):
+    """Zeros (1, batch, hidden) in time-major x's dtype, at the run's batch."""
+    return n.call("ops.tile", n.call("ops.zeros_like", n.getitem(x, (slice(0, 1), slice(None), slice(0, 1)))),
+                  (1, 1, hidden))
+
+
+def lstm_weights(n, order: tuple[int, ...], refusal: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per direction of LSTM-like node n, (W, R, Wb + Rb) from its constant inputs 1, 2 and 3, their gate blocks
+    (ONNX's i, o, f, c) put in `order`: a primitive's layout, made at compile time. B absent: zeros."""
+    hidden = int(n.attr("hidden_size"))
     w, r = n.const(1), n.const(2)
     b = n.const(3) if n.has(3) else None
     if w is None or r is None or (n.has(3) and b is None):
-        n.fail("over a dynamic sequence W, R and B must be constants (laid out for MindSpore's LSTM primitive)")
-    dt = n.dtype(0).numpy()
-    size = w.shape[-1]
+        n.fail(refusal)
 
-    def gates(a):  # (4H, ...) in ONNX's gate order -> MindSpore's
-        return np.concatenate([a[g * hidden:(g + 1) * hidden] for g in _TO_MINDSPORE_GATES])
+    def gates(a):
+        return np.concatenate([a[g * hidden:(g + 1) * hidden] for g in order])
 
-    x = n.x(0)
-    if layout:
-        x = n.call("ops.transpose", x, (1, 0, 2))
+    return [(gates(w[d]), gates(r[d]), gates(b[d][:4 * hidden] + b[d][4 * hidden:]) if b is not None
+             else np.zeros(4 * hidden, w.dtype)) for d in range(len(w))]
+
+
+def lstm_directions(n, x, initial: tuple[int, int], run, state_dtype=None):
+    """(y (seq, dirs, batch, H), y_h, y_c (dirs, batch, H)) of LSTM-like node n over time-major x, from
+    `run(x, h0, c0, d, name)` -> (y, final h, final c) once per direction: the reverse one on the time-reversed x,
+    its y reversed back. h0 and c0: the node's inputs `initial` (cast to `state_dtype` if given), else zeros."""
+    hidden = int(n.attr("hidden_size"))
     reverse = n.call("ops.ReverseV2", [0])
-    zeros = None
+    zeros = None if all(n.has(i) for i in initial) else _state_zeros(n, x, hidden)
+
+    def state(i, d):
+        if not n.has(i):
+            return zeros
+        s = n.getitem(n.x(i), slice(d, d + 1))
+        return n.call("ops.cast", s, state_dtype) if state_dtype is not None else s
+
     ys, hs, cs = [], [], []
-    for d, name in enumerate(dirs):
-        bias = gates(b[d][:4 * hidden] + b[d][4 * hidden:]) if b is not None else np.zeros(4 * hidden, dt)
-        flat = np.concatenate([gates(w[d]).reshape(-1), gates(r[d]).reshape(-1), bias]).astype(dt)
-        weights = n.const_tensor(flat.reshape(-1, 1, 1), f"lstm_weights_{name}")
-        if not (n.has(5) and n.has(6)) and zeros is None:  # (1, batch, H) zeros at the run's batch
-            zeros = n.call("ops.tile", n.call("ops.zeros_like", n.getitem(x, (slice(0, 1), slice(None), slice(0, 1)))),
-                           (1, 1, hidden))
-        h0 = n.getitem(n.x(5), slice(d, d + 1)) if n.has(5) else zeros
-        c0 = n.getitem(n.x(6), slice(d, d + 1)) if n.has(6) else zeros
-        xd = n.call(reverse, x) if name == "reverse" else x
-        lstm = n.call("ops.LSTM", size, hidden, 1, True, False, 0.0)
-        y, h, c = n.call_n(lstm, 5, xd, h0, c0, weights)[:3]
+    for d, name in enumerate(directions(n)):
+        y, h, c = run(n.call(reverse, x) if name == "reverse" else x, *(state(i, d) for i in initial), d, name)
         ys.append(n.call(reverse, y) if name == "reverse" else y)
         hs.append(h)
         cs.append(c)
     y = n.call("ops.stack", tuple(ys), 1)  # (seq, dirs, batch, hidden)
     y_h = n.call("ops.concat", tuple(hs), 0) if len(hs) > 1 else hs[0]
     y_c = n.call("ops.concat", tuple(cs), 0) if len(cs) > 1 else cs[0]
+    return y, y_h, y_c
+
+
+# ONNX's LSTM gate blocks (i, o, f, c) in the order of MindSpore's LSTM primitive (PyTorch's: i, f, c, o)
+_TO_MINDSPORE_GATES = (0, 2, 3, 1)
+
+
+def _lstm_primitive(n, layout: int):
+    """An LSTM over a dynamic sequence: MindSpore's own `ops.LSTM` primitive, one unidirectional call per
+    direction (lstm_directions), its weights laid out as `nn.LSTM` lays them out on CPU (mindspore/nn/layer/
+    rnns.py, _DynamicLSTMCPUGPU: w_ih, w_hh, then b_ih + b_hh, flattened, gates i, f, c, o). MindSpore runs this
+    primitive on CPU and GPU only (Ascend's nn.LSTM uses DynamicRNN: passes/fuse_lstm.py): the ascend target
+    refuses it (graphconv/target/targets.py)."""
+    hidden = int(n.attr("hidden_size"))
+    dirs = directions(n)
+    acts = [text(a) for a in (n.attr("activations") or DEFAULT_ACTIVATIONS["LSTM"] * len(dirs))]
+    if acts != DEFAULT_ACTIVATIONS["LSTM"] * len(dirs) or n.attr("clip", None) is not None \
+            or n.attr("input_forget", 0):
+        n.fail("over a dynamic sequence only the default activations, no clip and no input_forget are supported "
+               "(MindSpore's LSTM primitive)")
+    if n.has(4) or n.has(7):
+        n.fail("over a dynamic sequence, sequence_lens and peepholes are not supported (MindSpore's LSTM primitive)")
+    weights = lstm_weights(n, _TO_MINDSPORE_GATES, "over a dynamic sequence W, R and B must be constants (laid "
+                                                   "out for MindSpore's LSTM primitive)")
+    dt = n.dtype(0).numpy()
+
+    def run(x, h0, c0, d, name):
+        w, r, bias = weights[d]
+        flat = np.concatenate([w.reshape(-1), r.reshape(-1), bias]).astype(dt)
+        lstm = n.call("ops.LSTM", w.shape[-1], hidden, 1, True, False, 0.0)
+        return n.call_n(lstm, 5, x, h0, c0, n.const_tensor(flat.reshape(-1, 1, 1), f"lstm_weights_{name}"))[:3]
+
+    x = n.call("ops.transpose", n.x(0), (1, 0, 2)) if layout else n.x(0)
+    y, y_h, y_c = lstm_directions(n, x, (5, 6), run)
     if layout:
         y = n.call("ops.transpose", y, (2, 0, 1, 3))
         y_h = n.call("ops.transpose", y_h, (1, 0, 2))

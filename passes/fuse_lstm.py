@@ -17,22 +17,16 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from graphconv.onnx_domains import is_default_domain
+from opmap.rnn import DEFAULT_ACTIVATIONS
 from passes import coverage, match
 from passes.manager import PassResult, register_pass
-
-_DEFAULT_ACTIVATIONS = ["Sigmoid", "Tanh", "Tanh"]
-
-
-def _attr(node: ir.Node, name: str, default=None):
-    a = node.attributes.get(name)
-    return default if a is None else a.value
 
 
 def _dynamic_sequence(node: ir.Node) -> bool:
     x = node.inputs[0]
     if x is None or x.shape is None or x.shape.rank() != 3:
         return False
-    seq = x.shape[1] if _attr(node, "layout", 0) else x.shape[0]
+    seq = x.shape[1] if node.attributes.get_int("layout", 0) else x.shape[0]
     return not isinstance(seq, int)
 
 
@@ -43,15 +37,15 @@ def lstm_candidates(graph: ir.Graph) -> list[ir.Node]:
 def refusal(node: ir.Node) -> str | None:
     """Why this LSTM does not become a DynamicRNN, or None when it does."""
     ins = list(node.inputs) + [None] * (8 - len(node.inputs))
-    dirs = 2 if _attr(node, "direction", "forward") == "bidirectional" else 1
-    acts = [a.decode() if isinstance(a, bytes) else a for a in (_attr(node, "activations") or [])]
-    if _attr(node, "layout", 0):
+    dirs = 2 if node.attributes.get_string("direction", "forward") == "bidirectional" else 1
+    acts = list(node.attributes.get_strings("activations", []))
+    if node.attributes.get_int("layout", 0):
         return "layout 1 (batch first): DynamicRNN takes the sequence first"
     if ins[0].dtype != ir.DataType.FLOAT:
         return f"{ins[0].dtype} input: fused for float32 (DynamicRNN computes in float16 from it)"
-    if acts and acts != _DEFAULT_ACTIVATIONS * dirs:
+    if acts and acts != DEFAULT_ACTIVATIONS["LSTM"] * dirs:
         return f"activations {acts}: DynamicRNN computes sigmoid, tanh, tanh"
-    if _attr(node, "clip") is not None or _attr(node, "input_forget", 0):
+    if node.attributes.get_float("clip") is not None or node.attributes.get_int("input_forget", 0):
         return "clip or input_forget: DynamicRNN's cell_clip and forget_bias are not ONNX's"
     if ins[4] is not None or ins[7] is not None:
         return "sequence_lens or peepholes: DynamicRNN takes neither (graphconv passes it no seq_length)"
@@ -103,15 +97,15 @@ def apply(model: ir.Model) -> PassResult:
                 node_reasons[node.name] = why
             continue
         ins = list(node.inputs) + [None] * (8 - len(node.inputs))
-        hidden = int(_attr(node, "hidden_size"))
-        direction = _attr(node, "direction", "forward")
+        hidden = node.attributes.get_int("hidden_size")
+        direction = node.attributes.get_string("direction", "forward")
         made = _defaults(node, ins, hidden, 2 if direction == "bidirectional" else 1)
         attrs = [ir.AttrInt64("hidden_size", hidden), ir.AttrString("direction", direction)]
         fused = ir.Node("mindspore", "DynamicRNN", [*ins[:4], ins[5], ins[6]], attrs, num_outputs=3,
                         name=node.name)
         for new, old in zip(fused.outputs, node.outputs):
             new.name, new.shape, new.type = old.name, old.shape, old.type
-        olds = [o for o in node.outputs]
+        olds = list(node.outputs)
         ir.convenience.replace_nodes_and_values(graph, node, [node], [*made, fused], olds,
                                                 list(fused.outputs)[:len(olds)])
         count += 1

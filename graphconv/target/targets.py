@@ -68,7 +68,8 @@ class Target:
 
 # Primitives the lowering emits that have no Ascend kernel (their call in the generated code -> why).
 HOST_ONLY = {"ops.LSTM": "an LSTM over a dynamic sequence runs MindSpore's LSTM primitive, which has CPU and GPU "
-                         "kernels only (on Ascend nn.LSTM uses DynamicRNN, which graphconv does not emit)"}
+                         "kernels only (fuse-lstm makes Ascend's DynamicRNN where it can: disabled or refused here, "
+                         "the coverage's recurrent family says why)"}
 
 ASCEND = Target("ascend", "MindSpore fused primitives", fused_primitives=True)
 CPU = Target("cpu", "a network that runs on CPU", fused_primitives=False)

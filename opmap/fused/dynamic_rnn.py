@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from opmap.attrs import text
 from opmap.fused.record import FusedOp, define
 from opmap.registry import register
+from opmap.rnn import lstm_directions, lstm_weights
 
 _INPUTS = ("X", "W", "R", "B", "initial_h", "initial_c")
 # ONNX's gate blocks (i, o, f, c) in DynamicRNN's order (i, j = c, f, o)
@@ -56,41 +56,19 @@ DYNAMIC_RNN = define(FusedOp(
     likely_causes="the gate order (ONNX i, o, f, c; DynamicRNN i, j, f, o) or float16 over a long sequence"))
 
 
-def _gates(a: np.ndarray, hidden: int) -> np.ndarray:
-    return np.concatenate([a[g * hidden:(g + 1) * hidden] for g in _TO_DYNAMIC_RNN_GATES])
-
-
 @register("DynamicRNN", since=1, domain="mindspore")
 def lower_dynamic_rnn(n):
-    hidden = int(n.attr("hidden_size"))
-    direction = text(n.attr("direction", "forward"))
-    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
-    w, r = n.const(1), n.const(2)
-    b = n.const(3) if n.has(3) else None
-    if w is None or r is None or (n.has(3) and b is None):
-        n.fail("W, R and B must be constants (laid out for DynamicRNN)")
+    """One DynamicRNN per direction (opmap.rnn.lstm_directions), in fp16, the final h and c its last step's."""
+    weights = lstm_weights(n, _TO_DYNAMIC_RNN_GATES, "W, R and B must be constants (laid out for DynamicRNN)")
     f16 = n.ms_dtype(onnx.TensorProto.FLOAT16)
-    x = n.call("ops.cast", n.x(0), f16)
-    reverse = n.call("ops.ReverseV2", [0])
-    zeros = None
-    ys, hs, cs = [], [], []
-    for d, name in enumerate(dirs):
-        weight = np.concatenate([_gates(w[d], hidden), _gates(r[d], hidden)], axis=1).T  # (I + H, 4H)
-        bias = _gates(b[d][:4 * hidden] + b[d][4 * hidden:], hidden) if b is not None else np.zeros(4 * hidden)
-        weight = n.const_tensor(np.ascontiguousarray(weight).astype(np.float16), f"rnn_weight_{name}")
-        bias = n.const_tensor(bias.astype(np.float16), f"rnn_bias_{name}")
-        if not (n.has(4) and n.has(5)) and zeros is None:  # (1, batch, H) zeros at the run's batch
-            zeros = n.call("ops.tile", n.call("ops.zeros_like", n.getitem(x, (slice(0, 1), slice(None),
-                                                                               slice(0, 1)))), (1, 1, hidden))
-        h0 = n.call("ops.cast", n.getitem(n.x(4), slice(d, d + 1)), f16) if n.has(4) else zeros
-        c0 = n.call("ops.cast", n.getitem(n.x(5), slice(d, d + 1)), f16) if n.has(5) else zeros
-        xd = n.call(reverse, x) if name == "reverse" else x
-        y, h, c = n.call_n(n.call("ops.DynamicRNN"), 8, xd, weight, bias, None, h0, c0)[:3]
-        ys.append(n.call(reverse, y) if name == "reverse" else y)
-        hs.append(n.getitem(h, slice(-1, None)))
-        cs.append(n.getitem(c, slice(-1, None)))
+
+    def run(x, h0, c0, d, name):
+        w, r, bias = weights[d]
+        weight = np.ascontiguousarray(np.concatenate([w, r], axis=1).T).astype(np.float16)  # (I + H, 4H)
+        y, h, c = n.call_n(n.call("ops.DynamicRNN"), 8, x, n.const_tensor(weight, f"rnn_weight_{name}"),
+                           n.const_tensor(bias.astype(np.float16), f"rnn_bias_{name}"), None, h0, c0)[:3]
+        return y, n.getitem(h, slice(-1, None)), n.getitem(c, slice(-1, None))
+
+    outputs = lstm_directions(n, n.call("ops.cast", n.x(0), f16), (4, 5), run, state_dtype=f16)
     f32 = n.ms_dtype(n.dtype(0))
-    y = n.call("ops.cast", n.call("ops.stack", tuple(ys), 1), f32)  # (seq, dirs, batch, hidden)
-    y_h = n.call("ops.cast", n.call("ops.concat", tuple(hs), 0) if len(hs) > 1 else hs[0], f32)
-    y_c = n.call("ops.cast", n.call("ops.concat", tuple(cs), 0) if len(cs) > 1 else cs[0], f32)
-    return (y, y_h, y_c)[: max(1, n.n_outputs)]
+    return tuple(n.call("ops.cast", v, f32) for v in outputs)[: max(1, n.n_outputs)]
