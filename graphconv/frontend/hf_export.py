@@ -146,8 +146,9 @@ def _check_sizes(path: Path, raw: dict, tensors: dict[str, tuple[str, list[int]]
     """config.json's sizes against the checkpoint's tensors, before a model is built from them: a config that
     claims 10**6 layers or a vocabulary of 10**10 (or merely another model's sizes) would have the export build
     and trace that model. Where a layer stack is found, its layers are num_hidden_layers (plus DeepSeek's
-    next-token-prediction layers; or HRM's num_layers_per_stack, stacks its num_hidden_layers applies in cycles); where a token embedding is, its rows are vocab_size and its columns
-    hidden_size (or the config's own embedding width). Otherwise no size may exceed what the checkpoint holds."""
+    next-token-prediction layers), or HRM's num_layers_per_stack (its num_hidden_layers counts the layers its
+    stacks apply in cycles); where a token embedding is, its rows are vocab_size and its columns hidden_size (or
+    the config's own embedding width). Otherwise no size may exceed what the checkpoint holds."""
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
 
     def size(*keys: str) -> tuple[str, int | None]:
@@ -177,8 +178,8 @@ def _check_sizes(path: Path, raw: dict, tensors: dict[str, tuple[str, list[int]]
         extra = text.get("num_nextn_predict_layers", raw.get("num_nextn_predict_layers"))
         counts = {layers, layers + (extra if isinstance(extra, int) and extra > 0 else 0)}
         per_stack = text.get("num_layers_per_stack", raw.get("num_layers_per_stack"))
-        if isinstance(per_stack, int) and 0 < per_stack < layers:  # (HRM: stacks run in cycles, num_hidden_layers
-            counts.add(per_stack)  # counts the layers applied)
+        if isinstance(per_stack, int) and 0 < per_stack < layers:  # (HRM)
+            counts.add(per_stack)
         if not any(ix == set(range(len(ix))) and len(ix) in counts for ix in stacks.values()):
             prefix, ix = max(stacks.items(), key=lambda item: len(item[1]))
             refuse(f"{layers_key} is {layers}, the checkpoint holds {len(ix)} layers ({prefix}.*, numbered "
