@@ -465,6 +465,11 @@ def _broken(model: ir.Model, x: ir.Value, axes: dict[str, int], d: int, mode: in
     return dim_bounds.refusal("RotaryPositionEmbedding", c, shown) if c else None
 
 
+def _int64s(op, *values: int) -> ir.Value:
+    """A Constant of the int64 vector `values` (a rewrite's starts, ends, axes, shapes)."""
+    return op.Constant(value=ir.tensor(np.array(values, dtype=np.int64)))
+
+
 def _rank4(op, value: ir.Value, unsqueezed: dict[int, ir.Value]) -> ir.Value:
     """`value` unsqueezed to rank 4 at the front (numpy broadcasting reads it that way already); one
     Unsqueeze per value and walk, shared by the fused nodes after the first (the walk goes in graph order)."""
@@ -550,10 +555,7 @@ class HalfLengthSlices(_RopeFusion):
         RotaryPositionEmbedding instead of x: the same numbers, no mode 1 (which needs cos[2i] = cos[2i+1])."""
         d = x.shape[3]
         if x1 is not None and _pairs_by_slices({"x1": x1, "x2": x2}, d):
-            def ints(v):
-                return op.Constant(value=ir.tensor(np.array([v], np.int64)))
-
-            pairs = [op.Slice(x, ints(start), ints(d), ints(-1), ints(2)) for start in (0, 1)]  # (the matched
+            pairs = [op.Slice(x, *(_int64s(op, v) for v in (start, d, -1, 2))) for start in (0, 1)]  # (the matched
             for half in pairs:                                                                   # ones go)
                 half.shape, half.dtype = ir.Shape([*list(x.shape)[:3], d // 2]), x.dtype
             deinterleaved = op.Concat(*pairs, axis=-1)
@@ -621,10 +623,6 @@ class StackedPairs(_RopeFusion):
 
     def rewrite(self, op, x, cos, sin, a=None, b=None, **kw):
         half = a.shape[3]
-
-        def ints(v):
-            return op.Constant(value=ir.tensor(np.array([v], np.int64)))
-
         pairs = [op.Gather(x, op.Constant(value=ir.tensor(np.array(k, np.int64))), axis=-1) for k in (0, 1)]
         for part in pairs:  # (the matched Gathers go with the match)
             part.shape, part.dtype = a.shape, a.dtype
@@ -632,7 +630,7 @@ class StackedPairs(_RopeFusion):
         deinterleaved.shape, deinterleaved.dtype = ir.Shape([*list(a.shape)[:3], 2 * half]), a.dtype
         y = super().rewrite(op, deinterleaved, cos, sin, **kw)
 
-        parts = [op.Unsqueeze(op.Slice(y, ints(lo), ints(hi), ints(-1)), ints(-1))
+        parts = [op.Unsqueeze(op.Slice(y, _int64s(op, lo), _int64s(op, hi), _int64s(op, -1)), _int64s(op, -1))
                  for lo, hi in ((0, half), (half, 2 * half))]
         return op.Concat(*parts, axis=-1)
 
@@ -814,7 +812,7 @@ class NativeRotaryEmbedding(pattern.RewriteRuleClassBase):
         rank = _rank(x)
 
         def ints(*values):
-            return op.Constant(value=ir.tensor(np.array(values, dtype=np.int64), name=None))
+            return _int64s(op, *values)
 
         if rank == 3:
             heads = attrs.get_int("num_heads", 0)
