@@ -4,6 +4,7 @@ domain. One file per pass; importing this package registers the built-in ones; t
 from passes.manager import (DEFAULT_ORDER, PassManager, PassResult, available_passes, load_plugins,  # noqa: F401
                             register_pass, rewrite_pass, skipped_fusions)
 
+from passes import settle_ifs  # noqa: E402,F401
 from passes import canonicalize  # noqa: E402,F401
 from passes import tie_weights  # noqa: E402,F401
 from passes import refine_shapes  # noqa: E402,F401

@@ -166,7 +166,7 @@ def available_passes() -> list[Pass]:
 # (attention's coverage explains a router's Softmax as no attention before fuse-moe takes it); the LSTMs
 # (independent of the rest) last.
 DEFAULT_ORDER: list[str] = [
-    "canonicalize", "tie-weights", "refine-shapes", "fuse-rmsnorm", "fuse-layernorm", "fuse-gelu",
+    "settle-ifs", "canonicalize", "tie-weights", "refine-shapes", "fuse-rmsnorm", "fuse-layernorm", "fuse-gelu",
     "fuse-silu", "fuse-swiglu", "fuse-rope", "fuse-attention", "fuse-moe", "fuse-lstm",
 ]
 

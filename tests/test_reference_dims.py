@@ -306,3 +306,20 @@ def test_the_selector_search_reads_no_weight(tmp_path):
     w.external_data.add(key="location", value=str(tmp_path / "absent.bin"))  # absolute, and not there
     cases = reference.make_cases(model)
     assert [c.inputs["x"].shape for c in cases] == [(3, 4), (5, 4)]
+
+
+def test_an_rnn_states_unnamed_batch_takes_the_batch_sizes():
+    """silero-vad's inputs: audio [?, ?] and its LSTM state [2, ?, 128], the batch unnamed in both and nothing
+    in the graph onnx's inference reads to relate them. The state's one dynamic dim, between static layers and
+    hidden sizes, is the batch: both cases give it the audio's batch (before, it took an unrelated size and
+    onnxruntime refused every case)."""
+    m = helper.make_node
+    g = helper.make_graph([m("ReduceSum", ["audio"], ["a"], keepdims=0), m("ReduceSum", ["state"], ["s"], keepdims=0),
+                           m("Add", ["a", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("audio", T.FLOAT, [None, None]),
+                           helper.make_tensor_value_info("state", T.FLOAT, [2, None, 128])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [])])
+    cases = reference.make_cases(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert [c.inputs["state"].shape[1] for c in cases] == [c.inputs["audio"].shape[0] for c in cases] \
+        == list(reference.BATCH_SIZES)
+    assert [c.inputs["audio"].shape[1] for c in cases] != list(reference.BATCH_SIZES)

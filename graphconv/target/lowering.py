@@ -142,8 +142,10 @@ class Lowering:
                 shape = tuple(int(d) for d in t.shape)
                 size = int(np.prod(shape, dtype=np.int64))
                 # Weights stay Parameters under the model's names (the .ckpt and fine-tuning need them);
-                # scalars and tiny integer tables (shapes, axes) are written as literals.
-                if size > PARAM_MIN_ELEMENTS or (len(shape) > 0 and t.dtype.is_floating_point()):
+                # scalars and tiny integer tables (shapes, axes) are written as literals. A branch's own
+                # initializer (folded there) is no weight of the model's: a folded constant.
+                main = self.graph.initializers.get(init.name) is init
+                if main and (size > PARAM_MIN_ELEMENTS or (len(shape) > 0 and t.dtype.is_floating_point())):
                     name = self.param_names.get(init.name, init.name)
                     dtype = t.dtype.numpy()
                     transposed = init in self.dense_weights

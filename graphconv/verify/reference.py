@@ -145,21 +145,29 @@ def _dim_name(spec: InputSpec, axis: int, d) -> str:
     return d if d is not None else f"{spec.name}:{axis}"  # unnamed dims get a name of their own
 
 
+def _unnamed_batch(spec: InputSpec, axis: int) -> bool:
+    """An unnamed dim that is a batch: at axis 0, or the one dynamic dim of a [static, ?, static] input (the
+    layout of an RNN's state: layers x directions, batch, hidden; silero-vad's `state` is [2, ?, 128])."""
+    if spec.shape[axis] is not None:
+        return False
+    return axis == 0 or (len(spec.shape) == 3 and axis == 1 and all(isinstance(spec.shape[k], int) for k in (0, 2)))
+
+
 def _free_dims(specs: list[InputSpec], model: onnx.ModelProto | None) -> tuple[list[str], dict, set[str]]:
     """The symbolic dims whose sizes are chosen (the others derived from them), the derived ones' expressions,
-    and the unnamed dims at axis 0 (batch)."""
+    and the unnamed dims that are batches (_unnamed_batch)."""
     names: list[str] = []
-    unnamed_first: set[str] = set()
+    unnamed_batches: set[str] = set()
     for spec in specs:
         for axis, d in enumerate(spec.shape):
             if not isinstance(d, int) and _dim_name(spec, axis, d) not in names:
                 names.append(_dim_name(spec, axis, d))
-                if d is None and axis == 0:
-                    unnamed_first.add(names[-1])
+                if _unnamed_batch(spec, axis):
+                    unnamed_batches.add(names[-1])
     derived = dims.relations(names, model)
     free = [n for n in names if n not in derived]
     free += sorted({s for tree in derived.values() for s in dims.symbols(tree)} - set(free))
-    return free, derived, unnamed_first
+    return free, derived, unnamed_batches
 
 
 def stride_overrides(model: onnx.ModelProto, stride: int, given: dict | None = None) -> dict[str, tuple[int, int]]:
@@ -167,9 +175,9 @@ def stride_overrides(model: onnx.ModelProto, stride: int, given: dict | None = N
     retry for a model whose inputs must be multiples of a stride (a detector's downsampling, an OCR model's
     width), which the usual sizes (20 and 28, 5 and 11...) are not."""
     specs = input_specs(model)
-    free, _, unnamed_first = _free_dims(specs, model)
+    free, _, unnamed_batches = _free_dims(specs, model)
     return {name: (stride, 2 * stride) for name in free
-            if name not in (given or {}) and not _BATCH_RE.search(name) and name not in unnamed_first}
+            if name not in (given or {}) and not _BATCH_RE.search(name) and name not in unnamed_batches}
 
 
 def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | None = None,
@@ -179,7 +187,7 @@ def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | No
     user's --dim (an error where they name no free dim); `preferred` sizes (what a kernel accepts,
     graphconv.frontend.contrib.cases) apply to the free dims they name, the user's winning."""
     overrides = overrides or {}
-    free, derived, unnamed_first = _free_dims(specs, model)
+    free, derived, unnamed_batches = _free_dims(specs, model)
     fixed = sorted(set(overrides) & set(derived))
     if fixed:
         raise InputError(f"--dim {fixed[0]}: that dim is {ast.unparse(derived[fixed[0]])}; give sizes for "
@@ -196,7 +204,7 @@ def dim_sizes(specs: list[InputSpec], overrides: dict[str, tuple[int, int]] | No
             sizes[name] = tuple(overrides[name])
         elif name in preferred:
             sizes[name] = tuple(preferred[name])
-        elif _BATCH_RE.search(name) or name in unnamed_first:
+        elif _BATCH_RE.search(name) or name in unnamed_batches:
             sizes[name] = BATCH_SIZES
         elif _SPATIAL_RE.search(name):
             sizes[name] = SPATIAL_SIZES
