@@ -119,7 +119,9 @@ def _torchscript_vad(path):
 def test_a_torchscript_export_with_rank_changing_ifs_compiles_and_verifies(tmp_path):
     """Both decoders' squeeze Ifs sit inside the `sr` If, where onnxruntime's run cannot give their ranks:
     the lowering refused the LSTM's Unsqueeze before (rank unknown). Settled, the network verifies against
-    onnxruntime, and the report says which branch each If kept."""
+    onnxruntime, and the report says which branch each If kept. (The LSTM weights folded inside the `sr` If's
+    branches are the branches' own initializers: literals of the network, not weights of the model, which
+    emission once looked for among the model's.)"""
     path = tmp_path / "vad.onnx"
     _torchscript_vad(path)
     report = graphconv.compile(path, tmp_path / "vad.mindir", target="cpu")
