@@ -242,7 +242,7 @@ class Compiler:
             checked = Validated(simplified, expected, oracle_model, oracle.fallback_reason,
                                 None if cases is given else cases)
             if loaded.model.as_shipped is not None:
-                section, warning = precision_checks.accuracy_level_difference(loaded.model, cases, expected)
+                section, warning = precision_checks.approximation_difference(loaded.model, cases, expected)
                 self.report.validation.update(section)
                 self.report.warnings.append(warning)
             if simplified is original and loaded.model.as_given is None:

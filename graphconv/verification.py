@@ -24,6 +24,24 @@ from graphconv.workspace import Workspace
 from passes import precision
 
 MAX_LISTED_FAILURES = 3  # the error line names the first failures; report.json has them all
+
+# Ops that quantize activations at run time, each a rounding of values the graph computes in float.
+RUN_TIME_QUANTIZERS = ("DynamicQuantizeLinear",)
+
+
+def _rounding_note(histogram: dict[str, int]) -> str:
+    """Why a model that quantizes its activations at run time fails a float tolerance: a last-bit difference
+    before one of its roundings (a Sigmoid computed another way) moves a value by a whole quantization step.
+    ddddocr's common_old.onnx: onnx's reference evaluator differs from onnxruntime by max abs 0.036 on a
+    generated case, as the compiled network does (docs/performance.md)."""
+    found = {op: histogram[op] for op in RUN_TIME_QUANTIZERS if histogram.get(op)}
+    if not found:
+        return ""
+    ops = ", ".join(f"{n} {op}" for op, n in found.items())
+    return (f"; the model quantizes activations at run time ({ops}): a last-bit difference before a rounding moves "
+            "a value by a whole quantization step, which a float tolerance does not allow, even between two ONNX "
+            "runtimes (`graphconv debug MODEL` names the first rounding that parts); --atol/--rtol set the "
+            "tolerance for such a model")
 EXACT_MEMORY_SHARE = 0.5  # the exact values' float64 weights of one piece may take this share of free memory
 
 
@@ -181,7 +199,7 @@ class Verification:
                 more = len(check.failures) - len(listed)
                 raise VerificationError("verification failed: " + "; ".join(listed) + (
                     f" (and {more} more outputs or cases: the report's validation has each: --report FILE)"
-                    if more else ""))
+                    if more else "") + _rounding_note(network.net.op_histogram))
 
     def verify_blocks(self, plan: dict, cases, kept: list[dict], done: dict, run: dict,
                       exact_values: exact.Values | None = None) -> None:

@@ -250,3 +250,128 @@ def test_blocked_dequantize_linear_compiles_and_verifies(tmp_path):
     m = helper.make_model(helper.make_graph([node], "blocked", [x, s, z], [y]),
                           opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     compile_verified(m, tmp_path, target="cpu")  # was refused before: "blocked quantization is not supported"
+
+
+# --- DynamicQuantizeLSTM ------------------------------------------------------------------------------------
+
+LSTM_H, LSTM_K = 8, 6
+
+
+def _dq_lstm_model(direction: str, per_column: bool, unsigned: bool) -> tuple[onnx.ModelProto, dict]:
+    """A DynamicQuantizeLSTM over X [seq, batch, K] as onnxruntime's quantizer writes it (8-bit W [D, K, 4H] and
+    R [D, H, 4H], per-direction or per-column scales). Weights within +-63 of their zero point: a pair of
+    products stays inside int16, where onnxruntime's u8s8 kernel cannot saturate on any CPU."""
+    d, h4 = (2 if direction == "bidirectional" else 1), 4 * LSTM_H
+    rng = np.random.default_rng(7)
+    zp_value, q_type = (128, np.uint8) if unsigned else (0, np.int8)
+    scale_shape = (d, h4) if per_column else (d,)
+    c = {"w": (rng.integers(-63, 64, (d, LSTM_K, h4)) + zp_value).astype(q_type),
+         "r": (rng.integers(-63, 64, (d, LSTM_H, h4)) + zp_value).astype(q_type),
+         "b": rng.normal(0, 0.1, (d, 2 * h4)).astype(np.float32),
+         "w_scale": rng.uniform(0.002, 0.01, scale_shape).astype(np.float32),
+         "r_scale": rng.uniform(0.002, 0.01, scale_shape).astype(np.float32),
+         "w_zp": np.full(scale_shape, zp_value, q_type), "r_zp": np.full(scale_shape, zp_value, q_type)}
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "w", "r", "b", "", "h0", "c0", "", "w_scale", "w_zp",
+                                                    "r_scale", "r_zp"], ["y", "y_h", "y_c"], domain="com.microsoft",
+                            direction=direction, hidden_size=LSTM_H, name="lstm")
+    f = TensorProto.FLOAT
+    m = model([node], [helper.make_tensor_value_info("x", f, ["seq", "batch", LSTM_K]),
+                       helper.make_tensor_value_info("h0", f, [d, "batch", LSTM_H]),
+                       helper.make_tensor_value_info("c0", f, [d, "batch", LSTM_H])],
+              [helper.make_tensor_value_info("y", f, ["seq", d, "batch", LSTM_H]),
+               helper.make_tensor_value_info("y_h", f, [d, "batch", LSTM_H]),
+               helper.make_tensor_value_info("y_c", f, [d, "batch", LSTM_H])],
+              [numpy_helper.from_array(v, k) for k, v in c.items()], opset=21)
+    return m, c
+
+
+def _quantized(a: np.ndarray) -> np.ndarray:
+    """a through uint8 and back as DynamicQuantizeLinear does (range with 0, round half to even)."""
+    lo, hi = min(float(a.min()), 0.0), max(float(a.max()), 0.0)
+    scale = np.float32((hi - lo) / 255) if hi > lo else np.float32(1)
+    zp = np.clip(np.round(np.float32(-lo) / scale), 0, 255)
+    return (np.clip(np.round(a / scale) + zp, 0, 255) - zp).astype(np.float32) * scale
+
+
+def _numpy_dq_lstm(c: dict, x, h0, c0, quantize_state: bool, direction: str):
+    """onnx's LSTM (gates i, o, f, c; sigmoid/tanh) on the dequantized weights, X quantized as a whole; with
+    `quantize_state`, the hidden state too before each step's recurrent product (onnxruntime's kernel)."""
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    d = len(c["w"])
+    lead = (d, 1, -1) if c["w_scale"].ndim == 2 else (d, 1, 1)
+    w = (c["w"].astype(np.float32) - c["w_zp"].astype(np.float32).reshape(lead)) * c["w_scale"].reshape(lead)
+    r = (c["r"].astype(np.float32) - c["r_zp"].astype(np.float32).reshape(lead)) * c["r_scale"].reshape(lead)
+    xq = _quantized(x)
+    ys, hs, cs = [], [], []
+    for k in range(d):
+        h, cell, out = h0[k], c0[k], [None] * len(x)
+        backward = k == 1 or direction == "reverse"
+        steps = reversed(range(len(x))) if backward else range(len(x))
+        for t in steps:
+            hin = _quantized(h) if quantize_state else h
+            g = xq[t] @ w[k] + hin @ r[k] + c["b"][k][:4 * LSTM_H] + c["b"][k][4 * LSTM_H:]
+            i, o, f, z = np.split(g, 4, axis=-1)
+            cell = sig(f) * cell + sig(i) * np.tanh(z)
+            h = sig(o) * np.tanh(cell)
+            out[t] = h
+        ys.append(np.stack(out))
+        hs.append(h)
+        cs.append(cell)
+    return np.stack(ys, 1), np.stack(hs), np.stack(cs)
+
+
+@pytest.mark.parametrize("direction,per_column,unsigned", [("forward", False, False), ("bidirectional", True, True),
+                                                           ("reverse", True, False)])
+def test_dynamic_quantize_lstm_decomposes_to_the_lstm_of_its_dequantized_weights(direction, per_column, unsigned):
+    """The decomposition is onnx's LSTM on the dequantized weights with X quantized as onnxruntime quantizes it:
+    onnxruntime on it equals numpy computing that, at three sequence lengths. At batch 1, onnxruntime's kernel
+    equals numpy quantizing the hidden state at every step as well: the one thing the decomposition leaves out,
+    and it moves the outputs by more than float rounding. (At a larger batch the kernel quantizes the state of
+    each chunk of rows its threads take apart, so its values depend on its thread pool.)"""
+    m, c = _dq_lstm_model(direction, per_column, unsigned)
+    decomposed, counts = contrib.decompose(m)
+    assert counts == {"com.microsoft::DynamicQuantizeLSTM": 1}
+    assert [n.op_type for n in decomposed.graph.node if n.op_type in ("LSTM", "DynamicQuantizeLinear")] == \
+        ["DynamicQuantizeLinear", "LSTM"]
+    d = len(c["w"])
+    rng = np.random.default_rng(3)
+    for seq, batch in ((5, 1), (11, 1), (7, 3)):
+        feeds = {"x": rng.normal(0, 1, (seq, batch, LSTM_K)).astype(np.float32),
+                 "h0": rng.normal(0, 0.5, (d, batch, LSTM_H)).astype(np.float32),
+                 "c0": rng.normal(0, 0.5, (d, batch, LSTM_H)).astype(np.float32)}
+        case = [reference.ReferenceCase("c", feeds)]
+        ours = reference.Oracle(decomposed).run(case)[0]
+        kernel = reference.Oracle(m).run(case)[0]
+        float_state = _numpy_dq_lstm(c, feeds["x"], feeds["h0"], feeds["c0"], False, direction)
+        quantized_state = _numpy_dq_lstm(c, feeds["x"], feeds["h0"], feeds["c0"], True, direction)
+        for k, name in enumerate(("y", "y_h", "y_c")):
+            np.testing.assert_allclose(ours[name], float_state[k], atol=2e-5, rtol=1e-4)
+            if batch == 1:
+                np.testing.assert_allclose(kernel[name], quantized_state[k], atol=2e-5, rtol=1e-4)
+        assert np.abs(kernel["y"] - ours["y"]).max() > 1e-4
+
+
+@pytest.mark.parametrize("target,primitive", [("cpu", "LSTM"), ("ascend", "DynamicRNN")])
+def test_dynamic_quantize_lstm_compiles_and_verifies_against_its_decomposition(tmp_path, target, primitive):
+    """Over a dynamic sequence: MindSpore's LSTM primitive on CPU, DynamicRNN on Ascend (passes/fuse_lstm.py),
+    the weights dequantized at compile time. The oracle runs the decomposition; the report gives how far
+    onnxruntime's kernel (quantizing the state) is from it, and what became of each 8-bit weight."""
+    m, _ = _dq_lstm_model("bidirectional", False, False)
+    report = compile_verified(m, tmp_path, target=target)
+    assert report.census.get(primitive) == 2, report.census  # one per direction
+    diff = report.validation["dynamic_quantize_lstm_vs_float_state"]["y"]
+    assert 1e-4 < diff["max_abs"] < 0.1 and diff["cosine"] > 0.999
+    assert any(w.startswith("DynamicQuantizeLSTM: onnxruntime quantizes the hidden state") for w in report.warnings)
+    load = next(s for s in report.stages if s.name == "load")
+    assert load.detail["quantized_weights"] == {"w": quant.LSTM_WEIGHT, "r": quant.LSTM_WEIGHT}
+    assert len({c["inputs"]["x"][0] for c in report.validation["cases"]}) == 2
+
+
+def test_a_failed_verification_of_run_time_quantization_names_the_cause():
+    """The error of a failed verification says why a model that quantizes activations at run time fails a float
+    tolerance (ddddocr's common_old.onnx), and nothing of the kind for a model that does not."""
+    from graphconv import verification
+
+    note = verification._rounding_note({"Conv": 3, "DynamicQuantizeLinear": 2})
+    assert "quantizes activations at run time (2 DynamicQuantizeLinear)" in note and "--atol/--rtol" in note
+    assert verification._rounding_note({"Conv": 3, "Sigmoid": 1}) == ""

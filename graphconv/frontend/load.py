@@ -46,11 +46,12 @@ class LoadedModel:
     # the reference cases' constraints from contrib kernels (graphconv.frontend.contrib.cases)
     case_dims: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     pad_masks: bool = True
-    # MatMulNBits at accuracy_level > 0 (onnxruntime may quantize the activations): `as_given` is then a copy
-    # at level 0 (the op's exact semantics, the oracle's) and this the model exactly as given, whose
-    # difference from the oracle the report states (graphconv.frontend.contrib.quant.at_accuracy_level_0)
+    # Quantized ops whose onnxruntime kernels approximate their semantics (MatMulNBits at accuracy_level > 0,
+    # DynamicQuantizeLSTM): `as_given` is then a copy computing what the network computes (the oracle's) and
+    # this the model exactly as given, whose difference from the oracle the report states under each key of
+    # `approximations`, which says what the oracle runs instead (graphconv.frontend.contrib.quant.oracle_semantics)
     as_shipped: onnx.ModelProto | None = None
-    accuracy_levels: list[int] = dataclasses.field(default_factory=list)
+    approximations: dict[str, str] = dataclasses.field(default_factory=dict)
     quantized_weights: dict[str, str] = dataclasses.field(default_factory=dict)  # weight -> what is done with it
     packed: list[str] = dataclasses.field(default_factory=list)  # packed quantized initializers, kept packed
 
@@ -280,20 +281,20 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_inline_tensors(model)
     check_opsets(model)
     as_given, upgraded_from, notes, decomposed, case_dims, pad_masks = None, None, [], {}, {}, True
-    as_shipped, levels, quantized, packed = None, [], {}, []
+    as_shipped, approximations, quantized, packed = None, {}, {}, []
     notes.extend(negative_dims_dynamic(model))
     found = contrib.contrib_nodes(model)
     if found:
         # onnxruntime's contrib ops: the checker's complaint about them is a note, the model to compile is
         # their standard decomposition (checked in full), the oracle runs the model as given.
-        notes.append(_contrib_note(model, found))
         if external:
             weights.take_over_external(model, path.parent)
         name_nodes(model)
         as_given = model
-        # Quantized contrib ops: the oracle runs MatMulNBits at accuracy_level 0 (exact), and the report says
-        # what happens to each quantized weight.
-        exact, levels = quant.at_accuracy_level_0(model)
+        # Quantized contrib ops: the oracle runs what the network computes where onnxruntime's kernel
+        # approximates the op, and the report says what happens to each quantized weight.
+        exact, approximations = quant.oracle_semantics(model)
+        notes.append(_contrib_note(model, found, bool(approximations)))
         if exact is not None:
             as_shipped, as_given = model, exact
         quantized, packed = quant.describe_quantized_weights(model), quant.packed_initializers(model)
@@ -326,7 +327,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
     return LoadedModel(path=path, proto=model, external_bytes=external, as_given=as_given,
                        upgraded_from=upgraded_from, notes=notes, decomposed=decomposed,
                        case_dims=case_dims, pad_masks=pad_masks, as_shipped=as_shipped,
-                       accuracy_levels=levels, quantized_weights=quantized, packed=packed)
+                       approximations=approximations, quantized_weights=quantized, packed=packed)
 
 
 _NODE_NAME = re.compile(r"node name: (.*?)\): \[")
@@ -403,7 +404,7 @@ def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def _contrib_note(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> str:
+def _contrib_note(model: onnx.ModelProto, nodes: list[onnx.NodeProto], approximated: bool) -> str:
     """What onnx.checker says of the model as given (it does not know onnxruntime's contrib ops)."""
     ops = sorted({contrib.label(n) for n in nodes})
     try:
@@ -412,4 +413,5 @@ def _contrib_note(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> str:
     except (onnx.checker.ValidationError, UnicodeDecodeError) as e:
         complaint = f"onnx.checker: {_first_line(e)}"
     return (f"onnxruntime contrib op(s) {', '.join(ops)} ({complaint}): decomposed into standard ONNX on load; "
-            "the oracle, onnxruntime, runs the model as given")
+            "the oracle, onnxruntime, runs the model as given" + (" (but for what the next warning says)"
+                                                                   if approximated else ""))

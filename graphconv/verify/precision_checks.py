@@ -1,7 +1,8 @@
 """What a compile measures about precision beside its main check: the fused primitives' own lower precision on
 Ascend (`ascend_variant`, `check_ascend_variant`: q/k/v cast to fp16 around FlashAttentionScore), the error
-of a low-precision network at every norm output (`profile`), and how far a model whose MatMulNBits lets
-onnxruntime quantize activations is from the op's exact semantics (`accuracy_level_difference`)."""
+of a low-precision network at every norm output (`profile`), and how far a model whose onnxruntime kernels
+approximate a quantized op (MatMulNBits quantizing activations, DynamicQuantizeLSTM its state) is from what the
+oracle runs instead (`approximation_difference`)."""
 
 from __future__ import annotations
 
@@ -230,10 +231,11 @@ def profile(model, fused, twin, case, workdir, tolerance: tuple[float, float]) -
     return rows
 
 
-def accuracy_level_difference(loaded, cases, expected) -> tuple[dict, str]:
-    """MatMulNBits at accuracy_level 4 lets onnxruntime quantize the activations to int8, so the model as
-    given only approximates the op; the oracle ran it at level 0 (graphconv.frontend.load). How far the model
-    as given is from that reference (worst case over the reference shapes), and the warning saying so."""
+def approximation_difference(loaded, cases, expected) -> tuple[dict, str]:
+    """Where onnxruntime's kernels approximate a quantized op (MatMulNBits at accuracy_level 4 quantizing the
+    activations to int8, DynamicQuantizeLSTM its state), the oracle ran a copy computing what the network
+    computes (graphconv.frontend.load). How far the model as given is from that reference (worst case over the
+    reference shapes), and the warning saying so."""
     got = reference.Oracle(loaded.as_shipped).run(cases)
     diff: dict[str, dict] = {}
     for case, exp, act in zip(cases, expected, got):
@@ -242,9 +244,6 @@ def accuracy_level_difference(loaded, cases, expected) -> tuple[dict, str]:
             d = diff.setdefault(name, {"max_abs": 0.0, "mean_abs": 0.0, "cosine": 1.0})
             d["max_abs"], d["mean_abs"] = max(d["max_abs"], c.max_abs), max(d["mean_abs"], c.mean_abs)
             d["cosine"] = min(d["cosine"], c.cosine)
-    levels = ", ".join(map(str, loaded.accuracy_levels))
     worst = max((d["max_abs"] for d in diff.values()), default=0.0)
-    return {f"accuracy_level_{levels}_vs_0": diff}, (
-        f"MatMulNBits accuracy_level {levels}: onnxruntime may quantize the activations there; the oracle runs "
-        f"the model at accuracy_level 0 (the op's exact semantics), from which the model as given differs by "
-        f"max abs {worst:.3g}")
+    return {"_and_".join(loaded.approximations): diff}, (
+        f"{'; '.join(loaded.approximations.values())}: the model as given differs from that by max abs {worst:.3g}")

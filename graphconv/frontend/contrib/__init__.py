@@ -71,11 +71,12 @@ def label(node: onnx.NodeProto) -> str:
     return f"{domain}::{node.op_type}" if domain else node.op_type
 
 
-def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+def decompose(model: onnx.ModelProto, only: tuple[str, ...] = ()) -> tuple[onnx.ModelProto, dict[str, int]]:
     """`model` with every onnxruntime contrib node replaced by its standard decomposition (a new proto; the
     input is left as given, for the oracle). Returns it and the count of decomposed nodes per op. An op
-    onnxruntime registers that graphconv cannot decompose is refused, naming it."""
-    nodes = contrib_nodes(model)
+    onnxruntime registers that graphconv cannot decompose is refused, naming it. `only`: just the nodes of
+    these op types."""
+    nodes = [n for n in contrib_nodes(model) if not only or n.op_type in only]
     if not nodes:
         return model, {}
     missing = sorted({label(n) for n in nodes if (canonical_domain(n.domain), n.op_type) not in DECOMPOSITIONS})
@@ -95,6 +96,7 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     taken = {x for n in model.graph.node for x in (*n.input, *n.output, n.name)}
     taken |= {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
     read = read_values(model)
+    initializers = {t.name: t for t in model.graph.initializer}
     counts: collections.Counter[str] = collections.Counter()
     chosen = {id(n) for n in nodes}  # the contrib nodes found above, by the one rule (contrib_nodes)
     new_nodes: list[onnx.NodeProto] = []
@@ -102,7 +104,7 @@ def decompose(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
         if id(node) not in chosen:
             new_nodes.append(node)
             continue
-        rw = Rewrite(node, shapes, opset, taken, read)
+        rw = Rewrite(node, shapes, opset, taken, read, initializers)
         DECOMPOSITIONS[(canonical_domain(node.domain), node.op_type)](rw)
         new_nodes.extend(rw.finish())
         counts[label(node)] += 1

@@ -155,6 +155,59 @@ def dynamic_quantize_matmul(rw: Rewrite) -> None:
     rw.identity(y, rw.output(0))
 
 
+LSTM_WEIGHT = ("8-bit, dequantized to float32 at compile time (MindSpore's LSTM primitives take float weights "
+               "in their own gate layout)")
+
+# onnx's LSTM attributes, which DynamicQuantizeLSTM shares (it has no `layout`: X is [seq, batch, input])
+_LSTM_ATTRS = ("activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size",
+               "input_forget")
+
+
+def _dequantized_lstm_weight(rw: Rewrite, q: int, scale: int, zero_point: int) -> str:
+    """DynamicQuantizeLSTM's int8/uint8 weight [D, K, 4H] with its scale and zero point ([D] per direction or
+    [D, 4H] per column) -> the float [D, 4H, K] onnx's LSTM takes. Computed here where all three are
+    initializers: MindSpore's LSTM primitives take float weights laid out at compile time (opmap/rnn.py), and
+    the lowering folds no tensor that large."""
+    held = [rw.array(rw.input(i)) for i in (q, scale, zero_point)]
+    if all(a is not None for a in held):
+        w, sc, zp = held
+        lead = (len(w), 1, -1) if sc.ndim == 2 else (len(w), 1, 1)
+        deq = (w.astype(np.float32) - zp.astype(np.float32).reshape(lead)) * sc.astype(np.float32).reshape(lead)
+        return rw.const(np.ascontiguousarray(deq.transpose(0, 2, 1)))
+    rank = len(rw.shape(rw.input(scale)) or [1])
+    lead = [0, 1, -1] if rank == 2 else [0, 1, 1]  # [D, 4H] -> [D, 1, 4H]; [D] -> [D, 1, 1]
+    zp = rw.op("Reshape", rw.op("Cast", rw.input(zero_point), to=FLOAT), rw.const(lead, np.int64))
+    sc = rw.op("Reshape", rw.input(scale), rw.const(lead, np.int64))
+    w = rw.op("Mul", rw.op("Sub", rw.op("Cast", rw.input(q), to=FLOAT), zp), sc)
+    return rw.op("Transpose", w, perm=[0, 2, 1])
+
+
+@decomposes("DynamicQuantizeLSTM", domain=MICROSOFT)
+def dynamic_quantize_lstm(rw: Rewrite) -> None:
+    """onnx's LSTM on the dequantized weights, its input X quantized to uint8 and back as onnxruntime's kernel
+    does (once over the whole sequence: DynamicQuantizeLinear's min/max with 0, scale and zero point).
+    Inputs: X, W [D, K, 4H], R [D, H, 4H] (int8/uint8), B, sequence_lens, initial_h, initial_c, P, W_scale,
+    W_zero_point, R_scale, R_zero_point (contrib_ops/cpu/quantization/dynamic_quantize_lstm.cc,
+    rnn/rnn_helpers.cc). What it leaves out: onnxruntime also quantizes the hidden state at every step before
+    the recurrent product, which needs a loop over a dynamic sequence (no MindSpore LSTM primitive quantizes
+    it); the oracle runs this decomposition, and the report gives how far onnxruntime's own kernel is from it
+    (frontend/load.py, as for MatMulNBits' accuracy_level 4)."""
+    for i in (8, 9, 10, 11):
+        if not rw.has(i):
+            rw.fail("the weights' scales and zero points (inputs 8-11) are required")
+    x_q, x_scale, x_zp = rw.op("DynamicQuantizeLinear", rw.input(0), outputs=3)
+    x = rw.op("DequantizeLinear", x_q, x_scale, x_zp)
+    w = _dequantized_lstm_weight(rw, 1, 8, 9)
+    r = _dequantized_lstm_weight(rw, 2, 10, 11)
+    attrs = {name: value for name in _LSTM_ATTRS if (value := rw.attr(name)) is not None}
+    attrs = {k: ([a.decode() if isinstance(a, bytes) else a for a in v] if isinstance(v, list) else v)
+             for k, v in attrs.items()}
+    optional = [rw.input(i) for i in range(3, 8)]
+    while optional and not optional[-1]:
+        optional.pop()
+    rw.op("LSTM", x, w, r, *optional, outputs=[rw.output(k) for k in range(3)], **attrs)
+
+
 def _standard_qdq(rw: Rewrite, op: str) -> None:
     """com.microsoft's QuantizeLinear / DequantizeLinear: the standard op's per-tensor / per-axis semantics
     (attribute axis, default 1), written as the standard op (int8 / uint8 below opset 21)."""
@@ -273,6 +326,9 @@ def describe_quantized_weights(model: onnx.ModelProto) -> dict[str, str]:
             out[node.input[1]] = nbits_description(node)
         elif node.op_type == "GatherBlockQuantized" and node.input:
             out[node.input[0]] = gather_description(node)
+        elif node.op_type == "DynamicQuantizeLSTM" and len(node.input) > 2:
+            for i in (1, 2):
+                out[node.input[i]] = LSTM_WEIGHT
     return out
 
 
@@ -284,6 +340,29 @@ def packed_initializers(model: onnx.ModelProto) -> list[str]:
     return sorted({node.input[i] for node in model.graph.node
                    if node.domain == MICROSOFT and node.op_type in picks
                    for i in picks[node.op_type] if i < len(node.input) and inits.get(node.input[i]) == UINT8})
+
+
+def oracle_semantics(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, dict[str, str]]:
+    """Where onnxruntime's kernels approximate a quantized op's semantics, a copy of `model` computing what the
+    compiled network computes, for the oracle, and {report key: what the oracle runs instead}; (None, {}) where
+    they do not: MatMulNBits at accuracy_level > 0 (at_accuracy_level_0), DynamicQuantizeLSTM (its hidden
+    state quantized at every step: the oracle runs the decomposition, dynamic_quantize_lstm)."""
+    from graphconv.frontend import contrib
+
+    exact, levels = at_accuracy_level_0(model)
+    instead = {}
+    if levels:
+        shown = ", ".join(map(str, levels))
+        instead[f"accuracy_level_{shown}_vs_0"] = (
+            f"MatMulNBits accuracy_level {shown}: onnxruntime may quantize the activations there; the oracle runs "
+            "the model at accuracy_level 0 (the op's exact semantics)")
+    exact, lstms = contrib.decompose(exact or model, only=("DynamicQuantizeLSTM",))
+    if lstms:
+        instead["dynamic_quantize_lstm_vs_float_state"] = (
+            "DynamicQuantizeLSTM: onnxruntime quantizes the hidden state to uint8 at every step, which no MindSpore "
+            "LSTM primitive does; the oracle runs the decomposition graphconv compiles (dequantized weights, the "
+            "input quantized as onnxruntime does, the state in float)")
+    return (exact, instead) if instead else (None, {})
 
 
 def at_accuracy_level_0(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, list[int]]:

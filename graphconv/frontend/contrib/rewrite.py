@@ -68,10 +68,11 @@ def read_values(model: onnx.ModelProto) -> set[str]:
 
 class Rewrite:
     def __init__(self, node: onnx.NodeProto, shapes: dict, opset: int, taken: set[str],
-                 read: set[str] | None = None):
+                 read: set[str] | None = None, initializers: dict[str, onnx.TensorProto] | None = None):
         """`read`: the values the model reads (read_values); an output of the node outside it counts as unused.
-        None: every named output is used."""
+        None: every named output is used. `initializers`: the model's, by name (`array` reads them)."""
         self.node = node
+        self._initializers = initializers or {}
         self._read = read
         self.opset = opset
         self._shapes = shapes
@@ -103,6 +104,13 @@ class Rewrite:
     def dtype(self, value: str) -> int | None:
         s = self._shapes.get(value)
         return None if s is None else s[1]
+
+    def array(self, value: str) -> np.ndarray | None:
+        """The value of an initializer held in the model (not in an external file); None for anything else."""
+        t = self._initializers.get(value)
+        if t is None or t.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        return numpy_helper.to_array(t)
 
     def static_dim(self, value: str, axis: int) -> int | None:
         s = self.shape(value)
