@@ -65,7 +65,7 @@ def main() -> None:
     import onnxruntime as ort
 
     import wild_onnx
-    from graphconv.frontend.contrib import quant
+    from graphconv.frontend import contrib
 
     model_path = next(p for pkg, p in wild_onnx.fetch(args.workdir) if p.name == "common_old.onnx")
     wheel = next((args.workdir / "wheels").glob(f"ddddocr-{wild_onnx.PACKAGES['ddddocr']}-*.whl"))
@@ -86,7 +86,7 @@ def main() -> None:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     sessions = {"as given": ort.InferenceSession(given.SerializeToString(), options),
-                "decomposed": ort.InferenceSession(quant.oracle_semantics(given)[0].SerializeToString(), options)}
+                "decomposed": ort.InferenceSession(contrib.oracle_semantics(given)[0].SerializeToString(), options)}
     same, worst, cosines = 0, 0.0, []
     print(f"{'word':<8} {'onnxruntime':<12} {'decomposed':<12} {'MindIR':<12} max abs vs decomposed, cosine")
     for word in WORDS:
@@ -107,7 +107,7 @@ def main() -> None:
 
     from graphconv.verify import reference
 
-    decomposed = onnx.version_converter.convert_version(quant.oracle_semantics(given)[0], 21)
+    decomposed = onnx.version_converter.convert_version(contrib.oracle_semantics(given)[0], 21)
     evaluator = ReferenceEvaluator(decomposed)
     for case in reference.make_cases(decomposed):
         x = case.inputs["input1"]

@@ -49,7 +49,7 @@ class LoadedModel:
     # Quantized ops whose onnxruntime kernels approximate their semantics (MatMulNBits at accuracy_level > 0,
     # DynamicQuantizeLSTM): `as_given` is then a copy computing what the network computes (the oracle's) and
     # this the model exactly as given, whose difference from the oracle the report states under each key of
-    # `approximations`, which says what the oracle runs instead (graphconv.frontend.contrib.quant.oracle_semantics)
+    # `approximations`, which says what the oracle runs instead (graphconv.frontend.contrib.oracle_semantics)
     as_shipped: onnx.ModelProto | None = None
     approximations: dict[str, str] = dataclasses.field(default_factory=dict)
     quantized_weights: dict[str, str] = dataclasses.field(default_factory=dict)  # weight -> what is done with it
@@ -293,7 +293,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         as_given = model
         # Quantized contrib ops: the oracle runs what the network computes where onnxruntime's kernel
         # approximates the op, and the report says what happens to each quantized weight.
-        exact, approximations = quant.oracle_semantics(model)
+        exact, approximations = contrib.oracle_semantics(model)
         notes.append(_contrib_note(model, found, bool(approximations)))
         if exact is not None:
             as_shipped, as_given = model, exact

@@ -122,6 +122,27 @@ def decompose(model: onnx.ModelProto, only: tuple[str, ...] = ()) -> tuple[onnx.
     return out, dict(counts)
 
 
+def oracle_semantics(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, dict[str, str]]:
+    """Where onnxruntime's kernels approximate a quantized op's semantics, a copy of `model` computing what the
+    compiled network computes, for the oracle, and {report key: what the oracle runs instead}; (None, {}) where
+    they do not: MatMulNBits at accuracy_level > 0 (at_accuracy_level_0), DynamicQuantizeLSTM (its hidden
+    state quantized at every step: the oracle runs the decomposition, quant.dynamic_quantize_lstm)."""
+    exact, levels = quant.at_accuracy_level_0(model)
+    instead = {}
+    if levels:
+        shown = ", ".join(map(str, levels))
+        instead[f"accuracy_level_{shown}_vs_0"] = (
+            f"MatMulNBits accuracy_level {shown}: onnxruntime may quantize the activations there; the oracle runs "
+            "the model at accuracy_level 0 (the op's exact semantics)")
+    exact, lstms = decompose(exact or model, only=("DynamicQuantizeLSTM",))
+    if lstms:
+        instead["dynamic_quantize_lstm_vs_float_state"] = (
+            "DynamicQuantizeLSTM: onnxruntime quantizes the hidden state to uint8 at every step, which no MindSpore "
+            "LSTM primitive does; the oracle runs the decomposition graphconv compiles (dequantized weights, the "
+            "input quantized as onnxruntime does, the state in float)")
+    return (exact, instead) if instead else (None, {})
+
+
 # The decompositions, one module per op family (each registers itself).
 from graphconv.frontend.contrib import norm  # noqa: E402,F401  (registers its decompositions)
 from graphconv.frontend.contrib import rotary  # noqa: E402,F401  (registers its decompositions)

@@ -342,29 +342,6 @@ def packed_initializers(model: onnx.ModelProto) -> list[str]:
                    for i in picks[node.op_type] if i < len(node.input) and inits.get(node.input[i]) == UINT8})
 
 
-def oracle_semantics(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, dict[str, str]]:
-    """Where onnxruntime's kernels approximate a quantized op's semantics, a copy of `model` computing what the
-    compiled network computes, for the oracle, and {report key: what the oracle runs instead}; (None, {}) where
-    they do not: MatMulNBits at accuracy_level > 0 (at_accuracy_level_0), DynamicQuantizeLSTM (its hidden
-    state quantized at every step: the oracle runs the decomposition, dynamic_quantize_lstm)."""
-    from graphconv.frontend import contrib
-
-    exact, levels = at_accuracy_level_0(model)
-    instead = {}
-    if levels:
-        shown = ", ".join(map(str, levels))
-        instead[f"accuracy_level_{shown}_vs_0"] = (
-            f"MatMulNBits accuracy_level {shown}: onnxruntime may quantize the activations there; the oracle runs "
-            "the model at accuracy_level 0 (the op's exact semantics)")
-    exact, lstms = contrib.decompose(exact or model, only=("DynamicQuantizeLSTM",))
-    if lstms:
-        instead["dynamic_quantize_lstm_vs_float_state"] = (
-            "DynamicQuantizeLSTM: onnxruntime quantizes the hidden state to uint8 at every step, which no MindSpore "
-            "LSTM primitive does; the oracle runs the decomposition graphconv compiles (dequantized weights, the "
-            "input quantized as onnxruntime does, the state in float)")
-    return (exact, instead) if instead else (None, {})
-
-
 def at_accuracy_level_0(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, list[int]]:
     """A copy of `model` whose MatMulNBits nodes run at accuracy_level 0, and the levels the model gives;
     (None, []) when every node is at level 0 already. At level 4 onnxruntime quantizes A to int8 (its
