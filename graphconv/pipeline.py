@@ -160,8 +160,13 @@ class Compiler:
         if self.opt.inputs:
             return reference.load_npz_cases(list(self.opt.inputs), model, self.opt.mask_inputs)
         # the sizes contrib kernels accept (graphconv.frontend.contrib.cases); the user's --dim win
-        return reference.make_cases(model, self.opt.mask_inputs, self.opt.dims, pad_masks=loaded.model.pad_masks,
-                                    preferred_dims=loaded.model.case_dims)
+        cases = reference.make_cases(model, self.opt.mask_inputs, self.opt.dims, pad_masks=loaded.model.pad_masks,
+                                     preferred_dims=loaded.model.case_dims)
+        for name, value in reference.selector_inputs(model).items():
+            self.report.warnings.append(
+                f"input {name!r} is {value} in every reference case (the graph compares it with {value}): what the "
+                f"model computes at another value of it is compiled but not verified (--inputs with one verifies it)")
+        return cases
 
     def simplify(self, loaded: LoadedModel, ws: Workspace) -> onnx.ModelProto:
         model = loaded.proto

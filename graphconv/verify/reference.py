@@ -361,12 +361,12 @@ def _window(n: onnx.NodeProto, model: onnx.ModelProto) -> tuple | None:
     return n, kernel, pads, dilations
 
 
-def _selectors(model: onnx.ModelProto, specs: list[InputSpec]) -> dict[str, int]:
+def selector_inputs(model: onnx.ModelProto, specs: list[InputSpec] | None = None) -> dict[str, int]:
     """Integer graph inputs of one element that the graph compares for equality with a constant (silero-vad's
     `sr`, Equal(sr, 16000) choosing the 16 kHz branch): name -> that constant. Fed it, the run takes the branch
     the model was made for rather than the one a random value falls into. Only one-element constants are read
     (weights stay where they are)."""
-    scalar_ints = {s.name for s in specs if s.dtype.kind in "iu" and all(d == 1 for d in s.shape)}
+    scalar_ints = {s.name for s in specs or input_specs(model) if s.dtype.kind in "iu" and all(d == 1 for d in s.shape)}
     g = model.graph
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer
               if t.name not in scalar_ints and not t.external_data and all(d == 1 for d in t.dims)}
@@ -393,7 +393,7 @@ def make_cases(model: onnx.ModelProto, mask_inputs: tuple[str, ...] = (),
     for case_index in range(2):
         check_memory(model, specs, {name: pair[case_index] for name, pair in sizes.items()})
     bounds = _index_bounds(model)
-    selectors = _selectors(model, specs)
+    selectors = selector_inputs(model, specs)
     cases = []
     for case_index in range(2):
         rng = np.random.default_rng(seed + case_index)
