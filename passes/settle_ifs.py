@@ -98,9 +98,11 @@ def _assume(model: ir.Model, index: int, taken: bool) -> ir.Model:
 
 
 def _well_typed(model: ir.Model) -> bool:
+    """onnx's strict shape inference accepts `model` (False also where it cannot run: past protobuf's 2 GiB,
+    ValueError, where the If then stays)."""
     try:
         onnx.shape_inference.infer_shapes(ir.to_proto(model), check_type=True, strict_mode=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
         return False
     return True
 
