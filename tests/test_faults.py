@@ -318,6 +318,12 @@ def _commands(tmp: Path, fixtures: dict) -> dict:
     }
 
 
+def _run_script(script: Path) -> subprocess.CompletedProcess:
+    """`script` in a fresh Python with graphconv importable, from the repository root."""
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def _signal_run(tmp: Path, label: str, command: tuple, sig: int, *, at: float | None = None,
                 after: str | None = None, group: bool = False) -> str:
     """One run of `command` sent `sig` `at` seconds after its start (or a moment after its progress line
@@ -475,8 +481,7 @@ def test_an_interrupt_python_would_only_print_is_raised_again(tmp_path):
         "    print('went on')\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted', interrupts.received())\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = _run_script(script)
     assert (proc.stdout, proc.stderr) == (f"interrupted {int(signal.SIGTERM)}\n", "")
 
 
@@ -496,8 +501,7 @@ def test_an_interrupt_during_the_command_lines_imports_is_the_interrupt(tmp_path
         "            raise RuntimeError('Error calling __set_name__') from e\n"
         "sys.modules['graphconv.cli'] = Cli('graphconv.cli')\n"
         "runpy.run_module('graphconv', run_name='__main__')\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = _run_script(script)
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "graphconv: interrupted (SIGINT)\n")
 
 
@@ -524,6 +528,5 @@ def test_a_signal_during_the_final_moves_waits_for_them(tmp_path, nested, expect
         "    print('settled: exit 0')\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted')\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = _run_script(script)
     assert (proc.stdout.strip(), proc.stderr) == (expected, "")
