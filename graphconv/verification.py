@@ -24,6 +24,7 @@ from graphconv.workspace import Workspace
 from passes import precision
 
 MAX_LISTED_FAILURES = 3  # the error line names the first failures; report.json has them all
+EXACT_MEMORY_SHARE = 0.5  # the exact values' float64 weights of one piece may take this share of free memory
 
 # Ops that quantize activations at run time, each a rounding of values the graph computes in float.
 RUN_TIME_QUANTIZERS = ("DynamicQuantizeLinear",)
@@ -31,9 +32,8 @@ RUN_TIME_QUANTIZERS = ("DynamicQuantizeLinear",)
 
 def _rounding_note(histogram: dict[str, int]) -> str:
     """Why a model that quantizes its activations at run time fails a float tolerance: a last-bit difference
-    before one of its roundings (a Sigmoid computed another way) moves a value by a whole quantization step.
-    ddddocr's common_old.onnx: onnx's reference evaluator differs from onnxruntime by max abs 0.036 on a
-    generated case, as the compiled network does (docs/performance.md)."""
+    before one of its roundings (a Sigmoid computed another way) moves a value by a whole quantization step
+    (ddddocr's common_old.onnx: docs/performance.md)."""
     found = {op: histogram[op] for op in RUN_TIME_QUANTIZERS if histogram.get(op)}
     if not found:
         return ""
@@ -42,7 +42,6 @@ def _rounding_note(histogram: dict[str, int]) -> str:
             "a value by a whole quantization step, which a float tolerance does not allow, even between two ONNX "
             "runtimes (`graphconv debug MODEL` names the first rounding that parts); --atol/--rtol set the "
             "tolerance for such a model")
-EXACT_MEMORY_SHARE = 0.5  # the exact values' float64 weights of one piece may take this share of free memory
 
 
 def _boundaries(partition) -> list[tuple[str, list[str]]]:

@@ -161,10 +161,10 @@ def available_passes() -> list[Pass]:
 
 
 # The built-in pipeline, in order (passes/__init__.py imports the modules that register these names).
-# Canonicalization first; norms before the activations that read their outputs; GELU before the gated
-# MLPs that take a GELU gate; rotary before attention, which reads the rotated q and k; MoE routing after it
-# (attention's coverage explains a router's Softmax as no attention before fuse-moe takes it); the LSTMs
-# (independent of the rest) last.
+# settle-ifs first (what follows reads one rank per value), then canonicalization; norms before the activations
+# that read their outputs; GELU before the gated MLPs that take a GELU gate; rotary before attention, which
+# reads the rotated q and k; MoE routing after it (attention's coverage explains a router's Softmax as no
+# attention before fuse-moe takes it); the LSTMs (independent of the rest) last.
 DEFAULT_ORDER: list[str] = [
     "settle-ifs", "canonicalize", "tie-weights", "refine-shapes", "fuse-rmsnorm", "fuse-layernorm", "fuse-gelu",
     "fuse-silu", "fuse-swiglu", "fuse-rope", "fuse-attention", "fuse-moe", "fuse-lstm",
