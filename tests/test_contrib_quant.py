@@ -351,6 +351,30 @@ def test_dynamic_quantize_lstm_decomposes_to_the_lstm_of_its_dequantized_weights
         assert np.abs(kernel["y"] - ours["y"]).max() > 1e-4
 
 
+@pytest.mark.parametrize("direction,per_column,unsigned", [("forward", False, False), ("bidirectional", True, True)])
+def test_dynamic_quantize_lstm_weights_given_at_run_time_are_dequantized_in_the_graph(direction, per_column,
+                                                                                     unsigned):
+    """W and R as graph inputs, not initializers: the decomposition dequantizes them with graph ops (Cast, Sub,
+    Mul, Transpose) instead of at compile time, and still computes numpy's LSTM of the dequantized weights."""
+    m, c = _dq_lstm_model(direction, per_column, unsigned)
+    moved = [t for t in m.graph.initializer if t.name in ("w", "r")]
+    kept = [t for t in m.graph.initializer if t.name not in ("w", "r")]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(kept)
+    m.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
+    decomposed, _ = contrib.decompose(m)
+    assert [n.op_type for n in decomposed.graph.node].count("Transpose") == 2
+    d = len(c["w"])
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.normal(0, 1, (6, 2, LSTM_K)).astype(np.float32),
+             "h0": rng.normal(0, 0.5, (d, 2, LSTM_H)).astype(np.float32),
+             "c0": rng.normal(0, 0.5, (d, 2, LSTM_H)).astype(np.float32), "w": c["w"], "r": c["r"]}
+    ours = reference.Oracle(decomposed).run([reference.ReferenceCase("c", feeds)])[0]
+    expected = _numpy_dq_lstm(c, feeds["x"], feeds["h0"], feeds["c0"], False, direction)
+    for k, name in enumerate(("y", "y_h", "y_c")):
+        np.testing.assert_allclose(ours[name], expected[k], atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("target,primitive", [("cpu", "LSTM"), ("ascend", "DynamicRNN")])
 def test_dynamic_quantize_lstm_compiles_and_verifies_against_its_decomposition(tmp_path, target, primitive):
     """Over a dynamic sequence: MindSpore's LSTM primitive on CPU, DynamicRNN on Ascend (passes/fuse_lstm.py),
