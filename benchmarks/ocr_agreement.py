@@ -83,10 +83,11 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     network = ms.nn.GraphCell(ms.load(str(mindir)))
     given = onnx.load(str(model_path))
+    oracle = contrib.oracle_semantics(given)[0]  # the decomposition a compile's oracle runs
     options = ort.SessionOptions()
     options.log_severity_level = 3
     sessions = {"as given": ort.InferenceSession(given.SerializeToString(), options),
-                "decomposed": ort.InferenceSession(contrib.oracle_semantics(given)[0].SerializeToString(), options)}
+                "decomposed": ort.InferenceSession(oracle.SerializeToString(), options)}
     same, worst, cosines = 0, 0.0, []
     print(f"{'word':<8} {'onnxruntime':<12} {'decomposed':<12} {'MindIR':<12} max abs vs decomposed, cosine")
     for word in WORDS:
@@ -107,7 +108,7 @@ def main() -> None:
 
     from graphconv.verify import reference
 
-    decomposed = onnx.version_converter.convert_version(contrib.oracle_semantics(given)[0], 21)
+    decomposed = onnx.version_converter.convert_version(oracle, 21)
     evaluator = ReferenceEvaluator(decomposed)
     for case in reference.make_cases(decomposed):
         x = case.inputs["input1"]
