@@ -273,7 +273,8 @@ def _dq_lstm_model(direction: str, per_column: bool, unsigned: bool) -> tuple[on
          "w_zp": np.full(scale_shape, zp_value, q_type), "r_zp": np.full(scale_shape, zp_value, q_type)}
     node = helper.make_node("DynamicQuantizeLSTM", ["x", "w", "r", "b", "", "h0", "c0", "", "w_scale", "w_zp",
                                                     "r_scale", "r_zp"], ["y", "y_h", "y_c"], domain="com.microsoft",
-                            direction=direction, hidden_size=LSTM_H, name="lstm")
+                            direction=direction, hidden_size=LSTM_H, name="lstm",
+                            activations=["Sigmoid", "Tanh", "Tanh"] * d)  # (the defaults, spelled out)
     f = TensorProto.FLOAT
     m = model([node], [helper.make_tensor_value_info("x", f, ["seq", "batch", LSTM_K]),
                        helper.make_tensor_value_info("h0", f, [d, "batch", LSTM_H]),

@@ -192,16 +192,14 @@ def dynamic_quantize_lstm(rw: Rewrite) -> None:
     the recurrent product, which needs a loop over a dynamic sequence (no MindSpore LSTM primitive quantizes
     it); the oracle runs this decomposition, and the report gives how far onnxruntime's own kernel is from it
     (frontend/load.py, as for MatMulNBits' accuracy_level 4)."""
-    for i in (8, 9, 10, 11):
-        if not rw.has(i):
-            rw.fail("the weights' scales and zero points (inputs 8-11) are required")
+    if not all(rw.has(i) for i in range(8, 12)):
+        rw.fail("the weights' scales and zero points (inputs 8-11) are required")
     x_q, x_scale, x_zp = rw.op("DynamicQuantizeLinear", rw.input(0), outputs=3)
     x = rw.op("DequantizeLinear", x_q, x_scale, x_zp)
     w = _dequantized_lstm_weight(rw, 1, 8, 9)
     r = _dequantized_lstm_weight(rw, 2, 10, 11)
-    attrs = {name: value for name in _LSTM_ATTRS if (value := rw.attr(name)) is not None}
-    attrs = {k: ([a.decode() if isinstance(a, bytes) else a for a in v] if isinstance(v, list) else v)
-             for k, v in attrs.items()}
+    attrs = {name: [a.decode() if isinstance(a, bytes) else a for a in value] if isinstance(value, list) else value
+             for name in _LSTM_ATTRS if (value := rw.attr(name)) is not None}  # (activations: bytes in a list)
     optional = [rw.input(i) for i in range(3, 8)]
     while optional and not optional[-1]:
         optional.pop()
