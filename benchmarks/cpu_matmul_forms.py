@@ -2,7 +2,7 @@
 by the form the lowering emits, under dynamic shapes (Cell.set_inputs with None dims, as generation runs).
 
 Forms: `matmul` (ops.matmul, the MatMulExt primitive: numpy semantics), `dense` (ops.dense on the weight stored
-[out, in]: what graphconv.target.lowering.dense_weights picks), `dense_cast` (ops.dense of a bf16 weight cast to
+[out, in]: what graphconv.compiler.lowering.dense_weights picks), `dense_cast` (ops.dense of a bf16 weight cast to
 fp32 each call: a `--dtype auto` export's weights), `matmul_cast`. Each form runs in its own process: 8 layers
 of two [2048, 5632] weights (the 1.1B's MLP shape), an input [2, S, 2048] at S = 3, 1, 1; it prints the seconds
 per call and the process's RSS after the calls, against the weights' bytes.

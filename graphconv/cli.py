@@ -18,7 +18,7 @@ import click
 
 from graphconv.errors import GraphconvError, InputError, disk_full
 from graphconv.progress import Progress
-from graphconv.target.targets import TARGETS
+from graphconv.compiler.targets import TARGETS
 from graphconv.version import __version__
 
 _DEBUG = {"on": False}

@@ -44,7 +44,7 @@ class CompileOptions:
     # (max batch, max seq): a with-past graph's KV cache held in place, as Parameters of that capacity written
     # by each call (passes/stateful_cache.py); None: the graph as given
     cache_capacity: tuple[int, int] | None = None
-    # tensor parallelism over this many ranks (graphconv/tensor_parallel.py): -o names a new directory
+    # tensor parallelism over this many ranks (graphconv/parallel/tensor_parallel.py): -o names a new directory
     tp: int | None = None
 
 

@@ -475,7 +475,7 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     `stateful_cache` True: held in place or an error; False: passed in and out.
     `cpu_twin`: write the cpu MindIRs beside an ascend compile's (None: where this host's memory can run them,
     `graphconv generate`'s own rule).
-    `tp`: tensor parallelism over `tp` ranks (graphconv/tensor_parallel.py): GEN_DIR holds each rank's stateful
+    `tp`: tensor parallelism over `tp` ranks (graphconv/parallel/tensor_parallel.py): GEN_DIR holds each rank's stateful
     MindIR (rank_<i>.mindir, rank_<i>.cpu.mindir; each rank's cache its own kv heads) and plan.json, and
     `graphconv generate` runs the ranks under msrun."""
     export_dir, gen_dir = Path(export_dir), Path(gen_dir)
@@ -723,7 +723,7 @@ def _write_rank_scripts(staging: Path, name: str, meta: dict, report: dict) -> N
 
 def _compile_ranks(staging: Path, tp: int, meta: dict, sources: dict, options: dict, graph_dims: dict, state: dict,
                    per_inputs: dict, progress: Progress, graphs: dict, twins: dict, weights: dict) -> dict:
-    """The one stateful graph compiled with --tp (graphconv/tensor_parallel.py: the ranks verified under msrun at
+    """The one stateful graph compiled with --tp (graphconv/parallel/tensor_parallel.py: the ranks verified under msrun at
     the prompt call against onnxruntime on the unsharded graph) into staging/rank_<i>.mindir, and for a target
     other than cpu once more for cpu (rank_<i>.cpu.mindir: what generate runs here); the cache's zeros stripped
     from every rank file. Fills graphs, twins and weights; returns generation.json with `tensor_parallel`."""

@@ -32,7 +32,7 @@ from graphconv.options import THRESHOLD_BYTES, CompileOptions, tool_versions
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report, model_info, op_histogram
 from graphconv.runtime import child, scheduling
-from graphconv.target import emit, layers, lowering, targets
+from graphconv.compiler import export_task, layers, lowering, targets
 from graphconv.verify import census, compare, observed_ranks, precision_checks, reference
 from graphconv.stage_results import Emitted, Loaded, Lowered, Validated
 from graphconv import verification
@@ -370,7 +370,7 @@ class Compiler:
         self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
         with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
             st.nodes_before = st.nodes_after = len(model.graph.node)
-            net, task = emit.prepare(model, ws.dir, name, names=loaded.names, scopes=loaded.scopes,
+            net, task = export_task.prepare(model, ws.dir, name, names=loaded.names, scopes=loaded.scopes,
                                      lazy_inline=lazy_inline)
             st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"), "layers": net.layers,
                          "parameter_names": param_names.name_summary(ws.path(f"{name}.names.json"))}
@@ -441,7 +441,7 @@ class Compiler:
         except precision.PrecisionError as e:
             raise InputError(str(e)) from e
         if self.opt.tp is not None:
-            from graphconv import tensor_parallel
+            from graphconv.parallel import tensor_parallel
 
             tensor_parallel.check_options(self.opt, self.output)
         elif self.output.suffix != ".mindir":
@@ -474,7 +474,7 @@ class Compiler:
         if self.opt.precision != "fp32":
             fused = self.apply_precision(fused, spill)
         if self.opt.tp is not None:
-            from graphconv.tensor_parallel import TensorParallel
+            from graphconv.parallel.tensor_parallel import TensorParallel
 
             self._commit(ws, TensorParallel(self).run(loaded, checked, fused, cases, ws, spill))
             return

@@ -10,7 +10,7 @@ import onnx
 from graphconv.errors import InternalError
 from graphconv.frontend import param_names
 from graphconv.frontend.load import LoadedModel
-from graphconv.target import layers, lowering
+from graphconv.compiler import layers, lowering
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Validated:
 @dataclasses.dataclass(frozen=True)
 class Lowered:
     net: lowering.LoweredNetwork
-    task: dict  # what the export child needs (graphconv/target/emit.py)
+    task: dict  # what the export child needs (graphconv/compiler/export_task.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from graphconv.frontend.load import zero_sized_inputs
 from graphconv.options import THRESHOLD_BYTES
 from graphconv.runtime import child, scheduling
 from graphconv.stage_results import Emitted, Loaded, Lowered, OracleValues, Validated
-from graphconv.target import emit
+from graphconv.compiler import export_task
 from graphconv.verify import census, compare, exact, outputs, piecewise, precision_checks, reference
 from graphconv.workspace import Workspace
 from passes import precision
@@ -275,7 +275,7 @@ class Verification:
             self.c.report.warnings.append("the layer classes are exported without lazy_inline (MindSpore's CPU "
                                         f"refused them: {str(e).split(': ', 1)[-1][:160]})")
             shutil.rmtree(ws.path("out"))
-            network = Lowered(network.net, emit.without_lazy_inline(network.net, network.task, ws.dir))
+            network = Lowered(network.net, export_task.without_lazy_inline(network.net, network.task, ws.dir))
             emitted = self.emit(network, ws, run)
             self.c.report.census = census.primitive_census(emitted.mindir)
             try:
@@ -309,7 +309,7 @@ class Verification:
         """The verification cases as files, and what a MindSpore child needs to run them."""
         import numpy as np
 
-        specs = emit.placeholders(model)
+        specs = export_task.placeholders(model)
         run = {"cases": [], "outputs": [], "input_names": [s["name"] for s in specs], "inputs": specs}
         for k, case in enumerate(cases):
             np.savez(ws.path(f"case{k}.npz"), **case.inputs)
@@ -318,7 +318,7 @@ class Verification:
         return run
 
     def _block_plan(self, loaded: Loaded, checked_net: Lowered, ws: Workspace) -> dict | None:
-        """The blocks the checked network runs one at a time (graphconv/target/partition.py), or None for the
+        """The blocks the checked network runs one at a time (graphconv/compiler/partition.py), or None for the
         whole-network check: in layer-streamed mode, where the lowering cut the network into blocks."""
         self.c.report.validation["mode"] = "whole-network"
         if not loaded.layer_streamed:
@@ -330,7 +330,7 @@ class Verification:
                                         f"network is verified as a whole ({size / 2**30:.2f} GiB of Parameters)")
             return None
         self.c.report.validation["mode"] = "layer-streamed"
-        return emit.write_blocks(checked_net.net, ws.dir, Path(checked_net.task["source"]).stem)
+        return export_task.write_blocks(checked_net.net, ws.dir, Path(checked_net.task["source"]).stem)
 
 
 def refusal(error: InternalError, loaded: Loaded, checked: Validated) -> GraphconvError:

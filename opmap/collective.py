@@ -1,5 +1,5 @@
 """graphconv::AllReduce: the sum over the tensor-parallel ranks after a row-parallel projection, and
-graphconv::AllGather: the ranks' parts concatenated after the vocab-parallel LM head (graphconv/target/sharding.py
+graphconv::AllGather: the ranks' parts concatenated after the vocab-parallel LM head (graphconv/parallel/sharding.py
 makes both).
 
 Both targets lower them to `ops.AllReduce` / `ops.AllGather` (HCCL on Ascend; MindSpore's CPU collectives

@@ -8,7 +8,7 @@ from opmap.registry import register
 @register("MatMul", since=13)
 def matmul(n):
     if n.is_dense_weight(1):
-        # The weight is stored [out, in] (graphconv.target.lowering.dense_weights): x @ w == dense(x, w_stored).
+        # The weight is stored [out, in] (graphconv.compiler.lowering.dense_weights): x @ w == dense(x, w_stored).
         return n.call("ops.dense", n.x(0), n.x(1))
     return n.call("ops.matmul", n.x(0), n.x(1))
 

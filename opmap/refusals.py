@@ -1,4 +1,4 @@
-"""Standard ONNX ops with no lowering, each with a one-line reason: graphconv/target/lowering.unsupported_ops
+"""Standard ONNX ops with no lowering, each with a one-line reason: graphconv/compiler/lowering.unsupported_ops
 adds it to the refusal (which lists ops comma-separated, so reasons have no commas). tests/test_opmap_opset28.py
 checks that every op onnx defines has a handler or a reason here."""
 

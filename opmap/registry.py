@@ -1,7 +1,7 @@
 """The opmap registry: ONNX (domain, op_type, since_version) -> a lowering handler.
 
-A handler receives a `graphconv.target.node_context.NodeContext` and returns, per output, the emission Value it
-built (`n.call("ops.sigmoid", n.x(0))`: graphconv/target/emission.py) or a numpy array for an output known at
+A handler receives a `graphconv.compiler.node_context.NodeContext` and returns, per output, the program Value it
+built (`n.call("ops.sigmoid", n.x(0))`: graphconv/compiler/program_ir.py) or a numpy array for an output known at
 compile time; a tuple of them for several outputs. For a model at opset N, the handler with the largest
 since_version <= N is used, like an ONNX schema lookup; register a new version only where the op's
 signature or semantics changed.

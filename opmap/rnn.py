@@ -239,7 +239,7 @@ def _lstm_primitive(n, layout: int):
     direction (lstm_directions), its weights laid out as `nn.LSTM` lays them out on CPU (mindspore/nn/layer/
     rnns.py, _DynamicLSTMCPUGPU: w_ih, w_hh, then b_ih + b_hh, flattened, gates i, f, c, o). MindSpore runs this
     primitive on CPU and GPU only (Ascend's nn.LSTM uses DynamicRNN: passes/fuse_lstm.py): the ascend target
-    refuses it (graphconv/target/targets.py)."""
+    refuses it (graphconv/compiler/targets.py)."""
     hidden = int(n.attr("hidden_size"))
     dirs = directions(n)
     acts = [text(a) for a in (n.attr("activations") or DEFAULT_ACTIVATIONS["LSTM"] * len(dirs))]

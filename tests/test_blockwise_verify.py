@@ -14,7 +14,7 @@ import pytest
 
 import graphconv
 from graphconv.errors import VerificationError
-from graphconv.target import emit
+from graphconv.compiler import export_task
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "models" / "examples" / "tiny_llama.onnx"
@@ -57,7 +57,7 @@ def test_tiny_llama_layer_streamed_matches_whole_network(tmp_path):
 
 def test_broken_layer_is_named(tmp_path, monkeypatch):
     """One weight of layer 1 of the cpu twin scaled: layer 0 still agrees with onnxruntime, layer 1 does not."""
-    prepare = emit.prepare
+    prepare = export_task.prepare
 
     def corrupting(model, directory, name="network", **kw):
         net, task = prepare(model, directory, name, **kw)
@@ -148,14 +148,14 @@ def test_without_read_ahead_the_blocks_read_their_own_weights(tmp_path, monkeypa
 
 
 def test_partition_blocks_carry_the_onnx_names_of_what_they_pass_on():
-    """The partition is made at lowering time on the emission IR (graphconv/target/partition.py): on the
+    """The partition is made at lowering time on the program IR (graphconv/compiler/partition.py): on the
     shipped tiny Llama (2 decoder layers) the prologue, one block per layer and the epilogue; each layer
     block's output is the ONNX value of its residual stream (an Add, read by the next norm); the epilogue
     returns the graph's output. Rendered, each block is a Cell class that binds only its own weights."""
     import onnx_ir as ir
 
     from graphconv.frontend.load import load
-    from graphconv.target import codegen, layers, lowering
+    from graphconv.compiler import codegen, layers, lowering
     from opmap import helpers
 
     model = load(TINY).proto

@@ -606,10 +606,10 @@ def test_cpu_bundle_runs_route_a_and_passes_its_own_comparison(built_cpu, tmp_pa
 
 @pytest.mark.parametrize("layer_streamed", [False, True])
 def test_streamed_cpu_bundle_runs_route_a(tmp_path, monkeypatch, layer_streamed):
-    """A bundle of a model whose weights are streamed into the MindIR (past emit.STREAM_MIN_BYTES, lowered so
+    """A bundle of a model whose weights are streamed into the MindIR (past export_task.STREAM_MIN_BYTES, lowered so
     the tiny Llama qualifies; its checkpoint copied from the MindIR's data file): the split MindIR and its
     _variables folder are in the bundle, route A loads and runs it on CPU, and it passes its own comparison."""
-    from graphconv.target import emit
+    from graphconv.compiler import export_task
 
     monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
     d = tmp_path / "ext"

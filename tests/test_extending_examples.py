@@ -22,7 +22,7 @@ import opmap.fused
 import passes
 from graphconv.errors import UnsupportedError
 from graphconv.frontend.contrib.registry import DECOMPOSITIONS
-from graphconv.target import lowering
+from graphconv.compiler import lowering
 from opmap import registry
 from opmap.fused.record import FUSED_OPS, FusedOp
 from passes import coverage, manager

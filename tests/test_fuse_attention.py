@@ -493,7 +493,7 @@ def test_zoo_more_exports(name, opset, exporter, alone, export_cache, tmp_path):
 def test_ascend_lowering_casts_around_the_primitive(dtype, attr, compute, casts):
     """The ascend handler's source: q/k/v cast to fp16 (bf16 with dtype="bf16") around flash_attention_score
     and back; the graph's additive mask as a uint8 discard mask (mask < 0) broadcast to (B, 1, S1, S2)."""
-    from graphconv.target import lowering
+    from graphconv.compiler import lowering
 
     _, fused, fa = _fused_attention(_attention_graph(gqa="expand", dtype=dtype,
                                                      fill=float(np.finfo(helper.tensor_dtype_to_np_dtype(dtype)).min)))
@@ -813,7 +813,7 @@ def test_cpu_lowering_repeats_kv_heads_with_a_constant_gather():
     """GQA in the reference body is a Gather of the kv heads whose indices come from the head-count
     attributes: inlined, they fold, so the cpu lowering has one gather per k and v and no run-time shape
     arithmetic; onnxruntime on the body equals numpy's repeat_interleave of the kv heads."""
-    from graphconv.target import lowering
+    from graphconv.compiler import lowering
 
     b, n1, n2, s, d = 2, 4, 2, 5, 16
     f = TensorProto.FLOAT

@@ -568,7 +568,7 @@ def test_cpu_lowering_of_the_body_is_one_gather_with_static_head_dim(mode):
     lowering rotates with one gather and one multiply, and computes no shape at run time."""
     import onnx_ir as ir
 
-    from graphconv.target import lowering
+    from graphconv.compiler import lowering
 
     node = helper.make_node("RotaryPositionEmbedding", ["x", "cos", "sin"], ["y"], domain="mindspore", mode=mode)
     g = helper.make_graph([node], "rpe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, "s", D]),

@@ -257,7 +257,7 @@ def test_zoo_llama_gets_n_swiglu(model, exporter, opset, export_cache, tmp_path_
     assert len(merged) == n_layers and all(list(i.dims) == [64, 2 * 128] for i in merged)
     matmul_weights = [n.input[1] for n in fused.graph.node if n.op_type == "MatMul"]
     assert all(i.name in matmul_weights for i in merged)
-    # ... and the ascend MindIR multiplies by it (stored [out, in] for ops.dense, graphconv.target.lowering.dense_weights),
+    # ... and the ascend MindIR multiplies by it (stored [out, in] for ops.dense, graphconv.compiler.lowering.dense_weights),
     # a parameter named after its sources' state_dict names (graphconv.frontend.param_names): mlp.gate_up_proj.weight.
     mindir_weights = {a for prim in ("MatMulExt", "Dense") for c in primitive_args(mindir, prim) for a in c
                       if isinstance(a, str)}

@@ -26,7 +26,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
-from graphconv.target import emit
+from graphconv.compiler import export_task
 from graphconv.verify import compare, reference
 from graphconv.verify.census import primitive_census
 from graphconv.runtime.child import run_task
@@ -49,7 +49,7 @@ def residue(mindir: Path, control_flow: bool = False) -> dict[str, int]:
 def plain_graphcell_run(mindir: Path, model: onnx.ModelProto, cases, workdir: Path) -> list[list[np.ndarray]]:
     """Outputs of `nn.GraphCell(mindspore.load(mindir))` called at every case in a row, no set_inputs."""
     workdir.mkdir(parents=True, exist_ok=True)
-    placeholders = emit.placeholders(model)
+    placeholders = export_task.placeholders(model)
     files, outs = [], []
     for k, case in enumerate(cases):
         np.savez(workdir / f"case{k}.npz", **case.inputs)
@@ -190,10 +190,10 @@ def test_hand_built_plain_graphcell_two_shapes(build, tmp_path):
 
 def test_split_emits_no_ops_split():
     """The lowering slices each part itself (ops.split's Python check is what left the raise); the Reshapes
-    by a shape tensor get a fixed-length tuple (onnx_dims). Asserted on the emission IR."""
+    by a shape tensor get a fixed-length tuple (onnx_dims). Asserted on the program IR."""
     import onnx_ir as ir
 
-    from graphconv.target import lowering
+    from graphconv.compiler import lowering
 
     model = onnx.shape_inference.infer_shapes(gemm_split_model(), data_prop=True)
     net, _ = lowering.lower(ir.from_proto(model))

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphconv.errors import GraphconvError
 from graphconv.frontend.load import load
-from graphconv.target.lowering import unsupported_ops
+from graphconv.compiler.lowering import unsupported_ops
 
 F = TensorProto.FLOAT
 
@@ -140,7 +140,7 @@ def test_fuzzed_models_only_fail_with_graphconv_errors(tmp_path, data):
     """The front half of compile (load, checks, op support, lowering) on mutated bytes: every failure is a
     GraphconvError (one line, exit code 1 at the CLI), never another exception (a traceback, exit code 3).
     GRAPHCONV_FUZZ_EXAMPLES=5000 runs thousands."""
-    from graphconv.target.lowering import lower
+    from graphconv.compiler.lowering import lower
     import onnx_ir as ir
 
     path = tmp_path / "fuzz.onnx"

@@ -89,8 +89,8 @@ def test_no_import_cycles():
 def test_the_walk_sees_imports():
     """The check can fail: the walk finds the edges it must (lowering imports opmap, opmap the node context)."""
     edges = _edges(_modules())
-    assert "opmap" in edges["graphconv.target.lowering"]
-    assert "graphconv.target.node_context" in edges["graphconv.target.lowering"]
+    assert "opmap" in edges["graphconv.compiler.lowering"]
+    assert "graphconv.compiler.node_context" in edges["graphconv.compiler.lowering"]
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 
 
@@ -103,13 +103,13 @@ LAYERS = [
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
      "graphconv.verify.dims", "graphconv.verify.outputs", "graphconv.verify.integer_products",
      "graphconv.verify.exact", "graphconv.verify.observed_ranks"),  # the oracle's side
-    ("passes", "opmap", "graphconv.target"),          # graph passes, op mappings, the compiler to MindSpore
+    ("passes", "opmap", "graphconv.compiler"),          # graph passes, op mappings, the compiler to MindSpore
     ("graphconv.runtime",),                           # what runs compiled programs: MindSpore children
     ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.verify.precision_checks",
      "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
     ("graphconv.pipeline", "graphconv.verification", "graphconv.stage_results", "graphconv.generation",
-     "graphconv.tensor_parallel"),
+     "graphconv.parallel"),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
 ]
 
@@ -161,7 +161,7 @@ _PROCESS_MACHINERY = ("subprocess", "threading", "signal", "multiprocessing", "c
 def test_the_compiler_imports_no_process_thread_or_signal_machinery():
     found = []
     for name, path in _modules().items():
-        if not name.startswith("graphconv.target"):
+        if not name.startswith("graphconv.compiler"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
@@ -172,10 +172,10 @@ def test_the_compiler_imports_no_process_thread_or_signal_machinery():
 
 
 def test_no_module_reads_generated_code_with_ast():
-    """Code generation renders the partition into block classes (graphconv/target/partition.py); nothing that
+    """Code generation renders the partition into block classes (graphconv/compiler/partition.py); nothing that
     writes, runs or schedules generated code parses it back. (ast elsewhere reads other things: dim
     expressions, graphconv's own source for the bundle's scripts.)"""
-    near_generated = ("graphconv.target", "graphconv.runtime", "graphconv.pipeline", "graphconv.scheduling")
+    near_generated = ("graphconv.compiler", "graphconv.runtime", "graphconv.pipeline", "graphconv.scheduling")
     readers = [name for name, path in _modules().items() if name.startswith(near_generated)
                and any("ast" in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""])
                        for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom)))]

@@ -21,7 +21,7 @@ import pytest
 import graphconv
 from graphconv.frontend import param_names
 from graphconv.frontend.load import load
-from graphconv.target import emit, layers
+from graphconv.compiler import export_task, layers
 from graphconv.runtime import mindir_stream
 from graphconv.runtime.child import child_env
 from graphconv.verify import census
@@ -66,20 +66,20 @@ def _normalized(graph_file: Path):
 @pytest.fixture(scope="module")
 def tiny_llama_task(tmp_path_factory):
     """The shipped tiny Llama with its weights external (as large models arrive), lowered with its layer
-    Cells; the export task emit.prepare writes for it."""
+    Cells; the export task export_task.prepare writes for it."""
     d = tmp_path_factory.mktemp("stream")
     onnx.save(onnx.load(EXAMPLES_DIR / "tiny_llama.onnx"), d / "model.onnx", save_as_external_data=True,
               location="model.onnx.data", size_threshold=1024)
     loaded = load(d / "model.onnx")
     model = onnx.shape_inference.infer_shapes(loaded.proto, data_prop=True)
-    net, task = emit.prepare(model, d, "network", names=param_names.WeightNames.record(loaded.proto),
+    net, task = export_task.prepare(model, d, "network", names=param_names.WeightNames.record(loaded.proto),
                              scopes=layers.record_scopes(loaded.proto))
     return d, net, task
 
 
 def test_streamed_mindir_is_what_mindspore_export_writes(tiny_llama_task):
     d, net, task = tiny_llama_task
-    assert task["streamed"] is False  # 0.3 MB: under emit.STREAM_MIN_BYTES, the compile keeps mindspore.export
+    assert task["streamed"] is False  # 0.3 MB: under export_task.STREAM_MIN_BYTES, the compile keeps mindspore.export
     assert sum(p.transposed for p in net.params) >= 10 and net.layers["grouped"] == 2  # Linear layouts, layer Cells
     results = {}
     for way in ("exported", "streamed"):
@@ -409,7 +409,7 @@ def test_read_transposed_is_the_transpose_of_read(tmp_path, axis, dtype):
 
 @pytest.mark.parametrize("target", ["ascend", "cpu"])
 def test_compile_streams_large_external_weights(external_llama, tmp_path, monkeypatch, target):
-    """The compile takes the streamed writer for external weights past emit.STREAM_MIN_BYTES (lowered so the
+    """The compile takes the streamed writer for external weights past export_task.STREAM_MIN_BYTES (lowered so the
     tiny model qualifies): it verifies (ascend: on the cpu twin, which reads its own weights; cpu: on the
     MindIR itself), and the artifacts are those of mindspore.export's split layout."""
     monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)

@@ -28,7 +28,7 @@ import graphconv
 from fusion_utils import assert_same_numerics, fuse, fused_nodes, mindir_primitive_inputs
 from graphconv.errors import UnsupportedError
 from graphconv.pipeline import analyze_fusions
-from graphconv.target import lowering
+from graphconv.compiler import lowering
 from graphconv.runtime.runner import run_isolating_crashes
 from graphconv.tools import conformance
 

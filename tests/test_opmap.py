@@ -25,7 +25,7 @@ from onnx.reference import ReferenceEvaluator
 
 import opmap
 from opmap import fused
-from graphconv.target import lowering
+from graphconv.compiler import lowering
 from graphconv.verify import integer_products
 from graphconv.verify.compare import compare
 from graphconv.errors import GraphconvError, UnsupportedError
@@ -1181,9 +1181,9 @@ _kv_cache_update_case()
 
 def _collective_cases():
     """graphconv::AllReduce and AllGather, the collectives of a tensor-parallel rank graph
-    (graphconv/target/sharding.py), with their one-rank bodies. ops.AllReduce/AllGather need a communication
+    (graphconv/parallel/sharding.py), with their one-rank bodies. ops.AllReduce/AllGather need a communication
     group, which only msrun sets up: tests/test_tensor_parallel.py runs them there, on every rank."""
-    from graphconv.target import sharding
+    from graphconv.parallel import sharding
 
     f32 = oh.np_dtype_to_tensor_dtype(np.dtype(F32))
     rng = np.random.default_rng(0)
@@ -1419,13 +1419,13 @@ def test_every_handler_has_a_case():
 
 
 def test_dense_weights_are_those_only_matmuls_read():
-    """graphconv.target.lowering.dense_weights: a 2-D weight read only as a MatMul's B is stored transposed for
+    """graphconv.compiler.lowering.dense_weights: a 2-D weight read only as a MatMul's B is stored transposed for
     ops.dense; one that a Gather also reads (a tied embedding) stays as it is, and the source says which."""
     import onnx_ir as ir
     from onnx import TensorProto, helper, numpy_helper
 
-    from graphconv.target import lowering
-    from graphconv.target.emission import AttrValue
+    from graphconv.compiler import lowering
+    from graphconv.compiler.program_ir import AttrValue
 
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "e"], ["y"]),
              helper.make_node("Gather", ["e", "ids"], ["z"])]
@@ -1453,7 +1453,7 @@ def test_dense_weights_are_those_only_matmuls_read():
 def test_a_weight_read_through_a_cast_is_a_dense_weight(tmp_path):
     """A bf16 checkpoint exported with --dtype auto reads each weight through a Cast to fp32: the weight is
     stored transposed too, the Cast stays (on the transposed Parameter) and the MatMul is ops.dense, not
-    ops.matmul (whose CPU kernel broadcasts the weight over the batch: graphconv.target.lowering.dense_weights).
+    ops.matmul (whose CPU kernel broadcasts the weight over the batch: graphconv.compiler.lowering.dense_weights).
     A Cast whose result something else reads too keeps its weight as it is. The compile verifies against
     onnxruntime at two shapes."""
     import ml_dtypes
@@ -1461,7 +1461,7 @@ def test_a_weight_read_through_a_cast_is_a_dense_weight(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     import graphconv
-    from graphconv.target import lowering
+    from graphconv.compiler import lowering
 
     rng = np.random.default_rng(0)
     bf16 = {k: numpy_helper.from_array(rng.normal(0, 0.2, shape).astype(ml_dtypes.bfloat16), k)

@@ -20,7 +20,7 @@ from onnx import helper as oh
 import graphconv
 import opmap
 from graphconv.frontend import load
-from graphconv.target import lowering
+from graphconv.compiler import lowering
 from graphconv.tools import conformance
 from opmap import refusals
 

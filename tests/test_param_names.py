@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graphconv
 from graphconv.frontend import param_names
 from graphconv.tools.inspect import inspect, read_checkpoint_index, summary
-from graphconv.target.lowering import ParamSpec
+from graphconv.compiler.lowering import ParamSpec
 
 RNG = np.random.default_rng(0)
 

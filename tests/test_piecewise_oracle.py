@@ -1,6 +1,6 @@
 """The layer-by-layer oracle (graphconv/verify/piecewise.py): onnxruntime runs a model one piece at a time
 (prologue, each layer, epilogue) with only that piece's weights mapped. The pieces are cut at the values the
-compiled network's blocks pass on (graphconv/target/partition.py), and the outputs must be exactly
+compiled network's blocks pass on (graphconv/compiler/partition.py), and the outputs must be exactly
 onnxruntime's on the whole model: the same nodes on the same kernels. In a compile it runs beside the
 MindSpore child (graphconv/runtime/scheduling.both)."""
 
@@ -22,7 +22,7 @@ import graphconv
 from graphconv.frontend import weights
 from graphconv.frontend.load import load
 from graphconv.runtime import scheduling
-from graphconv.target import layers, lowering
+from graphconv.compiler import layers, lowering
 from graphconv.verify import piecewise, reference
 
 ROOT = Path(__file__).resolve().parent.parent

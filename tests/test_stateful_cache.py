@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphconv
 from graphconv.runtime.child import run_task
-from graphconv.target import emit
+from graphconv.compiler import export_task
 from graphconv.verify.census import mind_ir_pb2, primitive_census
 from passes import stateful_cache
 
@@ -129,7 +129,7 @@ def _calls_on_one_cell(mindir: Path, stateful: onnx.ModelProto, cases: list[dict
         np.savez(tmp_path / f"case{k}.npz", **case)
         files.append(str(tmp_path / f"case{k}.npz"))
         outs.append(str(tmp_path / f"case{k}.out.npz"))
-    placeholders = emit.placeholders(stateful)
+    placeholders = export_task.placeholders(stateful)
     run_task("run_mindir", {"mindir": str(mindir), "cases": files, "outputs": outs,
                             "input_names": [s["name"] for s in placeholders], "inputs": placeholders},
              tmp_path, "stateful GraphCell run")
@@ -530,11 +530,11 @@ def test_a_transformers_exporter_folder_compiles_to_the_stateful_form(tmp_path):
 
 
 def test_a_streamed_mindir_keeps_no_cache_bytes_in_its_data_file(llama_stateful, tmp_path, monkeypatch):
-    """Weights arriving as external data past emit.STREAM_MIN_BYTES (lowered so the tiny model takes it) go to
+    """Weights arriving as external data past export_task.STREAM_MIN_BYTES (lowered so the tiny model takes it) go to
     the split MindIR (decode_variables/data_0): the cache's bytes are cut out of that file too, the other
     Parameters moved up, and the generation gives the tokens of the inline MindIR."""
     from graphconv.pair import compile_pair
-    from graphconv.target import emit
+    from graphconv.compiler import export_task
 
     _, out, gen_inline, _ = llama_stateful
     src = tmp_path / "external"

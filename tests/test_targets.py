@@ -1,4 +1,4 @@
-"""The compile targets (graphconv/target/targets.py): what each lowers, how it is exported and verified."""
+"""The compile targets (graphconv/compiler/targets.py): what each lowers, how it is exported and verified."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import graphconv
-from graphconv.target import targets
+from graphconv.compiler import targets
 from graphconv.errors import InputError
 
 

@@ -1,4 +1,4 @@
-"""compile --tp N (graphconv/target/sharding.py, graphconv/tensor_parallel.py).
+"""compile --tp N (graphconv/parallel/sharding.py, graphconv/parallel/tensor_parallel.py).
 
 1. The plan of a hand-built fused graph (one attention block with GQA and a bias, one SwiGLU MLP): each
    weight's split is the one Megatron's scheme gives, worked out by hand below, and the ranks' graphs, run by
@@ -25,7 +25,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opmap.fused
-from graphconv.target import sharding
+from graphconv.parallel import sharding
 from tp_simulate import run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -125,7 +125,7 @@ def _full(tmp_path: Path, model) -> Path:
 
 def test_bf16_weights_behind_casts_compile_to_dense_products(tmp_path):
     """The --dtype auto graph's weight Casts: each weight MatMul lowers to ops.dense on the weight stored
-    [out, in] (graphconv.target.lowering.dense_weights; MindSpore CPU's matmul of a 3-D input by a 2-D weight
+    [out, in] (graphconv.compiler.lowering.dense_weights; MindSpore CPU's matmul of a 3-D input by a 2-D weight
     copies the weight), 2 layers x 6 matrices (q, k, v, o, the merged gate/up of fuse-swiglu, down) + the LM
     head = 13 Dense, and the network verifies against onnxruntime."""
     from click.testing import CliRunner
@@ -134,7 +134,7 @@ def test_bf16_weights_behind_casts_compile_to_dense_products(tmp_path):
     from graphconv.verify import census
 
     torch.manual_seed(0)
-    # (weights past graphconv.target.constant_fold.FOLD_MAX_ELEMENTS, so no Cast of one is folded)
+    # (weights past graphconv.compiler.constant_fold.FOLD_MAX_ELEMENTS, so no Cast of one is folded)
     src = _save(_llama(tie_word_embeddings=False, hidden_size=256, intermediate_size=512, vocab_size=512)
                 .to(torch.bfloat16), tmp_path / "ckpt")
     out = tmp_path / "out"
@@ -151,7 +151,7 @@ def test_bf16_weights_behind_casts_compile_to_dense_products(tmp_path):
 
 def test_bf16_lm_head_cast_is_computed_in_the_epilogue_layer_streamed(tmp_path):
     """Layer-streamed, the LM head's weight Cast (outside every layer, read only after them) is computed in the
-    epilogue (graphconv.target.layers._sink_into_epilogue): in the prologue it crossed the blocks stored [out, in]
+    epilogue (graphconv.compiler.layers._sink_into_epilogue): in the prologue it crossed the blocks stored [out, in]
     for ops.dense, and the block check compared it with the ONNX value's [in, out] (the 1.1B's exit 2). The norm
     weights are made distinct, as a trained checkpoint's are (a random init's all-ones norms are one
     deduplicated initializer that both layers read, and the layers do not group)."""

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from graphconv.target import sharding
+from graphconv.parallel import sharding
 
 _COLLECTIVES = (sharding.ALL_REDUCE, sharding.ALL_GATHER)
 

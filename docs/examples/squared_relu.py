@@ -11,7 +11,7 @@ from opmap.registry import register
 @register("SquaredRelu", since=1, domain="com.example")
 def squared_relu(n):
     """`n` is the NodeContext of one ONNX node. The handler returns the node's output as an emission Value
-    (graphconv/target/emission.py), built through `n`; the code generator turns it into MindSpore source."""
+    (graphconv/compiler/program_ir.py), built through `n`; the code generator turns it into MindSpore source."""
     dtype = n.dtype(0)
     if dtype is not None and not dtype.is_floating_point():
         n.fail(f"SquaredRelu takes floats, not {dtype.name}")  # one line, exit code 1

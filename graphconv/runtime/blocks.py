@@ -1,7 +1,7 @@
 """The block-by-block run (layer-streamed verification), in the MindSpore child: the network's blocks run one
 after the other, so that only one block's weights are ever resident.
 
-The compiler cut the network into blocks (graphconv/target/partition.py: the prologue, one block per layer,
+The compiler cut the network into blocks (graphconv/compiler/partition.py: the prologue, one block per layer,
 the epilogue) and rendered each as a Cell class `_Block<k>` of a module of its own (codegen.render_blocks);
 its plan (`Partition.plan`) says which boundary values each block reads and makes and which weights it binds,
 in binding order. Here each block is built with its weights read from their files (graphconv.runtime.

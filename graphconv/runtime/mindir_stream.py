@@ -42,7 +42,7 @@ KiB * 1024); an empty Parameter writes nothing. `write_checkpoint` copies each P
 MindIR's data_0 (already in the Parameter's layout and dtype), so the two hold the same values.
 
 Layout changes are applied on the way: a Parameter stored transposed (Linear's [out, in] layout,
-graphconv/target/lowering.dense_weights) is read as strips of whole source columns or blocks of whole source
+graphconv/compiler/lowering.dense_weights) is read as strips of whole source columns or blocks of whole source
 rows (whichever makes the larger reads and writes) and transposed in memory one strip at a time; a
 Parameter whose dtype differs from its source's (a float cast, fp32 -> fp16 / bf16) is converted per block
 exactly as graphconv/passes/precision._to_low converts (through float32, numpy / ml_dtypes rounding). A plain

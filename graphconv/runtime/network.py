@@ -1,4 +1,4 @@
-"""A generated network built in the MindSpore child from what the compiler wrote (graphconv/target/emit.py):
+"""A generated network built in the MindSpore child from what the compiler wrote (graphconv/compiler/export_task.py):
 its source module, its weights (the weights file beside it, the folded constants, the model's own files), and
 the cases it runs.
 """

@@ -1,7 +1,7 @@
 """Compile and run many small ONNX models in one MindSpore child process.
 
 The full pipeline pays a MindSpore start-up per compile; op tests and the ONNX backend run hundreds of
-one-op models, so they go through here: same lowering (graphconv.target.emit.prepare), same export and GraphCell
+one-op models, so they go through here: same lowering (graphconv.compiler.export_task.prepare), same export and GraphCell
 execution (graphconv.runtime.worker), one child for the whole batch.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from graphconv.target import emit
+from graphconv.compiler import export_task
 from graphconv.runtime.child import run_task
 from graphconv.errors import GraphconvError, InternalError
 
@@ -37,7 +37,7 @@ def run_models(items: list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]],
         for k, (model, cases) in enumerate(items):
             try:
                 model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-                net, task = emit.prepare(model, work, f"net{k}")
+                net, task = export_task.prepare(model, work, f"net{k}")
             except GraphconvError as e:
                 results[k] = RunResult(None, str(e))
                 continue

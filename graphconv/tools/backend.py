@@ -7,7 +7,7 @@
     onnx.backend.test.BackendTest(graphconv.tools.backend, __name__)   # onnx's own conformance suite
 
 Everything goes through the compile pipeline's stages: `graphconv.frontend.load.load` (the model is written to a
-private folder first), `graphconv.target.lowering` via `graphconv.target.emit.prepare`, `mindspore.export` to MindIR, and the
+private folder first), `graphconv.compiler.lowering` via `graphconv.compiler.export_task.prepare`, `mindspore.export` to MindIR, and the
 MindIR is loaded into an `nn.GraphCell` and run on CPU, by graphconv.runtime.worker's tasks in one long-lived child
 process (graphconv.runtime.child.Server: MindSpore can abort from C++); a crash fails that run and the next run starts
 a new child.
@@ -47,7 +47,7 @@ import onnx_ir as ir
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from graphconv.frontend import load
-from graphconv.target import constant_fold, emit, lowering, node_context
+from graphconv.compiler import constant_fold, export_task, lowering, node_context
 from graphconv.runtime.child import ChildError, Server
 from graphconv.errors import GraphconvError, InternalError, UnsupportedError
 from graphconv.onnx_domains import DEFAULT_DOMAINS, find_default_opset, is_default_domain
@@ -359,7 +359,7 @@ def _compile(model: onnx.ModelProto) -> _Network:
         work = _STATE.dir() / key
         work.mkdir(exist_ok=True)
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        lowered, task = emit.prepare(inferred, work, "net")
+        lowered, task = export_task.prepare(inferred, work, "net")
         task = {**task, "file_base": str(work / "net"), "checkpoint": None}
         net = _Network(key, task, lowered.source, [s["name"] for s in task["inputs"]], lowered.output_names)
         _STATE.networks[key] = net

@@ -2,7 +2,7 @@
 
 A model's weights, fed to onnxruntime as memory maps (graphconv.frontend.weights), become resident page by
 page as the run reads them, and stay resident until the maps are closed: one run of a 7B model holds all
-27 GB. Here the graph is cut into *pieces*, one per block of the compiled network (graphconv/target/
+27 GB. Here the graph is cut into *pieces*, one per block of the compiled network (graphconv/compiler/
 partition.py: the prologue, each layer, the epilogue); each piece runs as a model of its own over every case,
 with only its weights mapped, and is released (session and maps) before the next. The pieces' values that
 later pieces read are kept between them (activations of the reference cases: kilobytes to megabytes). The

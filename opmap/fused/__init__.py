@@ -71,7 +71,7 @@ def inline_fused(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _name_bodies(fused: onnx.ModelProto, inlined: onnx.ModelProto) -> None:
     """Name each inlined body node `<fused node>::<op>_<k>`: which fused op it computes stays readable (and
-    graphconv/target/layers.py keeps a body in its fused node's layer). The inliner keeps the node order and copies
+    graphconv/compiler/layers.py keeps a body in its fused node's layer). The inliner keeps the node order and copies
     each body whole; if the counts do not line up, the nodes keep the generic names."""
     sizes = {f.name: len(f.node) for f in fused.functions if f.domain == DOMAIN}
     expected = sum(sizes.get(n.op_type, 1) if n.domain == DOMAIN else 1 for n in fused.graph.node)

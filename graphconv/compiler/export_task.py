@@ -13,7 +13,7 @@ import onnx
 import onnx_ir as ir
 
 from graphconv.frontend import param_names, weights
-from graphconv.target import codegen, lowering, node_context
+from graphconv.compiler import codegen, lowering, node_context
 from graphconv.verify import reference
 
 # Weights above this size go to an external data file (the child maps them lazily).
@@ -99,7 +99,7 @@ def _rename_initializers(graph: ir.Graph, renames: dict[str, str]) -> None:
 
 
 def write_blocks(net: lowering.LoweredNetwork, directory: Path, stem: str) -> dict:
-    """The network's blocks (graphconv/target/partition.py) as a module `<stem>_blocks.py` of Cell classes
+    """The network's blocks (graphconv/compiler/partition.py) as a module `<stem>_blocks.py` of Cell classes
     (codegen.render_blocks), and the plan the block-by-block run follows (Partition.plan)."""
     from opmap import helpers
 

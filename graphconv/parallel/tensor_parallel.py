@@ -1,7 +1,7 @@
 """`compile --tp N`: the compile's back half for a tensor-parallel network (graphconv/pipeline.py runs the front
 half up to the fused graph, as for any compile).
 
-The plan and the rank graphs come from graphconv/target/sharding.py. Each rank's graph is lowered like any
+The plan and the rank graphs come from graphconv/parallel/sharding.py. Each rank's graph is lowered like any
 fused graph (its MindIR for the target, and its cpu twin where the target needs one); the N ranks are then
 exported and run on the reference cases under msrun, MindSpore's own launcher, on this machine's CPU
 (graphconv/runtime/msrun.py): the AllReduce and AllGather the rank networks hold run as MindSpore's CPU
@@ -21,7 +21,7 @@ import onnx
 import opmap.fused
 from graphconv.errors import InputError, InternalError, VerificationError
 from graphconv.runtime import msrun
-from graphconv.target import sharding
+from graphconv.parallel import sharding
 from graphconv.verify import census, outputs
 from passes.stateful_cache import CACHE_PREFIX
 
@@ -125,9 +125,9 @@ class TensorParallel:
         return moves
 
     def _case_run(self, model, cases, ws, rank: int) -> dict:
-        from graphconv.target import emit
+        from graphconv.compiler import export_task
 
-        specs = emit.placeholders(model)
+        specs = export_task.placeholders(model)
         run = {"cases": [], "outputs": [], "input_names": [s["name"] for s in specs], "inputs": specs}
         for k, case in enumerate(cases):
             path = ws.path(f"case{k}.npz")

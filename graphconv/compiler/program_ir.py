@@ -1,7 +1,7 @@
-"""The emission IR: the MindSpore program the lowering builds, before it is source text.
+"""The program IR: the MindSpore program the lowering builds, before it is source text.
 
 Modelled on torch.fx: a program is a graph of calls on values. opmap handlers build nodes through their
-NodeContext (`n.call("ops.rms_norm", x, gamma, eps)` returns a Value); graphconv/target/codegen.py names the
+NodeContext (`n.call("ops.rms_norm", x, gamma, eps)` returns a Value); graphconv/compiler/codegen.py names the
 values, drops dead ones, renders nested blocks (If) and groups repeated layers into one Cell class.
 
   Value   an input of `construct` (or of a block), an output of a Node, a Cell attribute (a Parameter or a
@@ -10,9 +10,9 @@ values, drops dead ones, renders nested blocks (If) and groups repeated layers i
   Node    one operation: a call `target(*args, **kwargs)`, a method call `args[0].target(...)`, an infix
           or prefix operator, a subscript, a tuple, or an `If` with two Blocks. Arguments are Values or
           Python literals (int, float, bool, None, str, and tuples/lists/slices of them).
-  Block   nodes in order, with the block's inputs and outputs (the program body; a branch of an If; one
+  Body   nodes in order, with the block's inputs and outputs (the program body; a branch of an If; one
           layer of a repeated structure).
-Nothing here imports the lowering or opmap (graphconv/target/node_context.py is the handlers' view of it).
+Nothing here imports the lowering or opmap (graphconv/compiler/node_context.py is the handlers' view of it).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Attr:
     name: str  # the attribute on the Cell
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name
-    param: Any = None  # graphconv.target.lowering.ParamSpec for a weight
+    param: Any = None  # graphconv.compiler.lowering.ParamSpec for a weight
     value: np.ndarray | None = None  # the constant, for a constant tensor
     as_parameter: bool = False  # a constant too big for a literal: a Parameter named after the attribute
 
@@ -98,7 +98,7 @@ class Node:
     kwargs: dict = dataclasses.field(default_factory=dict)
     n_outputs: int = 1
     origin: str = ""  # the ONNX node this came from (readability: inlining stays within one ONNX node)
-    blocks: tuple["Block", ...] = ()  # an If's then and else blocks
+    blocks: tuple["Body", ...] = ()  # an If's then and else blocks
     outputs: list[Value] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
@@ -131,7 +131,7 @@ def _values(items) -> Iterator[Value]:
 
 
 @dataclasses.dataclass(eq=False)
-class Block:
+class Body:
     inputs: list[Value] = dataclasses.field(default_factory=list)
     nodes: list[Node] = dataclasses.field(default_factory=list)
     outputs: list[Value] = dataclasses.field(default_factory=list)
@@ -149,7 +149,7 @@ class CellClass:
     """A repeated layer: one class whose construct is `body`; each instance gets its own attributes."""
 
     name: str
-    body: Block
+    body: Body
     attrs: list[Attr]  # the first instance's (the others have the same shapes and dtypes)
     lazy_inline: bool = True
 
@@ -160,7 +160,7 @@ class Program:
     layer classes its `cell` nodes call."""
 
     class_name: str
-    body: Block
+    body: Body
     attrs: list[Attr] = dataclasses.field(default_factory=list)
     helpers: list[str] = dataclasses.field(default_factory=list)
     # the instances of each cell class: (class, attribute name of the CellList, per-instance attributes)
@@ -185,12 +185,12 @@ def _target_code(target) -> str:
 class Builder:
     """Appends nodes to the current block; `block()` opens a nested one (an If's branch, a layer)."""
 
-    def __init__(self, body: Block):
+    def __init__(self, body: Body):
         self._stack = [body]
         self.origin = ""
 
     @property
-    def current(self) -> Block:
+    def current(self) -> Body:
         return self._stack[-1]
 
     def add(self, node: Node) -> Node:
@@ -221,7 +221,7 @@ class Builder:
     def tuple(self, *items) -> Value:
         return self.add(Node("tuple", None, items)).outputs[0]
 
-    def if_(self, cond: Value, then: Block, orelse: Block) -> tuple[Value, ...]:
+    def if_(self, cond: Value, then: Body, orelse: Body) -> tuple[Value, ...]:
         if len(then.outputs) != len(orelse.outputs):
             raise ValueError("an If's branches must give the same number of outputs")
         return tuple(self.add(Node("if", None, (cond,), n_outputs=len(then.outputs), blocks=(then, orelse))).outputs)
@@ -232,9 +232,9 @@ class Builder:
 
 class _Nested:
     def __init__(self, builder: Builder):
-        self.builder, self.block = builder, Block()
+        self.builder, self.block = builder, Body()
 
-    def __enter__(self) -> Block:
+    def __enter__(self) -> Body:
         self.builder._stack.append(self.block)
         return self.block
 

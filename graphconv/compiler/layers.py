@@ -7,7 +7,7 @@ recorded before onnxsim drops the metadata: `record_scopes`), else the weights i
 module path prefix with the most indices (`model.layers`). Then:
   - what every layer computes alike from values outside the layers (the attention mask's conversions,
     cos/sin, position ids) moves before the first layer and is computed once (identical nodes merged);
-  - each layer becomes a Block: its inputs the outside values it reads (the hidden state, the mask, cos/sin,
+  - each layer becomes a Body: its inputs the outside values it reads (the hidden state, the mask, cos/sin,
     weights it shares with others), its outputs what is read after it, its attributes the weights only it
     reads;
   - layers whose Blocks are the same up to renaming (structure, literals, attribute shapes and dtypes,
@@ -24,8 +24,8 @@ import re
 
 import onnx
 
-from graphconv.target import partition
-from graphconv.target.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
+from graphconv.compiler import partition
+from graphconv.compiler.program_ir import Attr, AttrValue, Body, CellClass, Node, Program, Ref, Value
 
 _INDEXED = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?[A-Za-z_][\w]*)\.(?P<index>\d+)(?:\.|$)")
 
@@ -233,7 +233,7 @@ def _key(v) -> tuple:
     return ("lit", type(v).__name__, v)
 
 
-def merge_identical(block: Block) -> dict[int, Value]:
+def merge_identical(block: Body) -> dict[int, Value]:
     """Common-subexpression elimination over a block's top level: a node with the same kind, target and
     arguments as an earlier one is dropped and its outputs replaced by the earlier one's. Returns that
     replacement (value id -> value), for the nodes outside the block that read the dropped ones."""
@@ -285,7 +285,7 @@ def _substitute_node(node: Node, mapping: dict[int, Value]) -> None:
 
 
 class _Layer:
-    """One layer's nodes as a Block candidate, with its canonical signature: every value numbered by where
+    """One layer's nodes as a Body candidate, with its canonical signature: every value numbered by where
     it is made (or first read, for inputs and attributes), so two layers that compute the same up to renaming
     have equal signatures."""
 
@@ -390,7 +390,7 @@ def _sink_into_epilogue(nodes: list[Node], layer: dict[int, int | None], depends
     """A node outside the layers that needs none of them (prologue by default) but that only the epilogue reads
     goes to the epilogue: the LM head's weight cast (a `--dtype auto` export's Cast of the bf16 weight) is then
     computed where it is used, not kept from the prologue across every layer, and no block passes on a weight
-    stored in another layout than the ONNX value's (graphconv.target.lowering.dense_weights)."""
+    stored in another layout than the ONNX value's (graphconv.compiler.lowering.dense_weights)."""
     readers: dict[int, list[Node]] = {}
     for node in nodes:
         for v in node.inputs():
@@ -549,7 +549,7 @@ def _make_class(program: Program, first: _Layer, prefix: str, number: int,
     mapping = {id(v): new for v, new in zip(first.inputs, inputs)}
     body_nodes = [_copy_node(n, mapping, swap, prefix, first.index) for n in first.nodes]
     outputs = [mapping[id(o)] for o in first.outputs]
-    cell = CellClass(name, Block(inputs, body_nodes, outputs), attrs)
+    cell = CellClass(name, Body(inputs, body_nodes, outputs), attrs)
     list_attr = re.sub(r"\W+", "_", prefix.split(".")[-1]) or "layers"
     if number:
         list_attr = f"{list_attr}_{number + 1}"
@@ -570,7 +570,7 @@ def _copy_node(node: Node, mapping: dict[int, Value], swap: dict[int, Attr], pre
             return slice(conv(x.start), conv(x.stop), conv(x.step))
         return x
 
-    blocks = tuple(Block([], [_copy_node(n, mapping, swap, prefix, index) for n in b.nodes],
+    blocks = tuple(Body([], [_copy_node(n, mapping, swap, prefix, index) for n in b.nodes],
                          [conv(v) for v in b.outputs]) for b in node.blocks)
     target = conv(node.target) if isinstance(node.target, Value) else node.target
     copy = Node(node.kind, target, conv(node.args), {k: conv(v) for k, v in node.kwargs.items()},

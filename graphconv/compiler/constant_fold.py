@@ -1,6 +1,6 @@
 """Evaluating an ONNX node whose inputs are all known, with onnx.reference: one definition of what may be
 folded, how large a folded value may be and how a node is evaluated, for the lowering's per-node fold
-(graphconv/target/lowering.py) and the ONNX backend's pass over shape arithmetic (graphconv/backend.fold_static)."""
+(graphconv/compiler/lowering.py) and the ONNX backend's pass over shape arithmetic (graphconv/backend.fold_static)."""
 
 from __future__ import annotations
 

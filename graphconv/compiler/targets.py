@@ -35,7 +35,7 @@ class Target:
 
     @property
     def lazy_inline(self) -> bool:
-        """Whether the MindIR's layer classes are compiled once for all instances (graphconv/target/codegen.py)."""
+        """Whether the MindIR's layer classes are compiled once for all instances (graphconv/compiler/codegen.py)."""
         return self.fused_primitives
 
     def needs_twin(self, twin: onnx.ModelProto, fused: onnx.ModelProto) -> bool:

@@ -1,19 +1,19 @@
-"""The emission IR and its code generator (graphconv/target/emission.py, codegen.py) and the repeated-layer grouping
-(graphconv/target/layers.py), on programs built by hand: assertions on IR nodes and on the generated source's
+"""The program IR and its code generator (graphconv/compiler/program_ir.py, codegen.py) and the repeated-layer grouping
+(graphconv/compiler/layers.py), on programs built by hand: assertions on IR nodes and on the generated source's
 structure; the real exports' numbers are in tests/test_layers_real.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphconv.target import codegen, layers
-from graphconv.target.emission import Attr, AttrValue, Block, Builder, Program, Ref, Value
-from graphconv.target.lowering import ParamSpec
+from graphconv.compiler import codegen, layers
+from graphconv.compiler.program_ir import Attr, AttrValue, Body, Builder, Program, Ref, Value
+from graphconv.compiler.lowering import ParamSpec
 from opmap import helpers
 
 
 def _program(build) -> Program:
-    body = Block()
+    body = Body()
     b = Builder(body)
     x = Value(hint="x")
     body.inputs.append(x)
@@ -160,12 +160,12 @@ _PARAM_CHILD = """
 import json, sys
 import numpy as np
 import ml_dtypes
-from graphconv.target import codegen
-from graphconv.target.emission import Block, Program
+from graphconv.compiler import codegen
+from graphconv.compiler.program_ir import Body, Program
 from opmap import helpers
 
 # the generated module's preamble (its imports, _param_value, _param), run as the network runs it
-preamble = codegen.render(Program("Network", Block()), helpers).split("class Network")[0]
+preamble = codegen.render(Program("Network", Body()), helpers).split("class Network")[0]
 env = {}
 exec(compile(preamble, "network.py", "exec"), env)
 ms, _param = env["ms"], env["_param"]

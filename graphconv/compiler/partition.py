@@ -1,6 +1,6 @@
 """The partition of a lowered program into blocks: the prologue, one block per repeated layer, the epilogue.
 
-graphconv/target/layers.py decides, once, which layer every node of the emission IR is in; the partition is
+graphconv/compiler/layers.py decides, once, which layer every node of the program IR is in; the partition is
 that decision as a value. Three users read it:
   - code generation renders it into block classes (codegen.render_blocks), one nn.Cell per block;
   - the block-by-block run (graphconv/runtime/blocks.py) builds one block at a time with only its weights,
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator
 
-from graphconv.target.emission import Attr, AttrValue, Node, Ref, Value
+from graphconv.compiler.program_ir import Attr, AttrValue, Node, Ref, Value
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,3 +1,3 @@
 """The compiler to MindSpore: the targets, the lowering (opmap handlers through the node context into the
-emission IR), repeated layers and the partition into blocks, code generation and compile-time constant folding.
+program IR), repeated layers and the partition into blocks, code generation and compile-time constant folding.
 It writes programs and never runs them (graphconv/runtime does)."""

@@ -1,8 +1,8 @@
-"""What an opmap handler sees of the lowering: one ONNX node, its operands, and an emission builder.
+"""What an opmap handler sees of the lowering: one ONNX node, its operands, and a program builder.
 
 A handler (opmap/registry.py) gets a NodeContext `n` and returns, per output, an emission Value
-(graphconv/target/emission.py) built through `n.call(...)`, `n.binop(...)`, ... or a numpy array (the output is a
-compile-time constant). This module sits below both graphconv/target/lowering.py (which implements `Scope`) and opmap/:
+(graphconv/compiler/program_ir.py) built through `n.call(...)`, `n.binop(...)`, ... or a numpy array (the output is a
+compile-time constant). This module sits below both graphconv/compiler/lowering.py (which implements `Scope`) and opmap/:
 neither imports the other's internals, and control flow lowers its sub-graphs through `lower_subgraph`.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx_ir as ir
 
-from graphconv.target.emission import AttrValue, Block, Builder, Ref, Value
+from graphconv.compiler.program_ir import AttrValue, Body, Builder, Ref, Value
 from graphconv.errors import UnsupportedError
 
 MS_DTYPES = {
@@ -31,13 +31,13 @@ MS_DTYPES = {
 class Operand:
     """What the lowering knows about one ONNX value."""
 
-    value: Value | None  # the emission value (None until materialised, for constants)
+    value: Value | None  # the program value (None until materialised, for constants)
     const: np.ndarray | None = None  # its value, when known at compile time
     initializer: ir.Value | None = None  # the ONNX initializer, for Parameters
 
 
 class Scope(Protocol):
-    """The lowering, as the handlers' context needs it (graphconv/target/lowering.py's Lowering)."""
+    """The lowering, as the handlers' context needs it (graphconv/compiler/lowering.py's Lowering)."""
 
     builder: Builder
 
@@ -263,9 +263,9 @@ class NodeContext:
 
     @contextlib.contextmanager
     def block(self):
-        """Build into a new Block (an If's branch): `with n.block() as blk: ...`, then `n.if_(...)`."""
+        """Build into a new Body (an If's branch): `with n.block() as blk: ...`, then `n.if_(...)`."""
         with self._b.block() as blk:
             yield blk
 
-    def if_(self, cond: Value, then: Block, orelse: Block) -> tuple[Value, ...]:
+    def if_(self, cond: Value, then: Body, orelse: Body) -> tuple[Value, ...]:
         return self._b.if_(cond, then, orelse)

@@ -1,11 +1,11 @@
-"""Lower stage: an ONNX graph (onnx_ir) -> an emission Program (graphconv/target/emission.py) -> MindSpore source.
+"""Lower stage: an ONNX graph (onnx_ir) -> a Program (graphconv/compiler/program_ir.py) -> MindSpore source.
 
 Each ONNX node is lowered by the opmap handler registered for its (domain, op_type, opset), which builds
-emission nodes through its NodeContext (graphconv/target/node_context.py). Values known at compile time
+program nodes through its NodeContext (graphconv/compiler/node_context.py). Values known at compile time
 (initializers, Constant nodes, and nodes whose inputs are all known) are folded here; small ones become
 constants in `__init__`, large ones Parameters named after the model's weights. Symbolic dims are never
-resolved: shapes flow as int64 tensors at run time. Repeated layers (graphconv/target/layers.py) become one Cell
-class instantiated per layer; graphconv/target/codegen.py writes the source.
+resolved: shapes flow as int64 tensors at run time. Repeated layers (graphconv/compiler/layers.py) become one Cell
+class instantiated per layer; graphconv/compiler/codegen.py writes the source.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import onnx_ir as ir
 import opmap
 from graphconv.onnx_domains import canonical_domain, is_default_domain, op_key
 from opmap import helpers as helper_lib, refusals
-from graphconv.target import codegen, layers
-from graphconv.target import partition as partition_
-from graphconv.target.codegen import py_name
-from graphconv.target.constant_fold import FOLD_MAX_ELEMENTS, evaluate, foldable
-from graphconv.target.emission import Attr, AttrValue, Block, Builder, Program, Ref, Value
+from graphconv.compiler import codegen, layers
+from graphconv.compiler import partition as partition_
+from graphconv.compiler.codegen import py_name
+from graphconv.compiler.constant_fold import FOLD_MAX_ELEMENTS, evaluate, foldable
+from graphconv.compiler.program_ir import Attr, AttrValue, Body, Builder, Program, Ref, Value
 from graphconv.errors import UnsupportedError
-from graphconv.target.node_context import NodeContext, Operand
+from graphconv.compiler.node_context import NodeContext, Operand
 
 # Initializers with more elements than this become Parameters (bound from the weights file at emit time);
 # smaller ones are written into the source as literals.
@@ -58,9 +58,9 @@ class LoweredNetwork:
     output_names: list[str]
     params: list[ParamSpec]
     op_histogram: dict[str, int]
-    program: Program | None = None  # the emission IR the source was written from
-    layers: dict | None = None  # the repeated-layer grouping (graphconv/target/layers.py), for the report
-    partition: "partition_.Partition | None" = None  # prologue, layers, epilogue (graphconv/target/partition.py)
+    program: Program | None = None  # the program IR the source was written from
+    layers: dict | None = None  # the repeated-layer grouping (graphconv/compiler/layers.py), for the report
+    partition: "partition_.Partition | None" = None  # prologue, layers, epilogue (graphconv/compiler/partition.py)
 
     @property
     def param_bytes(self) -> int:
@@ -77,7 +77,7 @@ class Lowering:
         # initializer name -> Parameter name (graphconv.frontend.param_names; unique); absent: the ONNX name.
         self.param_names = dict(param_names or {})
         self._taken_names = set(self.param_names.values())
-        self.scopes = scopes  # where each ONNX node came from (graphconv/target/layers.py)
+        self.scopes = scopes  # where each ONNX node came from (graphconv/compiler/layers.py)
         self.graph = model.graph
         self.class_name = class_name
         self.opsets = {canonical_domain(d): v for d, v in model.opset_imports.items()}
@@ -87,7 +87,7 @@ class Lowering:
         self.params: list[ParamSpec] = []
         self.helpers: list[str] = []
         self.histogram: dict[str, int] = {}
-        self.body = Block()
+        self.body = Body()
         self.builder = Builder(self.body)
         self._folded_params: dict[str, np.ndarray] = {}
         self._unnamed = 0
@@ -232,7 +232,7 @@ class Lowering:
                 self._set_const(value, item)
                 continue
             if not isinstance(item, Value):
-                raise TypeError(f"the {node.op_type} handler returned {type(item).__name__}, not an emission Value")
+                raise TypeError(f"the {node.op_type} handler returned {type(item).__name__}, not a program Value")
             if item.producer is not None and item.hint is None:
                 item.hint = value.name  # the ONNX name names the variable
             if item.onnx_name is None and not isinstance(item, (Ref, AttrValue)):
@@ -399,7 +399,7 @@ def lower(model: ir.Model, class_name: str = "Network", param_names: dict[str, s
           lazy_inline: bool = True) -> tuple[LoweredNetwork, dict[str, np.ndarray]]:
     """Returns the network and the folded constants that became Parameters (name -> value).
     `param_names`: initializer name -> Parameter name (graphconv.frontend.param_names); others keep their ONNX name.
-    `scopes`: where each node came from (graphconv/target/layers.py), for grouping repeated layers; `lazy_inline`:
+    `scopes`: where each node came from (graphconv/compiler/layers.py), for grouping repeated layers; `lazy_inline`:
     see codegen.render."""
     low = Lowering(model, class_name, param_names, scopes, lazy_inline)
     net = low.run()

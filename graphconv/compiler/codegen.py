@@ -1,4 +1,4 @@
-"""The code generator: an emission Program (graphconv/target/emission.py) -> the Python source of a MindSpore nn.Cell.
+"""The code generator: a Program (graphconv/compiler/program_ir.py) -> the Python source of a MindSpore nn.Cell.
 
 It names the values (from their hints: the ONNX value names), drops the nodes whose results nothing uses,
 writes one statement per ONNX node (a value used once, by a later node of the same ONNX node and block, is
@@ -15,8 +15,8 @@ import re
 
 import numpy as np
 
-from graphconv.target.emission import Attr, AttrValue, Block, CellClass, Node, Program, Ref, Value
-from graphconv.target.partition import Partition, attrs_read, param_key
+from graphconv.compiler.program_ir import Attr, AttrValue, Body, CellClass, Node, Program, Ref, Value
+from graphconv.compiler.partition import Partition, attrs_read, param_key
 
 RESERVED = {"self", "ms", "ops", "nn", "np", "Tensor", "Parameter", "mint", "weights", "names"}
 
@@ -67,7 +67,7 @@ def _np_literal(value: np.ndarray) -> str:
     return f"np.array({value.tolist()!r}, dtype={value.dtype.name!r})"
 
 
-def _uses(block: Block, counts: dict[int, int]) -> None:
+def _uses(block: Body, counts: dict[int, int]) -> None:
     for node in block.nodes:
         for v in node.inputs():
             counts[id(v)] = counts.get(id(v), 0) + 1
@@ -77,7 +77,7 @@ def _uses(block: Block, counts: dict[int, int]) -> None:
         counts[id(v)] = counts.get(id(v), 0) + 1
 
 
-def eliminate_dead(block: Block) -> None:
+def eliminate_dead(block: Body) -> None:
     """Drop nodes whose outputs nothing uses (every node is pure), innermost blocks included."""
     while True:
         counts: dict[int, int] = {}
@@ -87,7 +87,7 @@ def eliminate_dead(block: Block) -> None:
             return
 
 
-def _drop_unused(block: Block, counts: dict[int, int]) -> bool:
+def _drop_unused(block: Body, counts: dict[int, int]) -> bool:
     keep, removed = [], False
     for node in block.nodes:
         if not any(counts.get(id(o)) for o in node.outputs):
@@ -171,7 +171,7 @@ class _Writer:
         raise ValueError(f"node kind {k} has no expression")
 
     # --- statements -------------------------------------------------------------------------------------
-    def block(self, block: Block, indent: str, users: dict[int, Node]) -> None:
+    def block(self, block: Body, indent: str, users: dict[int, Node]) -> None:
         for node in block.nodes:
             if node.kind == "if":
                 self._if(node, indent, users)
@@ -210,7 +210,7 @@ class _Writer:
         self.lines.append(f"{indent}return {outs[0] if one else '(' + ', '.join(outs) + ',)'}")
 
 
-def _users(block: Block, found: dict[int, Node]) -> dict[int, Node]:
+def _users(block: Body, found: dict[int, Node]) -> dict[int, Node]:
     """The (last) user of each value, for the inlining rule (which only inlines values used once)."""
     for node in block.nodes:
         for v in node.inputs():
@@ -220,7 +220,7 @@ def _users(block: Block, found: dict[int, Node]) -> dict[int, Node]:
     return found
 
 
-def _construct(block: Block, as_tuple: bool = False) -> _Writer:
+def _construct(block: Body, as_tuple: bool = False) -> _Writer:
     eliminate_dead(block)
     counts: dict[int, int] = {}
     _uses(block, counts)
@@ -309,7 +309,7 @@ def _cell_class(cell: CellClass) -> list[str]:
 
 
 def render_blocks(program: Program, part: Partition, helper_module) -> str:
-    """The partition's blocks as Cells of their own, `_Block<k>` for block k (graphconv/target/partition.py):
+    """The partition's blocks as Cells of their own, `_Block<k>` for block k (graphconv/compiler/partition.py):
     each binds only the weights its nodes read (a layer block: one instance of its layer class, with that
     layer's weights), takes the values it reads and returns, as a tuple, the values it passes on. Run one
     after the other they compute the network's outputs, with the same statements on the same kernels. The
@@ -330,7 +330,7 @@ def render_blocks(program: Program, part: Partition, helper_module) -> str:
                           outputs=call.outputs)]
         else:
             lines += [f"        {_attr_line(a)}" for a in attrs_read(nodes + [Node("tuple", None, tuple(b.outputs))])]
-        w = _construct(Block(list(b.inputs), list(nodes), list(b.outputs)), as_tuple=True)
+        w = _construct(Body(list(b.inputs), list(nodes), list(b.outputs)), as_tuple=True)
         lines += ["", f"    def construct(self, {', '.join(w.args)}):" if w.args else "    def construct(self):"] + w.lines
         parts += ["", ""] + lines
     return "\n".join(parts) + "\n"

@@ -684,7 +684,7 @@ def shard(model: onnx.ModelProto, p: Plan, rank: int, spill: weights.SpillFile |
     again. With `spill` (a model whose weights are in files), the shard of a weight in a file is appended to
     it and the rank graph refers to it there, as to the weights a pass made: the rank graphs hold no weight
     bytes (the N ranks' shards are the model's size; a rank's past 2 GB would not fit a protobuf), and each
-    rank's MindIR is written from the files, streamed (graphconv/target/emit.py)."""
+    rank's MindIR is written from the files, streamed (graphconv/compiler/export_task.py)."""
     return _rank_graph(model, p, rank, _shards(model, p, [rank], spill)[0])
 
 
