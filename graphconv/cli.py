@@ -34,37 +34,6 @@ def _set_debug(on: bool) -> None:
             warnings.simplefilter("default")
 
 
-def _parse_dims(values: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    dims = {}
-    for v in values:
-        name, _, sizes = v.partition("=")
-        try:
-            a, b = (int(s) for s in sizes.split(","))
-            if a <= 0 or b <= 0:
-                raise ValueError
-        except ValueError:
-            raise click.UsageError(f"--dim {v!r}: expected NAME=SIZE1,SIZE2 with two positive sizes") from None
-        dims[name] = (a, b)
-    return dims
-
-
-def _parse_ranges(text: str | None) -> dict[str, tuple[int, int]]:
-    ranges = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        name, _, span = item.partition("=")
-        lo, sep, hi = span.partition("..")
-        try:
-            lo_i, hi_i = int(lo), int(hi)
-            if not sep or lo_i < 1 or hi_i < lo_i:
-                raise ValueError
-        except ValueError:
-            raise click.UsageError(f"--shape-range {item!r}: expected DIM=MIN..MAX with 1 <= MIN <= MAX") from None
-        ranges[name.strip()] = (lo_i, hi_i)
-    return ranges
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="graphconv")
 def cli() -> None:
@@ -142,38 +111,35 @@ def _precision_options(command):
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
-def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,
-                atol, rtol,
-                report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, layer_streamed, save_fused,
-                bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, cpu_twin, tp, as_json, quiet,
-                debug):
+def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,  # noqa: PLR0913
+                atol, rtol, report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, layer_streamed,
+                save_fused, bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, cpu_twin, tp,
+                as_json, quiet, debug):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU.
 
     MODEL may be the folder `graphconv export --task text-generation-with-past` wrote: both graphs are
     compiled and verified into the new folder -o GEN_DIR (see docs/cli.md), ready for `graphconv generate`.
     """
     from graphconv import interrupts, pair
-    from graphconv.pipeline import compile as compile_model
+    from graphconv.options import CompileOptions, GenerationOptions, parse_dims, parse_shape_ranges
+    from graphconv.pipeline import compile_model
 
     _set_debug(debug)
-    if tp is not None and stateful_cache and model.is_file():
-        raise click.UsageError("--tp takes a plain .onnx graph or a generation folder in this version (not a "
-                               "with-past .onnx graph with --stateful-cache)")
-    if tp is not None and output is None:
-        raise click.UsageError("--tp needs -o OUT_DIR (a new directory)")
+    options = CompileOptions(
+        output=output, target=target, simplify=not no_simplify, verify=not no_verify, inputs=tuple(inputs),
+        dims=parse_dims(dims), mask_inputs=tuple(mask_inputs), atol=atol, rtol=rtol, report_path=report_path,
+        emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes), plugins=tuple(plugins),
+        verify_each=verify_each, save_fused=save_fused, bundle=bundle, soc=soc, cann=cann,
+        shape_ranges=parse_shape_ranges(shape_range), precision=precision, keep_fp32=keep_fp32,
+        layer_streamed=layer_streamed, tp=tp,
+        generation=GenerationOptions(stateful_cache=stateful_cache, max_batch=max_batch, max_seq_len=max_seq_len,
+                                     cpu_twin=cpu_twin))
+    options.validate()
     _writing(output or model.with_suffix(".mindir"))
     interrupts.one_result()
-    if pair.is_pair_dir(model) or (stateful_cache and model.is_file()):  # (a with-past graph, as a generation folder)
-        if output is None:
-            raise click.UsageError(f"{model} is a generation source: -o GEN_DIR (a new folder) is required")
-        report = pair.compile_pair(
-            model, output, progress=Progress.for_cli(quiet), target=target, simplify=not no_simplify,
-            verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims), mask_inputs=tuple(mask_inputs),
-            precision=precision, keep_fp32=keep_fp32, atol=atol, rtol=rtol, report_path=report_path,
-            emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes), plugins=tuple(plugins),
-            verify_each=verify_each, save_fused=save_fused, bundle=bundle, soc=soc, cann=cann,
-            shape_ranges=_parse_ranges(shape_range), stateful_cache=stateful_cache, max_batch=max_batch,
-            max_seq_len=max_seq_len, cpu_twin=cpu_twin, tp=tp)
+    progress = Progress.for_cli(quiet)
+    if pair.is_generation_source(model, options):
+        report = pair.compile_pair(model, options, progress)
         if as_json:
             click.echo(json.dumps(report, indent=2, default=str))
         elif not quiet:
@@ -181,23 +147,8 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
         return
     if model.is_dir():
         raise click.UsageError(f"{model} is a folder without generation.json: give an .onnx file")
-    if stateful_cache is not None or max_seq_len is not None or cpu_twin is not None:
-        raise click.UsageError("--[no-]stateful-cache, --max-seq-len and --cpu-twin apply to a generation folder (an "
-                               "export with --task text-generation-with-past) or, with --stateful-cache, to a "
-                               "with-past .onnx graph")
-    for flag, path in (("--emit-source", emit_source), ("--bundle", bundle)):
-        if path is not None and path.exists():
-            raise click.UsageError(f"{flag} {path} already exists")
-    progress = Progress.for_cli(quiet)
     try:
-        report = compile_model(model, output, progress=progress, target=target, simplify=not no_simplify,
-                               verify=not no_verify, inputs=tuple(inputs), dims=_parse_dims(dims),
-                               mask_inputs=tuple(mask_inputs), precision=precision, keep_fp32=keep_fp32,
-                               atol=atol, rtol=rtol, report_path=report_path,
-                               emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes),
-                               plugins=tuple(plugins), verify_each=verify_each, save_fused=save_fused,
-                               layer_streamed=layer_streamed, bundle=bundle, soc=soc, cann=cann,
-                               shape_ranges=_parse_ranges(shape_range), tp=tp)
+        report = compile_model(model, options, progress)
     except GraphconvError as e:
         if getattr(e, "report", None) is not None and e.exit_code == 2 and not quiet:
             click.echo(e.report.to_json() if as_json else e.report.summary(), err=not as_json)

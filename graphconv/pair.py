@@ -70,6 +70,31 @@ def is_pair_dir(path: Path) -> bool:
     return path.is_dir() and any((path / f).is_file() for f in ("generation.json", _GENAI_CONFIG, _EXPORT_MANIFEST))
 
 
+def is_generation_source(path: Path, options) -> bool:
+    """Whether `graphconv compile` builds a generation folder from `path`: a folder is_pair_dir takes, or a
+    with-past graph given with --stateful-cache."""
+    return is_pair_dir(path) or bool(options.generation.stateful_cache and path.is_file())
+
+
+def compile_pair(source: str | Path, options, progress: Progress | None = None) -> dict:
+    """Compile the generation source `source` into the new folder `options.output` (CompileOptions, validated)."""
+    import dataclasses
+
+    source = Path(source)
+    if options.output is None:
+        raise InputError(f"{source} is a generation source: -o GEN_DIR (a new folder) is required")
+    if options.tp is not None and options.generation.stateful_cache and source.is_file():
+        raise InputError("--tp takes a plain .onnx graph or a generation folder in this version (not a "
+                         "with-past .onnx graph with --stateful-cache)")
+    gen = options.generation
+    graph_options = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+                     if f.name not in ("output", "inputs", "report_path", "generation", "tp", "cache_capacity")}
+    return _compile_pair(source, options.output, progress=progress, inputs=options.inputs,
+                         report_path=options.report_path, stateful_cache=gen.stateful_cache,
+                         max_batch=gen.max_batch, max_seq_len=gen.max_seq_len, cpu_twin=gen.cpu_twin,
+                         tp=options.tp, **graph_options)
+
+
 def split_inputs(inputs: tuple, graphs: tuple[str, ...] = GRAPHS) -> dict[str, tuple[Path, ...]]:
     """`--inputs prefill=F.npz --inputs decode=G.npz` -> per graph (one graph: plain paths too)."""
     per: dict[str, list[Path]] = {g: [] for g in graphs}
@@ -463,7 +488,7 @@ def _check_cached_steps(gen_dir: Path, meta: dict, progress: Progress) -> dict:
             "argmax_match": all(s["argmax_match"] for s in result.steps)}
 
 
-def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progress | None = None,
+def _compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progress | None = None,
                  inputs: tuple = (), report_path: Path | None = None, stateful_cache: bool | None = None,
                  max_batch: int = 8, max_seq_len: int | None = None, cpu_twin: bool | None = None,
                  tp: int | None = None, **options) -> dict:
@@ -505,8 +530,6 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
     bundle = Path(bundle) if bundle else None
     if bundle is not None and bundle.exists():
         raise InputError(f"--bundle {bundle} already exists")
-    if tp is not None:
-        _check_tp(tp, stateful_cache, cpu_twin, options)
     per_inputs = split_inputs(inputs, tuple(sources))
     pair_plan = (meta, sources, options if builder or exported else _prompt_dims(meta, sources, options),
                  graph_dims, None)  # (a builder's graph has its own prompt case: frontend.contrib.cases)
@@ -531,20 +554,6 @@ def compile_pair(export_dir: str | Path, gen_dir: str | Path, *, progress: Progr
         why = str(e)
     progress.warn(f"the KV cache is passed in and out, not held in place: {why}")
     return _compile_into(gen_dir, bundle, export_dir, *pair_plan, per_inputs, cpu_twin, progress, report_path, why)
-
-
-def _check_tp(tp: int, stateful_cache: bool | None, cpu_twin: bool | None, options: dict) -> None:
-    """What --tp takes for a generation folder in this version, checked before any work."""
-    if not isinstance(tp, int) or tp < 2:
-        raise InputError(f"--tp {tp}: give at least 2 ranks")
-    if stateful_cache is False:
-        raise InputError("--tp: a generation folder compiles with its KV cache held in place only (not with "
-                         "--no-stateful-cache)")
-    if cpu_twin is False:
-        raise InputError("--tp: the cpu MindIRs are what generate and the cached-step check run here "
-                         "(not with --no-cpu-twin)")
-    if options.get("precision", "fp32") != "fp32":
-        raise InputError("--tp is fp32 only in this version")
 
 
 def _stateful_plan(meta: dict, sources: dict, options: dict, capacity: tuple[int, int]) -> tuple:

@@ -28,7 +28,8 @@ from graphconv.errors import (CacheNotHeld, DiskFullError, GraphconvError, Input
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import quant
 from graphconv.frontend.load import LoadedModel, infer_shapes, load
-from graphconv.options import THRESHOLD_BYTES, CompileOptions, tool_versions
+from graphconv.options import THRESHOLD_BYTES, CompileOptions
+from graphconv.version import tool_versions
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report, model_info, op_histogram
 from graphconv.runtime import child, scheduling
@@ -411,7 +412,7 @@ class Compiler:
 
     # --- the run ------------------------------------------------------------------------------------
     def run(self) -> Report:
-        self._check_options()
+        self.check_output()
         with Workspace(self.output) as ws, child.children(ws.dir):
             loaded = self.load(ws)
             collect_dims(self.report.model["inputs"], [], self.opt.shape_ranges)  # names no symbolic dim: exit 1
@@ -429,25 +430,24 @@ class Compiler:
                 raise
         return self.report
 
-    def _check_options(self) -> None:
-        if self.opt.precision not in precision.PRECISIONS:
-            raise InputError(f"unknown precision {self.opt.precision!r} "
-                             f"(choose from {', '.join(precision.PRECISIONS)})")
-        self.target.check(self.opt.precision)
-        if self.opt.keep_fp32 is not None and self.opt.precision == "fp32":
-            raise InputError("--keep-fp32 needs --precision fp16 or bf16")
-        try:
-            precision.check_keep(precision.parse_keep(self.opt.keep_fp32))
-        except precision.PrecisionError as e:
-            raise InputError(str(e)) from e
+    def check_output(self) -> None:
+        """What a compile of one model needs of its options and paths, checked before any work: no flag that
+        only a generation folder takes, and outputs that can be written (the options are valid already:
+        CompileOptions.validate)."""
+        given = self.opt.generation.given()
+        if given:
+            raise InputError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a generation folder (an export with --task "
+                             "text-generation-with-past) or, with --stateful-cache, to a with-past .onnx graph")
         if self.opt.tp is not None:
-            from graphconv.parallel import tensor_parallel
-
-            tensor_parallel.check_options(self.opt, self.output)
+            if self.output.exists():
+                raise InputError(f"-o {self.output} already exists (--tp writes a new directory)")
         elif self.output.suffix != ".mindir":
             raise InputError(f"output {self.output} must end in .mindir")
         if not self.output.parent.absolute().is_dir():
             raise InputError(f"output directory {self.output.parent} does not exist")
+        for flag, path in (("--emit-source", self.opt.emit_source), ("--bundle", self.opt.bundle)):
+            if path is not None and Path(path).exists():
+                raise InputError(f"{flag} {path} already exists")
 
     def _check_space(self, loaded: Loaded) -> None:
         """Refuse now, with the numbers, an output whose filesystem cannot hold even the MindIR's weights (a
@@ -538,14 +538,12 @@ class Compiler:
             ws.commit(moves)
 
 
-def compile(model_path: str | Path, output: str | Path | None = None, *, progress: Progress | None = None,
-            **options) -> Report:
-    """Compile an ONNX model into a verified MindIR. Keyword options are CompileOptions fields.
+def compile_model(model_path: str | Path, options: CompileOptions, progress: Progress | None = None) -> Report:
+    """Compile one ONNX model into a verified MindIR at `options.output` (default: beside the model).
 
     Raises GraphconvError subclasses (exit_code attribute) with `.report` set to the partial report.
     """
-    opts = CompileOptions(output=Path(output) if output else None, **options)
-    compiler = Compiler(Path(model_path), opts, progress or SILENT)
+    compiler = Compiler(Path(model_path), options, progress or SILENT)
     try:
         return compiler.run()
     except GraphconvError as e:
@@ -554,6 +552,14 @@ def compile(model_path: str | Path, output: str | Path | None = None, *, progres
         compiler.report.exit_code = e.exit_code
         e.report = compiler.report
         raise
+
+
+def compile(model_path: str | Path, output: str | Path | None = None, *, progress: Progress | None = None,
+            **options) -> Report:
+    """The Python API: compile_model with keyword options that are CompileOptions fields."""
+    opts = CompileOptions(output=Path(output) if output else None, **options)
+    opts.validate()
+    return compile_model(model_path, opts, progress)
 
 
 def analyze_fusions(model_path: str | Path, *, simplify: bool = True, passes: str | None = None,

@@ -98,7 +98,7 @@ def test_the_walk_sees_imports():
 # inside a function counts). Package prefixes; the longest match wins.
 LAYERS = [
     ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace", "graphconv.interrupts",
-     "graphconv.options", "graphconv.onnx_domains"),  # shared contracts
+     "graphconv.onnx_domains"),  # shared contracts
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
      "graphconv.verify.dims", "graphconv.verify.outputs", "graphconv.verify.integer_products",
@@ -108,8 +108,8 @@ LAYERS = [
     ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.verify.precision_checks",
      "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
-    ("graphconv.pipeline", "graphconv.verification", "graphconv.stage_results", "graphconv.generation",
-     "graphconv.parallel"),
+    ("graphconv.options", "graphconv.pipeline", "graphconv.verification", "graphconv.stage_results",
+     "graphconv.generation", "graphconv.parallel"),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
 ]
 

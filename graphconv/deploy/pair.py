@@ -12,7 +12,7 @@ from pathlib import Path
 
 from graphconv.deploy.options import JIT_CONFIG
 from graphconv.deploy.scripts import fill, template
-from graphconv.options import tool_versions
+from graphconv.version import tool_versions
 from graphconv.runtime import decoding
 
 

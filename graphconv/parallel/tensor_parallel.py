@@ -56,22 +56,6 @@ np.savez(f"rank_{{rank}}.out.npz", **{{name: o.asnumpy() for name, o in zip({out
 '''
 
 
-def check_options(opt, output: Path) -> None:
-    """The options --tp takes in this version, checked before any work."""
-    if opt.tp < 2:
-        raise InputError(f"--tp {opt.tp}: give at least 2 ranks")
-    if output.exists():
-        raise InputError(f"-o {output} already exists (--tp writes a new directory)")
-    if not output.parent.absolute().is_dir():
-        raise InputError(f"output directory {output.parent} does not exist")
-    for flag, value in (("--emit-source", opt.emit_source), ("--layer-streamed", opt.layer_streamed),
-                        ("--verify-each", opt.verify_each)):
-        if value:
-            raise InputError(f"{flag} is not supported with --tp yet")
-    if opt.precision != "fp32":
-        raise InputError("--tp is fp32 only in this version")
-
-
 class TensorParallel:
     """The shard, lower, emit-and-run (under msrun) and verify stages of a --tp compile (`c`: its Compiler)."""
 
