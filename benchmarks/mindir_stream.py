@@ -139,7 +139,9 @@ def prepare_task(model_path: Path, ws, precision: str, target: str) -> dict:
     fused = c.fuse(c.simplify(loaded.model, ws), None, None, spill)
     if precision != "fp32":
         fused = c.apply_precision(fused, spill)
-    return c.lower(c.target.network_graph(fused, opmap.fused.inline_fused(fused)), loaded, ws).task
+    from graphconv.stage_context import lower
+
+    return lower(c.ctx, c.target.network_graph(fused, opmap.fused.inline_fused(fused)), loaded, ws).task
 
 
 def main() -> int:

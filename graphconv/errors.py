@@ -66,3 +66,9 @@ def disk_full(error: BaseException, writing: str | None = None) -> DiskFullError
                 return DiskFullError(f"{_FULL[code]} writing {writing or 'the output'}")
         e = e.__cause__ or e.__context__
     return None
+
+
+def first_line(e: BaseException, limit: int | None = None) -> str:
+    """The first non-empty line of an error's message, or its type's name when the message is empty."""
+    line = next((s.strip() for s in str(e).splitlines() if s.strip()), type(e).__name__)
+    return line if limit is None else line[:limit]

@@ -26,54 +26,22 @@ import passes
 from graphconv.errors import (CacheNotHeld, DiskFullError, GraphconvError, InputError, InternalError, UnsupportedError,
                               VerificationError)
 from graphconv.frontend import param_names, weights
-from graphconv.frontend.contrib import quant
+from graphconv.frontend.contrib import gqa, quant
 from graphconv.frontend.load import LoadedModel, infer_shapes, load
 from graphconv.options import THRESHOLD_BYTES, CompileOptions
 from graphconv.version import tool_versions
 from graphconv.progress import SILENT, Progress
 from graphconv.report import Report, model_info, op_histogram
 from graphconv.runtime import child, scheduling
-from graphconv.compiler import export_task, layers, lowering, targets
-from graphconv.verify import census, compare, observed_ranks, precision_checks, reference
-from graphconv.stage_results import Emitted, Loaded, Lowered, Validated
-from graphconv import verification
+from graphconv.compiler import layers, lowering, targets
+from graphconv.verify import census, compare, reference
+from graphconv.stage_context import StageContext, lower
+from graphconv.stage_results import Emitted, Loaded
+from graphconv import oracle_stage, verification
 from graphconv.verification import Verification
 from graphconv.deploy.profiles import collect_dims
 from graphconv.workspace import Workspace
 from passes import dim_bounds, precision, stateful_cache
-
-
-def gqa_presents(model: onnx.ModelProto | None) -> dict[str, str]:
-    """{past input: present output} of each com.microsoft GroupQueryAttention reading a graph-input cache in
-    `model` (its inputs 3, 4 -> outputs 1, 2): the presents its decomposition gives, not as a Concat's output."""
-    if model is None:
-        return {}
-    inputs = {vi.name for vi in model.graph.input}
-    found = {}
-    for node in model.graph.node:
-        if (node.domain, node.op_type) == ("com.microsoft", "GroupQueryAttention"):
-            found.update({node.input[i]: node.output[o] for i, o in ((3, 1), (4, 2))
-                          if len(node.input) > i and node.input[i] in inputs and len(node.output) > o
-                          and node.output[o]})
-    return found
-
-
-def _line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-
-
-def _too_small(expected: list[dict], cases, model: onnx.ModelProto) -> tuple[str, str | None] | None:
-    """Why the generated sizes are too small for the model (its downsampling past what they hold), or None: an
-    output that came out empty from inputs none of which is, or a window larger than its input (then also the
-    input dim the window most likely runs along, if one)."""
-    if any(v.size == 0 for c in cases for v in c.inputs.values()):
-        return None
-    empty = next((name for outs in expected for name, v in outs.items() if getattr(v, "size", 1) == 0), None)
-    if empty is not None:
-        return f"made output {empty!r} empty", None
-    window = next((w for c in cases if (w := reference.window_too_large(
-        model, c, lambda names: observed_ranks.observed_shapes(model, c, names, reference.Oracle)))), None)
-    return None if window is None else (f"are smaller than the window of {window[0]}", window[1])
 
 
 class Compiler:
@@ -92,6 +60,7 @@ class Compiler:
         self.output = Path(options.output) if options.output else self.model_path.with_suffix(".mindir")
         self.report.provenance = {"tools": tool_versions(), "passes": self.pass_manager.names, "plugins": plugins,
                                   "target": options.target, "precision": options.precision}
+        self.ctx = StageContext(options, self.report, progress, self.target, self.schedule, self.output)
 
     # --- the stages ---------------------------------------------------------------------------------
     def load(self, ws: Workspace | None = None) -> Loaded:
@@ -115,7 +84,7 @@ class Compiler:
                 st.detail["onnxruntime_contrib_ops_decomposed"] = model.decomposed
             if model.quantized_weights:
                 st.detail["quantized_weights"] = model.quantized_weights
-            self.report.warnings.extend(model.notes)
+            self.report.warnings.extend(model.warnings())
         self.report.model = model_info(model.proto)
         self.report.op_histogram = op_histogram(model.proto)
         missing = lowering.unsupported_ops(model.proto)
@@ -138,7 +107,7 @@ class Compiler:
         zeros = weights.SpillFile(ws.path("cache-zeros.bin")).zeros if ws is not None else None
         try:
             proto, layout = stateful_cache.make_stateful(model.proto, max_batch, max_seq,
-                                                         presents=gqa_presents(model.as_given), zeros=zeros)
+                                                         presents=gqa.gqa_presents(model.as_given), zeros=zeros)
         except stateful_cache.NotStateful as e:
             raise CacheNotHeld(str(e)) from None
         detail = {"max_batch": max_batch, "max_seq": max_seq, "layout": "[max_batch, kv_heads, max_seq, head_dim]",
@@ -149,11 +118,10 @@ class Compiler:
             # given by generating (graphconv/pair.py).
             detail["oracle"] = "the decomposed graph with its cache held in place (prompt calls); the contrib " \
                                "ops' kernels as given: the cached-steps check"
-            notes = [n.replace("the oracle, onnxruntime, runs the model as given",
-                               "with the KV cache held in place, the oracle runs the decomposition at the prompt "
-                               "calls, and onnxruntime on the model as given checks the cached steps")
-                     for n in model.notes]
-            model = dataclasses.replace(model, as_given=None, as_shipped=None, case_dims={}, notes=notes)
+            held = "with the KV cache held in place, the oracle runs the decomposition at the prompt calls, and " \
+                   "onnxruntime on the model as given checks the cached steps"
+            note = dataclasses.replace(model.contrib, oracle=held) if model.contrib is not None else None
+            model = dataclasses.replace(model, as_given=None, as_shipped=None, case_dims={}, contrib=note)
         return dataclasses.replace(model, proto=infer_shapes(proto, self.model_path)), detail
 
     def reference_cases(self, loaded: Loaded) -> list[reference.ReferenceCase]:
@@ -198,109 +166,6 @@ class Compiler:
             st.nodes_after = len(simplified.graph.node)
         return simplified
 
-    def validate(self, loaded: Loaded, simplified: onnx.ModelProto, cases) -> Validated:
-        """The oracle's outputs of the model as given (where loading upgraded its opset, the user's: a converter
-        fault is then caught too), and the model to compile: the simplified one if it agrees with the
-        original, else the original (with a warning). In layer-streamed mode the oracle runs later, layer by
-        layer (`oracle_by_layers`), once the lowering has cut the network into blocks."""
-        original = loaded.model.proto
-        oracle_model = loaded.model.as_given if loaded.model.as_given is not None else original
-        if not self.opt.verify and simplified is original:
-            return Validated(simplified, None, oracle_model)
-        self.progress.info("validate (reference outputs)")
-        with self.report.stage("validate") as st:
-            if loaded.layer_streamed and not self.opt.verify_each:
-                st.detail = {"oracle": "layer by layer, after lowering"}
-                if simplified is not original:
-                    self.report.warnings.append(
-                        "onnxsim's output is not run on its own at this size (a second pass over the weights): the "
-                        "verification of the compiled network checks it; if that fails, try --no-simplify")
-                return Validated(simplified, None, oracle_model)
-            oracle = reference.Oracle(oracle_model)
-            given = cases
-            try:
-                expected = oracle.run(cases)
-            except UnsupportedError as e:
-                if self.opt.inputs or oracle.load_failed:  # (onnxruntime refused the model, not its inputs)
-                    raise
-                expected, cases, tried = self._at_a_stride(loaded.model, oracle, cases,
-                                                           f"onnxruntime refused the generated inputs ({_line(e)})")
-                if expected is None:  # dims the graph relates but neither names nor implies: the likely cause
-                    raise UnsupportedError(f"{e}; the generated inputs had {'; then '.join(tried)}: if some of these "
-                                           "dims are related, give --dim NAME=A,B for each free one or --inputs") \
-                        from None
-            small = _too_small(expected, cases, original)
-            if small and not self.opt.inputs and not self.opt.dims:  # sizes too small for the model's strides
-                why, along = small
-                again, strided, tried = self._at_a_stride(loaded.model, oracle, cases, f"the generated inputs {why}")
-                if again is None and "window" in why:  # (MindSpore refuses a window larger than its input)
-                    hint = f"--dim '{along}=A,B' for the input dim the window runs along (the sizes the model " \
-                           "takes), and --dim NAME=A,B for other free dims" if along else \
-                           "give the sizes the model takes, --dim NAME=A,B for its free dims"
-                    raise UnsupportedError(f"the generated inputs {why} at {'; then '.join(tried)}: {hint}, or "
-                                           "--inputs")
-                expected, cases = (again, strided) if again is not None else (expected, cases)
-            self.report.validation["oracle"] = oracle.name
-            if oracle.exact:
-                self.report.validation["oracle_exact"] = reference.exact_note(oracle.exact)
-            if oracle.fallback_reason:
-                self.report.warnings.append(oracle.fallback_reason + "; using onnx.reference instead")
-            checked = Validated(simplified, expected, oracle_model, oracle.fallback_reason,
-                                None if cases is given else cases)
-            if loaded.model.as_shipped is not None:
-                section, warning = precision_checks.approximation_difference(loaded.model, cases, expected)
-                self.report.validation.update(section)
-                self.report.warnings.append(warning)
-            if simplified is original and loaded.model.as_given is None:
-                return checked
-            got = reference.Oracle(simplified).run(cases)
-            for case, exp, act in zip(cases, expected, got):
-                for name, ref in exp.items():
-                    c = compare.compare(act[name], ref, *self.tolerance(), case.valid_positions(ref))
-                    if not c.ok:
-                        self.report.warnings.append(f"onnxsim changed output {name!r} at {case.shape_text()} "
-                                                    f"({c.reason}); compiling the unsimplified model")
-                        return dataclasses.replace(checked, model=original)
-        return checked
-
-    def observed_ranks(self, loaded: Loaded, checked: Validated, cases) -> Validated:
-        """The ranks onnx's shape inference could not give, from onnxruntime's run on the reference cases
-        (graphconv/verify/observed_ranks.py); not at sizes run layer by layer, nor without a run."""
-        if checked.expected is None or loaded.layer_streamed or loaded.model.external_bytes:
-            return checked
-        model, given = observed_ranks.complete(checked.model, cases, reference.Oracle)
-        if not given:
-            return checked
-        shown = ", ".join(repr(n) for n in given[:3]) + (f" and {len(given) - 3} more" if len(given) > 3 else "")
-        self.report.warnings.append(f"onnx's shape inference left the rank of {len(given)} values unknown ({shown}): "
-                                    "they have the ranks onnxruntime's run gave")
-        return dataclasses.replace(checked, model=infer_shapes(model, self.model_path))
-
-    def _at_a_stride(self, model: LoadedModel, oracle, cases, why: str) -> tuple[list | None, list, list[str]]:
-        """The generated inputs did not serve (`why`): the oracle's outputs and the cases again, with every free
-        dim but the batch at multiples of 32, then of 64, then of 256 (reference.STRIDES: the strides detectors and
-        OCR models take, and frames longer than an audio model's window), and a warning saying which sizes ran;
-        (None, cases, the sizes tried) where none ran with outputs that are not empty."""
-        tried = [reference.dims_text(model.proto, cases[0])]
-        for stride in reference.STRIDES:
-            sizes = reference.stride_overrides(model.proto, stride, self.opt.dims)
-            if not sizes:
-                break
-            strided = None
-            try:
-                strided = reference.make_cases(model.proto, self.opt.mask_inputs, {**sizes, **(self.opt.dims or {})},
-                                               pad_masks=model.pad_masks, preferred_dims=model.case_dims)
-                expected = oracle.run(strided, fallback=False)
-            except (UnsupportedError, InputError):
-                expected = None
-            if expected is None or _too_small(expected, strided, model.proto):
-                tried.append(reference.dims_text(model.proto, strided[0]) if strided else f"multiples of {stride}")
-                continue
-            ran = " and ".join(reference.dims_text(model.proto, c) for c in strided)
-            self.report.warnings.append(f"{why} at {tried[0]}: they ran at multiples of {stride}: {ran}")
-            return expected, strided, tried
-        return None, cases, tried
-
     def fuse(self, model: onnx.ModelProto, cases, expected, spill: weights.SpillFile | None) -> onnx.ModelProto:
         """The pass pipeline; the result carries the function bodies of the fused ops it uses. With `spill`
         (a model whose weights are in files), weights a pass made leave memory before the next pass."""
@@ -340,7 +205,7 @@ class Compiler:
         got = reference.Oracle(opmap.fused.attach_functions(ir.to_proto(ir_model))).run(cases)
         for case, exp, act in zip(cases, expected, got):
             for name, ref in exp.items():
-                c = compare.compare(act[name], ref, *self.tolerance(), case.valid_positions(ref))
+                c = compare.compare(act[name], ref, *self.ctx.tolerance(), case.valid_positions(ref))
                 if not c.ok:
                     raise VerificationError(f"pass {p.name!r} broke equivalence: output {name!r} at "
                                             f"{case.shape_text()}: {c.reason}")
@@ -361,21 +226,6 @@ class Compiler:
             info["cpu_emulation"] = precision.emulation_note(self.opt.precision)
         self.report.validation["precision"] = info
         return low
-
-    def lower(self, model: onnx.ModelProto, loaded: Loaded, ws: Workspace, name: str = "network",
-              lazy_inline: bool | None = None) -> Lowered:
-        """The network's source and weights on disk, and the export task. lazy_inline (codegen.render) for the
-        target's MindIR where the target says so; never for the cpu twin, which runs directly."""
-        if lazy_inline is None:
-            lazy_inline = name == "network" and self.target.lazy_inline
-        self.progress.info(f"lower (opmap{', cpu twin' if name != 'network' else ''})")
-        with self.report.stage("lower" if name == "network" else f"lower-{name}") as st:
-            st.nodes_before = st.nodes_after = len(model.graph.node)
-            net, task = export_task.prepare(model, ws.dir, name, names=loaded.names, scopes=loaded.scopes,
-                                     lazy_inline=lazy_inline)
-            st.detail = {"parameters": len(net.params), "source_lines": net.source.count("\n"), "layers": net.layers,
-                         "parameter_names": param_names.name_summary(ws.path(f"{name}.names.json"))}
-        return Lowered(net, task)
 
     def write_bundle(self, model, emitted: Emitted, cases, expected, ws: Workspace) -> dict[Path, Path]:
         """The Ascend deploy bundle, built in the workspace and moved into place with the other artifacts."""
@@ -399,29 +249,13 @@ class Compiler:
         self.report.validation.setdefault("bundle_files", written)
         return {directory: Path(self.opt.bundle)}
 
-    def tolerance(self, compiled: bool = False, reference_value=None) -> tuple[float, float]:
-        """The user's tolerance, else the comparison rule's default: fp32 for graph-to-graph checks, the
-        compile precision's for the compiled network (`compiled`), or the reference value's own dtype's where
-        that is looser (an fp16 model's fp16 outputs: the oracle computed them in fp16)."""
-        atol, rtol = compare.default_tolerance(precision.TOLERANCE_KEY[self.opt.precision if compiled else "fp32"])
-        if reference_value is not None:
-            own = compare.default_tolerance(reference_value.dtype.name)
-            atol, rtol = max(atol, own[0]), max(rtol, own[1])
-        return (self.opt.atol if self.opt.atol is not None else atol,
-                self.opt.rtol if self.opt.rtol is not None else rtol)
-
     # --- the run ------------------------------------------------------------------------------------
     def run(self) -> Report:
         self.check_output()
         with Workspace(self.output) as ws, child.children(ws.dir):
             loaded = self.load(ws)
-            collect_dims(self.report.model["inputs"], [], self.opt.shape_ranges)  # names no symbolic dim: exit 1
-            if self.opt.bundle:  # refuse bad bundle options now, not after a long compile
-                from graphconv import deploy
-
-                deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
+            self.check_against_model(loaded)
             self.report.scheduling = {"switches": self.schedule.as_dict()}
-            self._check_space(loaded)
             try:
                 self._run_in(loaded, ws)
             except VerificationError as e:  # the report is still written, and says how the run ended
@@ -449,6 +283,16 @@ class Compiler:
             if path is not None and Path(path).exists():
                 raise InputError(f"{flag} {path} already exists")
 
+    def check_against_model(self, loaded: Loaded) -> None:
+        """What the options need of the loaded model, checked before the long work: the --shape-range dims are
+        its symbolic dims, the bundle's options suit its inputs, and its output's disk can hold its weights."""
+        collect_dims(self.report.model["inputs"], [], self.opt.shape_ranges)
+        if self.opt.bundle:
+            from graphconv import deploy
+
+            deploy.check_options(self.report.model["inputs"], self.opt.shape_ranges, self.opt.cann)
+        self._check_space(loaded)
+
     def _check_space(self, loaded: Loaded) -> None:
         """Refuse now, with the numbers, an output whose filesystem cannot hold even the MindIR's weights (a
         lower bound: at --precision fp16/bf16 half the model's bytes; under --tp, a model's weights in files
@@ -466,9 +310,9 @@ class Compiler:
 
     def _run_in(self, loaded: Loaded, ws: Workspace) -> None:
         cases = self.reference_cases(loaded)
-        checked = self.validate(loaded, self.simplify(loaded.model, ws), cases)
+        checked = oracle_stage.validate(self.ctx, loaded, self.simplify(loaded.model, ws), cases)
         cases = checked.cases or cases
-        checked = self.observed_ranks(loaded, checked, cases)
+        checked = oracle_stage.observed_ranks(self.ctx, loaded, checked, cases)
         spill = weights.SpillFile(ws.path("made-weights.bin")) if loaded.model.external_bytes else None
         fused = self.fuse(checked.model, cases, checked.expected, spill)
         if self.opt.precision != "fp32":
@@ -476,20 +320,20 @@ class Compiler:
         if self.opt.tp is not None:
             from graphconv.parallel.tensor_parallel import TensorParallel
 
-            self._commit(ws, TensorParallel(self).run(loaded, checked, fused, cases, ws, spill))
+            self._commit(ws, TensorParallel(self.ctx).run(loaded, checked, fused, cases, ws, spill))
             return
         cpu_form = opmap.fused.inline_fused(fused)
-        network = self.lower(self.target.network_graph(fused, cpu_form), loaded, ws)
+        network = lower(self.ctx, self.target.network_graph(fused, cpu_form), loaded, ws)
         self.target.check_network(network.net.program)
         if not self.opt.verify:
             try:
-                emitted, expected = Verification(self).emit(network, ws), checked.expected
+                emitted, expected = Verification(self.ctx).emit(network, ws), checked.expected
             except InternalError as e:
                 raise verification.refusal(e, loaded, checked) from None
             self.report.census = census.primitive_census(emitted.mindir)
             self.report.validation["status"] = self.report.status = "unverified"
         else:
-            emitted, expected = Verification(self).run(loaded, checked, fused, cpu_form, network, cases, spill, ws)
+            emitted, expected = Verification(self.ctx).run(loaded, checked, fused, cpu_form, network, cases, spill, ws)
         moves = self._artifacts(emitted.files, ws)
         if self.opt.bundle:
             moves.update(self.write_bundle(checked.model, emitted, cases, expected, ws))

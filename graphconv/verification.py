@@ -17,6 +17,7 @@ from graphconv.errors import GraphconvError, InternalError, UnsupportedError, Ve
 from graphconv.frontend.load import zero_sized_inputs
 from graphconv.options import THRESHOLD_BYTES
 from graphconv.runtime import child, scheduling
+from graphconv.stage_context import StageContext, case_run, lower
 from graphconv.stage_results import Emitted, Loaded, Lowered, OracleValues, Validated
 from graphconv.compiler import export_task
 from graphconv.verify import census, compare, exact, outputs, piecewise, precision_checks, reference
@@ -52,24 +53,24 @@ def _boundaries(partition) -> list[tuple[str, list[str]]]:
 
 
 class Verification:
-    """The emit and verify stages of one compile (`c`: its Compiler, whose options, report and progress they
-    use, and whose lowering makes the cpu twin). Nothing is left on this object between stages."""
+    """The emit and verify stages of one compile. They read the options and write the report through the
+    compile's StageContext; nothing is left on this object between stages."""
 
-    def __init__(self, compiler):
-        self.c = compiler
+    def __init__(self, ctx: StageContext):
+        self.ctx = ctx
 
     def emit(self, network: Lowered, ws: Workspace, run: dict | None = None, twin: Lowered | None = None) -> Emitted:
         """mindspore.export in a child; with `run` (the verification cases) the same child then runs them, on
         the MindIR (cpu target), on the cpu twin `twin` built from the exported network's Parameters, or block
         by block (run["blocks"]): graphconv/runtime/export_tasks.export_and_verify."""
-        self.c.progress.info("emit (mindspore.export)" + (" and the verification run, in one process" if run else ""))
-        with self.c.report.stage("emit") as st:
+        self.ctx.progress.info("emit (mindspore.export)" + (" and the verification run, in one process" if run else ""))
+        with self.ctx.report.stage("emit") as st:
             out_dir = ws.path("out")
             out_dir.mkdir()
-            checkpoint = str(ws.path("network.ckpt")) if self.c.opt.emit_source or self.c.opt.bundle else None
-            task = {**network.task, "file_base": str(out_dir / self.c.output.stem), "checkpoint": checkpoint}
+            checkpoint = str(ws.path("network.ckpt")) if self.ctx.options.emit_source or self.ctx.options.bundle else None
+            task = {**network.task, "file_base": str(out_dir / self.ctx.output.stem), "checkpoint": checkpoint}
             external = sum(ref[2] for ref in task.get("external_weights", {}).values())
-            tracker = self.c.progress.track("weights into MindSpore", external) if external else None
+            tracker = self.ctx.progress.track("weights into MindSpore", external) if external else None
             st.detail = {"weights_read_from_files_bytes": external}
             try:
                 if run is None:
@@ -98,18 +99,18 @@ class Verification:
         # (onnxruntime runs what it is given: integer products made exact first, reference.exact_integer_products)
         model, rewritten = reference.exact_integer_products(checked.oracle_model)
         if rewritten:
-            self.c.report.validation["oracle_exact"] = reference.exact_note(rewritten)
+            self.ctx.report.validation["oracle_exact"] = reference.exact_note(rewritten)
         variant = dataclasses.replace(variant, model=reference.exact_integer_products(variant.model)[0]) \
             if variant else None
         pieces = piecewise.cut(model, boundaries) if boundaries else None
         if pieces is None:
             if partition is not None:
-                self.c.report.warnings.append("the oracle runs the model whole: it holds none of the values the "
+                self.ctx.report.warnings.append("the oracle runs the model whole: it holds none of the values the "
                                             "compiled network's blocks pass on")
-            self.c.progress.info("oracle (onnxruntime, the whole model)")
-            with self.c.report.stage("oracle"):
+            self.ctx.progress.info("oracle (onnxruntime, the whole model)")
+            with self.ctx.report.stage("oracle"):
                 expected = outputs.oracle_values(model, sorted(keep), cases)
-                self.c.report.validation["oracle"] = "onnxruntime"
+                self.ctx.report.validation["oracle"] = "onnxruntime"
                 got = reference.Oracle(variant.model).run(cases) if variant else None
             exact_values = self._exact_by_layers(model, boundaries, exact_of, cases, keep)
             return OracleValues(expected, expected, got, exact_values)
@@ -117,12 +118,12 @@ class Verification:
         variant_pieces = piecewise.cut(variant.model, boundaries) if variant else None
         if variant_pieces:
             runs.append((variant.model, variant_pieces, set()))
-        self.c.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces"
+        self.ctx.progress.info(f"oracle (onnxruntime, layer by layer: {len(pieces)} pieces"
                            + (", with the ascend-precision variant's)" if variant_pieces else ")"))
-        with self.c.report.stage("oracle") as st:
-            results = piecewise.run_together(runs, cases, progress=self.c.progress)
+        with self.ctx.report.stage("oracle") as st:
+            results = piecewise.run_together(runs, cases, progress=self.ctx.progress)
             expected, kept, rows = results[0]
-            self.c.report.validation["oracle"] = "onnxruntime (layer by layer)"
+            self.ctx.report.validation["oracle"] = "onnxruntime (layer by layer)"
             st.detail = {"pieces": len(rows), "largest_piece_weight_bytes": max(r["weight_bytes"] for r in rows),
                          "kept_values": len(kept[0])}
             if variant_pieces:
@@ -146,25 +147,25 @@ class Verification:
         or bf16; with --precision fp16|bf16, the precision pass's graph (the model on its low-precision weights).
         None for any other compile (its oracle's values are the reference), or where they cannot be computed
         (the report says why, and the network is held to onnxruntime's values)."""
-        if self.c.opt.precision == "fp32" and not exact.computes_in_low_precision(model):
+        if self.ctx.options.precision == "fp32" and not exact.computes_in_low_precision(model):
             return None
         need, available = exact.float64_bytes(model, pieces), psutil.virtual_memory().available
         if need > EXACT_MEMORY_SHARE * available:
-            self.c.report.validation["exact"] = {
+            self.ctx.report.validation["exact"] = {
                 "status": "not computed", "why": f"its float64 weights would take {need / 2**30:.1f} GiB at once, "
                 f"more than {EXACT_MEMORY_SHARE:.0%} of the {available / 2**30:.1f} GiB available"}
             return None
-        self.c.progress.info("exact values (the model in float64" + (", layer by layer)" if pieces else ")"))
-        with self.c.report.stage("exact-values") as st:
+        self.ctx.progress.info("exact values (the model in float64" + (", layer by layer)" if pieces else ")"))
+        with self.ctx.report.stage("exact-values") as st:
             try:
                 pieces = pieces or piecewise.whole(model)  # (both runs read each piece's weights once)
                 runs = piecewise.run_together([(model, pieces, set(keep), True, rounded) for rounded in (False, True)],
-                                              cases, progress=self.c.progress if len(pieces) > 1 else None)
+                                              cases, progress=self.ctx.progress if len(pieces) > 1 else None)
             except UnsupportedError as e:
-                self.c.report.validation["exact"] = {"status": "not computed", "why": str(e)}
+                self.ctx.report.validation["exact"] = {"status": "not computed", "why": str(e)}
                 return None
             st.detail = {"pieces": len(runs[0][2]), "engines": sorted({r["engine"] for r in runs[0][2]})}
-        self.c.report.validation["exact"] = {
+        self.ctx.report.validation["exact"] = {
             "status": "computed", "factor": compare.EXACT_FACTOR, "max_factor": compare.EXACT_MAX_FACTOR,
             "rule": "a float output passes within the tolerance of its exact (float64) values, or when its mean "
                     f"abs distance from them is within {compare.EXACT_FACTOR:g}x, and its max abs within "
@@ -175,20 +176,20 @@ class Verification:
     def verify(self, network: Lowered, checked_what: str, cases, expected: list[dict], done: dict,
                exact_values: exact.Values | None = None) -> None:
         """Every case's outputs (the child's run, `done`) against the oracle's, by the comparison rule."""
-        self.c.progress.info(f"verify (MindSpore CPU vs oracle, {checked_what})")
-        with self.c.report.stage("verify") as st:
+        self.ctx.progress.info(f"verify (MindSpore CPU vs oracle, {checked_what})")
+        with self.ctx.report.stage("verify") as st:
             if "error" in done:
                 raise InternalError(f"{checked_what} does not run on CPU: {done['error']}")
             st.detail = {k: done[k] for k in ("build_seconds", "case_seconds", "shared_parameters") if k in done}
             check = outputs.compare_outputs(cases, expected, done["outputs"], network.net.output_names,
-                                            lambda ref: self.c.tolerance(True, ref), exact_values)
-            atol, rtol = self.c.tolerance(compiled=True)
-            self.c.report.validation.update({"status": "failed" if check.failures else "verified", "atol": atol,
+                                            lambda ref: self.ctx.tolerance(True, ref), exact_values)
+            atol, rtol = self.ctx.tolerance(compiled=True)
+            self.ctx.report.validation.update({"status": "failed" if check.failures else "verified", "atol": atol,
                                            "rtol": rtol, "cases": check.cases})
             if check.overflowed:
                 # Both sides overflowed, differently: where inf meets -inf (a NaN) depends on the order of the
                 # arithmetic, which neither runtime promises. Nothing can be verified on these inputs.
-                self.c.report.validation["status"] = "unverifiable"
+                self.ctx.report.validation["status"] = "unverifiable"
                 raise UnsupportedError(f"cannot verify: the model overflows on the reference inputs ({check.failures[0]}, "
                                        "and onnxruntime's and MindSpore's values there are all inf or NaN, or at the end "
                                        "of float32's range, where rounding is beyond any tolerance: which way they go "
@@ -204,21 +205,21 @@ class Verification:
                       exact_values: exact.Values | None = None) -> None:
         """The values every block passed on against onnxruntime's values of the same ONNX values; the first
         failing block is named."""
-        self.c.progress.info("verify blocks (layer-streamed: boundary values vs oracle)")
-        with self.c.report.stage("verify-blocks") as st:
+        self.ctx.progress.info("verify blocks (layer-streamed: boundary values vs oracle)")
+        with self.ctx.report.stage("verify-blocks") as st:
             if "blocks" not in done:
                 raise InternalError(f"the layer-streamed run did not run on CPU: {done.get('error', 'no result')}")
             rows, failure = outputs.compare_blocks(done["blocks"], plan["onnx_names"], cases, kept,
-                                                   run["block_values"], lambda ref: self.c.tolerance(True, ref),
+                                                   run["block_values"], lambda ref: self.ctx.tolerance(True, ref),
                                                    exact_values)
             st.detail = {"blocks": len(rows), "compared_values": sum(len(r["values"]) for r in rows[:-1]),
                          "child_peak_rss_after_block": max(b["rss_after"] for b in done["blocks"]),
                          "child_peak_rss": done.get("peak_rss")}
-            self.c.report.validation["layer_streamed"] = {"threshold_bytes": THRESHOLD_BYTES, "blocks": rows}
-            if self.c.schedule.block_read_ahead:  # (how many weights of each block a second thread read ahead)
-                self.c.report.scheduling["block_weights_read_ahead"] = [b["weights_read_ahead"] for b in done["blocks"]]
+            self.ctx.report.validation["layer_streamed"] = {"threshold_bytes": THRESHOLD_BYTES, "blocks": rows}
+            if self.ctx.schedule.block_read_ahead:  # (how many weights of each block a second thread read ahead)
+                self.ctx.report.scheduling["block_weights_read_ahead"] = [b["weights_read_ahead"] for b in done["blocks"]]
             if failure is not None:
-                self.c.report.validation["status"] = "failed"
+                self.ctx.report.validation["status"] = "failed"
                 raise VerificationError(f"layer-streamed verification failed at {failure}")
 
     def run(self, loaded: Loaded, checked: Validated, fused, cpu_form, network: Lowered, cases, spill,
@@ -227,22 +228,22 @@ class Verification:
         (ascend: fused primitives have no CPU kernels, nor has MindSpore's CPU bf16 ones; the ascend MindIR is
         then checked structurally, by its census), against the oracle's; block by block in layer-streamed mode."""
         twin_graph = cpu_form
-        if precision.CPU_EMULATED.get(self.c.opt.precision):
-            twin_graph = precision.emulate_in_fp32(cpu_form, self.c.opt.precision, spill=spill)
-        twin = self.c.lower(twin_graph, loaded, ws, "cpu_twin") if self.c.target.needs_twin(twin_graph, fused) else None
+        if precision.CPU_EMULATED.get(self.ctx.options.precision):
+            twin_graph = precision.emulate_in_fp32(cpu_form, self.ctx.options.precision, spill=spill)
+        twin = lower(self.ctx, twin_graph, loaded, ws, "cpu_twin") if self.ctx.target.needs_twin(twin_graph, fused) else None
         checked_net = twin or network
         # --precision fp16|bf16: the exact values are the precision pass's graph's, on its low-precision weights
-        exact_of = (fused, network.net.partition) if self.c.opt.precision != "fp32" else None
-        run = self._case_run(twin_graph, cases, ws)
+        exact_of = (fused, network.net.partition) if self.ctx.options.precision != "fp32" else None
+        run = case_run(twin_graph, cases, ws)
         plan = self._block_plan(loaded, checked_net, ws)
         if plan is not None:
-            run.update(blocks=plan, read_ahead=self.c.schedule.block_read_ahead,
+            run.update(blocks=plan, read_ahead=self.ctx.schedule.block_read_ahead,
                        block_values=[str(ws.path(f"case{k}.blocks.npz")) for k in range(len(cases))])
         variant = None
-        if self.c.target.measures_primitive_precision(self.c.opt.precision):
+        if self.ctx.target.measures_primitive_precision(self.ctx.options.precision):
             variant, why_not = precision_checks.ascend_variant(fused)
             if why_not:
-                self.c.report.validation["ascend_precision"] = why_not
+                self.ctx.report.validation["ascend_precision"] = why_not
         try:
             if checked.expected is not None:
                 emitted = self.emit(network, ws, run, twin)
@@ -256,12 +257,12 @@ class Verification:
                 (emitted, oracle), how = scheduling.both(
                     lambda: self.emit(network, ws, run, twin),
                     lambda: self.oracle_by_layers(checked, checked_net.net.partition, cases, variant, exact_of),
-                    self.c.schedule, weight_bytes, cancel=lambda: child.kill_children(ws.dir),
-                    progress=self.c.progress)
-                self.c.report.scheduling.update(how)
+                    self.ctx.schedule, weight_bytes, cancel=lambda: child.kill_children(ws.dir),
+                    progress=self.ctx.progress)
+                self.ctx.report.scheduling.update(how)
         except InternalError as e:
             raise refusal(e, loaded, checked) from None
-        self.c.report.census = census.primitive_census(emitted.mindir)
+        self.ctx.report.census = census.primitive_census(emitted.mindir)
         what = "the cpu twin" if twin is not None else "the emitted MindIR"
         try:
             if plan is not None:
@@ -272,64 +273,52 @@ class Verification:
                 raise refusal(e, loaded, checked) from None
             # MindSpore 2.10's CPU refuses some lazy_inline layer graphs (one holding control flow): the MindIR
             # is exported again with its layers inlined, and verified.
-            self.c.report.warnings.append("the layer classes are exported without lazy_inline (MindSpore's CPU "
+            self.ctx.report.warnings.append("the layer classes are exported without lazy_inline (MindSpore's CPU "
                                         f"refused them: {str(e).split(': ', 1)[-1][:160]})")
             shutil.rmtree(ws.path("out"))
             network = Lowered(network.net, export_task.without_lazy_inline(network.net, network.task, ws.dir))
             emitted = self.emit(network, ws, run)
-            self.c.report.census = census.primitive_census(emitted.mindir)
+            self.ctx.report.census = census.primitive_census(emitted.mindir)
             try:
                 self.verify(network, what, cases, oracle.expected, emitted.run, oracle.exact)
             except InternalError as again:
                 raise refusal(again, loaded, checked) from None
         if variant is not None:
-            self.c.progress.info("ascend precision (fp16 casts) vs oracle")
-            with self.c.report.stage("ascend-precision") as st:
+            self.ctx.progress.info("ascend precision (fp16 casts) vs oracle")
+            with self.ctx.report.stage("ascend-precision") as st:
                 got = oracle.variant
                 if got is None:
                     got = reference.Oracle(variant.model).run(cases)
                 else:
                     st.detail = {"run": "with the oracle"}
                 section, warning = precision_checks.check_ascend_variant(variant, cases, oracle.expected, got)
-                self.c.report.validation["ascend_precision"] = section
-                self.c.report.warnings.extend([warning] if warning else [])
-        if self.c.opt.precision != "fp32" and plan is not None:
-            self.c.report.warnings.append("no per-layer precision profile: it runs the whole network, and this one is "
+                self.ctx.report.validation["ascend_precision"] = section
+                self.ctx.report.warnings.extend([warning] if warning else [])
+        if self.ctx.options.precision != "fp32" and plan is not None:
+            self.ctx.report.warnings.append("no per-layer precision profile: it runs the whole network, and this one is "
                                         "verified layer by layer")
-        elif self.c.opt.precision != "fp32":
-            self.c.progress.info("precision profile")
-            with self.c.report.stage("precision-profile"):
-                self.c.report.validation["precision"]["layers"] = precision_checks.profile(
-                    checked.model, fused, twin_graph, cases[0], ws.dir, self.c.tolerance(compiled=True))
-        self.c.report.validation["checked"] = ("cpu twin of " if twin is not None else "") + self.c.output.name
-        self.c.report.status = "verified"
+        elif self.ctx.options.precision != "fp32":
+            self.ctx.progress.info("precision profile")
+            with self.ctx.report.stage("precision-profile"):
+                self.ctx.report.validation["precision"]["layers"] = precision_checks.profile(
+                    checked.model, fused, twin_graph, cases[0], ws.dir, self.ctx.tolerance(compiled=True))
+        self.ctx.report.validation["checked"] = ("cpu twin of " if twin is not None else "") + self.ctx.output.name
+        self.ctx.report.status = "verified"
         return emitted, oracle.expected
-
-    def _case_run(self, model: onnx.ModelProto, cases, ws: Workspace) -> dict:
-        """The verification cases as files, and what a MindSpore child needs to run them."""
-        import numpy as np
-
-        specs = export_task.placeholders(model)
-        run = {"cases": [], "outputs": [], "input_names": [s["name"] for s in specs], "inputs": specs}
-        for k, case in enumerate(cases):
-            np.savez(ws.path(f"case{k}.npz"), **case.inputs)
-            run["cases"].append(str(ws.path(f"case{k}.npz")))
-            run["outputs"].append(str(ws.path(f"case{k}.out.npz")))
-        return run
 
     def _block_plan(self, loaded: Loaded, checked_net: Lowered, ws: Workspace) -> dict | None:
         """The blocks the checked network runs one at a time (graphconv/compiler/partition.py), or None for the
         whole-network check: in layer-streamed mode, where the lowering cut the network into blocks."""
-        self.c.report.validation["mode"] = "whole-network"
+        self.ctx.report.validation["mode"] = "whole-network"
         if not loaded.layer_streamed:
             return None
         partition = checked_net.net.partition
         if partition is None:
             size = checked_net.net.param_bytes
-            self.c.report.warnings.append(f"no layers found ({(checked_net.net.layers or {}).get('reason', '')}): the "
+            self.ctx.report.warnings.append(f"no layers found ({(checked_net.net.layers or {}).get('reason', '')}): the "
                                         f"network is verified as a whole ({size / 2**30:.2f} GiB of Parameters)")
             return None
-        self.c.report.validation["mode"] = "layer-streamed"
+        self.ctx.report.validation["mode"] = "layer-streamed"
         return export_task.write_blocks(checked_net.net, ws.dir, Path(checked_net.task["source"]).stem)
 
 

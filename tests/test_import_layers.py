@@ -109,6 +109,7 @@ LAYERS = [
      "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
     ("graphconv.options", "graphconv.pipeline", "graphconv.verification", "graphconv.stage_results",
+     "graphconv.stage_context", "graphconv.oracle_stage",
      "graphconv.generation", "graphconv.parallel"),
     ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
 ]

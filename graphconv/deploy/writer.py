@@ -51,12 +51,10 @@ class BundleContext:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
-def check_options(inputs: list[dict], shape_ranges: dict, cann: str | None, precision: str = "fp32") -> None:
+def check_options(inputs: list[dict], shape_ranges: dict, cann: str | None) -> None:
     """Raise InputError for bundle options that write_bundle would refuse (call it before a long compile)."""
     cann_opset_range(cann)
     collect_dims(inputs, [], shape_ranges)
-    if precision not in PRECISIONS:
-        raise InputError(f"bundle: unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
 
 
 # ----------------------------------------------------------------------------------------------------------

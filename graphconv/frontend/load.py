@@ -31,6 +31,20 @@ MAX_OPSET = 28  # the newest opset onnx 1.23 defines (onnx.defs.onnx_opset_versi
 UPGRADE_FROM = 7  # opsets 7-12 are upgraded to MIN_OPSET on load
 
 
+@dataclasses.dataclass(frozen=True)
+class ContribNote:
+    """What loading did to a model with onnxruntime contrib ops, and what the oracle runs instead of it."""
+
+    ops: tuple[str, ...]  # the contrib ops, as contrib.label spells them
+    checker: str  # what onnx.checker says of the model as given
+    approximated: bool  # an onnxruntime kernel approximates an op: the next warning says what the oracle runs
+    oracle: str = "the oracle, onnxruntime, runs the model as given"
+
+    def text(self) -> str:
+        return (f"onnxruntime contrib op(s) {', '.join(self.ops)} ({self.checker}): decomposed into standard ONNX "
+                f"on load; {self.oracle}" + (" (but for what the next warning says)" if self.approximated else ""))
+
+
 @dataclasses.dataclass
 class LoadedModel:
     path: Path
@@ -54,6 +68,11 @@ class LoadedModel:
     approximations: dict[str, str] = dataclasses.field(default_factory=dict)
     quantized_weights: dict[str, str] = dataclasses.field(default_factory=dict)  # weight -> what is done with it
     packed: list[str] = dataclasses.field(default_factory=list)  # packed quantized initializers, kept packed
+    contrib: ContribNote | None = None  # set where the model has onnxruntime contrib ops
+
+    def warnings(self) -> list[str]:
+        """What loading did, for the report's warnings: the notes, then the contrib ops' note."""
+        return [*self.notes, *([self.contrib.text()] if self.contrib is not None else [])]
 
     @property
     def opset(self) -> int:
@@ -281,7 +300,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
     check_inline_tensors(model)
     check_opsets(model)
     as_given, upgraded_from, notes, decomposed, case_dims, pad_masks = None, None, [], {}, {}, True
-    as_shipped, approximations, quantized, packed = None, {}, {}, []
+    as_shipped, approximations, quantized, packed, contrib_note = None, {}, {}, [], None
     notes.extend(negative_dims_dynamic(model))
     found = contrib.contrib_nodes(model)
     if found:
@@ -294,7 +313,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         # Quantized contrib ops: the oracle runs what the network computes where onnxruntime's kernel
         # approximates the op, and the report says what happens to each quantized weight.
         exact, approximations = contrib.oracle_semantics(model)
-        notes.append(_contrib_note(model, found, bool(approximations)))
+        contrib_note = _contrib_note(model, found, bool(approximations))
         if exact is not None:
             as_shipped, as_given = model, exact
         quantized, packed = quant.describe_quantized_weights(model), quant.packed_initializers(model)
@@ -327,7 +346,8 @@ def load(path: str | os.PathLike) -> LoadedModel:
     return LoadedModel(path=path, proto=model, external_bytes=external, as_given=as_given,
                        upgraded_from=upgraded_from, notes=notes, decomposed=decomposed,
                        case_dims=case_dims, pad_masks=pad_masks, as_shipped=as_shipped,
-                       approximations=approximations, quantized_weights=quantized, packed=packed)
+                       approximations=approximations, quantized_weights=quantized, packed=packed,
+                       contrib=contrib_note)
 
 
 _NODE_NAME = re.compile(r"node name: (.*?)\): \[")
@@ -404,14 +424,12 @@ def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def _contrib_note(model: onnx.ModelProto, nodes: list[onnx.NodeProto], approximated: bool) -> str:
+def _contrib_note(model: onnx.ModelProto, nodes: list[onnx.NodeProto], approximated: bool) -> ContribNote:
     """What onnx.checker says of the model as given (it does not know onnxruntime's contrib ops)."""
-    ops = sorted({contrib.label(n) for n in nodes})
+    ops = tuple(sorted({contrib.label(n) for n in nodes}))
     try:
         onnx.checker.check_model(weights.stripped(model)[0] if weights.external_refs(model) else model)
         complaint = "onnx.checker accepts it"
     except (onnx.checker.ValidationError, UnicodeDecodeError) as e:
         complaint = f"onnx.checker: {_first_line(e)}"
-    return (f"onnxruntime contrib op(s) {', '.join(ops)} ({complaint}): decomposed into standard ONNX on load; "
-            "the oracle, onnxruntime, runs the model as given" + (" (but for what the next warning says)"
-                                                                   if approximated else ""))
+    return ContribNote(ops, complaint, approximated)

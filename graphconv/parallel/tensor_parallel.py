@@ -19,9 +19,10 @@ import numpy as np
 import onnx
 
 import opmap.fused
-from graphconv.errors import InputError, InternalError, VerificationError
+from graphconv.errors import InternalError, VerificationError
 from graphconv.runtime import msrun
 from graphconv.parallel import sharding
+from graphconv.stage_context import StageContext, case_run, lower
 from graphconv.verify import census, outputs
 from passes.stateful_cache import CACHE_PREFIX
 
@@ -57,16 +58,16 @@ np.savez(f"rank_{{rank}}.out.npz", **{{name: o.asnumpy() for name, o in zip({out
 
 
 class TensorParallel:
-    """The shard, lower, emit-and-run (under msrun) and verify stages of a --tp compile (`c`: its Compiler)."""
+    """The shard, lower, emit-and-run (under msrun) and verify stages of a --tp compile, through its StageContext."""
 
-    def __init__(self, compiler):
-        self.c = compiler
-        self.n = compiler.opt.tp
+    def __init__(self, ctx: StageContext):
+        self.ctx = ctx
+        self.n = ctx.options.tp
 
     def run(self, loaded, checked, fused: onnx.ModelProto, cases, ws, spill=None) -> dict[Path, Path]:
         """The rank networks built, run and verified; returns {staged directory: output directory}. `spill`:
         the compile's spill file (a model whose weights are in files), where the shards go."""
-        with self.c.report.stage("shard") as st:
+        with self.ctx.report.stage("shard") as st:
             plan = sharding.plan(fused, self.n)
             ranks = sharding.shard_all(fused, plan, spill)
             st.detail = {"tp": self.n, "blocks": len(plan.blocks), "all_reduces": len(plan.reduces),
@@ -74,75 +75,62 @@ class TensorParallel:
         tasks, nets = [], []
         for r, graph in enumerate(ranks):
             cpu_form = opmap.fused.inline_fused(graph)
-            net = self.c.lower(self.c.target.network_graph(graph, cpu_form), loaded, ws, f"rank_{r}",
-                               lazy_inline=self.c.target.lazy_inline)
-            twin = self.c.lower(cpu_form, loaded, ws, f"rank_{r}_cpu_twin", lazy_inline=False) \
-                if self.c.opt.verify and self.c.target.needs_twin(cpu_form, graph) else None  # (runs only to verify)
+            net = lower(self.ctx, self.ctx.target.network_graph(graph, cpu_form), loaded, ws, f"rank_{r}",
+                               lazy_inline=self.ctx.target.lazy_inline)
+            twin = lower(self.ctx, cpu_form, loaded, ws, f"rank_{r}_cpu_twin", lazy_inline=False) \
+                if self.ctx.options.verify and self.ctx.target.needs_twin(cpu_form, graph) else None  # (runs only to verify)
             out_dir = ws.path(f"out_rank_{r}")
             out_dir.mkdir()
-            run = self._case_run(cpu_form, cases, ws, r) if self.c.opt.verify else None
+            run = case_run(cpu_form, cases, ws, f".rank{r}") if self.ctx.options.verify else None
             export = {**net.task, "file_base": str(out_dir / f"rank_{r}"), "checkpoint": None}
             tasks.append({"kind": "export_and_verify", "export": export, "run": run,
                           "twin": twin.task if twin else None} if run else {"kind": "export", **export})
             nets.append((net, twin))
-        self.c.progress.info(f"emit and run {self.n} ranks under msrun")
-        with self.c.report.stage("emit") as st:
+        self.ctx.progress.info(f"emit and run {self.n} ranks under msrun")
+        with self.ctx.report.stage("emit") as st:
             t0 = time.perf_counter()
             results = msrun.run(tasks, ws.dir, f"msrun ({self.n} ranks)")
             st.detail = {"msrun_seconds": round(time.perf_counter() - t0, 2)}
-        self.c.report.census = census.primitive_census(next(f for f in results[0]["files"] if f.endswith(".mindir")))
+        self.ctx.report.census = census.primitive_census(next(f for f in results[0]["files"] if f.endswith(".mindir")))
         sources = self._sources(ws)
         total = _weight_bytes(fused)
         rows = [{"rank": r, "weight_bytes": _weight_bytes(g), "share": round(_weight_bytes(g) / total, 4),
                  "streamed": bool(res.get("streamed")), "peak_rss_bytes": res.get("peak_rss_bytes")}
                 for r, (g, res) in enumerate(zip(ranks, results))]
-        if self.c.opt.verify:
+        if self.ctx.options.verify:
             self._verify(nets, results, cases, checked.expected, rows)
         else:
-            self.c.report.validation["status"] = self.c.report.status = "unverified"
-        self.c.report.validation["tensor_parallel"] = {"tp": self.n, "unsharded_weight_bytes": total, "ranks": rows,
+            self.ctx.report.validation["status"] = self.ctx.report.status = "unverified"
+        self.ctx.report.validation["tensor_parallel"] = {"tp": self.n, "unsharded_weight_bytes": total, "ranks": rows,
                                                        "run": "msrun on CPU (MindSpore's CPU collectives)"}
         staged = self._stage_output(plan, sources, results, fused, ws)
-        moves = {staged: Path(self.c.output)}
-        if self.c.opt.bundle:
-            moves[self._bundle(staged, cases, checked.expected, rows, ws)] = Path(self.c.opt.bundle)
+        moves = {staged: Path(self.ctx.output)}
+        if self.ctx.options.bundle:
+            moves[self._bundle(staged, cases, checked.expected, rows, ws)] = Path(self.ctx.options.bundle)
         return moves
 
-    def _case_run(self, model, cases, ws, rank: int) -> dict:
-        from graphconv.compiler import export_task
-
-        specs = export_task.placeholders(model)
-        run = {"cases": [], "outputs": [], "input_names": [s["name"] for s in specs], "inputs": specs}
-        for k, case in enumerate(cases):
-            path = ws.path(f"case{k}.npz")
-            if not path.exists():
-                np.savez(path, **case.inputs)
-            run["cases"].append(str(path))
-            run["outputs"].append(str(ws.path(f"case{k}.rank{rank}.out.npz")))
-        return run
-
     def _verify(self, nets, results, cases, expected, rows) -> None:
-        self.c.progress.info(f"verify ({self.n} ranks under msrun vs onnxruntime on the unsharded model)")
-        with self.c.report.stage("verify"):
+        self.ctx.progress.info(f"verify ({self.n} ranks under msrun vs onnxruntime on the unsharded model)")
+        with self.ctx.report.stage("verify"):
             failures = []
             for r, ((net, twin), result) in enumerate(zip(nets, results)):
                 done = result.get("verify") or {"error": result.get("verify_error", "no result")}
                 if "error" in done:
                     raise InternalError(f"rank {r} does not run on CPU under msrun: {done['error']}")
                 check = outputs.compare_outputs(cases, expected, done["outputs"], (twin or net).net.output_names,
-                                                lambda ref: self.c.tolerance(True, ref))
+                                                lambda ref: self.ctx.tolerance(True, ref))
                 rows[r]["max_abs"] = max(o["max_abs"] for c in check.cases for o in c["outputs"])
                 rows[r]["case_seconds"] = done.get("case_seconds")
                 failures += [f"rank {r}: {f}" for f in check.failures]
                 if r == 0:
-                    atol, rtol = self.c.tolerance(compiled=True)
-                    self.c.report.validation.update({"atol": atol, "rtol": rtol, "cases": check.cases})
-            self.c.report.validation["status"] = "failed" if failures else "verified"
-            self.c.report.validation["checked"] = ("cpu twins" if nets[0][1] else "MindIRs") + \
+                    atol, rtol = self.ctx.tolerance(compiled=True)
+                    self.ctx.report.validation.update({"atol": atol, "rtol": rtol, "cases": check.cases})
+            self.ctx.report.validation["status"] = "failed" if failures else "verified"
+            self.ctx.report.validation["checked"] = ("cpu twins" if nets[0][1] else "MindIRs") + \
                 f" of the {self.n} ranks, under msrun"
             if failures:
                 raise VerificationError("verification failed: " + "; ".join(failures[:3]))
-        self.c.report.status = "verified"
+        self.ctx.report.status = "verified"
 
     def _sources(self, ws) -> dict[str, str]:
         """ONNX initializer -> the model's own (PyTorch) name, from the lowering's name mapping."""
@@ -158,32 +146,32 @@ class TensorParallel:
             for f in map(Path, result["files"]):
                 f.rename(staged / f.name.replace(f"rank_{r}_graph", f"rank_{r}"))
         (staged / "plan.json").write_text(json.dumps(plan.as_json(sources), indent=1) + "\n")
-        name = Path(self.c.output).name
+        name = Path(self.ctx.output).name
         launch = staged / "launch_ascend.sh"
         launch.write_text(msrun.launch_script(self.n, LAUNCH_ABOUT.format(n=self.n, name=name), "run_rank.py"))
         launch.chmod(0o755)
         (staged / "run_rank.py").write_text(RUN_RANK.format(
             inputs=[i.name for i in fused.graph.input if i.name not in {t.name for t in fused.graph.initializer}],
             outputs=[o.name for o in fused.graph.output]))
-        self.c.report.artifacts.update({"tp_dir": str(self.c.output), "plan": str(Path(self.c.output) / "plan.json"),
-                                        "launch": str(Path(self.c.output) / "launch_ascend.sh")})
+        self.ctx.report.artifacts.update({"tp_dir": str(self.ctx.output), "plan": str(Path(self.ctx.output) / "plan.json"),
+                                        "launch": str(Path(self.ctx.output) / "launch_ascend.sh")})
         return staged
 
     def _bundle(self, staged: Path, cases, expected, rows, ws) -> Path:
         """The deploy bundle (graphconv/deploy/tensor_parallel.py), staged beside the rank files."""
         from graphconv.deploy.tensor_parallel import write_tp_bundle
 
-        self.c.progress.info("bundle")
-        with self.c.report.stage("bundle"):
+        self.ctx.progress.info("bundle")
+        with self.ctx.report.stage("bundle"):
             directory = ws.path("bundle")
             directory.mkdir()
-            v = self.c.report.validation
+            v = self.ctx.report.validation
             written = write_tp_bundle(
-                directory, staged, name=Path(self.c.output).name, tp=self.n, inputs=self.c.report.model["inputs"],
-                outputs=self.c.report.model["outputs"], cases=cases, expected=expected,
-                precision=self.c.opt.precision, ranks=rows, status=v.get("status", "unverified"),
-                checked=v.get("checked"), tools=self.c.report.provenance["tools"], census=self.c.report.census)
-        self.c.report.artifacts["bundle"] = str(self.c.opt.bundle)
+                directory, staged, name=Path(self.ctx.output).name, tp=self.n, inputs=self.ctx.report.model["inputs"],
+                outputs=self.ctx.report.model["outputs"], cases=cases, expected=expected,
+                precision=self.ctx.options.precision, ranks=rows, status=v.get("status", "unverified"),
+                checked=v.get("checked"), tools=self.ctx.report.provenance["tools"], census=self.ctx.report.census)
+        self.ctx.report.artifacts["bundle"] = str(self.ctx.options.bundle)
         v.setdefault("bundle_files", written)
         return directory
 

@@ -251,3 +251,18 @@ def group_query_attention(rw: Rewrite) -> None:
         for cache, out_name in ((keys, rw.output(1)), (values, rw.output(2))):
             if out_name:
                 rw.op("Where", kept, rw.op("GatherElements", cache, index, axis=2), zero, outputs=[out_name])
+
+
+def gqa_presents(model: onnx.ModelProto | None) -> dict[str, str]:
+    """{past input: present output} of each com.microsoft GroupQueryAttention reading a graph-input cache in
+    `model` (its inputs 3, 4 -> outputs 1, 2): the presents its decomposition gives, not as a Concat's output."""
+    if model is None:
+        return {}
+    inputs = {vi.name for vi in model.graph.input}
+    found = {}
+    for node in model.graph.node:
+        if (node.domain, node.op_type) == ("com.microsoft", "GroupQueryAttention"):
+            found.update({node.input[i]: node.output[o] for i, o in ((3, 1), (4, 2))
+                          if len(node.input) > i and node.input[i] in inputs and len(node.output) > o
+                          and node.output[o]})
+    return found
