@@ -18,15 +18,15 @@ from typing import Callable
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 
 ZOO: dict[str, str] = {
-    "mlp": "models.mlp:build",
-    "cnn": "models.cnn:build",
-    "llama": "models.llama:build",
-    "llama-sdpa": "models.llama:build_sdpa",
-    "gpt2": "models.gpt2:build",
-    "bert": "models.bert:build",
-    "hf-llama": "models.hf:build_llama",
-    "hf-gpt2": "models.hf:build_gpt2",
-    "hf-bert": "models.hf:build_bert",
+    "mlp": f"{__name__}.mlp:build",
+    "cnn": f"{__name__}.cnn:build",
+    "llama": f"{__name__}.llama:build",
+    "llama-sdpa": f"{__name__}.llama:build_sdpa",
+    "gpt2": f"{__name__}.gpt2:build",
+    "bert": f"{__name__}.bert:build",
+    "hf-llama": f"{__name__}.hf:build_llama",
+    "hf-gpt2": f"{__name__}.hf:build_gpt2",
+    "hf-bert": f"{__name__}.hf:build_bert",
 }
 
 # Names whose factories need nothing beyond torch (the hf-* ones need transformers).
@@ -37,7 +37,7 @@ def load_factory(spec: str) -> Callable:
     """Return the callable named by "package.module:function", by a ZOO name (e.g. "llama"), or by
     "hf/<name>" for a transformers architecture of models/architectures.py (e.g. "hf/qwen3")."""
     if spec.startswith("hf/"):
-        from models.architectures import ARCHITECTURES
+        from .architectures import ARCHITECTURES
 
         if spec[3:] not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {spec!r}; choose from "

@@ -21,7 +21,7 @@ compiler fuses), RmsNorm, LayerNorm, RotaryPositionEmbedding (one per rotated te
 GeLU (tanh approximation), GeluExt (exact erf GELU), FastGeLU (x * sigmoid(1.702 x)).
 
 These names are deliberately not in models.ZOO (that would change what the opset matrix runs): load them with
-`models.load_factory(ARCHITECTURES[name].factory)` ("models.architectures:build_<name>").
+`models.load_factory(ARCHITECTURES[name].factory)` (f"{__name__}:build_<name>").
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from models._common import BATCH, SEQ, left_padded_mask, randomize_norms, token_ids
-from models.hf import INITIALIZER_RANGE, _finish, _transformers
+from ._common import BATCH, SEQ, left_padded_mask, randomize_norms, token_ids
+from .hf import INITIALIZER_RANGE, _finish, _transformers
 
 VOCAB = 128
 HIDDEN = 64
@@ -482,7 +482,7 @@ def _plain_kind(layers: int) -> dict[str, int]:
 
 _ARCHS = [
     Architecture(
-        "llama", "models.architectures:build_llama", "decoder",
+        "llama", f"{__name__}:build_llama", "decoder",
         {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "LlamaDecoderLayer: input_layernorm + post_attention_layernorm (2 RMSNorm/layer) + model.norm = 5; "
@@ -491,21 +491,21 @@ _ARCHS = [
         "computed in-graph from inv_freq x position_ids; causal + padding mask; GQA 4/2 via repeat_kv "
         "(sdpa: enable_gqa or expand); separate q/k/v/o and gate/up/down projections, no biases."),
     Architecture(
-        "mistral", "models.architectures:build_mistral", "decoder",
+        "mistral", f"{__name__}:build_mistral", "decoder",
         {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"sliding": _rope_kind(2)},
         "Llama's layer structure (2 RMSNorm/layer + final norm, q/k rotated, silu-gated MLP); "
         "MistralModel builds create_sliding_window_causal_mask for every layer since config.sliding_window is set.",
         "As Llama; every layer sliding: causal AND kv_idx > q_idx - 4 (window 4 here, 4096 by default) AND padding."),
     Architecture(
-        "qwen2", "models.architectures:build_qwen2", "decoder",
+        "qwen2", f"{__name__}:build_qwen2", "decoder",
         {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "Qwen2DecoderLayer = Llama's (2 RMSNorm/layer + final); use_sliding_window False -> all layer_types "
         "full_attention; silu-gated Qwen2MLP.",
         "As Llama, plus biases on q_proj/k_proj/v_proj (o_proj none); causal + padding mask (sliding window off)."),
     Architecture(
-        "qwen3", "models.architectures:build_qwen3", "decoder",
+        "qwen3", f"{__name__}:build_qwen3", "decoder",
         {_RMS: 9, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "Qwen3DecoderLayer: 2 RMSNorm + Qwen3Attention.q_norm and k_norm (RMSNorm over head_dim) = 4/layer, "
@@ -513,7 +513,7 @@ _ARCHS = [
         "qk-norm per head: q_norm(q_proj(x).view(B,S,H,D)) before transpose and RoPE (width head_dim 16); "
         "no qkv bias; otherwise Llama."),
     Architecture(
-        "gemma", "models.architectures:build_gemma", "decoder",
+        "gemma", f"{__name__}:build_gemma", "decoder",
         {_RMS: 5, _FA: 2, _ROPE: 4, "GeLU": 2},
         {"global": _rope_kind(2)},
         "GemmaDecoderLayer: 2 GemmaRMSNorm/layer + final norm = 5; GemmaMLP down(gelu_pytorch_tanh(gate) * up) "
@@ -522,7 +522,7 @@ _ARCHS = [
         "buffer, = 8); GeGLU with gelu tanh (approximate='tanh'); head_dim 32 with 4 heads (q width 128 != "
         "hidden 64); tied lm_head; causal + padding mask."),
     Architecture(
-        "gemma2", "models.architectures:build_gemma2", "decoder",
+        "gemma2", f"{__name__}:build_gemma2", "decoder",
         {_RMS: 9, _FA: 0, _ROPE: 4, "GeLU": 2},
         {"softcapped": _rope_kind(2, fused=0)},
         "Gemma2DecoderLayer: input/post_attention/pre_feedforward/post_feedforward RMSNorms (4/layer) + final = "
@@ -533,7 +533,7 @@ _ARCHS = [
         "global; _supports_sdpa = False: default attention is eager (matmul/softmax, no sdpa); tied lm_head.",
         refused={"attention: soft-capped scores": 2}),
     Architecture(
-        "gemma3", "models.architectures:build_gemma3", "decoder",
+        "gemma3", f"{__name__}:build_gemma3", "decoder",
         {_RMS: 13, _FA: 2, _ROPE: 4, "GeLU": 2},
         {"sliding": _rope_kind(1), "global": _rope_kind(1)},
         "Gemma3DecoderLayer: 4 sandwich RMSNorms + q_norm and k_norm = 6/layer, + final = 13; "
@@ -542,7 +542,7 @@ _ARCHS = [
         "theta 1e4 for sliding, 1e6 for global); sliding window 4 (kv_idx > q_idx - 4) on layer 0; scale "
         "query_pre_attn_scalar^-0.5; embeddings x sqrt(hidden); tied lm_head."),
     Architecture(
-        "phi", "models.architectures:build_phi", "decoder",
+        "phi", f"{__name__}:build_phi", "decoder",
         {_LN: 3, _FA: 2, _ROPE: 4, "GeLU": 2},
         {"global": _rope_kind(2)},
         "PhiDecoderLayer: one input_layernorm feeding both attention and MLP (parallel) + final_layernorm = 3 "
@@ -550,7 +550,7 @@ _ARCHS = [
         "LayerNorm with bias; parallel block out = attn + mlp + residual; partial rotary 0.5: first 8 of 16 dims "
         "rotated (rotate_half), rest concatenated back; biases on q/k/v/dense/fc1/fc2 and lm_head."),
     Architecture(
-        "phi3", "models.architectures:build_phi3", "decoder",
+        "phi3", f"{__name__}:build_phi3", "decoder",
         {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "Phi3DecoderLayer: 2 RMSNorm/layer + final; Phi3MLP gate, up = gate_up_proj(x).chunk(2) then "
@@ -558,7 +558,7 @@ _ARCHS = [
         "merged qkv_proj split by slicing [:q], [q:q+kv], [q+kv:] (GQA 4/2); merged gate_up_proj chunked "
         "(gate first); full rotary (partial_rotary_factor 1.0) rotate_half; no biases; sliding_window None."),
     Architecture(
-        "gpt2", "models.architectures:build_gpt2", "decoder",
+        "gpt2", f"{__name__}:build_gpt2", "decoder",
         {_LN: 5, _FA: 2, "GeLU": 2},
         {"global": _plain_kind(2)},
         "GPT2Block: ln_1 + ln_2 per layer + ln_f = 5 LayerNorm; GPT2MLP c_fc -> gelu_new (tanh) -> c_proj; "
@@ -566,7 +566,7 @@ _ARCHS = [
         "Conv1D c_attn (x @ W + b, W stored [in, out]) split(hidden, dim=2) into q, k, v; scale 1/sqrt(16); "
         "causal + padding mask; MHA; tied lm_head."),
     Architecture(
-        "gptj", "models.architectures:build_gptj", "decoder",
+        "gptj", f"{__name__}:build_gptj", "decoder",
         {_LN: 3, _FA: 2, _ROPE: 4, "GeLU": 2},
         {"global": _rope_kind(2)},
         "GPTJBlock: one ln_1 feeding attention and MLP (parallel) + ln_f = 3; rotary on q_rot and k_rot "
@@ -575,7 +575,7 @@ _ARCHS = [
         "in [B,S,H,D] layout before the transpose; sin/cos gathered from a sinusoid table buffer by position_ids "
         "and repeat_interleave(2); no q/k/v biases; lm_head with bias."),
     Architecture(
-        "gpt_neox", "models.architectures:build_gpt_neox", "decoder",
+        "gpt_neox", f"{__name__}:build_gpt_neox", "decoder",
         {_LN: 5, _FA: 2, _ROPE: 4, "GeluExt": 2},
         {"global": _rope_kind(2)},
         "GPTNeoXLayer: input_layernorm + post_attention_layernorm (both on the layer input: parallel residual) "
@@ -583,7 +583,7 @@ _ARCHS = [
         "query_key_value viewed [B,S,H,3*D], transposed, chunk(3, -1) (per-head interleaved q|k|v); partial "
         "rotary 0.25 = 4 of 16 dims, rotate_half; biases on qkv and dense; MHA."),
     Architecture(
-        "stablelm", "models.architectures:build_stablelm", "decoder",
+        "stablelm", f"{__name__}:build_stablelm", "decoder",
         {_LN: 5, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "StableLmDecoderLayer (use_parallel_residual False): input_layernorm + post_attention_layernorm "
@@ -591,7 +591,7 @@ _ARCHS = [
         "LayerNorm with bias; partial rotary 0.25 (4 of 16 dims) rotate_half + concat pass-through; no qkv bias "
         "(use_qkv_bias False); GQA 4/2."),
     Architecture(
-        "starcoder2", "models.architectures:build_starcoder2", "decoder",
+        "starcoder2", f"{__name__}:build_starcoder2", "decoder",
         {_LN: 5, _FA: 2, _ROPE: 4, "GeLU": 2},
         {"global": _rope_kind(2)},
         "Starcoder2DecoderLayer: 2 nn.LayerNorm/layer + final = 5; Starcoder2MLP c_fc -> gelu_pytorch_tanh -> "
@@ -599,7 +599,7 @@ _ARCHS = [
         "biases everywhere (use_bias); rotate_half full RoPE; sliding_window None by default (causal only); "
         "GQA 4/2; tied lm_head."),
     Architecture(
-        "olmo2", "models.architectures:build_olmo2", "decoder",
+        "olmo2", f"{__name__}:build_olmo2", "decoder",
         {_RMS: 9, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "Olmo2DecoderLayer: post_attention_layernorm + post_feedforward_layernorm + Olmo2Attention.q_norm + "
@@ -608,7 +608,7 @@ _ARCHS = [
         "head split (q_norm width 64 = H*D, k_norm width 32 = KV*D); Olmo2RMSNorm casts after the weight "
         "multiply; rotate_half RoPE."),
     Architecture(
-        "cohere", "models.architectures:build_cohere", "decoder",
+        "cohere", f"{__name__}:build_cohere", "decoder",
         {_LN: 3, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "CohereDecoderLayer: one input_layernorm feeding attention and MLP (parallel) + final norm = 3 "
@@ -616,14 +616,14 @@ _ARCHS = [
         "bias-free LayerNorm computed in fp32; interleaved RoPE: cos/sin = repeat_interleave(freqs, 2), "
         "rotate_half = stack(-x[1::2], x[::2]).flatten; logits x logit_scale 0.0625; tied lm_head."),
     Architecture(
-        "granite", "models.architectures:build_granite", "decoder",
+        "granite", f"{__name__}:build_granite", "decoder",
         {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "GraniteDecoderLayer = Llama's (2 RMSNorm/layer + final); attention scaling = attention_multiplier.",
         "scale 0.0625 (= 1/head_dim here, not 1/sqrt); embeddings x12, residual branches x0.22, logits / 8; "
         "otherwise Llama."),
     Architecture(
-        "smollm3", "models.architectures:build_smollm3", "decoder",
+        "smollm3", f"{__name__}:build_smollm3", "decoder",
         {_RMS: 5, _FA: 2, _ROPE: 2, "Swiglu": 2},
         {"global": _rope_kind(1), "nope": {"attention": 1, _FA: 1, _ROPE: 0}},
         "SmolLM3Attention applies RoPE only where config.no_rope_layers[i] is 1 ([1, 0]: layer 1 is NoPE), "
@@ -631,7 +631,7 @@ _ARCHS = [
         "Llama-like; NoPE layer attends without position information (same causal mask); rope theta 2e6; "
         "tied lm_head."),
     Architecture(
-        "glm4", "models.architectures:build_glm4", "decoder",
+        "glm4", f"{__name__}:build_glm4", "decoder",
         {_RMS: 9, _FA: 2, _ROPE: 4, "Swiglu": 2},
         {"global": _rope_kind(2)},
         "Glm4DecoderLayer: input_layernorm, post_self_attn_layernorm, post_attention_layernorm, "
@@ -640,7 +640,7 @@ _ARCHS = [
         "rotate_half = stack(-x[1::2], x[::2]).flatten, rest concatenated; qkv biases; sandwich norms; "
         "merged gate_up_proj chunked (gate first)."),
     Architecture(
-        "opt", "models.architectures:build_opt", "decoder",
+        "opt", f"{__name__}:build_opt", "decoder",
         {_LN: 5, _FA: 2},
         {"global": _plain_kind(2)},
         "OPTDecoderLayer (do_layer_norm_before): self_attn_layer_norm + final_layer_norm per layer + "
@@ -648,7 +648,7 @@ _ARCHS = [
         "q_proj(x) * head_dim^-0.5 before the attention call (scaling=1.0 there); learned positions "
         "cumsum(mask)*mask - 1 + offset 2; biases; ReLU MLP; MHA; tied lm_head."),
     Architecture(
-        "bloom", "models.architectures:build_bloom", "decoder",
+        "bloom", f"{__name__}:build_bloom", "decoder",
         {_LN: 6, _FA: 2, "GeLU": 2},
         {"alibi": _plain_kind(2)},
         "BloomModel: word_embeddings_layernorm + (input_layernorm + post_attention_layernorm) per layer + ln_f "
@@ -659,7 +659,7 @@ _ARCHS = [
         "fp32 softmax; alibi = slopes[h] * ((cumsum(mask) - 1) * mask); query_key_value viewed [B,S,H,3,D]; "
         "biases; tied lm_head."),
     Architecture(
-        "bert", "models.architectures:build_bert", "encoder",
+        "bert", f"{__name__}:build_bert", "encoder",
         {_LN: 5, _FA: 2, "GeluExt": 2},
         {"bidirectional": _plain_kind(2)},
         "BertEmbeddings.LayerNorm + BertSelfOutput.LayerNorm + BertOutput.LayerNorm per layer = 5; "
@@ -667,21 +667,21 @@ _ARCHS = [
         "post-LayerNorm (LN(x + sublayer)); bidirectional padding mask (create_bidirectional_mask); word + "
         "position + token-type (zeros buffer) embeddings; biases; no pooler."),
     Architecture(
-        "roberta", "models.architectures:build_roberta", "encoder",
+        "roberta", f"{__name__}:build_roberta", "encoder",
         {_LN: 5, _FA: 2, "GeluExt": 2},
         {"bidirectional": _plain_kind(2)},
         "Same layer structure as BERT: embedding LayerNorm + 2 LayerNorm/layer = 5; exact GELU intermediate.",
         "positions = cumsum(input_ids != pad) * (input_ids != pad) + pad (pad id 1), from the ids, not the "
         "mask; otherwise BERT."),
     Architecture(
-        "distilbert", "models.architectures:build_distilbert", "encoder",
+        "distilbert", f"{__name__}:build_distilbert", "encoder",
         {_LN: 5, _FA: 2, "GeluExt": 2},
         {"bidirectional": _plain_kind(2)},
         "Embeddings.LayerNorm + sa_layer_norm + output_layer_norm per TransformerBlock = 5; FFN activation "
         "'gelu' (exact).",
         "post-LayerNorm, eps 1e-12; bidirectional padding mask; no token types; learned positions."),
     Architecture(
-        "modernbert", "models.architectures:build_modernbert", "encoder",
+        "modernbert", f"{__name__}:build_modernbert", "encoder",
         {_LN: 5, _FA: 2, _ROPE: 4, "GeluExt": 2},
         {"bidirectional": _rope_kind(1), "sliding": _rope_kind(1)},
         "embeddings.norm + layer 0 mlp_norm (its attn_norm is nn.Identity) + layer 1 attn_norm and mlp_norm + "
@@ -691,7 +691,7 @@ _ARCHS = [
         "tables (global theta 160000, local 10000); layer 1 bidirectional sliding window |q - k| <= "
         "local_attention/2 = 2, layer 0 bidirectional; no biases."),
     Architecture(
-        "clip_text", "models.architectures:build_clip_text", "encoder",
+        "clip_text", f"{__name__}:build_clip_text", "encoder",
         {_LN: 5, _FA: 2, "FastGeLU": 2},
         {"global": _plain_kind(2)},
         "CLIPEncoderLayer: layer_norm1 + layer_norm2 per layer + final_layer_norm = 5; CLIPMLP activation "
@@ -699,7 +699,7 @@ _ARCHS = [
         "causal + padding mask (create_causal_mask) in an encoder; pre-LayerNorm; learned positions; biases; the "
         "pooled EOS gather (argmax) is dead code for last_hidden_state."),
     Architecture(
-        "vit", "models.architectures:build_vit", "encoder",
+        "vit", f"{__name__}:build_vit", "encoder",
         {_LN: 5, _FA: 2, "GeluExt": 2},
         {"bidirectional": _plain_kind(2)},
         "ViTLayer: layernorm_before + layernorm_after per layer + ViTModel.layernorm = 5; ViTIntermediate "
@@ -708,7 +708,7 @@ _ARCHS = [
         "biases; static 17 tokens, only batch dynamic.",
         dynamic=("batch",)),
     Architecture(
-        "whisper_encoder", "models.architectures:build_whisper_encoder", "encoder",
+        "whisper_encoder", f"{__name__}:build_whisper_encoder", "encoder",
         {_LN: 5, _FA: 2, "GeluExt": 4},
         {"bidirectional": _plain_kind(2)},
         "WhisperEncoder: gelu(conv1), gelu(conv2) (nn.functional.gelu, exact) + per layer fc1 'gelu' = 4 "
@@ -717,7 +717,7 @@ _ARCHS = [
         "position embedding added to all 8 positions; Conv1d stem (k3, second stride 2); only batch dynamic.",
         dynamic=("batch",)),
     Architecture(
-        "mixtral", "models.architectures:build_mixtral", "moe",
+        "mixtral", f"{__name__}:build_mixtral", "moe",
         {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 2, _MOE: 2},
         {"global": _rope_kind(2)},
         "Dense part = Mistral's attention half: 2 RMSNorm/layer + final, q/k rotated; every MLP is a "
@@ -728,7 +728,7 @@ _ARCHS = [
         "GQA 4/2; sliding window None; rope theta 1e6.",
         moe_census={"Swiglu": 2, _MOE: 2}),
     Architecture(
-        "qwen2_moe", "models.architectures:build_qwen2_moe", "moe",
+        "qwen2_moe", f"{__name__}:build_qwen2_moe", "moe",
         {_RMS: 5, _FA: 2, _ROPE: 4, "Swiglu": 4, _MOE: 2},
         {"global": _rope_kind(2)},
         "Dense part: 2 RMSNorm/layer + final, q/k rotated; each Qwen2MoeSparseMoeBlock: the router softmax -> "
@@ -739,7 +739,7 @@ _ARCHS = [
         "layer_types full (sliding window 0 = off).",
         moe_census={"Swiglu": 4, _MOE: 2}),
     Architecture(
-        "qwen3_moe", "models.architectures:build_qwen3_moe", "moe",
+        "qwen3_moe", f"{__name__}:build_qwen3_moe", "moe",
         {_RMS: 9, _FA: 2, _ROPE: 4, "Swiglu": 2, _MOE: 2},
         {"global": _rope_kind(2)},
         "Qwen3's attention half: 2 RMSNorm + q_norm and k_norm per layer + final = 9, q/k rotated; each "

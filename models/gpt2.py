@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models._common import BATCH, SEQ, additive_mask, randomize_norms, token_ids
+from ._common import BATCH, SEQ, additive_mask, randomize_norms, token_ids
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models._common import BATCH, SEQ, left_padded_mask, randomize_norms, token_ids
+from ._common import BATCH, SEQ, left_padded_mask, randomize_norms, token_ids
 
 # transformers initialises with std 0.02, which leaves attention almost uniform and the outputs tiny in a
 # 64-wide model: a wrong mask or a misplaced scale would then stay under the comparison tolerance. A larger
@@ -23,7 +23,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as exc:
-        raise ImportError("models.hf needs the 'transformers' package (pip install transformers)") from exc
+        raise ImportError(f"{__name__} needs the 'transformers' package (pip install transformers)") from exc
     return transformers
 
 

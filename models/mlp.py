@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models._common import BATCH
+from ._common import BATCH
 
 
 class MLP(nn.Module):

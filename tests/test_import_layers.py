@@ -1,8 +1,8 @@
-"""No import cycle among graphconv/, passes/ and opmap/: every import statement (at module level or inside
-a function: a lazy import is still a dependency) is an edge to the module it names, and the graph of
-modules must have no cycle. (A package's __init__ is a facade: `from graphconv.errors import X` depends on
-graphconv.errors, not on everything graphconv/__init__.py re-exports; graphconv/__init__.py imports its
-pipeline lazily, so at run time that holds too.)"""
+"""No import cycle among graphconv/, passes/, opmap/ and the zoo (models/, installed as graphconv.zoo): every
+import statement (at module level or inside a function: a lazy import is still a dependency) is an edge to the
+module it names, and the graph of modules must have no cycle. (A package's __init__ is a facade:
+`from graphconv.errors import X` depends on graphconv.errors, not on everything graphconv/__init__.py
+re-exports; graphconv/__init__.py imports its pipeline lazily, so at run time that holds too.)"""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ def _modules() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join(parts)] = path
+    # The zoo: the repository's models/ folder, which installs as graphconv.zoo (graphconv/zoo links to it)
+    for path in (ROOT / "models").rglob("*.py"):
+        parts = ["graphconv", "zoo", *path.relative_to(ROOT / "models").with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
     return found
 
 
@@ -91,12 +97,15 @@ def test_the_walk_sees_imports():
     edges = _edges(_modules())
     assert "opmap" in edges["graphconv.compiler.lowering"]
     assert "graphconv.compiler.node_context" in edges["graphconv.compiler.lowering"]
+    assert "graphconv.zoo.architectures" in edges["graphconv.tools.matrix"]  # the zoo, by its installed name
+    assert "graphconv.zoo._common" in edges["graphconv.zoo.llama"]  # and its relative imports
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 
 
 # The layers of the data path, lowest first: a module imports only from its own layer or below (a lazy import
 # inside a function counts). Package prefixes; the longest match wins.
 LAYERS = [
+    ("graphconv.zoo",),  # the test zoo: PyTorch factories, importing nothing of graphconv
     ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace", "graphconv.interrupts",
      "graphconv.onnx_domains"),  # shared contracts
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
@@ -111,7 +120,8 @@ LAYERS = [
     ("graphconv.options", "graphconv.pipeline", "graphconv.verification", "graphconv.stage_results",
      "graphconv.stage_context", "graphconv.oracle_stage",
      "graphconv.generation", "graphconv.parallel"),
-    ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv"),  # commands on top
+    ("graphconv.tools", "graphconv.cli", "graphconv.__main__", "graphconv",
+     "graphconv.zoo.examples"),  # commands on top (the zoo's examples/make_examples.py exports with graphconv)
 ]
 
 
@@ -132,9 +142,9 @@ def test_no_import_reaches_a_higher_layer():
 
 
 def test_the_compile_path_imports_no_test_zoo_and_no_torch():
-    """models/ is the test zoo (PyTorch factories): only `graphconv export` and `graphconv matrix` resolve zoo
-    names, lazily; nothing else in the product imports it, nor torch (an install without the torch extra
-    compiles and inspects)."""
+    """The test zoo (PyTorch factories in models/, installed as graphconv.zoo): only `graphconv export` and
+    `graphconv matrix` resolve zoo names, lazily; nothing else in the product imports it, nor torch (an install
+    without the torch extra compiles and inspects)."""
     # graphconv.frontend.hf_export: `graphconv export CHECKPOINT_DIR`, torch and transformers imported inside
     # its functions (the CLI imports it only for `export`); graphconv.frontend.weightless_export, its fake-weight
     # exporter, is imported only from inside hf_export's functions; graphconv.frontend.tokenizer imports
@@ -144,12 +154,14 @@ def test_the_compile_path_imports_no_test_zoo_and_no_torch():
                "graphconv.frontend.tokenizer", "graphconv.tools.matrix", "graphconv.frontend.export_rewrites"}
     found = []
     for name, path in _modules().items():
-        if name in allowed:
+        if name in allowed or name == "graphconv.zoo" or name.startswith("graphconv.zoo."):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-            found += [f"{name} imports {n}" for n in names if n.split(".")[0] in ("models", "torch", "transformers")]
+            found += [f"{name} imports {n}" for n in names
+                      if n.split(".")[0] in ("models", "torch", "transformers")
+                      or n == "graphconv.zoo" or n.startswith("graphconv.zoo.")]
     assert not found, "; ".join(found)
 
 
@@ -196,3 +208,14 @@ def test_the_compiler_package_holds_no_process_machinery():
             found += [f"{path.relative_to(ROOT)}: {n}" for n in names
                       if n in PROCESS_MODULES or n.split(".")[0] in PROCESS_MODULES]
     assert not found, "process machinery in the compiler package: " + "; ".join(found)
+
+
+def test_the_zoo_installs_inside_graphconv():
+    """The zoo installs as graphconv.zoo: graphconv/zoo links to the repository's models/ folder, and the
+    distribution's package list has no top-level `models` (passes and opmap stay: plugins import them)."""
+    import tomllib
+
+    assert (ROOT / "graphconv" / "zoo").resolve() == (ROOT / "models").resolve()
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["packages"]["find"]["include"] == ["graphconv*", "passes*", "opmap*"]
+    assert "models" not in setuptools["package-data"] and "graphconv.zoo" in setuptools["package-data"]

@@ -397,23 +397,23 @@ def require_torch(command: str, transformers: bool = False) -> None:
 
 
 def load_factory(spec: str):
-    """The factory a spec names: "package.module:function", a zoo name (`llama`) or `hf/<name>` (models/, the
-    test zoo: imported here, when asked, and never on the compile path)."""
+    """The factory a spec names: "package.module:function", a zoo name (`llama`) or `hf/<name>`. The test zoo
+    graphconv.zoo (the repository's models/) is imported here, when asked, and never on the compile path."""
     require_torch("graphconv export", transformers=spec.startswith("hf/"))
-    from models import load_factory as resolve
+    from graphconv.zoo import load_factory as resolve
 
     return resolve(spec)
 
 
 def is_factory_name(spec: str) -> bool:
     """A factory spec rather than a path: "package.module:function", a zoo name or `hf/<name>`."""
-    from models import ZOO  # models/__init__ imports neither torch nor a factory
+    from graphconv.zoo import ZOO  # the zoo's __init__ imports neither torch nor a factory
 
     return ":" in spec or spec in ZOO or spec.startswith("hf/")
 
 
 def zoo_export(factory, path: str | Path, **kwargs) -> ExportResult:
-    """Export a models/ factory (build() -> (module, example_inputs, dynamic_axes))."""
+    """Export a zoo factory (build() -> (module, example_inputs, dynamic_axes))."""
     module, example_inputs, dynamic_axes = factory()
     return export_pytorch(module, example_inputs, path, dynamic_axes, **kwargs)
 

@@ -1,7 +1,7 @@
 """The opset compatibility matrix: zoo model x exporter x opset -> export, compile for both targets, check.
 
-Two zoos: the plain-torch models of models.ZOO, and the real transformers architectures of
-models.architectures, addressed as `hf/<name>` (built with default settings: sdpa attention). Each cell
+Two zoos: the plain-torch models of graphconv.zoo.ZOO, and the real transformers architectures of
+graphconv.zoo.architectures, addressed as `hf/<name>` (built with default settings: sdpa attention). Each cell
 exports the model (graphconv.frontend.export), compiles it for `ascend` (graphconv.compile verifies the numbers on
 CPU at two shapes through the cpu twin, which is exactly the `--target cpu` network), and checks that the
 ascend MindIR's census of fused primitives EQUALS the model's expected census (written from the
@@ -73,25 +73,25 @@ class Cell:
 
 
 def model_names(full: bool = False) -> list[str]:
-    """Every matrix model: models.ZOO's names, then `hf/<name>` for models.architectures (all of them with
-    `full`, else its CI slice). The transformers ones only where transformers is installed."""
-    from models import PLAIN_TORCH, ZOO
+    """Every matrix model: graphconv.zoo.ZOO's names, then `hf/<name>` for graphconv.zoo.architectures (all of
+    them with `full`, else its CI slice). The transformers ones only where transformers is installed."""
+    from graphconv.zoo import PLAIN_TORCH, ZOO
 
     names = list(ZOO)
     try:
         import transformers  # noqa: F401
     except ImportError:
         return [m for m in names if m in PLAIN_TORCH]
-    from models import architectures
+    from graphconv.zoo import architectures
 
     return names + [HF_PREFIX + n for n in architectures.names("all" if full else "ci")]
 
 
 def _architecture(model: str):
-    """The models.architectures record of an `hf/<name>` model, else None."""
+    """The graphconv.zoo.architectures record of an `hf/<name>` model, else None."""
     if not model.startswith(HF_PREFIX):
         return None
-    from models.architectures import ARCHITECTURES
+    from graphconv.zoo.architectures import ARCHITECTURES
 
     return ARCHITECTURES[model[len(HF_PREFIX):]]
 

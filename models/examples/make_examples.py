@@ -7,7 +7,7 @@ dynamic batch and seq, checked against PyTorch at two shapes by graphconv.fronte
 from pathlib import Path
 
 from graphconv.frontend.export import zoo_export
-from models import load_factory
+from .. import load_factory
 
 HERE = Path(__file__).resolve().parent
 
