@@ -70,7 +70,7 @@ from graphconv.onnx_domains import is_default_domain
 from opmap.fused.rotary import ROTARY_POSITION_EMBEDDING
 from passes import coverage, dim_bounds, match
 from passes.manager import rewrite_pass
-from passes.shapes import _snapshot, _symbolic_shapes  # noqa: F401  (tests patch them here)
+from passes.shapes import _snapshot, _symbolic_shapes  # (tests patch them here)
 
 # The cos/sin shapes RotaryPositionEmbedding accepts, as the axes among x's first three where cos/sin have size
 # 1 (every other axis has x's size): (0, 1) 11SD of BNSD, (1,) B1SD of BNSD, () x's own shape, (0, 2) 1S1D of

@@ -601,7 +601,7 @@ class Outcome:
 
 def _serve() -> None:
     """The fork server: one JSON request per stdin line {"argv", "stderr"}; one reply line per compile."""
-    import graphconv.cli  # noqa: F401 - imported once, before any fork
+    import graphconv.cli  # imported once, before any fork
     import graphconv.pipeline  # noqa: F401
 
     out = sys.stdout

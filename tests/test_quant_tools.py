@@ -18,13 +18,13 @@ import onnx
 import pytest
 
 pytest.importorskip("torch")
-import torch  # noqa: E402
+import torch
 
-from graphconv.errors import UnsupportedError  # noqa: E402
-from graphconv.frontend import contrib  # noqa: E402
-from graphconv.frontend.contrib import quant  # noqa: E402
-from graphconv.verify import reference  # noqa: E402
-from tests.contrib_utils import compile_verified  # noqa: E402
+from graphconv.errors import UnsupportedError
+from graphconv.frontend import contrib
+from graphconv.frontend.contrib import quant
+from graphconv.verify import reference
+from tests.contrib_utils import compile_verified
 
 
 def _import_ort_tool(module: str):
