@@ -167,7 +167,7 @@ class WeightWriter:
     """Appends one generated weight at a time to the data file; hands back external-reference TensorProtos."""
 
     def __init__(self, path: Path, seed: int, gamma: str = "ones", dtype: str = "fp32", residual_std: float = 0.02):
-        self.file = open(path, "wb")
+        self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
         self.residual_std = residual_std  # std of the projections into the residual stream (o_proj, down_proj)
         self.dtype = DTYPES[dtype]  # numpy dtype written (values drawn in fp32, then rounded)
         self.rng = np.random.default_rng(seed)
@@ -651,7 +651,7 @@ def child_floor(manifest_path: str, out_base: str) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     t1 = time.perf_counter()
     params = []
-    handles = {path: open(path, "rb") for path in files}
+    handles = {path: open(path, "rb") for path in files}  # noqa: SIM115 - closed in the finally below
     try:
         for w in spec["weights"]:
             f, dtype = handles[w.get("file", spec.get("data"))], np.dtype(w.get("dtype", "float32"))

@@ -17,7 +17,6 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-import graphconv
 from graphconv.cli import cli
 from graphconv.pipeline import analyze_fusions
 from models import EXAMPLES_DIR

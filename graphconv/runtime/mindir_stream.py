@@ -304,7 +304,7 @@ class WeightsFile:
         self.put_bytes = 0
         self._background = _Background()
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.folder / "data_0", "wb")
+        self._file = open(self.folder / "data_0", "wb")  # noqa: SIM115 - closed in finish()
         self._file.write(bytes([1 if sys.byteorder == "little" else 0]) + bytes(HEADER_BYTES - 1))
         self._file.truncate(offset)
 
