@@ -283,8 +283,9 @@ def expected_census(model, inputs: dict) -> tuple[dict, dict]:
             prim = "LayerNorm"
         elif id(m) in outer:
             prim = "FlashAttentionScore"
-        elif re.search(r"Router$|TopkRouter$|TopKRouter$|Gate$", cls) and "Moe" in type(parents.get(id(m), m)).__name__ \
-                or re.search(r"Router$|TopkRouter$|TopKRouter$", cls):
+        elif (re.search(r"Router$|TopkRouter$|TopKRouter$|Gate$", cls)
+              and "Moe" in type(parents.get(id(m), m)).__name__
+              or re.search(r"Router$|TopkRouter$|TopKRouter$", cls)):
             prim = "MoeGating"
         else:
             act = _act_primitive(m)

@@ -1,5 +1,6 @@
 """Graph passes run between validation and lowering: canonicalisation and fusions into the `mindspore`
-domain. One file per pass; importing this package registers the built-in ones; their order is passes.manager.DEFAULT_ORDER."""
+domain. One file per pass; importing this package registers the built-in ones; their order is
+passes.manager.DEFAULT_ORDER."""
 
 from passes.manager import (DEFAULT_ORDER, PassManager, PassResult, available_passes, load_plugins,  # noqa: F401
                             register_pass, rewrite_pass, skipped_fusions)

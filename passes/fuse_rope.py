@@ -180,7 +180,8 @@ def _slice_range(node: ir.Node, rank: int, size: int) -> tuple[int, int, int] | 
     steps = match.ints(match.input_at(node, 4)) if match.input_at(node, 4) is not None else [1]
     if starts is None or ends is None or axes is None or steps is None:
         return None
-    if not len(starts) == len(ends) == len(axes) == len(steps) == 1 or not match.last_axis(axes[0], rank) or steps[0] < 1:
+    if (not len(starts) == len(ends) == len(axes) == len(steps) == 1 or not match.last_axis(axes[0], rank)
+            or steps[0] < 1):
         return None
 
     def clamp(v: int) -> int:

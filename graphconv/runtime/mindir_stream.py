@@ -278,7 +278,8 @@ class WeightsFile:
         self.sources, self.chunk_bytes, self.progress = sources, chunk_bytes or CHUNK_BYTES, progress
         self.folder = Path(directory) / f"{prefix}_variables"
         location = f"{prefix}_variables/data_0"
-        self.entries: dict[str, tuple[int, int, np.dtype, bool, tuple]] = {}  # name -> offset, length, dtype, flip, dims
+        # name -> offset, length, dtype, flip, dims
+        self.entries: dict[str, tuple[int, int, np.dtype, bool, tuple]] = {}
         offset = HEADER_BYTES
         missing = next((parameter_name(p.name) for p in model.graph.parameter
                         if parameter_name(p.name) not in sources), None)
