@@ -300,8 +300,8 @@ def mutate_tensor_dtype(model, rng):
         except (TypeError, ValueError):
             new = _random_like(rng, arr.shape, _np(new_type))
     _replace_tensor(t, new)
-    return {"kind": "tensor_dtype", "where": where, "tensor": owner, "from": _dtype_name(numpy_helper.from_array(arr).data_type),
-            "to": _dtype_name(new_type)}
+    return {"kind": "tensor_dtype", "where": where, "tensor": owner,
+            "from": _dtype_name(numpy_helper.from_array(arr).data_type), "to": _dtype_name(new_type)}
 
 
 def _graph_inputs(model):
