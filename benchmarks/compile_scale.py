@@ -167,7 +167,7 @@ class WeightWriter:
     """Appends one generated weight at a time to the data file; hands back external-reference TensorProtos."""
 
     def __init__(self, path: Path, seed: int, gamma: str = "ones", dtype: str = "fp32", residual_std: float = 0.02):
-        self.file = open(path, "wb")
+        self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
         self.residual_std = residual_std  # std of the projections into the residual stream (o_proj, down_proj)
         self.dtype = DTYPES[dtype]  # numpy dtype written (values drawn in fp32, then rounded)
         self.rng = np.random.default_rng(seed)
@@ -281,7 +281,8 @@ def build_graph(cfg: Config, writer: WeightWriter):
     n_heads, n_kv, n_rep = cfg.heads, cfg.kv_heads, cfg.heads // cfg.kv_heads
 
     # shared constants (dynamo exports one initializer per distinct value and reuses it)
-    axis_last, ax1, ax2, ax01 = g.const("axes_last", i64(-1)), g.const("ax1", i64(1)), g.const("ax2", i64(2)), g.const("ax01", i64(0, 1))
+    axis_last, ax1 = g.const("axes_last", i64(-1)), g.const("ax1", i64(1))
+    ax2, ax01 = g.const("ax2", i64(2)), g.const("ax01", i64(0, 1))
     two, eps = g.const("two", f32(2.0)), g.const("eps", f32(cfg.eps))  # (RMSNorm runs in fp32)
     scale = g.const("scale", np.array(1.0 / math.sqrt(hd), ft))
     c_heads, c_kv, c_rep = g.const("n_heads", i64(n_heads)), g.const("n_kv", i64(n_kv)), g.const("n_rep", i64(n_rep))
@@ -522,7 +523,8 @@ def selfcheck(seed: int) -> bool:
             path, manifest = build_model(cfg, Path(tmp) / f"tiny{n}", seed, gamma)
             weights = load_weights(path.parent / DATA_FILE, manifest)
             annotated = all_values_as_outputs(path, Path(tmp) / f"tiny{n}_all_outputs.onnx")
-            sess = ort.InferenceSession(str(Path(tmp) / f"tiny{n}_all_outputs.onnx"), providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(str(Path(tmp) / f"tiny{n}_all_outputs.onnx"),
+                                        providers=["CPUExecutionProvider"])
             names = [o.name for o in sess.get_outputs()]
             rng = np.random.default_rng(seed + 1)
             for batch, seq in ((1, 7), (3, 13)):
@@ -535,7 +537,8 @@ def selfcheck(seed: int) -> bool:
                 wrong = [f"{k} {list(values[k].shape)} != {v}" for k, v in annotated.items()
                          if list(values[k].shape) != [dims.get(d, d) for d in v]]
                 ok &= good and not wrong
-                print(f"selfcheck hidden {cfg.hidden} heads {cfg.heads}/{cfg.kv_heads} layers {cfg.layers} gamma {gamma} "
+                print(f"selfcheck hidden {cfg.hidden} heads {cfg.heads}/{cfg.kv_heads} layers {cfg.layers} "
+                      f"gamma {gamma} "
                       f"input [{batch}, {seq}]: logits {list(got.shape)}, max |ort - numpy| {err:.2e} "
                       f"(max |logit| {np.abs(want).max():.3f}), {len(annotated) - len(wrong)}/{len(annotated)} "
                       f"annotated shapes right {'ok' if good and not wrong else 'FAIL'}")
@@ -651,7 +654,7 @@ def child_floor(manifest_path: str, out_base: str) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     t1 = time.perf_counter()
     params = []
-    handles = {path: open(path, "rb") for path in files}
+    handles = {path: open(path, "rb") for path in files}  # noqa: SIM115 - closed in the finally below
     try:
         for w in spec["weights"]:
             f, dtype = handles[w.get("file", spec.get("data"))], np.dtype(w.get("dtype", "float32"))
@@ -714,16 +717,19 @@ def measure_all(work: Path, data_path: Path | None, manifest: list[dict], model_
     if MS_FLOOR_FACTOR * weight_bytes <= 0.8 * available:
         log(f"(a') MindSpore's floor{what}: a Cell with the same Parameters, mindspore.export")
         out["a2"] = measure_floor(work, data_path, manifest, rss_limit=int(0.9 * available))
-        log(f"(a') {out['a2']['wall_s']:.1f}s, peak RSS {mib(out['a2']['peak_rss_tree_bytes'])}, exit {out['a2']['exit_code']}")
+        log(f"(a') {out['a2']['wall_s']:.1f}s, peak RSS {mib(out['a2']['peak_rss_tree_bytes'])}, "
+            f"exit {out['a2']['exit_code']}")
         if not keep:
             shutil.rmtree(work / "floor", ignore_errors=True)  # disk: one MindIR at a time
     else:
-        out["a2"] = _skipped(f"needs ~{MS_FLOOR_FACTOR} x the weights = {mib(MS_FLOOR_FACTOR * weight_bytes)} resident; "
+        out["a2"] = _skipped(f"needs ~{MS_FLOOR_FACTOR} x the weights = {mib(MS_FLOOR_FACTOR * weight_bytes)} "
+                             "resident; "
                              f"{mib(available)} available")
     if ONNXSIM_FACTOR * weight_bytes <= 0.8 * available:
         log(f"(b) onnxsim alone{what}")
         out["b"] = measure_onnxsim(work, model_path, rss_limit=int(0.9 * available))
-        log(f"(b) {out['b']['wall_s']:.1f}s, peak RSS {mib(out['b']['peak_rss_tree_bytes'])}, exit {out['b']['exit_code']}")
+        log(f"(b) {out['b']['wall_s']:.1f}s, peak RSS {mib(out['b']['peak_rss_tree_bytes'])}, "
+            f"exit {out['b']['exit_code']}")
     else:
         out["b"] = _skipped(f"needs ~{ONNXSIM_FACTOR} x the weights = {mib(ONNXSIM_FACTOR * weight_bytes)} resident; "
                             f"{mib(available)} available")
@@ -854,7 +860,8 @@ def measure_floor(work: Path, data_path: Path | None, manifest: list[dict], rss_
     out = work / "floor"
     out.mkdir(exist_ok=True)
     m = measure([sys.executable, __file__, "--child", "floor", str(spec), str(out / "floor")],
-                work / "logs", "floor", env={"GLOG_v": "3"}, rss_limit=rss_limit)  # GLOG_v=3 as graphconv's export child
+                work / "logs", "floor", env={"GLOG_v": "3"},  # GLOG_v=3 as graphconv's export child
+                rss_limit=rss_limit)
     m.update(child_result(m), output_bytes=dir_bytes(out))
     return m
 
@@ -973,7 +980,8 @@ def measure_export(work: Path, cfg: Config, seed: int, gamma: str) -> tuple[Path
         m["error"] = (f"export killed: its process tree went past {mib(limit)} of RSS (the limit: "
                       f"min({mib(EXPORT_RSS_LIMIT)}, 90% of the memory available when it started))")
     elif m["exit_code"] < 0:
-        m["error"] = f"export killed by signal {-m['exit_code']} (out of memory?); peak RSS {mib(m['peak_rss_tree_bytes'])}"
+        m["error"] = (f"export killed by signal {-m['exit_code']} (out of memory?); "
+                      f"peak RSS {mib(m['peak_rss_tree_bytes'])}")
     elif m["exit_code"] or not path.exists():
         m["error"] = m["stderr_tail"] or f"exit code {m['exit_code']}"
     return path, m
@@ -1075,7 +1083,9 @@ def stage_peaks(c: dict) -> list[dict]:
 
 def _cached_text(m: dict, s: dict) -> str:
     cached = m.get("weights_in_page_cache_at_start")
-    return "" if cached is None else f"; at its start {mib(cached)} of the weights' {mib(s['weight_bytes'])} in the page cache"
+    if cached is None:
+        return ""
+    return f"; at its start {mib(cached)} of the weights' {mib(s['weight_bytes'])} in the page cache"
 
 
 def summarize(cfg: Config, size: str, gamma: str, dtype: str, weight_bytes: int, largest_layer: int,
@@ -1123,18 +1133,21 @@ def print_summary(s: dict) -> None:
              f"{cfg['heads']}/{cfg['kv_heads']}, vocab {cfg['vocab']}, gammas {s['gamma']}")
     if s["source"] == "transformers":
         e, n = s["export"], s["initializers"]
-        print(f"compile_scale --size {s['size']} --from-transformers: transformers {e['transformers']} LlamaForCausalLM "
-              f"(attention {e['attn_implementation']}, {'/'.join(e['dtypes'])}), torch {e['torch']} dynamo export, opset 18; "
+        print(f"compile_scale --size {s['size']} --from-transformers: transformers {e['transformers']} "
+              f"LlamaForCausalLM (attention {e['attn_implementation']}, {'/'.join(e['dtypes'])}), "
+              f"torch {e['torch']} dynamo export, opset 18; "
               f"{shape}")
         print(f"  {s['params'] / 1e6:,.1f}M parameters in {n['external'] + n['inline']} float initializers, weights "
-              f"{s['weight_bytes'] / 1e9:.2f} GB ({mib(s['weight_bytes'])}; {n['external']} external, {n['inline']} inline "
-              f"= {n['inline_bytes']:,} bytes); {n['non_float']} non-float initializers ({n['non_float_bytes']:,} bytes) "
+              f"{s['weight_bytes'] / 1e9:.2f} GB ({mib(s['weight_bytes'])}; {n['external']} external, "
+              f"{n['inline']} inline = {n['inline_bytes']:,} bytes); {n['non_float']} non-float initializers "
+              f"({n['non_float_bytes']:,} bytes) "
               f"not in the floor; torch parameters {e['torch_params'] / 1e6:,.1f}M")
         print(f"  export child: import {e['import_s']:.1f}s, model built in {e['build_s']:.1f}s, torch.onnx.export "
               f"{e['export_s']:.1f}s; ONNX + data {mib(e['output_bytes'])}")
     else:
         print(f"compile_scale --size {s['size']} --dtype {s['dtype']}: {s['params'] / 1e6:,.1f}M parameters, weights "
-              f"{s['weight_bytes'] / 1e9:.2f} GB ({mib(s['weight_bytes'])}), largest layer {mib(s['largest_layer_bytes'])}; "
+              f"{s['weight_bytes'] / 1e9:.2f} GB ({mib(s['weight_bytes'])}), "
+              f"largest layer {mib(s['largest_layer_bytes'])}; "
               f"{shape}; built in {s['build_s']:.1f}s")
     print()
     print(f"{'measurement':<26}{'wall s':>9}{'peak RSS (tree)':>18}{'ru_maxrss':>13}{'x weights':>11}{'exit':>6}")
@@ -1152,20 +1165,24 @@ def print_summary(s: dict) -> None:
     print()
     a, a2, b, o, c = s["floor"], s["ms_floor"], s["onnxsim"], s["ort_layers"], s["graphconv"]
     if a["exit_code"] == 0:
-        print(f"(a) {a['bytes'] / 1e9:.2f} GB read and written in {a['rw_s']:.2f}s ({a['bytes'] / 1e9 / max(a['rw_s'], 1e-9):.2f} GB/s each way)")
+        print(f"(a) {a['bytes'] / 1e9:.2f} GB read and written in {a['rw_s']:.2f}s "
+              f"({a['bytes'] / 1e9 / max(a['rw_s'], 1e-9):.2f} GB/s each way)")
     else:
         print(f"(a) FAILED: {a['stderr_tail']}")
     if a2.get("exit_code") == 0:
-        print(f"(a') read {a2['read_s']:.2f}s, parameters {a2['params_s']:.2f}s, mindspore.export {a2['export_s']:.2f}s, "
+        print(f"(a') read {a2['read_s']:.2f}s, parameters {a2['params_s']:.2f}s, "
+              f"mindspore.export {a2['export_s']:.2f}s, "
               f"MindIR {mib(a2['output_bytes'])}")
     elif not a2.get("skipped"):
         print(f"(a') FAILED: {a2.get('rss_limit_exceeded') and 'memory limit exceeded' or a2['stderr_tail']}")
     if b.get("exit_code") == 0:
-        print(f"(b) onnx.load {b['load_s']:.2f}s, onnxsim.simplify {b['simplify_s']:.2f}s, nodes {b['nodes_before']} -> {b['nodes_after']}")
+        print(f"(b) onnx.load {b['load_s']:.2f}s, onnxsim.simplify {b['simplify_s']:.2f}s, "
+              f"nodes {b['nodes_before']} -> {b['nodes_after']}")
     elif not b.get("skipped"):
         print(f"(b) FAILED: {b.get('error')}")
     if o["exit_code"] == 0:
-        print(f"(o) load {o['load_s']:.2f}s, {o['pieces']} pieces run in {o['run_s']:.2f}s, largest {mib(o['largest_piece_bytes'])}"
+        print(f"(o) load {o['load_s']:.2f}s, {o['pieces']} pieces run in {o['run_s']:.2f}s, "
+              f"largest {mib(o['largest_piece_bytes'])}"
               f"{_cached_text(o, s)}")
     else:
         print(f"(o) FAILED: {o['stderr_tail']}")
@@ -1199,7 +1216,8 @@ def print_summary(s: dict) -> None:
     wall = f"{r['c_over_floor_wall']:6.2f}" if r["c_over_floor_wall"] is not None else "     -"
     print(f"wall(c) / (wall(a) + wall(o))   {wall}   target <= {WALL_TARGET}  {'PASS' if t['wall'] else 'MISS'}")
     print(f"peak RSS(c)                 {mib(c['peak_rss_tree_bytes']):>10}   target <= 4 GiB + largest layer = "
-          f"{mib(s['rss_bound_bytes'])}  {'PASS' if t['peak_rss'] else 'MISS'}   ({r['c_peak_rss_over_weights']:.2f} x the weights)")
+          f"{mib(s['rss_bound_bytes'])}  {'PASS' if t['peak_rss'] else 'MISS'}   "
+          f"({r['c_peak_rss_over_weights']:.2f} x the weights)")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ way) against the cache held in place (`compile --stateful-cache`).
 
 A Llama of 4 layers, hidden 256 (4 heads, 2 kv heads, head dim 64, vocab 32,000) with 4,096 positions, random
 weights, saved with `save_pretrained`, exported with `graphconv export --task text-generation-with-past` and
-compiled twice for MindSpore CPU: with --no-stateful-cache, and with --stateful-cache --max-batch 1 --max-seq-len 4096. For each
+compiled twice for MindSpore CPU: with --no-stateful-cache, and with --stateful-cache --max-batch 1
+--max-seq-len 4096. For each
 context C one prompt of C tokens is generated from, `--tokens` new tokens; the decode steps' times are the
 child's own per-step timings (graphconv.generate's `timings.decode`: the graph call and the logits to the host),
 median per run, the median of `--repeats` runs interleaved (pair, stateful, pair, ...). Both directories must give

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compile_scale import SIZES, dir_bytes, measure  # noqa: E402
+from compile_scale import SIZES, dir_bytes, measure
 
 SHARD_BYTES = 2 * 10**9
 PROMPTS = [[1, 15, 27, 300, 4000, 77, 9], [1, 5, 6], [1, 900, 901, 902, 903, 904, 905, 906, 907, 908, 909]]

@@ -283,8 +283,9 @@ def expected_census(model, inputs: dict) -> tuple[dict, dict]:
             prim = "LayerNorm"
         elif id(m) in outer:
             prim = "FlashAttentionScore"
-        elif re.search(r"Router$|TopkRouter$|TopKRouter$|Gate$", cls) and "Moe" in type(parents.get(id(m), m)).__name__ \
-                or re.search(r"Router$|TopkRouter$|TopKRouter$", cls):
+        elif (re.search(r"Router$|TopkRouter$|TopKRouter$|Gate$", cls)
+              and "Moe" in type(parents.get(id(m), m)).__name__
+              or re.search(r"Router$|TopkRouter$|TopKRouter$", cls)):
             prim = "MoeGating"
         else:
             act = _act_primitive(m)
@@ -847,7 +848,7 @@ def render(data: dict, all_types: list[str], tf_version: str) -> str:
         L.append(f"Time: {spent / 60:.1f} min for the {len(ran)} types run through the CLI (build + every stage, "
                  f"one type at a time, a 2-core host shared with other jobs: {spent / len(ran):.0f} s a type); "
                  f"the full run of all {len(decoders) + len(hybrids)} decoders and hybrids at that rate: about "
-                 f"{full / 3600:.1f} h." + (f" Completed runs: " + "; ".join(
+                 f"{full / 3600:.1f} h." + (" Completed runs: " + "; ".join(
                      f"{r['types']} types in {r['seconds'] / 60:.1f} min ({r['finished']})" for r in runs) + "."
                      if runs else ""))
         L.append("")

@@ -113,7 +113,8 @@ def compare(name: str, model: Path, pairs: int, a: tuple[str, Path, str | None],
 
 
 def table(rows: list[Comparison]) -> str:
-    lines = ["| comparison | A | B | pairs: A / B wall (s) | peak RSS A / B (GiB, max) | median B - A | spread (IQR) | pays |",
+    lines = ["| comparison | A | B | pairs: A / B wall (s) | peak RSS A / B (GiB, max) | median B - A "
+             "| spread (IQR) | pays |",
              "|---|---|---|---|---|---|---|---|"]
     for c in rows:
         pairs = ", ".join(f"{a['wall_s']:.1f} / {b['wall_s']:.1f}" for a, b in c.pairs)

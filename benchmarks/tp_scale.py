@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compile_scale import DTYPES, SIZES, build_model, dir_bytes, log, measure  # noqa: E402
+from compile_scale import DTYPES, SIZES, build_model, dir_bytes, log, measure
 
 DISK_FACTOR = 3.3
 

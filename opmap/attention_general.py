@@ -11,7 +11,8 @@ False / -inf, a bool mask maps to 0 / -inf, and is_causal adds -inf where key j 
 (bottom-right aligned with a cache). The frontier's offset is the past length, or, with nonpad_kv_seqlen,
 nonpad_kv_seqlen[b] - q_len per batch (computed in the graph: it is a run-time input); the sliding window admits
 key j for the query at absolute position p = offset + i when p - left <= j <= p + right (-1: unbounded), and
-nonpad_kv_seqlen also hides keys j >= nonpad_kv_seqlen[b]. A query row whose bias is -inf everywhere outputs 0. The masked scores are
+nonpad_kv_seqlen also hides keys j >= nonpad_kv_seqlen[b]. A query row whose bias is -inf everywhere outputs 0.
+The masked scores are
 set to the type's lowest finite value before the softmax (MindSpore's CPU softmax turns other rows to NaN
 when one row is all -inf); the probabilities are the same. qk_matmul_output: modes 0 and 1 the (softcapped) QK
 product, mode 2 with the bias added, mode 3 the probabilities.
@@ -162,8 +163,8 @@ def _bias(n, q, k, past: int, np_dt):
             offset = n.binop("-", n.call("ops.reshape", n.x(6), (-1, 1, 1)), q_len)
             d = n.binop("+", n.const_tensor(diff.astype(np.int64), "diff"), offset)  # (B, q, kv)
             allowed = None
-            for cond in ([n.binop(">=", d, 0)] if causal else []) + \
-                    ([n.binop("<=", d, left)] if left >= 0 else []) + ([n.binop(">=", d, -right)] if right >= 0 else []):
+            for cond in (([n.binop(">=", d, 0)] if causal else []) + ([n.binop("<=", d, left)] if left >= 0 else [])
+                         + ([n.binop(">=", d, -right)] if right >= 0 else [])):
                 allowed = cond if allowed is None else n.call("ops.logical_and", allowed, cond)
             terms.append(n.call("ops.expand_dims", n.call("ops.where", allowed, zero, neg_inf), 1))
         else:

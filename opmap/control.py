@@ -123,7 +123,8 @@ def scan(n):
             n.bind(v, item)
         for j, (x, axis) in enumerate(xs):
             step = length - 1 - t if in_dirs[j] else t
-            n.bind(body.inputs[n_state + j], n.call("ops.gather", x, n.call("Tensor", step, n.ms_dtype(ir.DataType.INT64)), axis))
+            index = n.call("Tensor", step, n.ms_dtype(ir.DataType.INT64))
+            n.bind(body.inputs[n_state + j], n.call("ops.gather", x, index, axis))
         outs = n.lower_subgraph(body)
         state = outs[:n_state]
         for k, item in enumerate(outs[n_state:]):

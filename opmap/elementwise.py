@@ -198,7 +198,8 @@ def elu(n):
 
 @register("Selu", since=6)
 def selu(n):
-    x, a, g = n.x(0), float(n.attr("alpha", 1.67326319217681884765625)), float(n.attr("gamma", 1.05070102214813232421875))
+    x = n.x(0)
+    a, g = float(n.attr("alpha", 1.67326319217681884765625)), float(n.attr("gamma", 1.05070102214813232421875))
     return n.binop("*", g, n.call("ops.where", n.binop(">", x, 0), x, _exp_minus_one(n, x, a)))
 
 

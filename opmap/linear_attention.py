@@ -46,7 +46,7 @@ def linear_attention(n):
     steps = shapes[0][1]
     if not isinstance(steps, int):
         n.fail("the sequence length T must be static (the recurrence is unrolled)")
-    dk, dv = shapes[0][2] // qh, shapes[2][2] // kvh
+    dk = shapes[0][2] // qh
     f32 = n.ms_dtype(ir.DataType.FLOAT)
     q, k, v = (n.call("ops.cast", _heads(n, n.x(i), shapes[i], h, hint), f32)
                for i, h, hint in ((0, qh, "q_heads"), (1, kvh, "k_heads"), (2, kvh, "v_heads")))

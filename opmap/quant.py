@@ -122,8 +122,8 @@ def dynamic_quantize_linear(n):
     scale = n.binop("/", n.call("ops.where", n.binop("==", hi, lo), n.call("ops.ones_like", hi), n.binop("-", hi, lo)),
                     255.0)
     zp = n.call("ops.round", n.call("ops.clamp", n.binop("-", 0.0, n.binop("/", lo, scale)), 0.0, 255.0))
-    y = n.call("ops.cast", n.call("ops.clamp", n.binop("+", n.call("ops.round", n.binop("/", x, scale)), zp), 0.0, 255.0),
-               u8)
+    shifted = n.binop("+", n.call("ops.round", n.binop("/", x, scale)), zp)
+    y = n.call("ops.cast", n.call("ops.clamp", shifted, 0.0, 255.0), u8)
     return y, scale, n.call("ops.cast", zp, u8)
 
 

@@ -1,4 +1,5 @@
-"""SwiGLU (opset 28; its gate, Swish, is in opmap/elementwise.py): Y = Swish_alpha(A) * B = A * Sigmoid(alpha * A) * B, A and B of one shape (no broadcast).
+"""SwiGLU (opset 28; its gate, Swish, is in opmap/elementwise.py): Y = Swish_alpha(A) * B =
+A * Sigmoid(alpha * A) * B, A and B of one shape (no broadcast).
 
 The ONNX reference computes in the input dtype (the sigmoid cast to it before the products); so does this.
 """

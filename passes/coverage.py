@@ -285,7 +285,7 @@ class Tracker:
         if f.explain is not None:
             try:
                 reason = f.explain(node)
-            except Exception as e:  # an explanation must never break a compile
+            except Exception as e:  # noqa: BLE001 - an explanation must never break a compile
                 reason = f"(explaining failed: {type(e).__name__}: {e})"
             if reason:
                 return self._present(f)[-1], reason

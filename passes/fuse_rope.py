@@ -70,7 +70,7 @@ from graphconv.onnx_domains import is_default_domain
 from opmap.fused.rotary import ROTARY_POSITION_EMBEDDING
 from passes import coverage, dim_bounds, match
 from passes.manager import rewrite_pass
-from passes.shapes import _snapshot, _symbolic_shapes  # noqa: F401  (tests patch them here)
+from passes.shapes import _snapshot, _symbolic_shapes  # (tests patch them here)
 
 # The cos/sin shapes RotaryPositionEmbedding accepts, as the axes among x's first three where cos/sin have size
 # 1 (every other axis has x's size): (0, 1) 11SD of BNSD, (1,) B1SD of BNSD, () x's own shape, (0, 2) 1S1D of
@@ -180,7 +180,8 @@ def _slice_range(node: ir.Node, rank: int, size: int) -> tuple[int, int, int] | 
     steps = match.ints(match.input_at(node, 4)) if match.input_at(node, 4) is not None else [1]
     if starts is None or ends is None or axes is None or steps is None:
         return None
-    if not len(starts) == len(ends) == len(axes) == len(steps) == 1 or not match.last_axis(axes[0], rank) or steps[0] < 1:
+    if (not len(starts) == len(ends) == len(axes) == len(steps) == 1 or not match.last_axis(axes[0], rank)
+            or steps[0] < 1):
         return None
 
     def clamp(v: int) -> int:

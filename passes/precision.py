@@ -33,7 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphconv.frontend import weights
 from graphconv.frontend.param_names import record_made
-from graphconv.onnx_domains import find_default_opset, is_default_domain, op_key  # noqa: F401 (op_key: API)
+from graphconv.onnx_domains import find_default_opset, is_default_domain, op_key  # (op_key: API)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 LOW_DTYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}

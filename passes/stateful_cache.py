@@ -179,7 +179,8 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
         concat = concats[0]
         axis = next((a.i for a in concat.attribute if a.name == "axis"), None)
         if list(concat.input)[:1] != [name] or len(concat.input) != 2 or axis not in (2, -2):
-            raise NotStateful(f"{name}: its Concat ({concat.name or concat.output[0]}) is not [past, new] along the sequence axis")
+            raise NotStateful(f"{name}: its Concat ({concat.name or concat.output[0]}) is not [past, new] "
+                              "along the sequence axis")
         present = concat.output[0] if concat.output[0] in outputs else presents.get(name)
         if present is not None and present not in outputs:
             raise NotStateful(f"{name}: its present {present!r} is not a graph output")
@@ -218,7 +219,8 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
             raise NotStateful(f"{name}: cache dtype {onnx.TensorProto.DataType.Name(elem)} is not a float")
         size = max_batch * n * max_seq * d * np_dtype.itemsize
         dims = [max_batch, n, max_seq, d]
-        inits.append(zeros(cache, elem, dims) if zeros else helper.make_tensor(cache, elem, dims, bytes(size), raw=True))
+        inits.append(zeros(cache, elem, dims) if zeros
+                     else helper.make_tensor(cache, elem, dims, bytes(size), raw=True))
         nbytes += size
         shape_value = f"{p}_{len(top)}_shape"
         inits += [numpy_helper.from_array(np.array([n], np.int64), f"{shape_value}_n"),

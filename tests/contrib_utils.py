@@ -18,7 +18,8 @@ def model(nodes, inputs, outputs, initializers=(), opset: int = 22) -> onnx.Mode
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), MS_OPSET], ir_version=10)
 
 
-def decomposition_matches(m: onnx.ModelProto, atol: float = 1e-5, rtol: float = 1e-5, cases=None) -> tuple[onnx.ModelProto, dict]:
+def decomposition_matches(m: onnx.ModelProto, atol: float = 1e-5, rtol: float = 1e-5,
+                          cases=None) -> tuple[onnx.ModelProto, dict]:
     """Decompose `m`; onnxruntime on the decomposition equals onnxruntime on `m` at the reference shapes.
     Returns the decomposed model and the per-op counts."""
     decomposed, counts = contrib.decompose(m)

@@ -300,8 +300,8 @@ def mutate_tensor_dtype(model, rng):
         except (TypeError, ValueError):
             new = _random_like(rng, arr.shape, _np(new_type))
     _replace_tensor(t, new)
-    return {"kind": "tensor_dtype", "where": where, "tensor": owner, "from": _dtype_name(numpy_helper.from_array(arr).data_type),
-            "to": _dtype_name(new_type)}
+    return {"kind": "tensor_dtype", "where": where, "tensor": owner,
+            "from": _dtype_name(numpy_helper.from_array(arr).data_type), "to": _dtype_name(new_type)}
 
 
 def _graph_inputs(model):
@@ -601,7 +601,7 @@ class Outcome:
 
 def _serve() -> None:
     """The fork server: one JSON request per stdin line {"argv", "stderr"}; one reply line per compile."""
-    import graphconv.cli  # noqa: F401 - imported once, before any fork
+    import graphconv.cli  # imported once, before any fork
     import graphconv.pipeline  # noqa: F401
 
     out = sys.stdout

@@ -108,7 +108,7 @@ def _run_ascend_source(path, feeds: dict, tmp_path) -> tuple[list[dict], list[np
 
 
 @pytest.mark.parametrize("graph", ["decode", "prefill"])
-def test_left_padded_prompt_through_the_ascend_calls(graph, llama_with_past, tmp_path):
+def test_left_padded_prompt_through_the_ascend_calls(graph, llama_with_past, tmp_path):  # noqa: F811 - the fixture
     """A prompt of two rows, the second left-padded by 3 (its first 3 query rows discard every key), through
     the decode graph at an empty cache (FusedInferAttentionScore) and the prefill (FlashAttentionScore)."""
     _, out, _ = llama_with_past

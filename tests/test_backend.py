@@ -1,5 +1,5 @@
-"""graphconv.tools.backend as an ONNX backend: onnx's own BackendTest runner on a handful of node tests (MindSpore on CPU,
-through the long-lived child), and the Backend API itself (prepare / run / run_model / run_node, caching, opset
+"""graphconv.tools.backend as an ONNX backend: onnx's own BackendTest runner on a handful of node tests (MindSpore on
+CPU, through the long-lived child), and the Backend API itself (prepare / run / run_model / run_node, caching, opset
 upgrade, compile-time inputs, refusals)."""
 
 from __future__ import annotations

@@ -279,7 +279,8 @@ def test_atc_framework_specific_rules():
     assert any("does not support shape ranges" in p for p in deploy.check_command(small + ["--input_shape=x:1~8"]))
     assert deploy.check_command(small + ["--input_shape=x:-1", "--input_format=ND", "--dynamic_dims=1;2"]) == []
     # ATC takes soc-version for soc_version.
-    assert deploy.check_command(["atc", "--model=m.onnx", "--framework=5", "--output=om/m", "--soc-version=Ascend910B1"]) == []
+    assert deploy.check_command(["atc", "--model=m.onnx", "--framework=5", "--output=om/m",
+                                 "--soc-version=Ascend910B1"]) == []
 
 
 def test_converter_lite_rules():
@@ -322,7 +323,8 @@ def _fake_ctx(tmp_path, inputs, cases, **kw) -> deploy.BundleContext:
 
 def test_4d_dynamic_batch_model_uses_ascend_context(tmp_path):
     inputs = [{"name": "x", "dtype": "float32", "shape": ["N", 3, 224, 224]}]
-    cases = [reference.ReferenceCase(f"case{i}", {"x": np.zeros((n, 3, 224, 224), np.float32)}) for i, n in enumerate((3, 5))]
+    cases = [reference.ReferenceCase(f"case{i}", {"x": np.zeros((n, 3, 224, 224), np.float32)})
+             for i, n in enumerate((3, 5))]
     ctx = _fake_ctx(tmp_path, inputs, cases, shape_ranges={"N": (1, 16)})
     plan = deploy._Plan(ctx, deploy.collect_dims(inputs, cases, ctx.shape_ranges))
     cfg = plan.lite_config()
@@ -334,7 +336,8 @@ def test_4d_dynamic_batch_model_uses_ascend_context(tmp_path):
 
 def test_ascend310b_soc_gets_profiles_only(tmp_path):
     inputs = [{"name": "ids", "dtype": "int64", "shape": ["batch", "seq"]}]
-    cases = [reference.ReferenceCase(f"case{i}", {"ids": np.zeros(s, np.int64)}) for i, s in enumerate([(3, 5), (5, 11)])]
+    cases = [reference.ReferenceCase(f"case{i}", {"ids": np.zeros(s, np.int64)})
+             for i, s in enumerate([(3, 5), (5, 11)])]
     ctx = _fake_ctx(tmp_path, inputs, cases, soc="Ascend310B1", shape_ranges={"batch": (1, 4), "seq": (1, 64)})
     plan = deploy._Plan(ctx, deploy.collect_dims(inputs, cases, ctx.shape_ranges))
     plan.atc_onnx = deploy.AtcOnnx("onnx/m.onnx", 18, 18, "9.0.0-beta1", (11, 18))
@@ -512,7 +515,8 @@ def _arrays():
     return [
         (b + 1e-6, b, None), (b + 1e-2, b, None), (b * 1.5, b, None), (far, b, None), (far, b, valid),
         (nan, b, None), (nan, nan, None), (np.where(b > 0, np.inf, b), np.where(b > 0, np.inf, b), None),
-        (np.where(b > 0, -np.inf, b), np.where(b > 0, np.inf, b), None), (ints, ints, None), (ints + (ints == 5), ints, None),
+        (np.where(b > 0, -np.inf, b), np.where(b > 0, np.inf, b), None), (ints, ints, None),
+        (ints + (ints == 5), ints, None),
         (ints > 4, ints > 4, None), (b[:2], b, None), (b.astype(np.float16), b, None),
     ]
 
@@ -611,7 +615,7 @@ def test_streamed_cpu_bundle_runs_route_a(tmp_path, monkeypatch, layer_streamed)
     _variables folder are in the bundle, route A loads and runs it on CPU, and it passes its own comparison."""
     from graphconv.compiler import export_task
 
-    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(export_task, "STREAM_MIN_BYTES", 0)
     d = tmp_path / "ext"
     d.mkdir()
     onnx.save(onnx.load(MODEL), d / "tiny_llama.onnx", save_as_external_data=True, location="tiny_llama.onnx.data",

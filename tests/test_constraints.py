@@ -125,7 +125,8 @@ def test_gptj_rotary_fuses_within_the_declared_batch_and_is_refused_past_it(gptj
 
 def test_a_shape_range_that_names_no_symbolic_dim_is_a_one_line_error(gptj_export, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "graphconv", "compile", str(gptj_export), "-o",
-                           str(tmp_path / "g.mindir"), "--shape-range", "sequence=1..8"], capture_output=True, text=True)
+                           str(tmp_path / "g.mindir"), "--shape-range", "sequence=1..8"],
+                          capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stderr == ("graphconv: error: --shape-range names ['sequence'] are not symbolic dims of the model "
                            "(it has ['batch', 'sequence_length'])\n")

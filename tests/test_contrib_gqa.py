@@ -227,7 +227,8 @@ def exporter_gqa_model(past=True):
     built in the graph from a bool `keep` (B, 1, S, T) (a graph input here; the export computes it)."""
     m = gqa_model(past=past, positions=True, bias_heads=1)
     keep = helper.make_tensor_value_info("keep", T.BOOL, ["batch", 1, "seq", "total"])
-    bias = [helper.make_node("Not", ["keep"], ["discard"]), helper.make_node("Cast", ["discard"], ["discard_f"], to=T.FLOAT),
+    bias = [helper.make_node("Not", ["keep"], ["discard"]),
+            helper.make_node("Cast", ["discard"], ["discard_f"], to=T.FLOAT),
             helper.make_node("Mul", ["discard_f", "fmin"], ["attention_bias"])]
     m.graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "fmin"))
     (old,) = [i for i in m.graph.input if i.name == "attention_bias"]

@@ -17,7 +17,6 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-import graphconv
 from graphconv.cli import cli
 from graphconv.pipeline import analyze_fusions
 from models import EXAMPLES_DIR
@@ -74,7 +73,8 @@ def _attention(d: int):
              helper.make_node("Mul", ["qk", "scale"], ["logits"]),
              helper.make_node("Softmax", ["logits"], ["p"], axis=-1, name="the_softmax"),
              helper.make_node("MatMul", ["p", "v"], ["out"])]
-    graph = helper.make_graph(nodes, "a", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", 4, "s", d])],
+    graph = helper.make_graph(nodes, "a", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", 4, "s", d])],
                               [numpy_helper.from_array(np.array(0.25, np.float32), "scale")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 

@@ -23,7 +23,8 @@ def _small(path):
              helper.make_node("Mul", ["p", "r"], ["y"], name="scale")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
-                          [numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32), "w")])
+                          [numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32),
+                                                   "w")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), path)
     return path
 

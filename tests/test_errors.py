@@ -161,7 +161,8 @@ def _compile_with_relu_as_sigmoid(model: Path, tmp_path: Path) -> subprocess.Com
                       "register('Relu', since=1)(lambda n: n.call('ops.sigmoid', n.x(0)))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
     code = "import wrong_relu, sys; from graphconv.cli import main; main(sys.argv[1:])"
-    return subprocess.run([sys.executable, "-c", code, "compile", str(model), "-q", "--report", str(tmp_path / "r.json")],
+    return subprocess.run([sys.executable, "-c", code, "compile", str(model), "-q",
+                           "--report", str(tmp_path / "r.json")],
                           capture_output=True, text=True, env=env)
 
 

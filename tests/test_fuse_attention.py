@@ -502,7 +502,8 @@ def test_ascend_lowering_casts_around_the_primitive(dtype, attr, compute, casts)
     net, _ = lowering.lower(ir.from_proto(fused))
     (call,) = net.program.calls("ops.flash_attention_score")
     kw = call.kwargs
-    assert kw["input_layout"] == "BNSD" and kw["sparse_mode"] == 0 and kw["scalar_value"] == pytest.approx(0.3, rel=1e-3)  # (fp16: 0.30005)
+    assert kw["input_layout"] == "BNSD" and kw["sparse_mode"] == 0
+    assert kw["scalar_value"] == pytest.approx(0.3, rel=1e-3)  # (fp16: 0.30005)
     assert call.args[3] == 4 and kw["real_shift"] is None and kw["keep_prob"] == 1.0
     casts_in = [c for c in net.program.calls("ops.cast") if c.outputs[0] in call.args[:3]]
     casts_out = [c for c in net.program.calls("ops.cast") if c.args[0] is call.outputs[0]]
@@ -598,7 +599,8 @@ def _flat_alibi_graph(bias: bool = True, flat_v: bool = True):
     pos = g.op("Range", g.const(np.array(0, np.int64)),
                g.op("Squeeze", seq, g.const(np.array([0], np.int64))), g.const(np.array(1, np.int64)))
     allowed = _unsq(g, g.op("LessOrEqual", _unsq(g, pos, [0], 18), _unsq(g, pos, [1], 18)), [0, 1], 18)
-    masked = g.op("Add", s4, g.op("Where", allowed, g.const(np.array(0, np.float32)), g.const(np.array(FMIN, np.float32))))
+    masked = g.op("Add", s4, g.op("Where", allowed, g.const(np.array(0, np.float32)),
+                                  g.const(np.array(FMIN, np.float32))))
     probs = g.op("Softmax", masked, axis=-1)
     three = g.op("Concat", g.const(np.array([-1], np.int64)), seq, seq, axis=0)
     out3 = g.op("MatMul", g.op("Reshape", probs, three), v3 if flat_v else "v")

@@ -149,7 +149,8 @@ def _reshaped_linear_graph():
     onnxsim: Reshape(x, (-1, H)), Gemm, Reshape back to (batch, seq, I) by one shape computed from Shape(x)."""
     rng = np.random.default_rng(1)
     w = {"wg": rng.standard_normal((H, I)) * 0.3, "wu": rng.standard_normal((H, I)) * 0.3,
-         "bg": rng.standard_normal(I) * 0.1, "bu": rng.standard_normal(I) * 0.1, "wd": rng.standard_normal((I, H)) * 0.3}
+         "bg": rng.standard_normal(I) * 0.1, "bu": rng.standard_normal(I) * 0.1,
+         "wd": rng.standard_normal((I, H)) * 0.3}
     inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()]
     inits += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
               (("flat", [-1, H]), ("zero", [0]), ("two", [2]), ("width", [I]))]
@@ -257,8 +258,9 @@ def test_zoo_llama_gets_n_swiglu(model, exporter, opset, export_cache, tmp_path_
     assert len(merged) == n_layers and all(list(i.dims) == [64, 2 * 128] for i in merged)
     matmul_weights = [n.input[1] for n in fused.graph.node if n.op_type == "MatMul"]
     assert all(i.name in matmul_weights for i in merged)
-    # ... and the ascend MindIR multiplies by it (stored [out, in] for ops.dense, graphconv.compiler.lowering.dense_weights),
-    # a parameter named after its sources' state_dict names (graphconv.frontend.param_names): mlp.gate_up_proj.weight.
+    # ... and the ascend MindIR multiplies by it (stored [out, in] for ops.dense,
+    # graphconv.compiler.lowering.dense_weights), a parameter named after its sources' state_dict names
+    # (graphconv.frontend.param_names): mlp.gate_up_proj.weight.
     mindir_weights = {a for prim in ("MatMulExt", "Dense") for c in primitive_args(mindir, prim) for a in c
                       if isinstance(a, str)}
     gate_up = sorted(a for a in mindir_weights if "gate_up" in a)
@@ -621,7 +623,8 @@ def test_merged_weight_of_bfloat16_or_in_memory_sources_is_spilled(tmp_path, mon
     made float32), the spill writes it."""
     from graphconv.frontend import weights
 
-    original, m = _external_mlp(tmp_path, monkeypatch, TensorProto.BFLOAT16 if case == "bfloat16" else TensorProto.FLOAT)
+    original, m = _external_mlp(tmp_path, monkeypatch,
+                                TensorProto.BFLOAT16 if case == "bfloat16" else TensorProto.FLOAT)
     if case == "in memory":
         m.graph.initializers["wu"].const_value = ir.tensor(numpy_helper.to_array(
             next(t for t in original.graph.initializer if t.name == "wu")), name="wu")

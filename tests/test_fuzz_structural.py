@@ -183,7 +183,8 @@ def test_value_info_contradicting_the_graph_is_dropped(runner, bases, tmp_path):
 
     notes = []
     infer_shapes(m, Path("m.onnx"), notes)
-    assert len(notes) == 1 and "'add_269' contradicts the graph" in notes[0] and "differ in rank: (3) vs (1)" in notes[0]
+    assert len(notes) == 1 and "'add_269' contradicts the graph" in notes[0]
+    assert "differ in rank: (3) vs (1)" in notes[0]
     out = sm.base_model("bert")
     out.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 7  # rank 4 for a rank-3 output
     _refused(_compile(runner, out, tmp_path / "output"), "a declared type contradicts the graph")
@@ -217,7 +218,8 @@ def test_declared_dtype_contradiction_names_the_dtypes(runner, bases, tmp_path):
 
 
 def _cast_model(dtype: int, rest: list | None = None, opset: int = 18) -> onnx.ModelProto:
-    nodes = [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT)] + (rest or [helper.make_node("Relu", ["c"], ["y"])])
+    nodes = ([helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT)]
+             + (rest or [helper.make_node("Relu", ["c"], ["y"])]))
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", dtype, ["n", 4])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])

@@ -271,7 +271,8 @@ def test_relative_paths_from_another_directory(llama_gen, tmp_path):
     relative = subprocess.run([sys.executable, "-m", "graphconv", "generate", os.path.relpath(gen, here), "--input-ids",
                                ids, "--max-new-tokens", "3", "--check", "--onnx-dir", os.path.relpath(out, here)],
                               capture_output=True, text=True, cwd=here,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+                              env={**os.environ,
+                                   "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert absolute.returncode == 0 and relative.returncode == 0, relative.stderr
     assert relative.stdout == absolute.stdout and len(relative.stdout.splitlines()) == 2
     assert list(here.iterdir()) == []
@@ -387,9 +388,9 @@ def test_gpt2_generate_matches_transformers_and_onnxruntime(tmp_path):
     _generate_matches_transformers(src, gen, eos=127, pad=127)
 
 
-_DECODER = dict(vocab_size=128, initializer_range=INITIALIZER_RANGE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1,
-                eos_token_id=2)
+_DECODER = dict(vocab_size=128, initializer_range=INITIALIZER_RANGE, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                bos_token_id=1, eos_token_id=2)
 ARCHITECTURES = {  # transformers classes from tiny configs, default settings (sdpa)
     "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**_DECODER)),
     "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**_DECODER, head_dim=16)),  # q/k RMSNorms
@@ -513,7 +514,8 @@ def test_the_cpu_twin_is_written_only_where_this_host_can_run_it(llama_gen, tmp_
                                                           r"GiB.*--cpu-twin"):
         graphconv.generate(gen, [[1, 2, 3]], 2, device="cpu")
     forced = compile_pair(out, tmp_path / "forced", target="ascend", cpu_twin=True)
-    assert (tmp_path / "forced" / "decode.cpu.mindir").is_file() and forced["cpu_twins"]["decode"]["status"] == "verified"
+    assert (tmp_path / "forced" / "decode.cpu.mindir").is_file()
+    assert forced["cpu_twins"]["decode"]["status"] == "verified"
 
 
 def test_a_failed_verification_writes_the_report_and_nothing_else(llama_gen, tmp_path):

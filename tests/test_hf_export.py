@@ -175,9 +175,10 @@ def test_llama_prefill_and_three_decode_steps_reproduce_the_full_sequence(llama_
 # (two graphs in CI through tests/test_generate.py's transformers-exporter folder)
 @pytest.mark.parametrize("route", ["one graph", pytest.param("two graphs", marks=pytest.mark.slow)])
 def test_llama_pair_compiles_into_a_generation_folder(llama_with_past, tmp_path, route):
-    """`graphconv compile EXPORT_DIR -o GEN_DIR` with the cache passed in and out, verified with no --inputs (the decode mask's dims are past +
-    seq). One graph: the decode graph serves the prompt too (the export checked it at an empty cache), verified
-    at an empty cache and a cached step, its ascend MindIR holding FusedInferAttentionScore once per layer and no
+    """`graphconv compile EXPORT_DIR -o GEN_DIR` with the cache passed in and out, verified with no --inputs (the
+    decode mask's dims are past + seq). One graph: the decode graph serves the prompt too (the export checked it
+    at an empty cache), verified at an empty cache and a cached step, its ascend MindIR holding
+    FusedInferAttentionScore once per layer and no
     Softmax: the weights once per target. Two graphs (an export folder without that check, as written before
     it): the prefill's FlashAttentionScore beside it. The cpu MindIRs verified on their own; nothing else
     written."""

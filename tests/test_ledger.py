@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import ledger  # noqa: E402
+import ledger
 
 
 # --- the expected census, from PyTorch only -----------------------------------------------------------------------

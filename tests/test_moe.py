@@ -478,7 +478,7 @@ def shared_expert(bias=False, up_first=False, alpha=1.0):
     g = np.random.default_rng(2)
     w = {n: numpy_helper.from_array(g.standard_normal(s).astype(np.float32), n)
          for n, s in (("Wg", (12, 8)), ("Wu", (12, 8)), ("Wd", (8, 12)), ("bg", (12,)), ("bu", (12,)))}
-    gemm = lambda src, wt, b, out: oh.make_node("Gemm", [src, wt] + ([b] if bias else []), [out], transB=1,  # noqa
+    gemm = lambda src, wt, b, out: oh.make_node("Gemm", [src, wt] + ([b] if bias else []), [out], transB=1,  # noqa: E731
                                                 **({"alpha": alpha} if alpha != 1.0 else {}))
     product = ["up", "silu"] if up_first else ["silu", "up"]
     nodes = [gemm("x", "Wg", "bg", "gate"), gemm("x", "Wu", "bu", "up"), oh.make_node("Sigmoid", ["gate"], ["sg"]),

@@ -91,7 +91,8 @@ def test_traced_writes_stay_in_the_output_folder(tmp_path):
             continue                 # own cwd is checked by the listing test)
         full = Path(os.path.normpath(path))
         if _SYSTEM.match(path) or full.is_relative_to(places["out"]) or full == places["tmp"] / _ORT_SESSION_ID or \
-                str(places["home"] / _ORT_DEVICE_ID).startswith(str(full)) or full.is_relative_to(places["home"] / _ORT_DEVICE_ID):
+                str(places["home"] / _ORT_DEVICE_ID).startswith(str(full)) or \
+                full.is_relative_to(places["home"] / _ORT_DEVICE_ID):
             continue
         outside.append(path)
     assert written, "the trace saw no write at all: the parsing is wrong"

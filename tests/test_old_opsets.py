@@ -27,7 +27,8 @@ def randomized(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     ConstantOfShape(0.02) (its shipped outputs are uniform whatever the input): each becomes a seeded random
     initializer of the same shape, weights of rank >= 2 ~ N(0, 1/fan_in) (He-like, so activations stay of
     order 1), BatchNormalization's scale and variance ~ U(0.5, 1.5) (a valid variance), other 1-D ones
-    (biases, BatchNormalization's mean and offset) ~ N(0, 0.1^2), small beside the input's own signal. The final Softmax is cut off: a softmax over 1000 near-equal logits hides any difference."""
+    (biases, BatchNormalization's mean and offset) ~ N(0, 0.1^2), small beside the input's own signal. The final
+    Softmax is cut off: a softmax over 1000 near-equal logits hides any difference."""
     rng = np.random.default_rng(seed)
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     out = onnx.ModelProto()

@@ -640,8 +640,8 @@ case("LayerNormalization_fp16", "LayerNormalization", [x("batch", "seq", 8, dtyp
                                                        k(weights(8).astype(F16)), k(weights(8, seed=1).astype(F16))],
      atol=2e-3, rtol=2e-3)
 case("RMSNormalization", "RMSNormalization", [x("batch", "seq", 8), k(weights(8))], opset=23)
-case("RMSNormalization_axis_m2", "RMSNormalization", [x("batch", 5, 4), k(weights(5, 4))], {"axis": -2, "epsilon": 1e-3},
-     opset=23)
+case("RMSNormalization_axis_m2", "RMSNormalization", [x("batch", 5, 4), k(weights(5, 4))],
+     {"axis": -2, "epsilon": 1e-3}, opset=23)
 case("RMSNormalization_fp16", "RMSNormalization", [x("batch", "seq", 8, dtype=F16), k(weights(8).astype(F16))],
      opset=23, atol=2e-3, rtol=2e-3)
 
@@ -1433,7 +1433,8 @@ def test_dense_weights_are_those_only_matmuls_read():
                                        helper.make_tensor_value_info("ids", TensorProto.INT64, ["m"])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16]),
                            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["m", 16])],
-                          [numpy_helper.from_array(weights(16, 16), "w"), numpy_helper.from_array(weights(16, 16), "e")])
+                          [numpy_helper.from_array(weights(16, 16), "w"),
+                           numpy_helper.from_array(weights(16, 16), "e")])
     model = ir.from_proto(onnx.shape_inference.infer_shapes(
         helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])))
     assert {v.name for v in lowering.dense_weights(model.graph)} == {"w"}

@@ -71,7 +71,8 @@ CASES = {
                                               {"left_window_size": 1, "right_window_size": 1}, 25), None),
     "window_with_past_present": (_attention(
         [Q4, ("K", F, [B, KVH, S, D]), ("V", F, [B, KVH, S, D]), None, ("past_key", F, [B, KVH, 4, D]),
-         ("past_value", F, [B, KVH, 4, D])], {"is_causal": 1, "left_window_size": 3}, 25, ("y", "present_key", "present_value")), None),
+         ("past_value", F, [B, KVH, 4, D])], {"is_causal": 1, "left_window_size": 3}, 25,
+        ("y", "present_key", "present_value")), None),
     "window_nonpad_causal": (_attention([Q4, K4, V4, None, None, None, NONPAD],
                                         {"is_causal": 1, "left_window_size": 1}, 25), [6, 3, 2]),
     "window_3d_right_only": (_attention([("Q", F, [B, S, H * D]), ("K", F, [B, L, KVH * D]),

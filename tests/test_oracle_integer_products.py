@@ -156,7 +156,8 @@ def test_qlinear_matmul_is_exact_then_requantized(monkeypatch):
     assert _max_pair(a, b) > INT16_MAX
     inits = {"a_scale": np.float32(0.02), "a_zp": np.uint8(0), "b": b, "b_scale": b_scale, "b_zp": np.zeros(4, np.int8),
              "y_scale": np.float32(0.5), "y_zp": np.uint8(3)}
-    m = _model(helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp", "y_scale", "y_zp"], ["y"]),
+    m = _model(helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp", "y_scale", "y_zp"],
+                                ["y"]),
                [helper.make_tensor_value_info("a", TensorProto.UINT8, ["m", 32])],
                [numpy_helper.from_array(v, k) for k, v in inits.items()])
     y, oracle, ops = _run(m, {"a": a}, monkeypatch)
@@ -196,7 +197,8 @@ def test_a_model_file_is_rewritten_too(tmp_path, monkeypatch):
 
 
 def test_a_model_without_integer_products_is_handed_over_as_it_is():
-    m = _model(helper.make_node("MatMul", ["a", "b"], ["y"]), [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 8])],
+    m = _model(helper.make_node("MatMul", ["a", "b"], ["y"]),
+               [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 8])],
                [numpy_helper.from_array(np.ones((8, 3), np.float32), "b")])
     assert reference.exact_integer_products(m) == (m, {})
 

@@ -95,7 +95,8 @@ def test_values_read_across_layers_and_subgraphs():
     """A hand-built graph: a prologue value (a mask) read by both layers, and a layer whose If branch reads
     an outer value: every piece gets what it reads, and the outputs equal the whole model's."""
     rng = np.random.default_rng(0)
-    w = {f"layers.{k}.proj.weight": rng.standard_normal((32, 32)).astype(np.float32) * 0.2 for k in range(2)}  # (>= WEIGHT_ELEMENTS)
+    w = {f"layers.{k}.proj.weight": rng.standard_normal((32, 32)).astype(np.float32) * 0.2
+         for k in range(2)}  # (>= WEIGHT_ELEMENTS)
     out_then = helper.make_graph([helper.make_node("Mul", ["h0", "mask"], ["then_y"])], "then", [],
                                  [helper.make_tensor_value_info("then_y", TensorProto.FLOAT, None)])
     out_else = helper.make_graph([helper.make_node("Identity", ["h0"], ["else_y"])], "else", [],
@@ -112,7 +113,8 @@ def test_values_read_across_layers_and_subgraphs():
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 32])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
-        [numpy_helper.from_array(v, k) for k, v in w.items()] + [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+        [numpy_helper.from_array(v, k) for k, v in w.items()]
+        + [numpy_helper.from_array(np.array(0, np.float32), "zero")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     pieces = piecewise.cut(model, [("prologue", ["mask"]), ("layers[0]", ["h0b"]), ("layers[1]", ["y"])])
     assert [p.name for p in pieces] == ["prologue", "layers[0]", "layers[1]"]

@@ -50,7 +50,8 @@ def _attention_block(opset: int = 18) -> onnx.ModelProto:
         numpy_helper.from_array(np.array(1, np.int64), "one"),
         numpy_helper.from_array(np.array([1], np.int64), "ax1"),
     ]
-    g = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden])],
+    g = helper.make_graph(nodes, "block",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", hidden])], inits)
     return onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
 

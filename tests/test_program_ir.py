@@ -180,7 +180,8 @@ zeros = _param(None, "w", (3, 4), ms.float32)
 print("RESULT " + json.dumps({
     "plain_equal": bool(np.array_equal(plain.asnumpy(), a)), "plain_shares": bool(np.shares_memory(plain.asnumpy(), a)),
     "flipped_equal": bool(np.array_equal(flipped.asnumpy(), a.T)),
-    "frozen_equal": bool(np.array_equal(copied.asnumpy(), a)), "frozen_shares": bool(np.shares_memory(copied.asnumpy(), frozen)),
+    "frozen_equal": bool(np.array_equal(copied.asnumpy(), a)),
+    "frozen_shares": bool(np.shares_memory(copied.asnumpy(), frozen)),
     "b16_equal": bool(np.array_equal(b16.asnumpy().astype(np.float32), a)),
     "zeros": bool(not zeros.asnumpy().any()) and list(zeros.shape) == [3, 4],
     "names": [p.name for p in (plain, flipped, copied, b16, zeros)],

@@ -3,8 +3,8 @@ quantize_dynamic (DynamicQuantizeLinear + MatMulInteger / ConvInteger), quantize
 (per tensor and per channel), MatMulNBitsQuantizer (com.microsoft MatMulNBits, 4 bits, block 32, symmetric
 and with zero points). Each compiles and verifies against onnxruntime, whose integer products the oracle
 computes exactly (graphconv/verify/integer_products.py: onnxruntime's u8s8 kernel saturates on x86 without
-VNNI, and quantize_dynamic's int8 weights with uint8 activations are such products). The QOperator format's com.microsoft
-QLinearAdd / QGemm are refused with one line (not decomposed: onnxruntime's requantization rounding would
+VNNI, and quantize_dynamic's int8 weights with uint8 activations are such products). The QOperator format's
+com.microsoft QLinearAdd / QGemm are refused with one line (not decomposed: onnxruntime's requantization rounding would
 have to be mirrored bit for bit)."""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import onnx
 import pytest
 
 pytest.importorskip("torch")
-import torch  # noqa: E402
+import torch
 
-from graphconv.errors import UnsupportedError  # noqa: E402
-from graphconv.frontend import contrib  # noqa: E402
-from graphconv.frontend.contrib import quant  # noqa: E402
-from graphconv.verify import reference  # noqa: E402
-from tests.contrib_utils import compile_verified  # noqa: E402
+from graphconv.errors import UnsupportedError
+from graphconv.frontend import contrib
+from graphconv.frontend.contrib import quant
+from graphconv.verify import reference
+from tests.contrib_utils import compile_verified
 
 
 def _import_ort_tool(module: str):
@@ -61,7 +61,8 @@ class MLP(torch.nn.Module):
 class CNN(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.c1, self.c2, self.fc = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3), torch.nn.Linear(8, 10)
+        self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3)
+        self.fc = torch.nn.Linear(8, 10)
 
     def forward(self, x):
         return self.fc(torch.relu(self.c2(torch.relu(self.c1(x)))).mean((2, 3)))
@@ -150,7 +151,8 @@ def test_layer_by_layer_oracle_computes_the_integer_products_exactly(tmp_path, m
                               layer_streamed=True)
     assert report.validation["oracle"] == "onnxruntime (layer by layer)"
     assert report.validation["oracle_exact"] == f"MatMulInteger (3 nodes) {EXACT}"
-    assert [b["block"] for b in report.validation["layer_streamed"]["blocks"]][1:4] == ["layers.0", "layers.1", "layers.2"]
+    blocks = [b["block"] for b in report.validation["layer_streamed"]["blocks"]]
+    assert blocks[1:4] == ["layers.0", "layers.1", "layers.2"]
     # one piece per layer: the model computes nothing before its first layer or after its last
     assert len(handed) == 3 and not any("MatMulInteger" in ops for ops in handed)
     assert sum("MatMul" in ops for ops in handed) == 3  # one int32 MatMul in each layer's piece
@@ -219,8 +221,10 @@ def test_builder_int4_matmul_nbits_layer_decomposes_exactly(tmp_path):
     from tokenizers import Tokenizer, models  # the builder saves the tokenizer too: a word-level one will do
 
     vocab = {f"t{i}": i for i in range(256)}
-    transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
-                                         unk_token="t0", eos_token="t1", bos_token="t2").save_pretrained(tmp_path / "hf")
+    words = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", eos_token="t1",
+                                                     bos_token="t2")
+    tokenizer.save_pretrained(tmp_path / "hf")
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tmp_path / "hf"), "-o",
                     str(tmp_path / "int4"), "-p", "int4", "-e", "cpu", "-c", str(tmp_path / "cache")],
                    cwd=tmp_path, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})

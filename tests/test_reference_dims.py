@@ -124,7 +124,8 @@ def _save(tmp_path, **arrays):
     (dict(attention_mask=np.ones((2, 8), np.int64)),
      r"attention_mask dim 1 is 8, but dim 'total' must be past \+ seq = 7 \(past = 4, seq = 3\)"),
     (dict(past_key=np.zeros((3, 4, H), np.float32)), r"dim 'batch' differs between inputs: input_ids dim 0 is 2"),
-    (dict(input_ids=np.full((2, 3), VOCAB, np.int64)), r"input_ids holds ids 16\.\.16, but the table it indexes has 16"),
+    (dict(input_ids=np.full((2, 3), VOCAB, np.int64)),
+     r"input_ids holds ids 16\.\.16, but the table it indexes has 16"),
 ])
 def test_user_inputs_are_checked_before_anything_runs(tmp_path, change, message):
     good = dict(input_ids=np.zeros((2, 3), np.int64), attention_mask=np.ones((2, 7), np.int64),
@@ -134,7 +135,8 @@ def test_user_inputs_are_checked_before_anything_runs(tmp_path, change, message)
     assert graphconv.compile(model_path, tmp_path / "ok.mindir", target="cpu",
                              inputs=(_save(tmp_path, **good),)).status == "verified"
     with pytest.raises(InputError, match=message):
-        graphconv.compile(model_path, tmp_path / "m.mindir", target="cpu", inputs=(_save(tmp_path, **{**good, **change}),))
+        graphconv.compile(model_path, tmp_path / "m.mindir", target="cpu",
+                          inputs=(_save(tmp_path, **{**good, **change}),))
     assert not (tmp_path / "m.mindir").exists()
 
 
@@ -296,7 +298,8 @@ def test_the_selector_search_reads_no_weight(tmp_path):
     external file stays unread (a held KV cache's zeros are such a file, with an absolute path, which onnx
     refuses to read: compile-past failed with exit 3 before this)."""
     m = helper.make_node
-    g = helper.make_graph([m("MatMul", ["x", "w"], ["y"])], "g", [helper.make_tensor_value_info("x", T.FLOAT, ["n", 4])],
+    g = helper.make_graph([m("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, ["n", 4])],
                           [helper.make_tensor_value_info("y", T.FLOAT, ["n", 4])],
                           [numpy_helper.from_array(np.ones((4, 4), np.float32), "w")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])

@@ -79,7 +79,8 @@ def _torchscript_style_heads(other_batch: bool = False) -> onnx.ModelProto:
     ]
     ints = {"zero": [0], "two": [2], "width": [64], "minus_one": [-1], "d": [16]}
     inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
-    inits += [numpy_helper.from_array(np.array(0, np.int64), "i0"), numpy_helper.from_array(np.array(1, np.int64), "i1"),
+    inits += [numpy_helper.from_array(np.array(0, np.int64), "i0"),
+              numpy_helper.from_array(np.array(1, np.int64), "i1"),
               numpy_helper.from_array(np.eye(64, dtype=np.float32), "w"),
               numpy_helper.from_array(np.array(0.25, np.float32), "scale")]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64]),

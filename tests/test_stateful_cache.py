@@ -75,7 +75,8 @@ def _ort(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
 
 def test_the_transform_on_a_hand_built_graph():
     original = _with_past_graph()
-    stateful, layout = stateful_cache.make_stateful(_with_past_graph(), max_batch=3, max_seq=10, past_names=["past_key_values.0.key"])
+    stateful, layout = stateful_cache.make_stateful(_with_past_graph(), max_batch=3, max_seq=10,
+                                                    past_names=["past_key_values.0.key"])
     onnx.checker.check_model(stateful)
     assert [i.name for i in stateful.graph.input] == ["input_ids", "attention_mask"]
     assert [o.name for o in stateful.graph.output] == ["y"]
@@ -88,7 +89,8 @@ def test_the_transform_on_a_hand_built_graph():
     # at past length 0 (a prompt) onnxruntime runs the function body on the zeros: the stateless graph's value
     ids = RNG.integers(0, VOCAB, (2, 5))
     mask = np.ones((2, 5), np.int64)
-    want = _ort(original, {"input_ids": ids, "attention_mask": mask, "past_key_values.0.key": np.zeros((2, HEADS, 0, DIM), np.float32)})
+    want = _ort(original, {"input_ids": ids, "attention_mask": mask,
+                           "past_key_values.0.key": np.zeros((2, HEADS, 0, DIM), np.float32)})
     got = _ort(stateful, {"input_ids": ids, "attention_mask": mask})
     np.testing.assert_array_equal(got[0], want[0])
 
@@ -105,7 +107,8 @@ def test_the_compiled_cache_keeps_its_state_between_calls(tmp_path):
                                dims={"batch": (2, 3), "seq": (3, 5), "total": (3, 5)})
     assert report.status == "verified"
     held = next(s.detail["cache_held_in_place"] for s in report.stages if s.name == "load")
-    assert held["caches"] == {"past_key_values.0.key": "cache.past_key_values.0.key"} and held["bytes"] == 3 * 10 * HEADS * DIM * 4
+    assert held["caches"] == {"past_key_values.0.key": "cache.past_key_values.0.key"}
+    assert held["bytes"] == 3 * 10 * HEADS * DIM * 4
     assert primitive_census(mindir).get("ScatterNdUpdate") == 1
 
     original, batch = _with_past_graph(), 2
@@ -218,7 +221,8 @@ def test_group_query_attention_caches_are_held_in_place(tmp_path):
 
 
 @pytest.mark.parametrize("edit, reason", [
-    (lambda g: g.node.append(helper.make_node("Identity", ["past_key_values.0.key"], ["also"])), "past_key_values.0.key is read by Identity"),
+    (lambda g: g.node.append(helper.make_node("Identity", ["past_key_values.0.key"], ["also"])),
+     "past_key_values.0.key is read by Identity"),
     (lambda g: g.input.remove(next(i for i in g.input if i.name == "attention_mask")), "no 'attention_mask'"),
     (lambda g: next(n for n in g.node if n.output[0] == "present.0.key").input.reverse(),
      "is not [past, new] along the sequence axis"),
@@ -240,7 +244,7 @@ from test_hf_export import _gpt2, _llama, _save, llama_with_past  # noqa: E402,F
 
 
 @pytest.fixture(scope="module")
-def llama_stateful(llama_with_past, tmp_path_factory):
+def llama_stateful(llama_with_past, tmp_path_factory):  # noqa: F811 - the imported fixture
     """(checkpoint, export folder, GEN_DIR compiled with --stateful-cache --target ascend, its report)."""
     src, out, _ = llama_with_past
     gen = tmp_path_factory.mktemp("stateful-llama") / "gen"
@@ -473,14 +477,15 @@ STATEFUL_ARCHITECTURES = {  # beyond Llama: learned positions, sliding windows o
     # MLA: transformers caches the latent (kv_lora_rank 32) and the rotated key (16), one head each (a cache of
     # two head dims), decompressed at every step; DeepSeek-V3's interleaved rotary
     "deepseek_v3": lambda: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
-        **{**_DECODER, "num_key_value_heads": 4}, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
-        first_k_dense_replace=2)),
+        **{**_DECODER, "num_key_value_heads": 4}, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=16, v_head_dim=16, first_k_dense_replace=2)),
     # layers of their own cache shapes: a sliding layer's head dim 16, the global layer's 64
     "gemma4": lambda: tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(
         **_DECODER, head_dim=16, global_head_dim=64, sliding_window=4, vocab_size_per_layer_input=128,
         hidden_size_per_layer_input=16)),
     "minicpm3": lambda: tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(
-        **{**_DECODER, "num_key_value_heads": 4}, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16)),
+        **{**_DECODER, "num_key_value_heads": 4}, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=16, v_head_dim=16)),
 }
 
 
@@ -543,7 +548,7 @@ def test_a_streamed_mindir_keeps_no_cache_bytes_in_its_data_file(llama_stateful,
               location="decode.onnx.data", size_threshold=0)
     for f in ("prefill.onnx", "generation.json"):
         (src / f).symlink_to(out / f)
-    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(export_task, "STREAM_MIN_BYTES", 0)
     gen = tmp_path / "gen"
     compile_pair(src, gen, target="cpu", stateful_cache=True, max_batch=4, max_seq_len=64)
     model = mind_ir_pb2().ModelProto.FromString((gen / "decode.mindir").read_bytes())

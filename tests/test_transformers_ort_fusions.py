@@ -120,7 +120,8 @@ def test_the_plain_export_compiles_fused_and_verifies(checkpoints, tmp_path, arc
     assert want == {"RmsNorm": 5, "attention": 2, "RotaryPositionEmbedding": 4, "Swiglu": 2}  # 2 layers
     assert _census(report) == want
     assert all(not c["refused"] for c in report["coverage"].values()), report["coverage"]
-    decomposed = next(s for s in report["stages"] if s["name"] == "load")["detail"]["onnxruntime_contrib_ops_decomposed"]
+    load = next(s for s in report["stages"] if s["name"] == "load")
+    decomposed = load["detail"]["onnxruntime_contrib_ops_decomposed"]
     assert decomposed == {"com.microsoft::GroupQueryAttention": 2, "com.microsoft::SkipSimplifiedLayerNormalization": 4,
                           "SimplifiedLayerNormalization": 1}
     worst = max(o["max_abs"] for c in report["validation"]["cases"] for o in c["outputs"])

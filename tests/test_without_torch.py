@@ -87,8 +87,9 @@ def test_a_compile_with_torch_installed_does_not_import_it(tmp_path):
     record.mkdir()
     (hook / "sitecustomize.py").write_text(RECORD_TORCH)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)]), "GRAPHCONV_TEST_RECORD": str(record)}
-    proc = subprocess.Popen([sys.executable, "-m", "graphconv", "compile", str(EXAMPLE), "-o", str(tmp_path / "m.mindir"),
-                             "-q", "--report", str(tmp_path / "r.json")], env=env, cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "graphconv", "compile", str(EXAMPLE),
+                             "-o", str(tmp_path / "m.mindir"), "-q", "--report", str(tmp_path / "r.json")],
+                            env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]

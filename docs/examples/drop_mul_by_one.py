@@ -4,7 +4,6 @@ Load it with `graphconv compile model.onnx --plugin drop_mul_by_one` (the module
 register it as an entry point of the group `graphconv.passes` in your package's pyproject.toml.
 """
 
-import numpy as np
 from onnxscript.rewriter import pattern
 
 from passes import rewrite_pass

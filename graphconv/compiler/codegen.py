@@ -264,7 +264,8 @@ def _module_head(program: Program, helper_module, title: str, lazy_inline: bool)
     for h in program.helpers:
         parts += ["", "", inspect.getsource(getattr(helper_module, h)).rstrip()]
     if program.cells:
-        parts += ["", "", "# @mindspore.lazy_inline on a layer class's __init__ compiles the layer once for all its instances;",
+        parts += ["", "", "# @mindspore.lazy_inline on a layer class's __init__ compiles the layer once for all its "
+                          "instances;",
                   "# MindSpore 2.10 on CPU then runs the network from its MindIR only: False runs this Cell directly.",
                   f"LAZY_INLINE = {bool(lazy_inline)}"]
     for cell in program.cells:
@@ -331,6 +332,7 @@ def render_blocks(program: Program, part: Partition, helper_module) -> str:
         else:
             lines += [f"        {_attr_line(a)}" for a in attrs_read(nodes + [Node("tuple", None, tuple(b.outputs))])]
         w = _construct(Body(list(b.inputs), list(nodes), list(b.outputs)), as_tuple=True)
-        lines += ["", f"    def construct(self, {', '.join(w.args)}):" if w.args else "    def construct(self):"] + w.lines
+        construct = f"    def construct(self, {', '.join(w.args)}):" if w.args else "    def construct(self):"
+        lines += ["", construct] + w.lines
         parts += ["", ""] + lines
     return "\n".join(parts) + "\n"

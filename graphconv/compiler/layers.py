@@ -170,9 +170,9 @@ def _group(origin: str) -> str:
 def _hoist(nodes: list[Node], layer: dict[int, int | None]) -> None:
     """Work that several layers share moves out of them. A layer node is *invariant* when it reads no value
     a non-invariant layer node computes and no weight of its own layer (only inputs, outside values,
-    constants, shared weights, weights no layer's name claims). After merge_identical made the layers' identical copies of such work one,
-    an invariant node that another layer or an outside node reads, and the invariant nodes feeding it, are
-    computed before the layers."""
+    constants, shared weights, weights no layer's name claims). After merge_identical made the layers' identical
+    copies of such work one, an invariant node that another layer or an outside node reads, and the invariant nodes
+    feeding it, are computed before the layers."""
     attr_layers: dict[int, set] = {}
     for node in nodes:
         for v in node.inputs():

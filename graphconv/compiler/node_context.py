@@ -2,8 +2,8 @@
 
 A handler (opmap/registry.py) gets a NodeContext `n` and returns, per output, an emission Value
 (graphconv/compiler/program_ir.py) built through `n.call(...)`, `n.binop(...)`, ... or a numpy array (the output is a
-compile-time constant). This module sits below both graphconv/compiler/lowering.py (which implements `Scope`) and opmap/:
-neither imports the other's internals, and control flow lowers its sub-graphs through `lower_subgraph`.
+compile-time constant). This module sits below both graphconv/compiler/lowering.py (which implements `Scope`)
+and opmap/: neither imports the other's internals, and control flow lowers its sub-graphs through `lower_subgraph`.
 """
 
 from __future__ import annotations

@@ -29,9 +29,8 @@ from graphconv.deploy.options import (CANN_OPSETS, CONVERTER_LITE, DEFAULT_CANN,
                                       command, extract_commands, parse_lite_config, shell_line)
 from graphconv.deploy.profiles import MAX_PROFILES, Dims, atc_input_shape, collect_dims, profile_values, profiles
 from graphconv.deploy.scripts import compare_script
-from graphconv.deploy.writer import BundleContext, _json, _Plan, _Writer, check_bundle, check_options, write_bundle
-
-# (_json, _Plan and _Writer are here for tests/test_bundle.py; they are not the API.)
+from graphconv.deploy.writer import BundleContext, check_bundle, check_options, write_bundle
+from graphconv.deploy.writer import _json, _Plan, _Writer  # noqa: F401 - for tests/test_bundle.py, not the API
 
 __all__ = [
     "ATC", "CANN_OPSETS", "CONVERTER_LITE", "DEFAULT_CANN", "DOC", "MAX_PROFILES", "PRECISIONS", "TOOLS",

@@ -16,8 +16,8 @@ from graphconv.deploy.options import TOLERANCE_KEY
 from graphconv.errors import InternalError
 
 # What compare_outputs.py takes from graphconv.verify.compare: the tolerance table, the rule and its helpers.
-RULE = ("DEFAULT_TOLERANCE", "SUSPICIOUS_FACTOR", "EDGE_OF_RANGE", "EDGE_ROUNDING", "default_tolerance", "Comparison", "_cosine",
-        "compare")
+RULE = ("DEFAULT_TOLERANCE", "SUSPICIOUS_FACTOR", "EDGE_OF_RANGE", "EDGE_ROUNDING", "default_tolerance", "Comparison",
+        "_cosine", "compare")
 # The modules graphconv.verify.compare may import: the ones compare_outputs.head.py.tmpl imports (numpy only).
 RULE_IMPORTS = {"__future__", "dataclasses", "numpy"}
 

@@ -18,8 +18,8 @@ import onnx
 from graphconv.verify import compare, reference
 from graphconv.deploy.opset import AtcOnnx, clamp_opset
 from graphconv.deploy.options import (CANN_OPSETS, DEFAULT_CANN, DOC, JIT_CONFIG, MINDSPORE_CANN, PRECISIONS,
-                                      TOLERANCE_KEY, CommandError, cann_opset_range, check_command, check_lite_config, command,
-                                      extract_commands, shell_line)
+                                      TOLERANCE_KEY, CommandError, cann_opset_range, check_command, check_lite_config,
+                                      command, extract_commands, shell_line)
 from graphconv.deploy.profiles import Dims, atc_input_shape, collect_dims, dim_key, profile_values, profiles
 from graphconv.deploy.scripts import compare_script, fill, template
 from graphconv.errors import InputError, InternalError
@@ -340,7 +340,8 @@ class _Plan:
             lines += ["# The model's dynamic inputs are not 4-D batch/image inputs, which is all that [ascend_context]",
                       "# dynamic_dims covers; the profiles are ND dynamic-dimension profiles in [acl_build_options]",
                       "# (input_shape with -1, ge.dynamicDims with one value per -1, input_format=ND).",
-                      f"# Profiles over ({', '.join(self.dims.dynamic)}): {len(self.profiles)}; the model runs only at these shapes."]
+                      f"# Profiles over ({', '.join(self.dims.dynamic)}): {len(self.profiles)}; "
+                      "the model runs only at these shapes."]
         elif how == "ascend_context":
             lines += [f"# Dynamic batch profiles over {self.dims.dynamic[0]}: {len(self.profiles)}."]
         for section, items in sections.items():
@@ -458,8 +459,10 @@ class _Plan:
             FP16_NOTE=fp16_note, ATC_CMDS="\n".join(shell_line(c) for c in atc_cmds),
             AIR_CMDS="\n".join(shell_line(c) for c in air_cmds), LITE_CMD=shell_line(lite_cmd),
             LITE_HOW={"static": "the model has no dynamic dims: no profiles",
-                      "ascend_context": "`[ascend_context]` `input_shape` + `dynamic_dims` (dynamic batch of 4-D inputs)",
-                      "acl_build_options": "`[acl_build_options]` `input_shape` (-1 per dynamic dim) + `ge.dynamicDims` "
+                      "ascend_context": "`[ascend_context]` `input_shape` + `dynamic_dims` "
+                                        "(dynamic batch of 4-D inputs)",
+                      "acl_build_options": "`[acl_build_options]` `input_shape` (-1 per dynamic dim) + "
+                                           "`ge.dynamicDims` "
                                            "(ND profiles), because `[ascend_context]` `dynamic_dims` only covers "
                                            "4-D inputs with a dynamic batch or image size"}[lite_how],
             SOC_NOTE=self.soc_note, PRODUCER=producer, WARNINGS=warnings, TOOLS=tool_lines,

@@ -277,7 +277,8 @@ def _load_model(folder: Path, cls, config, task: str, notes: list[str]):
                                           **_experts_kwargs(cls, notes))
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise InputError(f"{folder}: transformers cannot load the checkpoint as {cls.__name__}: {first[:300]}") from None
+        raise InputError(f"{folder}: transformers cannot load the checkpoint as {cls.__name__}: "
+                         f"{first[:300]}") from None
     missing = sorted(info.get("missing_keys") or [])
     off_path = [k for k in missing if task == "feature-extraction" and any(p in k for p in _OFF_PATH)]
     if off_path:

@@ -24,7 +24,7 @@ from graphconv.frontend.contained import inside
 from graphconv.frontend.contrib import cases
 from graphconv.frontend.contrib import quant
 from graphconv.errors import InputError, UnsupportedError
-from graphconv.onnx_domains import default_opset  # noqa: F401 (load.default_opset is API)
+from graphconv.onnx_domains import default_opset  # (load.default_opset is API)
 
 MIN_OPSET = 13
 MAX_OPSET = 28  # the newest opset onnx 1.23 defines (onnx.defs.onnx_opset_version())

@@ -17,7 +17,8 @@ def symbolic_inference(model: onnx.ModelProto, auto_merge: bool, guess_output_ra
     that writes a file into the cwd: an op it cannot infer leaves its outputs, and what follows, unknown);
     None when it cannot start. Read its `known_vi_` and `suggested_merge_`."""
     try:
-        ssi = _ssi_module().SymbolicShapeInference(int_max=2**31 - 1, auto_merge=auto_merge, guess_output_rank=guess_output_rank, verbose=0)
+        ssi = _ssi_module().SymbolicShapeInference(int_max=2**31 - 1, auto_merge=auto_merge,
+                                                   guess_output_rank=guess_output_rank, verbose=0)
         ssi._preprocess(model)
     except Exception:  # noqa: BLE001 - only an aid: callers do without
         return None

@@ -38,5 +38,5 @@ def load(gen_dir: Path, generation: dict):
         return AutoTokenizer.from_pretrained(str(gen_dir / generation["tokenizer"]), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers' own refusal, reported in one line
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise InputError(f"{gen_dir / generation['tokenizer']}: transformers cannot load the tokenizer ({first[:200]})") \
-            from None
+        raise InputError(f"{gen_dir / generation['tokenizer']}: transformers cannot load the tokenizer "
+                         f"({first[:200]})") from None

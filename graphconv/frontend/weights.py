@@ -276,8 +276,8 @@ class SpillFile:
         self._parts.append(made)
         _CONCATENATED[(str(self.unwritten), offset)] = made
         self.concatenated_bytes += length
-        return ConcatenatedTensor(str(self.unwritten), offset, length, ir.DataType.from_numpy(_dtype_by_name(first.dtype)),
-                                  shape=ir.Shape(shape), name=name)
+        dtype = ir.DataType.from_numpy(_dtype_by_name(first.dtype))
+        return ConcatenatedTensor(str(self.unwritten), offset, length, dtype, shape=ir.Shape(shape), name=name)
 
 
 class ConcatenatedTensor(ir.ExternalTensor):

@@ -170,7 +170,7 @@ def _run_blocks(prepared: Prepared, weights_file) -> dict:
         for env, kept in zip(envs, saved):
             try:
                 out = cell(*[env[i] for i in b["inputs"]])
-            except Exception as e:  # noqa: BLE001 - named for the parent's one-line error
+            except Exception as e:  # named for the parent's one-line error
                 raise RuntimeError(f"block {b['name']} does not run: {type(e).__name__}: {str(e).strip()[:300]}") from e
             for i, v in zip(b["outputs"], out):
                 env[i] = v

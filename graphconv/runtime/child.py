@@ -56,9 +56,10 @@ def _die_with_parent() -> None:
 
 
 def _start(args: list[str], workdir: Path, log, stdin, stdout) -> subprocess.Popen:
-    """`python -m graphconv.runtime.worker ARGS` with cwd=workdir (MindSpore drops files in the cwd), errors to `log`."""
-    return subprocess.Popen([sys.executable, "-m", "graphconv.runtime.worker", *args], cwd=workdir, env=child_env(workdir),
-                            stdin=stdin, stdout=stdout, stderr=log,
+    """`python -m graphconv.runtime.worker ARGS` with cwd=workdir (MindSpore drops files in the cwd), errors to
+    `log`."""
+    return subprocess.Popen([sys.executable, "-m", "graphconv.runtime.worker", *args], cwd=workdir,
+                            env=child_env(workdir), stdin=stdin, stdout=stdout, stderr=log,
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
 
 

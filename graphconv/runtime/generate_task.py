@@ -1,4 +1,5 @@
-"""The child's generation task: greedy decoding (or sampling) with a compiled prefill + decode pair (graphconv.generation)."""
+"""The child's generation task: greedy decoding (or sampling) with a compiled prefill + decode pair
+(graphconv.generation)."""
 
 from __future__ import annotations
 

@@ -278,7 +278,8 @@ class WeightsFile:
         self.sources, self.chunk_bytes, self.progress = sources, chunk_bytes or CHUNK_BYTES, progress
         self.folder = Path(directory) / f"{prefix}_variables"
         location = f"{prefix}_variables/data_0"
-        self.entries: dict[str, tuple[int, int, np.dtype, bool, tuple]] = {}  # name -> offset, length, dtype, flip, dims
+        # name -> offset, length, dtype, flip, dims
+        self.entries: dict[str, tuple[int, int, np.dtype, bool, tuple]] = {}
         offset = HEADER_BYTES
         missing = next((parameter_name(p.name) for p in model.graph.parameter
                         if parameter_name(p.name) not in sources), None)
@@ -304,7 +305,7 @@ class WeightsFile:
         self.put_bytes = 0
         self._background = _Background()
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.folder / "data_0", "wb")
+        self._file = open(self.folder / "data_0", "wb")  # noqa: SIM115 - closed in finish()
         self._file.write(bytes([1 if sys.byteorder == "little" else 0]) + bytes(HEADER_BYTES - 1))
         self._file.truncate(offset)
 

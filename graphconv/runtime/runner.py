@@ -1,8 +1,8 @@
 """Compile and run many small ONNX models in one MindSpore child process.
 
 The full pipeline pays a MindSpore start-up per compile; op tests and the ONNX backend run hundreds of
-one-op models, so they go through here: same lowering (graphconv.compiler.export_task.prepare), same export and GraphCell
-execution (graphconv.runtime.worker), one child for the whole batch.
+one-op models, so they go through here: same lowering (graphconv.compiler.export_task.prepare), same export and
+GraphCell execution (graphconv.runtime.worker), one child for the whole batch.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
     onnx.backend.test.BackendTest(graphconv.tools.backend, __name__)   # onnx's own conformance suite
 
 Everything goes through the compile pipeline's stages: `graphconv.frontend.load.load` (the model is written to a
-private folder first), `graphconv.compiler.lowering` via `graphconv.compiler.export_task.prepare`, `mindspore.export` to MindIR, and the
+private folder first), `graphconv.compiler.lowering` via `graphconv.compiler.export_task.prepare`,
+`mindspore.export` to MindIR, and the
 MindIR is loaded into an `nn.GraphCell` and run on CPU, by graphconv.runtime.worker's tasks in one long-lived child
 process (graphconv.runtime.child.Server: MindSpore can abort from C++); a crash fails that run and the next run starts
 a new child.
@@ -433,8 +434,8 @@ class GraphconvBackend(Backend):
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", **kwargs) -> GraphconvRep:
-        """Load (check, upgrade below opset 13, refuse above load.MAX_OPSET, infer shapes) and refuse every op that has no
-        lowering, in one error; cached per model."""
+        """Load (check, upgrade below opset 13, refuse above load.MAX_OPSET, infer shapes) and refuse every op that
+        has no lowering, in one error; cached per model."""
         if isinstance(model, GraphconvRep):
             return model
         if not cls.supports_device(device):

@@ -169,7 +169,8 @@ def debug(model_path: str | Path, inputs: Path | None = None, target: str = "cpu
                 continue
             ref = expected[name]
             if name not in got:
-                rows.append(Row(node, op, name, "fused", reason="inside a fused op: compared at the fused op's outputs"))
+                rows.append(Row(node, op, name, "fused",
+                                reason="inside a fused op: compared at the fused op's outputs"))
                 continue
             act = got[name]
             status, c = compare_value(act, ref, atol, rtol)

@@ -35,7 +35,8 @@ def _inputs_already_fp16(fused: onnx.ModelProto, ops: set[str]) -> bool:
     types = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.input) + list(g.output)}
     types.update({t.name: t.data_type for t in g.initializer})
     small = {t.name: t for t in g.initializer if not t.external_data}
-    small.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
+    small.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant"
+                  for a in n.attribute if a.name == "value"})
 
     def fp16(name: str) -> bool:  # an fp16 value, or a constant fp16 holds exactly (the rewriter's 0.0 shift)
         if name in small:
@@ -46,7 +47,8 @@ def _inputs_already_fp16(fused: onnx.ModelProto, ops: set[str]) -> bool:
     nodes = [n for n in g.node if n.domain == opmap.fused.DOMAIN and n.op_type in ops]
     return bool(nodes) and all(
         opmap.fused.FUSED_OPS[n.op_type].ascend_compute == "fp16"
-        and all(fp16(name) for i, name in enumerate(n.input) if name and i not in opmap.fused.FUSED_OPS[n.op_type].as_is_inputs)
+        and all(fp16(name) for i, name in enumerate(n.input)
+                if name and i not in opmap.fused.FUSED_OPS[n.op_type].as_is_inputs)
         for n in nodes)
 
 

@@ -282,7 +282,8 @@ def check_memory(model: onnx.ModelProto, specs: list[InputSpec], sizes: dict[str
         if n > MAX_TENSOR_BYTES:
             raise UnsupportedError(f"value {vi.name!r} would be {shape} {_np_dtype_name(tt.elem_type)}, "
                                    f"{_human_bytes(n)}, at the reference inputs' sizes (more than the "
-                                   f"{_human_bytes(MAX_TENSOR_BYTES)} graphconv allows one tensor of a verification run)")
+                                   f"{_human_bytes(MAX_TENSOR_BYTES)} graphconv allows one tensor of a "
+                                   "verification run)")
 
 
 def _np_dtype_name(elem_type: int) -> str:

@@ -25,13 +25,14 @@ to (B|1, N1, S1, S2), the shapes MindSpore's check takes (full_real_shift). A sc
 real_shift = alibi / inv_norm.
 
 Reference body, fp32: repeat the kv heads (n -> n // (N1/N2), a Gather whose indices come from the
-head-count attributes alone, so the cpu lowering folds them into a constant; Range, so opset 11 and up); S = (Q . K^T + real_shift) * scale +
+head-count attributes alone, so the cpu lowering folds them into a constant; Range, so opset 11 and up);
+S = (Q . K^T + real_shift) * scale +
 max(attn_mask, -1e30); P = Softmax(S, -1); O = P . V; cast back to query's dtype. (-inf in the mask is clamped to -1e30:
 the probabilities are the same in every row that keeps a key, and MindSpore's CPU
 softmax in graph mode turns other rows to NaN when some row is all -inf, which the cpu twin would otherwise
 hit on padded rows.) The ascend-precision body is the same with q/k/v and the output rounded through fp16,
-(and real_shift) as the ascend lowering casts them around the fp16-only primitive (the compile measures that effect at fp16
-tolerance). Fully masked rows are undefined on Ascend (never compared).
+(and real_shift) as the ascend lowering casts them around the fp16-only primitive (the compile measures that
+effect at fp16 tolerance). Fully masked rows are undefined on Ascend (never compared).
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def _body(opset: int) -> list[onnx.NodeProto]:
         [node("Squeeze", ["d_vec"], "d", axes=[0])]
     return fp32_island(opset, [
         to_fp32(opset, "cos", "cos32"), to_fp32(opset, "sin", "sin32"),
-        attr_constant("m", "value_int", "mode"), int64_constant("zero", 0), int64_constant("one", 1), int64_constant("two", 2),
+        attr_constant("m", "value_int", "mode"), int64_constant("zero", 0), int64_constant("one", 1),
+        int64_constant("two", 2),
         *d_vec, *squeeze,
         node("Div", ["d", "two"], "h"),                                     # D/2
         node("Range", ["zero", "d", "one"], "i"),                          # 0 .. D-1

@@ -32,7 +32,8 @@ def unrepeat(x: ir.Value) -> tuple[ir.Value, int] | None:
     if unsq is not None and [a % 5 for a in (match.axes(unsq) or [-1])] != [2]:
         return None
     if pre is not None and not (five_dims[2] == 1 and five_dims[1] == src_dims[1] and five_dims[4] == src_dims[3]
-                                and match.may_equal(five_dims[0], src_dims[0]) and match.may_equal(five_dims[3], src_dims[2])):
+                                and match.may_equal(five_dims[0], src_dims[0])
+                                and match.may_equal(five_dims[3], src_dims[2])):
         return None
     n2, d = src_dims[1], src_dims[3]
     if not (isinstance(n2, int) and isinstance(d, int) and len(out_dims) == 4 and isinstance(out_dims[1], int)):

@@ -147,7 +147,7 @@ def oracle_semantics(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, di
 from graphconv.frontend.contrib import norm  # noqa: E402,F401  (registers its decompositions)
 from graphconv.frontend.contrib import rotary  # noqa: E402,F401  (registers its decompositions)
 from graphconv.frontend.contrib import gqa  # noqa: E402,F401  (registers its decompositions)
-from graphconv.frontend.contrib import quant  # noqa: E402,F401  (registers its decompositions)
+from graphconv.frontend.contrib import quant  # noqa: E402  (registers its decompositions)
 from graphconv.frontend.contrib import layer_norm  # noqa: E402,F401
 from graphconv.frontend.contrib import gelu  # noqa: E402,F401
 from graphconv.frontend.contrib import matmul  # noqa: E402,F401

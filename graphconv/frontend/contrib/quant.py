@@ -136,7 +136,10 @@ def matmul_integer_to_float(rw: Rewrite) -> None:
     """Y = MatMulInteger(A, B, a_zero_point, b_zero_point) * (a_scale * b_scale) (+ bias), the int32 product
     converted to the scales' float type first (onnxruntime's MLAS scale-bias output processor)."""
     zps = [rw.input(4), rw.input(5)]
-    acc = rw.op("MatMulInteger", rw.input(0), rw.input(1), *zps) if any(zps) else rw.op("MatMulInteger", rw.input(0), rw.input(1))
+    if any(zps):
+        acc = rw.op("MatMulInteger", rw.input(0), rw.input(1), *zps)
+    else:
+        acc = rw.op("MatMulInteger", rw.input(0), rw.input(1))
     out_type = rw.dtype(rw.input(2)) or FLOAT
     y = rw.op("Mul", rw.op("Cast", acc, to=out_type), rw.op("Mul", rw.input(2), rw.input(3)))
     if rw.has(6):

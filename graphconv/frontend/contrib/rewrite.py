@@ -34,7 +34,8 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[list, int]]:
     if ssi is not None:
         ssi._update_output_from_vi()
         inferred = ssi.out_mp_
-        _add_declared(shapes, list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output))
+        _add_declared(shapes, list(inferred.graph.input) + list(inferred.graph.value_info)
+                      + list(inferred.graph.output))
     # What inference left unknown, the model's own declarations give (the dynamo exporter declares every value;
     # onnxruntime's inference stops past a GroupQueryAttention whose total_sequence_length it cannot read).
     declared = {}
@@ -154,7 +155,8 @@ class Rewrite:
     def identity(self, src: str, dst: str) -> None:
         """Make output `dst` (a contrib node's output name) the value `src`."""
         if dst:
-            self._nodes.append(helper.make_node("Identity", [src], [dst], name=self.fresh(f"Identity_{len(self._nodes)}")))
+            self._nodes.append(helper.make_node("Identity", [src], [dst],
+                                                name=self.fresh(f"Identity_{len(self._nodes)}")))
 
     def finish(self) -> list[onnx.NodeProto]:
         produced = {o for n in self._nodes for o in n.output}
