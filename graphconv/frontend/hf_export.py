@@ -32,7 +32,7 @@ from pathlib import Path
 
 from graphconv import interrupts
 from graphconv.errors import InputError, UnsupportedError
-from graphconv.frontend import export_rewrites, tokenizer
+from graphconv.frontend import export_rewrites, quantized_checkpoint, tokenizer
 from graphconv.frontend.contained import inside
 from graphconv.frontend.export import (ExportResult, check_against_torch, exporter_failure, fixed_dynamic_axes,
                                        grown_inputs, require_torch)
@@ -279,6 +279,10 @@ def _load_model(folder: Path, cls, config, task: str, notes: list[str]):
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise InputError(f"{folder}: transformers cannot load the checkpoint as {cls.__name__}: "
                          f"{first[:300]}") from None
+    except ImportError as e:  # (a quantized checkpoint whose format needs a package transformers lacks here)
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise UnsupportedError(f"{folder}: transformers needs a package to load this checkpoint: {first[:300]}") \
+            from None
     missing = sorted(info.get("missing_keys") or [])
     off_path = [k for k in missing if task == "feature-extraction" and any(p in k for p in _OFF_PATH)]
     if off_path:
@@ -468,6 +472,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
         raise InputError(f"{folder}: no such checkpoint folder")
     _out_dir_free(out_dir)
     raw = _read_config(folder)
+    quant = quantized_checkpoint.scheme(folder, raw)  # (a format it does not read: one line, now)
     files = _weight_files(folder)
     tensors = _headers(files)
     _check_sizes(folder / "config.json", raw, tensors)
@@ -477,13 +482,16 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     cls = _model_class(config, task)
     if task == "text-generation-with-past":
         _with_past_supported(config)
-    notes: list[str] = []
+    notes: list[str] = [quant.note()] if quant is not None else []
+    if quant is not None:
+        stored.discard("fp8")  # (dequantized: float32(q) * scale, then stored as --dtype says)
     store = _store_dtype(dtype, stored, notes)
     say = progress.info if progress is not None else (lambda _m: None)
 
     tmp = partial_dir(out_dir)
     try:
-        graphs, shapes = _export_and_check(folder, files, cls, config, task, tmp, opset, store, say, notes)
+        checkpoint = _checkpoint(files, quant)
+        graphs, shapes = _export_and_check(folder, checkpoint, cls, config, task, tmp, opset, store, say, notes)
         text = config.get_text_config(decoder=True)
         generation = {
             "model_type": config.model_type,
@@ -639,13 +647,18 @@ CHECK_LAYERS = 2
 EXTERNAL_DATA_BYTES = 1 << 30  # graphs with more weight bytes keep them in FILE.onnx.data (protobuf stops at 2 GB)
 
 
-def _export_and_check(folder: Path, files, cls, config, task: str, tmp: Path, opset: int, store: str, say,
-                      notes: list[str]) -> tuple[dict, dict]:
-    import psutil
-
+def _checkpoint(files: list[Path], quant: quantized_checkpoint.Fp8Blocks | None):
+    """The checkpoint's tensors as the export reads them: as stored, or dequantized where the format says."""
     from graphconv.frontend import weightless_export as wl
 
     checkpoint = wl.Checkpoint(files)
+    return checkpoint if quant is None else quantized_checkpoint.Fp8Checkpoint(checkpoint, quant)
+
+
+def _export_and_check(folder: Path, checkpoint, cls, config, task: str, tmp: Path, opset: int, store: str, say,
+                      notes: list[str]) -> tuple[dict, dict]:
+    import psutil
+
     fp32_bytes = 4 * sum(math.prod(shape) for _f, _d, shape in checkpoint.entries.values())
     full = 2 * fp32_bytes <= CHECK_MEMORY_SHARE * psutil.virtual_memory().available
     layers = _attr(config.get_text_config(decoder=True), "num_hidden_layers")

@@ -24,12 +24,26 @@ import math
 import struct
 from pathlib import Path
 
-from graphconv.errors import InputError
+from graphconv.errors import InputError, UnsupportedError
 
-# safetensors dtype -> torch dtype name; ONNX stores what torch.onnx maps them to
+# safetensors dtype -> torch dtype name; ONNX stores what torch.onnx maps them to. The format's F4 and F6 types
+# have no torch dtype: a tensor in one is refused by name (torch_dtype).
 _SAFETENSORS_TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+                      "U16": "uint16", "U32": "uint32", "U64": "uint64", "C64": "complex64",
+                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
 STORE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_dtype(dtype: str, key: str):
+    """The torch dtype of a safetensors dtype, or one line naming the tensor torch cannot hold."""
+    import torch
+
+    name = _SAFETENSORS_TORCH.get(dtype)
+    if name is None or not hasattr(torch, name):
+        raise UnsupportedError(f"tensor {key!r} is stored as {dtype}, which graphconv does not read (no torch dtype "
+                               "holds it)")
+    return getattr(torch, name)
 
 
 class NotPlain(Exception):
@@ -71,15 +85,15 @@ class Checkpoint:
 
         path, dtype, shape = self.entries[key]
         offset, size = self._where[key]
-        torch_dtype = getattr(torch, _SAFETENSORS_TORCH[dtype])
+        dtype_ = torch_dtype(dtype, key)
         if size == 0:
-            return torch.empty(shape, dtype=torch_dtype)
+            return torch.empty(shape, dtype=dtype_)
         buffer = bytearray(size)
         with open(path, "rb") as f:
             f.seek(offset)
             if f.readinto(buffer) != size:
                 raise InputError(f"{path}: truncated while reading {key}")
-        return torch.frombuffer(buffer, dtype=torch_dtype).reshape(shape)
+        return torch.frombuffer(buffer, dtype=dtype_).reshape(shape)
 
 
 # The safetensors format's dtypes, in bits per element (F4 and F6 pack several elements to a byte).
@@ -247,7 +261,7 @@ def attach_weights(model, checkpoint: Checkpoint, keys: dict[str, str], prefix: 
         if not name.startswith(prefix) or name[len(prefix):] not in keys:
             continue
         key = keys[name[len(prefix):]]
-        stored_dtype = getattr(torch, _SAFETENSORS_TORCH[checkpoint.entries[key][1]])
+        stored_dtype = torch_dtype(checkpoint.entries[key][1], key)
         if not stored_dtype.is_floating_point:
             value.const_value = _lazy(checkpoint, key, None, False, value.name)
             continue
@@ -297,12 +311,11 @@ def _cast_at_readers(graph, value) -> None:
 
 def _lazy(checkpoint: Checkpoint, key: str, dtype, transpose: bool, name: str):
     import onnx_ir as ir
-    import torch
     from onnx_ir.tensor_adapters import from_torch_dtype
 
     shape = checkpoint.entries[key][2]
     shape = shape[::-1] if transpose else shape
-    stored = getattr(torch, _SAFETENSORS_TORCH[checkpoint.entries[key][1]])
+    stored = torch_dtype(checkpoint.entries[key][1], key)
     out_dtype = dtype or stored
 
     def read():
