@@ -19,6 +19,7 @@ import click
 from graphconv.errors import GraphconvError, InputError, disk_full
 from graphconv.progress import Progress
 from graphconv.compiler.targets import TARGETS
+from graphconv.frontend.tasks import NAMES as TASK_NAMES
 from graphconv.version import __version__
 
 _DEBUG = {"on": False}
@@ -111,7 +112,7 @@ def _precision_options(command):
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
-def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,  # noqa: PLR0913
+def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,
                 atol, rtol, report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, layer_streamed,
                 save_fused, bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, cpu_twin, tp,
                 as_json, quiet, debug):
@@ -163,8 +164,9 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
 @click.argument("source", metavar="SOURCE")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="ONNX file to write (a factory), or the new directory to create (a checkpoint folder).")
-@click.option("--task", type=click.Choice(["text-generation", "feature-extraction", "text-generation-with-past"]),
-              help="Checkpoint folders (required there): which graphs to export.")
+@click.option("--task", type=click.Choice(TASK_NAMES), default="auto", show_default=True,
+              help="Checkpoint folders: which graphs to export, by optimum's task names; auto takes the task the "
+                   "config implies and prints it.")
 @click.option("--dtype", type=click.Choice(["fp32", "auto", "bf16", "fp16"]), default="fp32", show_default=True,
               help="Checkpoint folders: the stored weights' dtype (auto: the checkpoint's); the graph computes in "
                    "fp32 (a Cast where a bf16/fp16 weight is read).")
@@ -184,8 +186,8 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
     models/__init__.py) works too.
 
     A checkpoint folder (config.json and *.safetensors, as save_pretrained writes it; loaded locally, no remote
-    code) needs --task; -o names a new directory that receives model.onnx (or prefill.onnx and decode.onnx for
-    text-generation-with-past) and generation.json.
+    code) exports the task --task names, or by default the one its config implies; -o names a new directory
+    that receives model.onnx (or prefill.onnx and decode.onnx for text-generation-with-past) and generation.json.
     """
     import dataclasses
     import json
@@ -201,9 +203,7 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
 
     # A folder when --task says so, or when SOURCE is a directory and no factory name (a zoo name such as
     # `llama` stays the factory even where a folder of that name happens to be in the working directory).
-    if task is not None or (is_checkpoint_dir(source) and not is_factory_name(source)):
-        if task is None:
-            raise click.UsageError(f"{source} is a checkpoint folder: --task is required")
+    if task != "auto" or (is_checkpoint_dir(source) and not is_factory_name(source)):
         if exporter != "auto":
             raise click.UsageError("--exporter applies to factories; checkpoint folders export with dynamo")
         result = export_checkpoint(source, output, task, dtype=dtype, opset=opset or DEFAULT_OPSET,
@@ -215,7 +215,8 @@ def export_cmd(source, output, task, dtype, opset, exporter, as_json, quiet, deb
             progress.warn(note)
         if not quiet:
             files = ", ".join(r.path.name for r in result.graphs.values())
-            click.echo(f"wrote {result.out_dir}: {files}, generation.json ({result.model_type}, {task})")
+            click.echo(f"wrote {result.out_dir}: {files}, generation.json ({result.model_type}, "
+                       f"{result.generation['task']})")
             for name, r in result.graphs.items():
                 for shape in dict.fromkeys(c["shape"] for c in r.checks):
                     cs = [c for c in r.checks if c["shape"] == shape]

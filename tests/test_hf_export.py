@@ -399,7 +399,7 @@ def test_a_task_the_model_cannot_do_is_refused(tmp_path):
              tmp_path / "out")
 
 
-def test_existing_output_and_missing_task_are_refused(tmp_path):
+def test_existing_output_and_a_folder_without_weights_are_refused(tmp_path):
     src = tmp_path / "ckpt"
     src.mkdir()
     (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -411,7 +411,7 @@ def test_existing_output_and_missing_task_are_refused(tmp_path):
     assert [p.name for p in out.iterdir()] == ["keep"]
     proc = subprocess.run([sys.executable, "-m", "graphconv", "export", str(src), "-o", str(tmp_path / "new")],
                           capture_output=True, text=True, cwd=ROOT)
-    _refused(proc, "--task is required", tmp_path / "new")
+    _refused(proc, "no *.safetensors weights", tmp_path / "new")  # (no --task: auto, after the folder's checks)
 
 
 def test_gemma4_per_layer_head_dim_exports_and_compiles(tmp_path):

@@ -150,10 +150,11 @@ def test_the_compile_path_imports_no_test_zoo_and_no_torch():
     # exporter, is imported only from inside hf_export's functions; graphconv.frontend.tokenizer imports
     # transformers' AutoTokenizer inside `load`, for `generate --prompt` only; graphconv.frontend.export_rewrites,
     # imported by hf_export only, imports torch inside the rewrites it swaps in while tracing;
-    # graphconv.frontend.quantized_checkpoint, imported by hf_export only, dequantizes checkpoint tensors in torch
+    # graphconv.frontend.quantized_checkpoint, imported by hf_export only, dequantizes checkpoint tensors in torch;
+    # graphconv.frontend.tasks reads transformers' auto classes inside `infer`, for `export --task auto` only
     allowed = {"graphconv.frontend.export", "graphconv.frontend.hf_export", "graphconv.frontend.weightless_export",
                "graphconv.frontend.tokenizer", "graphconv.tools.matrix", "graphconv.frontend.export_rewrites",
-               "graphconv.frontend.quantized_checkpoint"}
+               "graphconv.frontend.quantized_checkpoint", "graphconv.frontend.tasks"}
     found = []
     for name, path in _modules().items():
         if name in allowed or name == "graphconv.zoo" or name.startswith("graphconv.zoo."):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from graphconv import interrupts
 from graphconv.errors import InputError, UnsupportedError
-from graphconv.frontend import export_rewrites, quantized_checkpoint, tokenizer
+from graphconv.frontend import export_rewrites, quantized_checkpoint, tasks, tokenizer
 from graphconv.frontend.contained import inside
 from graphconv.frontend.export import (ExportResult, check_against_torch, exporter_failure, fixed_dynamic_axes,
                                        grown_inputs, require_torch)
@@ -232,6 +232,15 @@ def _model_class(config, task: str):
             raise UnsupportedError(f"the checkpoint ({', '.join(archs)}) has no language-model head: it cannot do "
                                    f"{task} (feature-extraction exports it)")
     return cls
+
+
+def _with_past_refusal(config) -> str | None:
+    """Why the with-past export cannot keep this model's cache, or None."""
+    try:
+        _with_past_supported(config)
+    except UnsupportedError as e:
+        return str(e)
+    return None
 
 
 def _with_past_supported(config) -> None:
@@ -462,10 +471,11 @@ def _out_dir_free(out_dir: Path) -> None:
 
 def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dtype: str = "fp32",
                       opset: int = DEFAULT_OPSET, progress=None) -> CheckpointExport:
-    """Export the checkpoint folder `source` for `task` into the new directory `out_dir`."""
+    """Export the checkpoint folder `source` for `task` into the new directory `out_dir`. Task "auto" takes
+    the task the config implies (graphconv.frontend.tasks), and says which through `progress`."""
     folder, out_dir = Path(source), Path(out_dir)
-    if task not in TASKS:
-        raise InputError(f"unknown task {task!r} (choose from {', '.join(TASKS)})")
+    if task not in tasks.NAMES:
+        raise InputError(f"unknown task {task!r} (choose from {', '.join(tasks.NAMES)})")
     if dtype not in DTYPES:
         raise InputError(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
     if not folder.is_dir():
@@ -479,7 +489,14 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     stored = {_SAFETENSORS_FLOAT[d] for d, _ in tensors.values() if d in _SAFETENSORS_FLOAT}
     require_torch("graphconv export of a checkpoint folder", transformers=True)
     config = _load_config(folder, raw)
+    if task == "auto":
+        chosen = tasks.infer(config, _with_past_refusal)
+        task = chosen.name
+        if progress is not None:
+            progress.info(f"task {task} (--task auto): {chosen.why}")
+    tasks.check_exported(task, config.model_type)
     cls = _model_class(config, task)
+    tasks.check_text_inputs(cls, task)
     if task == "text-generation-with-past":
         _with_past_supported(config)
     notes: list[str] = [quant.note()] if quant is not None else []
