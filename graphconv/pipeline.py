@@ -24,7 +24,7 @@ import onnx_ir as ir
 import opmap.fused
 import passes
 from graphconv.errors import (CacheNotHeld, DiskFullError, GraphconvError, InputError, InternalError, UnsupportedError,
-                              VerificationError)
+                              VerificationError, first_line)
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import quant
 from graphconv.frontend.load import LoadedModel, infer_shapes, load
@@ -55,10 +55,6 @@ def gqa_presents(model: onnx.ModelProto | None) -> dict[str, str]:
                           if len(node.input) > i and node.input[i] in inputs and len(node.output) > o
                           and node.output[o]})
     return found
-
-
-def _line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
 
 
 def _too_small(expected: list[dict], cases, model: onnx.ModelProto) -> tuple[str, str | None] | None:
@@ -223,7 +219,7 @@ class Compiler:
                 if self.opt.inputs or oracle.load_failed:  # (onnxruntime refused the model, not its inputs)
                     raise
                 expected, cases, tried = self._at_a_stride(loaded.model, oracle, cases,
-                                                           f"onnxruntime refused the generated inputs ({_line(e)})")
+                                                           f"onnxruntime refused the generated inputs ({first_line(e, 160)})")
                 if expected is None:  # dims the graph relates but neither names nor implies: the likely cause
                     raise UnsupportedError(f"{e}; the generated inputs had {'; then '.join(tried)}: if some of these "
                                            "dims are related, give --dim NAME=A,B for each free one or --inputs") \

@@ -203,5 +203,6 @@ def cpu_graph_mode() -> None:
 
 
 def first_line(message: str) -> str:
-    """MindSpore errors carry long C++ call stacks: keep the first meaningful line."""
+    """MindSpore errors carry long C++ call stacks: keep the first meaningful line. It differs from
+    errors.first_line on purpose: MindSpore frames its stack in lines starting with "-", which it skips."""
     return next((ln for ln in message.strip().splitlines() if ln.strip() and not ln.startswith("-")), "")[:500]
