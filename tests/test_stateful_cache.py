@@ -543,7 +543,7 @@ def test_a_streamed_mindir_keeps_no_cache_bytes_in_its_data_file(llama_stateful,
               location="decode.onnx.data", size_threshold=0)
     for f in ("prefill.onnx", "generation.json"):
         (src / f).symlink_to(out / f)
-    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(export_task, "STREAM_MIN_BYTES", 0)
     gen = tmp_path / "gen"
     compile_pair(src, gen, target="cpu", stateful_cache=True, max_batch=4, max_seq_len=64)
     model = mind_ir_pb2().ModelProto.FromString((gen / "decode.mindir").read_bytes())

@@ -754,7 +754,8 @@ def llama_with_past(tmp_path_factory):
 
 def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
     """The fused stateful graph a `compile EXPORT_DIR --tp N` shards (the compile stopped at the shard stage)."""
-    from graphconv import pair, tensor_parallel
+    from graphconv import pair
+    from graphconv.parallel import tensor_parallel
     from graphconv.pipeline import compile as compile_graph
 
     class Stop(Exception):
