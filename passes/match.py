@@ -189,7 +189,7 @@ def opset(context_or_model) -> int:
     """The default-domain opset of a rewrite context (or an ir.Model)."""
     model = getattr(context_or_model, "model", context_or_model)
     imports = model.opset_imports
-    return imports.get("", imports.get("ai.onnx", 0))
+    return next((v for d, v in imports.items() if is_default_domain(d)), 0)
 
 
 def float_guard(context, result: pattern.MatchResult, x: ir.Value, op_name: str) -> pattern.MatchResult:

@@ -37,6 +37,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphconv.frontend.load import value_dims
+from graphconv.onnx_domains import default_opset
 
 DOMAIN = "graphconv"
 DOMAIN_VERSION = 1
@@ -252,7 +253,7 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(inits)
-    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    opset = default_opset(model)
     if not any(f.domain == DOMAIN and f.name == OP for f in model.functions):
         model.functions.append(function(opset))
     if not any(i.domain == DOMAIN for i in model.opset_import):

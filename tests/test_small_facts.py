@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from graphconv.errors import first_line
@@ -24,3 +25,37 @@ def test_first_line_of_an_empty_message_is_the_type_name():
 def test_first_line_cuts_at_the_limit_and_drops_colour_codes():
     assert first_line(ValueError("abcdef\nxyz"), 3) == "abc"
     assert first_line(ValueError("\x1b[31mred\x1b[0m failure")) == "red failure"
+
+
+def _spelled_out_default_domain(tree) -> list[int]:
+    """The lines of `tree` that spell the default-domain test out: a tuple, list or set of exactly "" and
+    "ai.onnx", or a comparison with "ai.onnx"."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            values = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+            if len(node.elts) == 2 and values == {"", "ai.onnx"}:
+                found.append(node.lineno)
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Constant) and o.value == "ai.onnx" for o in operands):
+                found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_the_default_domain_test_lives_in_onnx_domains_only():
+    """graphconv/onnx_domains.py holds the test for the default domain: a copy spelled out elsewhere drifts
+    (one spelling forgets "ai.onnx", and a model that spells its domain so stops matching)."""
+    home = ROOT / "graphconv" / "onnx_domains.py"
+    copies = []
+    for pkg in ("graphconv", "passes", "opmap"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if path != home:
+                copies += [f"{path.relative_to(ROOT)}:{n}" for n in
+                           _spelled_out_default_domain(ast.parse(path.read_text()))]
+    assert not copies, "use graphconv.onnx_domains instead of spelling the default domain out: " + ", ".join(copies)
+
+
+def test_the_scan_finds_a_spelled_out_domain_test():
+    source = 'a = d in ("", "ai.onnx")\nb = d not in {"ai.onnx", ""}\nc = d == "ai.onnx"\nok = d in ("", "x")\n'
+    assert _spelled_out_default_domain(ast.parse(source)) == [1, 2, 3]

@@ -32,6 +32,7 @@ from onnx.external_data_helper import uses_external_data
 
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
+from graphconv.onnx_domains import canonical_domain, default_opset, is_default_domain
 
 DOMAIN = "graphconv"
 ALL_REDUCE = "AllReduce"
@@ -157,7 +158,7 @@ class _Graph:
 
     def weight(self, node: onnx.NodeProto) -> tuple[str, bool] | None:
         """(initializer, stored [out, in]) of a MatMul/Gemm's weight (read directly or through a Cast)."""
-        if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        if node.op_type not in ("MatMul", "Gemm") or not is_default_domain(node.domain) or len(node.input) < 2:
             return None
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type == "Gemm" and attrs.get("transA", 0):
@@ -177,7 +178,7 @@ class _Graph:
         w = self.weight(node)
         if w is not None:
             return w[0], 0, int(w[1]), int(not w[1])
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "MatMul" or not is_default_domain(node.domain):
             return None
         for k in (0, 1):
             p = self.producer.get(node.input[k])
@@ -273,7 +274,7 @@ class _Planner:
                 _fail(f"the {which} input of {fa.name!r} does not come from a projection")
             if self.g.only_consumer(value) is None:
                 _fail(f"{value!r} (the {which} of {fa.name!r}) is used outside the attention block")
-            key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+            key = (canonical_domain(node.domain), node.op_type)
             if self.g.weight(node) is not None:
                 break
             if key in _HEAD_WISE:
@@ -521,7 +522,7 @@ class _Planner:
                 ups.append(node)
                 region.add(node.name)
                 continue
-            default = node.domain in ("", "ai.onnx")
+            default = is_default_domain(node.domain)
             elementwise = node.op_type in _ELEMENTWISE | _UNIT_AXIS and default or \
                 node.op_type in _FUSED_ELEMENTWISE and node.domain == "mindspore"
             if not elementwise:
@@ -599,7 +600,7 @@ class _Planner:
         value = node.output[0]
         while True:
             user = self.g.only_consumer(value)
-            if user is None or user.op_type not in _LINEAR or user.domain not in ("", "ai.onnx") or \
+            if user is None or user.op_type not in _LINEAR or not is_default_domain(user.domain) or \
                     (user.input[0] != value if user.op_type != "Mul" else list(user.input).count(value) != 1):
                 return node.name
             node, value = user, user.output[0]
@@ -767,7 +768,7 @@ def _rank_graph(model: onnx.ModelProto, p: Plan, rank: int, shards: dict[str, on
     del g.node[:]
     g.node.extend(new_nodes)
     del g.value_info[:]
-    opset = next(i.version for i in out.opset_import if i.domain in ("", "ai.onnx"))
+    opset = default_opset(out)
     if not any(f.domain == DOMAIN and f.name == ALL_REDUCE for f in out.functions):
         out.functions.append(all_reduce_function(opset))
     for axis, sizes in list(p.gathers.values())[:1]:  # (one function per rank graph: the gathers share sizes)
