@@ -70,7 +70,7 @@ def test_broken_layer_is_named(tmp_path, monkeypatch):
             onnx.save(m, str(path), save_as_external_data=True, location=path.name + ".data")
         return net, task
 
-    monkeypatch.setattr(emit, "prepare", corrupting)
+    monkeypatch.setattr(export_task, "prepare", corrupting)
     with pytest.raises(VerificationError, match=r"failed at block layers\[1\] \(LlamaDecoderLayer\): value 'add_695'"):
         _compile(TINY, tmp_path / "b.mindir", layer_streamed=True)
 

@@ -611,7 +611,7 @@ def test_streamed_cpu_bundle_runs_route_a(tmp_path, monkeypatch, layer_streamed)
     _variables folder are in the bundle, route A loads and runs it on CPU, and it passes its own comparison."""
     from graphconv.compiler import export_task
 
-    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(export_task, "STREAM_MIN_BYTES", 0)
     d = tmp_path / "ext"
     d.mkdir()
     onnx.save(onnx.load(MODEL), d / "tiny_llama.onnx", save_as_external_data=True, location="tiny_llama.onnx.data",

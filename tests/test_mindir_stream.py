@@ -412,7 +412,7 @@ def test_compile_streams_large_external_weights(external_llama, tmp_path, monkey
     """The compile takes the streamed writer for external weights past export_task.STREAM_MIN_BYTES (lowered so the
     tiny model qualifies): it verifies (ascend: on the cpu twin, which reads its own weights; cpu: on the
     MindIR itself), and the artifacts are those of mindspore.export's split layout."""
-    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(export_task, "STREAM_MIN_BYTES", 0)
     out = tmp_path / "out"
     out.mkdir()
     report = graphconv.compile(external_llama, out / "m.mindir", target=target, report_path=out / "r.json")
@@ -431,7 +431,7 @@ def test_layer_streamed_run_writes_the_weights_it_holds(external_llama, tmp_path
     give the file again: the same bytes as when the merged weights were in memory."""
     from graphconv.frontend import weights
 
-    monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(export_task, "STREAM_MIN_BYTES", 0)
     reports, data, graphs, put = {}, {}, {}, {}
     for merged_from_parts in (False, True):
         if merged_from_parts:
@@ -466,7 +466,7 @@ def test_streamed_export_writes_the_checkpoint_mindspore_writes(external_llama, 
     network built with its weights (the unstreamed export), and mindspore.load_checkpoint reads it back."""
     outs = {}
     for streamed in (False, True):
-        monkeypatch.setattr(emit, "STREAM_MIN_BYTES", 0 if streamed else 1 << 40)
+        monkeypatch.setattr(export_task, "STREAM_MIN_BYTES", 0 if streamed else 1 << 40)
         out = tmp_path / f"out_{streamed}"
         out.mkdir()
         graphconv.compile(external_llama, out / "m.mindir", target="ascend", report_path=out / "r.json",
