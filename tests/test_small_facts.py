@@ -59,3 +59,20 @@ def test_the_default_domain_test_lives_in_onnx_domains_only():
 def test_the_scan_finds_a_spelled_out_domain_test():
     source = 'a = d in ("", "ai.onnx")\nb = d not in {"ai.onnx", ""}\nc = d == "ai.onnx"\nok = d in ("", "x")\n'
     assert _spelled_out_default_domain(ast.parse(source)) == [1, 2, 3]
+
+
+def test_the_dtype_numbers_are_onnx_and_onnx_ir_element_types():
+    """graphconv.dtypes spells ONNX's element types as numbers (the MindSpore children never import onnx):
+    they must be onnx's, and onnx_ir's DataType members must find themselves in its sets."""
+    import onnx
+    import onnx_ir as ir
+
+    from graphconv import dtypes
+
+    for name in ("FLOAT", "FLOAT16", "DOUBLE", "BFLOAT16"):
+        assert getattr(dtypes, name) == getattr(onnx.TensorProto, name)
+        assert getattr(ir.DataType, name) in dtypes.FLOATS
+    assert ir.DataType.DOUBLE not in dtypes.FUSED_FLOATS and dtypes.FUSED_FLOATS < dtypes.FLOATS
+    assert {onnx.helper.tensor_dtype_to_np_dtype(t).name for t in dtypes.FLOATS} == set(dtypes.FLOAT_NAMES)
+    for t, precision in dtypes.PRECISION_OF_TYPE.items():
+        assert onnx.helper.tensor_dtype_to_np_dtype(t).name == dtypes.PRECISION_DTYPES[precision]

@@ -23,6 +23,7 @@ from graphconv.frontend import contrib, weights
 from graphconv.frontend.contained import inside
 from graphconv.frontend.contrib import cases
 from graphconv.frontend.contrib import quant
+from graphconv.dtypes import PRECISION_OF_TYPE
 from graphconv.errors import InputError, UnsupportedError, first_line
 from graphconv.onnx_domains import default_opset  # noqa: F401 (load.default_opset is API)
 
@@ -209,7 +210,7 @@ def zero_sized_inputs(model: onnx.ModelProto) -> str | None:
 
 
 # A float value's type as generation.json and --dtype name it.
-FLOAT_TYPE_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
+FLOAT_TYPE_NAMES = PRECISION_OF_TYPE
 
 
 def value_dims(vi: onnx.ValueInfoProto) -> list[int | str]:

@@ -24,12 +24,13 @@ import math
 import struct
 from pathlib import Path
 
+from graphconv.dtypes import PRECISION_DTYPES
 from graphconv.errors import InputError
 
 # safetensors dtype -> torch dtype name; ONNX stores what torch.onnx maps them to
 _SAFETENSORS_TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
-STORE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+STORE_DTYPES = PRECISION_DTYPES
 
 
 class NotPlain(Exception):

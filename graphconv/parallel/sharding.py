@@ -30,6 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
+from graphconv.dtypes import FLOATS
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
 from graphconv.onnx_domains import canonical_domain, default_opset, is_default_domain
@@ -50,7 +51,6 @@ _FUSED_ELEMENTWISE = {"GeluTanh", "Gelu", "FastGelu", "SiLU", "Swiglu"}
 _UNIT_AXIS = {"Squeeze", "Unsqueeze"}
 # Ops linear in a partial sum, one input being the partial: the AllReduce can follow them (fewer values to sum).
 _LINEAR = {"Reshape", "Squeeze", "Unsqueeze", "Transpose", "ReduceSum", "Mul"}
-_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
 
 class ShardingError(UnsupportedError):
@@ -647,7 +647,7 @@ class _Planner:
             if node.name not in self.claimed and self.g.weight(node) is not None and node.output[0] in self.g.outputs:
                 self.lm_head(node)
         for t in self.g.model.graph.initializer:
-            if t.name not in self.weights and t.data_type in _FLOATS and int(np.prod(t.dims)) > 1:
+            if t.name not in self.weights and t.data_type in FLOATS and int(np.prod(t.dims)) > 1:
                 self.weights[t.name] = WeightSplit(t.name, self.replicated_role(t.name), list(t.dims))
         return Plan(self.tp, self.weights, self.heads, self.reshapes, self.reduces, self.blocks, self.notes,
                     self.gathers, self.cache_updates)
