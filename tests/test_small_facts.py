@@ -76,3 +76,21 @@ def test_the_dtype_numbers_are_onnx_and_onnx_ir_element_types():
     assert {onnx.helper.tensor_dtype_to_np_dtype(t).name for t in dtypes.FLOATS} == set(dtypes.FLOAT_NAMES)
     for t, precision in dtypes.PRECISION_OF_TYPE.items():
         assert onnx.helper.tensor_dtype_to_np_dtype(t).name == dtypes.PRECISION_DTYPES[precision]
+
+
+def test_each_graphconv_op_is_lowered_or_leaves_as_its_record_says():
+    """The graphconv-op record is what the makers write and the lowerings read: an op the record lowers in
+    opmap is registered there under the record's name and domain; an op with a body makes a function with
+    the record's signature."""
+    import opmap  # noqa: F401  (registers the handlers)
+    from opmap import registry
+    from opmap.graphconv_ops import DOMAIN, GRAPHCONV_OPS
+
+    for op in GRAPHCONV_OPS.values():
+        lowered = registry.lookup(DOMAIN, op.name, 1) is not None
+        assert lowered == op.lowering.startswith("opmap/"), op.name
+        if op.body is not None:
+            params = {"rank": 0, "axis": 1, "sizes": [2, 2], "ndim": 2} if op.attributes == ("axis",) else {}
+            f = op.function(18, **params)
+            assert (f.domain, f.name, tuple(f.input), tuple(f.output), tuple(f.attribute)) == \
+                (DOMAIN, op.name, op.inputs, op.outputs, op.attributes)

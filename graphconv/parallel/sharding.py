@@ -33,14 +33,15 @@ from onnx.external_data_helper import uses_external_data
 from graphconv.dtypes import FLOATS
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
-from graphconv.onnx_domains import canonical_domain, default_opset, is_default_domain
+from graphconv.onnx_domains import GRAPHCONV_DOMAIN_VERSION, canonical_domain, default_opset, is_default_domain
+from opmap import graphconv_ops
+from opmap.graphconv_ops import DOMAIN
 
-DOMAIN = "graphconv"
-ALL_REDUCE = "AllReduce"
-ALL_GATHER = "AllGather"
+ALL_REDUCE = graphconv_ops.ALL_REDUCE.name
+ALL_GATHER = graphconv_ops.ALL_GATHER.name
 ATTENTION_OPS = ("FlashAttentionScore", "FusedInferAttentionScore")
 # A KV cache held in place (passes/stateful_cache.py): the initializer its update node writes, [MB, kv heads, MS, D].
-CACHE_UPDATE = ("graphconv", "KVCacheUpdate")
+CACHE_UPDATE = (DOMAIN, graphconv_ops.KV_CACHE_UPDATE.name)
 # Ops a q/k/v value passes through between its projection and the attention, head by head.
 _HEAD_WISE = {("", "Transpose"), ("", "Cast"), ("", "Identity"), ("mindspore", "RotaryPositionEmbedding")}
 # Ops an MLP's hidden value passes through between its up and down projections, feature by feature.
@@ -58,23 +59,13 @@ class ShardingError(UnsupportedError):
 
 
 def all_reduce_function(opset: int) -> onnx.FunctionProto:
-    """graphconv::AllReduce(x) -> y: the sum of x over the ranks. The body is one rank's view (the identity):
-    onnxruntime runs a rank graph with it, and tests sum the ranks' partial values where it sits. It is lowered
-    to ops.AllReduce on both targets (opmap/collective.py), never inlined."""
-    return helper.make_function(DOMAIN, ALL_REDUCE, ["x"], ["y"], [helper.make_node("Identity", ["x"], ["y"])],
-                                opset_imports=[helper.make_opsetid("", opset)], doc_string=all_reduce_function.__doc__)
+    """graphconv::AllReduce's function body at `opset` (opmap/graphconv_ops.py defines it)."""
+    return graphconv_ops.ALL_REDUCE.function(opset)
 
 
 def all_gather_function(opset: int, rank: int, axis: int, sizes: list[int], ndim: int) -> onnx.FunctionProto:
-    """graphconv::AllGather(x; axis) -> y: the ranks' x concatenated along `axis` in rank order. The body is
-    rank `rank`'s view, as AllReduce's is: its x padded with zeros to its place in y (the gather where every
-    other rank's part is zero), so y has the gathered shape and the ranks' bodies sum to the gathered value.
-    Lowered to ops.AllGather (axis 0) between transposes (opmap/collective.py), never inlined."""
-    pads = [0] * (2 * ndim)
-    pads[axis], pads[ndim + axis] = sum(sizes[:rank]), sum(sizes[rank + 1:])
-    body = [helper.make_node("Constant", [], ["pads"], value_ints=pads), helper.make_node("Pad", ["x", "pads"], ["y"])]
-    return helper.make_function(DOMAIN, ALL_GATHER, ["x"], ["y"], body, attributes=["axis"],
-                                opset_imports=[helper.make_opsetid("", opset)], doc_string=all_gather_function.__doc__)
+    """graphconv::AllGather's function body at `opset`, rank `rank`'s view (opmap/graphconv_ops.py defines it)."""
+    return graphconv_ops.ALL_GATHER.function(opset, rank=rank, axis=axis, sizes=sizes, ndim=ndim)
 
 
 @dataclasses.dataclass
@@ -774,7 +765,7 @@ def _rank_graph(model: onnx.ModelProto, p: Plan, rank: int, shards: dict[str, on
     for axis, sizes in list(p.gathers.values())[:1]:  # (one function per rank graph: the gathers share sizes)
         out.functions.append(all_gather_function(opset, rank, axis, sizes, axis + 1))  # (axis: the last, vocab)
     if not any(i.domain == DOMAIN for i in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+        out.opset_import.append(helper.make_opsetid(DOMAIN, GRAPHCONV_DOMAIN_VERSION))
     return onnx.shape_inference.infer_shapes(out, data_prop=True)
 
 
