@@ -94,3 +94,22 @@ def test_each_graphconv_op_is_lowered_or_leaves_as_its_record_says():
             f = op.function(18, **params)
             assert (f.domain, f.name, tuple(f.input), tuple(f.output), tuple(f.attribute)) == \
                 (DOMAIN, op.name, op.inputs, op.outputs, op.attributes)
+
+
+def test_prepare_writes_the_keys_the_export_task_declares(tmp_path):
+    """The export task's TypedDict is its schema: prepare() writes exactly its required keys, and the caller
+    adds only its optional ones."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from graphconv.compiler.export_task import ExportTask, prepare
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    _, task = prepare(model, tmp_path)
+    assert set(task) == ExportTask.__required_keys__
+    assert ExportTask.__optional_keys__ == {"file_base", "checkpoint", "progress_file"}
+    assert set(task["inputs"][0]) == {"name", "shape", "ms_dtype"}
