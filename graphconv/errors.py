@@ -5,6 +5,8 @@ Exit codes (docs/design.md, contracts): 0 verified or unverified-by-request, 1 b
 not a GraphconvError is an internal error.
 """
 
+import re
+
 
 class GraphconvError(Exception):
     """Base class: a failure graphconv understands and can explain in one line."""
@@ -68,7 +70,13 @@ def disk_full(error: BaseException, writing: str | None = None) -> DiskFullError
     return None
 
 
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes (torch.onnx colours its messages)
+
+
 def first_line(e: BaseException, limit: int | None = None) -> str:
-    """The first non-empty line of an error's message, or its type's name when the message is empty."""
-    line = next((s.strip() for s in str(e).splitlines() if s.strip()), type(e).__name__)
+    """The first non-empty line of `e`'s message, stripped, at most `limit` characters: how a report or an
+    error of graphconv quotes another library's failure in one line. An empty message gives the exception's
+    type name, so the quote is never empty and never raises."""
+    text = _COLOUR.sub("", str(e))
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
     return line if limit is None else line[:limit]

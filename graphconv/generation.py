@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphconv.dtypes import PRECISION_DTYPES
 from graphconv.errors import InputError, UnsupportedError, VerificationError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.contained import inside
@@ -205,7 +206,7 @@ def cache_dtype(gen: dict) -> str:
 def _specs(inputs: dict, dtype: str) -> list[dict]:
     """set_inputs placeholders from generation.json's dims ({input: dims}): named dims dynamic, numbers fixed;
     ids, masks and positions int64, the cache in the model's dtype."""
-    float_dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, "float32")
+    float_dtype = PRECISION_DTYPES.get(dtype, "float32")
     specs = []
     for name, dims in inputs.items():
         shape = [d if isinstance(d, int) else None for d in dims]

@@ -8,6 +8,10 @@ import onnx
 from graphconv.errors import InputError
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# graphconv's own ops (graphconv::KVCacheUpdate, AllReduce, AllGather, SDPA: opmap/graphconv_ops.py) and
+# the version of that domain a model imports.
+GRAPHCONV_DOMAIN = "graphconv"
+GRAPHCONV_DOMAIN_VERSION = 1
 
 
 def is_default_domain(domain: str) -> bool:

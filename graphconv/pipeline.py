@@ -24,7 +24,7 @@ import onnx_ir as ir
 import opmap.fused
 import passes
 from graphconv.errors import (CacheNotHeld, DiskFullError, GraphconvError, InputError, InternalError, UnsupportedError,
-                              VerificationError)
+                              VerificationError, first_line)
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import gqa, quant
 from graphconv.frontend.load import LoadedModel, infer_shapes, load

@@ -9,10 +9,33 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from graphconv.onnx_domains import domain_name, op_key
 from graphconv.version import __version__
+
+
+class Validation(TypedDict, total=False):
+    """The report's `validation`: what verification checked and found (docs/design.md, contracts). Written by
+    graphconv/pipeline.py (the oracle, --precision), graphconv/verification.py (the comparison, its mode, the
+    exact values, the ascend precision) and graphconv/parallel/tensor_parallel.py (the ranks); read by summary()
+    and the tools. A model whose oracle approximates a quantized op adds one more key, named by that
+    approximation (precision_checks.approximation_difference: output -> its distance from the float form)."""
+
+    status: str  # verified | unverified | failed | unverifiable
+    oracle: str  # the oracle that gave the expected values: onnxruntime (layer by layer) or onnx.reference
+    oracle_exact: str  # what the oracle computes exactly in integers (reference.exact_note)
+    mode: str  # whole-network | layer-streamed
+    atol: float  # the tolerance the outputs were held to
+    rtol: float
+    cases: list[dict]  # per case and output: max_abs, mean_abs, cosine, ok
+    checked: str  # what ran: the MindIR, its cpu twin, or the tensor-parallel ranks
+    exact: dict  # the float64 exact values: status (computed | not computed), why, the rule and factors
+    layer_streamed: dict  # threshold_bytes and, per block, its boundary values' comparison
+    ascend_precision: Any  # the fused primitives' own precision (a section), or why it was not measured
+    precision: dict  # --precision's conversion and, with a profile, its error per layer
+    tensor_parallel: dict  # tp, unsharded_weight_bytes, ranks and how they ran
+    bundle_files: list[str]  # the files the deploy bundle wrote
 
 
 @dataclasses.dataclass
@@ -38,7 +61,7 @@ class Report:
     census: dict[str, int] = dataclasses.field(default_factory=dict)
     op_histogram: dict[str, int] = dataclasses.field(default_factory=dict)
     unsupported_ops: list[str] = dataclasses.field(default_factory=list)
-    validation: dict = dataclasses.field(default_factory=dict)
+    validation: Validation = dataclasses.field(default_factory=dict)
     artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
     status: str = "running"  # verified | unverified | failed | error

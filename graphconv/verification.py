@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 import psutil
 
-from graphconv.errors import GraphconvError, InternalError, UnsupportedError, VerificationError
+from graphconv.errors import GraphconvError, InternalError, UnsupportedError, VerificationError, first_line
 from graphconv.frontend.load import zero_sized_inputs
 from graphconv.options import THRESHOLD_BYTES
 from graphconv.runtime import child, scheduling
@@ -327,7 +327,7 @@ def refusal(error: InternalError, loaded: Loaded, checked: Validated) -> Graphco
     too (onnx.reference was the oracle): two runtimes refusing it point at the model; or a graph input is
     zero-sized, which some MindSpore kernels refuse; or the model computes in bfloat16, for which most of
     MindSpore's CPU kernels have no implementation."""
-    text = str(error).splitlines()[0][:300]
+    text = first_line(error, 300)
     g = loaded.model.proto.graph
     types = [v.type.tensor_type.elem_type for v in [*g.input, *g.value_info, *g.output]] + \
         [t.data_type for t in g.initializer]

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from opmap.graphconv_ops import ALL_GATHER, ALL_REDUCE, DOMAIN
 from opmap.registry import register
 
 
-@register("AllReduce", since=1, domain="graphconv")
+@register(ALL_REDUCE.name, since=1, domain=DOMAIN)
 def all_reduce(n):
     return n.call(n.helper("all_reduce"), n.x(0))
 
 
-@register("AllGather", since=1, domain="graphconv")
+@register(ALL_GATHER.name, since=1, domain=DOMAIN)
 def all_gather(n):
     """ops.AllGather concatenates along axis 0: the gathered axis is moved there and back."""
     rank = n.require_rank(0)

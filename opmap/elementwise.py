@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from graphconv.dtypes import FLOATS
 from opmap.registry import register
-
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 
 UNARY = {
     "Abs": "ops.abs", "Neg": "ops.neg", "Exp": "ops.exp", "Log": "ops.log", "Sqrt": "ops.sqrt",
@@ -84,14 +83,14 @@ def pow_(n):
     (truncated) like the ONNX reference."""
     y = _function(BINARY["Pow"])(n)
     base, exponent = n.dtype(0), n.dtype(1)
-    if base is not None and exponent is not None and base != exponent and base not in _FLOATS:
+    if base is not None and exponent is not None and base != exponent and base not in FLOATS:
         return n.call("ops.cast", y, n.ms_dtype(base))
     return y
 
 
 @register("Div", since=1)
 def div(n):
-    if n.dtype(0) in _FLOATS:
+    if n.dtype(0) in FLOATS:
         a, b = n.operand(0), n.operand(1)
         return n.binop("/", n.x(0) if _is_number(a) and _is_number(b) else a, b)
     # ONNX integer division truncates toward zero.
@@ -111,7 +110,7 @@ def mod(n):
         return n.call("ops.cast", n.call("ops.remainder", *wide), n.ms_dtype(dtype))
     if n.attr("fmod", 0):
         return n.call("ops.fmod", n.x(0), n.x(1))
-    if dtype not in _FLOATS:
+    if dtype not in FLOATS:
         return n.call("ops.remainder", n.x(0), n.x(1))
     return _float_mod(n, n.x(0), n.x(1))
 

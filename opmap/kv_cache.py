@@ -8,10 +8,11 @@ function body (which computes the same write and read on a cache passed in: opma
 
 from __future__ import annotations
 
+from opmap.graphconv_ops import DOMAIN, KV_CACHE_UPDATE
 from opmap.registry import register
 
 
-@register("KVCacheUpdate", since=1, domain="graphconv")
+@register(KV_CACHE_UPDATE.name, since=1, domain=DOMAIN)
 def kv_cache_update(n):
     cache = n.x(0)
     if getattr(getattr(cache, "attr", None), "param", None) is None:  # (not self.<Parameter>)

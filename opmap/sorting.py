@@ -23,13 +23,13 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from graphconv.dtypes import FLOATS
 from opmap.registry import register
 
 _D = ir.DataType
 # Types MindSpore's TopK does not sort right, or that have no order-reversing bitwise not, computed in a wider
 # signed type that holds every value (uint64: int64 with the sign bit flipped, the same order).
 _WIDEN = {_D.UINT8: _D.INT32, _D.UINT16: _D.INT32, _D.UINT32: _D.INT64, _D.INT16: _D.INT32, _D.UINT64: _D.INT64}
-_FLOATS = {_D.FLOAT, _D.FLOAT16, _D.BFLOAT16, _D.DOUBLE}
 
 
 @register("TopK", since=11)
@@ -90,7 +90,7 @@ def _flip_sign(n, x):
 
 
 def _reverse(n, x, dtype):
-    return n.unop("-", x) if dtype in _FLOATS else n.call(n.call("ops.Invert"), x)
+    return n.unop("-", x) if dtype in FLOATS else n.call(n.call("ops.Invert"), x)
 
 
 def _top_k_last(n, x, k):

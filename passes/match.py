@@ -13,12 +13,13 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from graphconv.dtypes import FUSED_FLOATS
 from graphconv.frontend import weights
 from graphconv.onnx_domains import is_default_domain
 from opmap.fused.record import ISLAND_OPSET
 
-# The float dtypes MindSpore's fused primitives take.
-FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+# The float dtypes MindSpore's fused primitives take (graphconv.dtypes holds the definition).
+FLOATS = FUSED_FLOATS
 # Below this opset a reference body has no CastLike, so it can only express fp32.
 MIN_LOW_PRECISION_OPSET = ISLAND_OPSET
 
@@ -189,7 +190,7 @@ def opset(context_or_model) -> int:
     """The default-domain opset of a rewrite context (or an ir.Model)."""
     model = getattr(context_or_model, "model", context_or_model)
     imports = model.opset_imports
-    return imports.get("", imports.get("ai.onnx", 0))
+    return next((v for d, v in imports.items() if is_default_domain(d)), 0)
 
 
 def float_guard(context, result: pattern.MatchResult, x: ir.Value, op_name: str) -> pattern.MatchResult:

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from graphconv.dtypes import PRECISION_DTYPES
 from graphconv.frontend import weights
 from graphconv.frontend.param_names import record_made
 from graphconv.onnx_domains import find_default_opset, is_default_domain, op_key  # (op_key: API)
@@ -38,7 +39,7 @@ from graphconv.onnx_domains import find_default_opset, is_default_domain, op_key
 PRECISIONS = ("fp32", "fp16", "bf16")
 LOW_DTYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 # The comparison rule's tolerance key (graphconv.verify.compare.DEFAULT_TOLERANCE) for each precision.
-TOLERANCE_KEY = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+TOLERANCE_KEY = PRECISION_DTYPES
 # How MindSpore CPU runs each precision (measured with mindspore 2.10: fp16 kernels exist for every op the
 # zoo uses; bf16 has Cast, Add, Mul, Transpose, Reshape, Concat but no MatMul, Softmax, Exp, Gather, ...).
 CPU_EMULATED = {"fp16": False, "bf16": True}

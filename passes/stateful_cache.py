@@ -37,10 +37,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphconv.frontend.load import value_dims
+from graphconv.onnx_domains import GRAPHCONV_DOMAIN_VERSION as DOMAIN_VERSION
+from graphconv.onnx_domains import default_opset
+from opmap.graphconv_ops import DOMAIN, KV_CACHE_UPDATE
 
-DOMAIN = "graphconv"
-DOMAIN_VERSION = 1
-OP = "KVCacheUpdate"
+OP = KV_CACHE_UPDATE.name
 CACHE_PREFIX = "cache."
 
 
@@ -55,22 +56,6 @@ class CacheLayout:
     # past input name -> (cache initializer name, kv heads, head dim, the present output it replaced or None)
     caches: dict[str, tuple[str, int, int, str | None]]
     nbytes: int  # the caches' zeros
-
-
-def function(opset: int) -> onnx.FunctionProto:
-    """KVCacheUpdate(cache [MB, N, MS, D], new [B, N, q, D], indices int64 [B, N, q, 3], total_length int64 [1])
-    -> kv [B, N, total, D]: `cache` with new[b, n, j] written at indices[b, n, j] (b, n, past + j), then its
-    first B rows and `total` (past + q) positions."""
-    nodes = [
-        helper.make_node("Constant", [], ["starts"], value=numpy_helper.from_array(np.array([0, 0], np.int64))),
-        helper.make_node("Constant", [], ["axes02"], value=numpy_helper.from_array(np.array([0, 2], np.int64))),
-        helper.make_node("ScatterND", ["cache", "indices", "new"], ["written"]),
-        helper.make_node("Shape", ["new"], ["b1"], start=0, end=1),
-        helper.make_node("Concat", ["b1", "total_length"], ["ends"], axis=0),
-        helper.make_node("Slice", ["written", "starts", "ends", "axes02"], ["kv"]),
-    ]
-    return helper.make_function(DOMAIN, OP, ["cache", "new", "indices", "total_length"], ["kv"], nodes,
-                                opset_imports=[helper.make_opsetid("", max(opset, 13))], doc_string=function.__doc__)
 
 
 def _write_positions(p: str, heads: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
@@ -254,9 +239,9 @@ def make_stateful(model: onnx.ModelProto, max_batch: int, max_seq: int, past_nam
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(inits)
-    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    opset = default_opset(model)
     if not any(f.domain == DOMAIN and f.name == OP for f in model.functions):
-        model.functions.append(function(opset))
+        model.functions.append(KV_CACHE_UPDATE.function(opset))
     if not any(i.domain == DOMAIN for i in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     return model, CacheLayout(max_batch, max_seq, caches, nbytes)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from graphconv.dtypes import FLOATS
 from passes.manager import PassResult, register_pass
 
 # Weights smaller than this are not worth a Transpose node (and small constants repeat by chance).
 MIN_ELEMENTS = 4096
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 _GENERATED_PREFIXES = ("val_", "onnx::", "_")  # names exporters make up: a state_dict name is kept instead
 
 
@@ -70,7 +70,7 @@ def tie_weights(model: ir.Model) -> int:
     for value in list(graph.initializers.values()):
         t = value.const_value
         if (t is None or value.name in graph_inputs or value.is_graph_output() or len(t.shape) != 2
-                or t.dtype not in _FLOATS or t.size < MIN_ELEMENTS):
+                or t.dtype not in FLOATS or t.size < MIN_ELEMENTS):
             continue
         by_shape.setdefault((tuple(sorted(t.shape)), t.dtype), []).append(value)
     candidates = [v for values in by_shape.values() if len(values) > 1 for v in values]

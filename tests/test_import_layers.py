@@ -107,7 +107,7 @@ def test_the_walk_sees_imports():
 LAYERS = [
     ("graphconv.zoo",),  # the test zoo: PyTorch factories, importing nothing of graphconv
     ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace", "graphconv.interrupts",
-     "graphconv.onnx_domains"),  # shared contracts
+     "graphconv.onnx_domains", "graphconv.dtypes"),  # shared contracts
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",
      "graphconv.verify.dims", "graphconv.verify.outputs", "graphconv.verify.integer_products",

@@ -7,6 +7,7 @@ the op tests and the ONNX backend), so both export exactly the same way.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import onnx
@@ -25,7 +26,40 @@ _EXTERNAL_THRESHOLD = 1024
 STREAM_MIN_BYTES = 1 << 30
 
 
-def placeholders(model: onnx.ModelProto) -> list[dict]:
+class Placeholder(TypedDict):
+    """One graph input as the export child declares it (network.placeholders)."""
+
+    name: str
+    shape: list[int | None]  # None: a symbolic dim
+    ms_dtype: str  # the MindSpore dtype's name ("float32")
+
+
+class _Prepared(TypedDict):
+    """The keys of an export task that prepare() writes."""
+
+    source: str  # the network's generated module (<name>.py)
+    class_name: str  # its Cell class
+    weights_onnx: str  # the weights prepare() wrote, keyed by Parameter name
+    external_weights: dict[str, list]  # Parameter -> the model's own external data (WeightRef.as_list)
+    folded_npz: str | None  # the constants the lowering folded, or None
+    param_names: list[str]  # every Parameter, in the network's order
+    inputs: list[Placeholder]
+    param_layouts: dict[str, bool]  # Parameter -> whether its weight is stored transposed
+    param_shapes: dict[str, list]  # Parameter -> [shape, dtype name]
+    streamed: bool  # export through graphconv/runtime/mindir_stream.py, the weights never all in memory
+
+
+class ExportTask(_Prepared, total=False):
+    """What the export child (graphconv/runtime/export_tasks.py) needs to build and export one network:
+    written by prepare() here, completed by its caller with the keys below, read in graphconv/runtime.
+    JSON-able: it crosses the process boundary."""
+
+    file_base: str  # where the MindIR goes, without ".mindir"
+    checkpoint: str | None  # a checkpoint to write beside it, or None
+    progress_file: str  # where the child reports the bytes it wrote (graphconv/runtime/child.py)
+
+
+def placeholders(model: onnx.ModelProto) -> list[Placeholder]:
     """The graph inputs as MindSpore placeholders: None for every symbolic dim."""
     return [{"name": s.name, "shape": [d if isinstance(d, int) else None for d in s.shape],
              "ms_dtype": node_context.MS_DTYPES[ir.DataType(s.elem_type)].split(".")[1]}
@@ -34,7 +68,7 @@ def placeholders(model: onnx.ModelProto) -> list[dict]:
 
 def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
             names: param_names.WeightNames | None = None, scopes=None,
-            lazy_inline: bool = True) -> tuple[lowering.LoweredNetwork, dict]:
+            lazy_inline: bool = True) -> tuple[lowering.LoweredNetwork, ExportTask]:
     """Lower `model`, write <name>.py, its weights and folded constants; return the network and the
     export task (the caller adds file_base and checkpoint). With `names` (recorded on the loaded model,
     graphconv.frontend.param_names), Parameters carry the model's own names and <name>.names.json maps each to its
@@ -73,7 +107,7 @@ def prepare(model: onnx.ModelProto, directory: Path, name: str = "network",
         folded_npz = directory / f"{name}.folded.npz"
         np.savez(folded_npz, **folded)
     param_bytes = net.param_bytes
-    task = {
+    task: ExportTask = {
         "source": str(source), "class_name": net.class_name, "weights_onnx": str(weights_file),
         "external_weights": external,
         "folded_npz": str(folded_npz) if folded_npz else None,
@@ -108,7 +142,7 @@ def write_blocks(net: lowering.LoweredNetwork, directory: Path, stem: str) -> di
     return net.partition.plan(str(module))
 
 
-def without_lazy_inline(net: lowering.LoweredNetwork, task: dict, directory: Path) -> dict:
+def without_lazy_inline(net: lowering.LoweredNetwork, task: ExportTask, directory: Path) -> ExportTask:
     """The export task of the same network with its layer classes written without lazy_inline (MindSpore's CPU
     refuses some lazy_inline layer graphs): its source rendered again beside the first."""
     from opmap import helpers

@@ -11,7 +11,7 @@ import onnx
 
 from graphconv.verify import compare
 from graphconv.deploy.options import TOLERANCE_KEY, cann_opset_range
-from graphconv.errors import InternalError
+from graphconv.errors import InternalError, first_line
 from graphconv.onnx_domains import find_default_opset
 
 
@@ -63,7 +63,7 @@ def clamp_opset(model: onnx.ModelProto, cann: str | None, cases: list, precision
         onnx.checker.check_model(converted, full_check=True)
         _compare_with_ort(model, converted, cases, precision)
     except Exception as e:  # noqa: BLE001 - any failure keeps the original opset, with a warning
-        reason = str(e).strip().splitlines()[0][:240] if str(e).strip() else type(e).__name__
+        reason = first_line(e, 240)
         msg = (f"the model needs ONNX opset {opset} but CANN {row} ATC accepts {lo}..{hi}; converting to opset "
                f"{target} failed ({type(e).__name__}: {reason}); the ONNX route keeps opset {opset} and may be "
                "refused by ATC")

@@ -14,6 +14,7 @@ import shlex
 from pathlib import Path
 
 from graphconv.deploy.profiles import MAX_PROFILES
+from graphconv.dtypes import PRECISION_DTYPES
 from graphconv.errors import InputError
 
 # ----------------------------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ PRECISIONS = {
     "bf16": ("must_keep_origin_dtype", "enforce_origin"),
 }
 # precision -> the dtype whose graphconv.verify.compare default tolerance applies (reference data, compare_outputs.py).
-TOLERANCE_KEY = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+TOLERANCE_KEY = PRECISION_DTYPES
 
 
 class CommandError(InputError):

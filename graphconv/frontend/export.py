@@ -21,7 +21,7 @@ import onnx
 
 from graphconv.verify import compare, reference
 from graphconv import interrupts
-from graphconv.errors import InputError, UnsupportedError
+from graphconv.errors import InputError, UnsupportedError, first_line
 from graphconv.onnx_domains import default_opset
 from graphconv.workspace import partial_dir, release
 
@@ -150,10 +150,6 @@ def exporter_failure(e: BaseException) -> str:
     torch.onnx's first line says only which step failed ("... Next steps:"); the cause says what (a missing
     ONNX function for an op on a complex tensor, say)."""
 
-    def first_line(x: BaseException) -> str:
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(x))  # (torch.onnx colours its text)
-        return next((ln.strip() for ln in text.splitlines() if ln.strip()), type(x).__name__)
-
     inner = e
     while inner.__cause__ is not None:
         inner = inner.__cause__
@@ -259,7 +255,7 @@ def _check(module, example_inputs, second_inputs, graph_names: dict, path: Path,
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:
         raise UnsupportedError(f"PyTorch's {exporter} exporter produced an invalid ONNX model at opset {opset}: "
-                               f"{str(e).strip().splitlines()[0]}") from None
+                               f"{first_line(e)}") from None
     produced = default_opset(onnx.load(str(path), load_external_data=False))
     if produced != opset:
         # dynamo exports at 18 and converts down; the conversion can fail (Reduce* axes as inputs).

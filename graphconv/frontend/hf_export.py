@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 
 from graphconv import interrupts
-from graphconv.errors import InputError, UnsupportedError
+from graphconv.errors import InputError, UnsupportedError, first_line
 from graphconv.frontend import export_rewrites, quantized_checkpoint, tasks, tokenizer
 from graphconv.frontend.contained import inside
 from graphconv.frontend.export import (ExportResult, check_against_torch, exporter_failure, fixed_dynamic_axes,
@@ -205,7 +205,7 @@ def _load_config(folder: Path, raw: dict):
     try:
         return transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except (ValueError, KeyError, OSError) as e:
-        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        first = first_line(e)
         raise UnsupportedError(f"model type {raw['model_type']!r} is unknown to transformers "
                                f"{transformers.__version__}: {first[:200]}") from None
 
@@ -285,13 +285,11 @@ def _load_model(folder: Path, cls, config, task: str, notes: list[str]):
                                           dtype=torch.float32, output_loading_info=True, use_safetensors=True,
                                           **_experts_kwargs(cls, notes))
     except (OSError, ValueError, RuntimeError, KeyError) as e:
-        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise InputError(f"{folder}: transformers cannot load the checkpoint as {cls.__name__}: "
-                         f"{first[:300]}") from None
+                         f"{first_line(e, 300)}") from None
     except ImportError as e:  # (a quantized checkpoint whose format needs a package transformers lacks here)
-        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise UnsupportedError(f"{folder}: transformers needs a package to load this checkpoint: {first[:300]}") \
-            from None
+        raise UnsupportedError(f"{folder}: transformers needs a package to load this checkpoint: "
+                               f"{first_line(e, 300)}") from None
     missing = sorted(info.get("missing_keys") or [])
     off_path = [k for k in missing if task == "feature-extraction" and any(p in k for p in _OFF_PATH)]
     if off_path:
@@ -848,7 +846,7 @@ def _check_all(load_model, results: dict, pad: int) -> None:
                                    g.output_names, g.masked_axes)
             r.serves_prompt = True
         except Exception as e:  # noqa: BLE001 - any failure means: keep the prefill graph for the prompt
-            first = next((ln for ln in str(e).strip().splitlines() if ln.strip()), type(e).__name__)
+            first = first_line(e)
             r.warnings.append(f"{name}.onnx at an empty cache does not compute the prompt ({first[:200]}): the "
                               "compile keeps prefill.onnx for the prompt")
             r.serves_prompt = False

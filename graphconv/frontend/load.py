@@ -23,7 +23,8 @@ from graphconv.frontend import contrib, weights
 from graphconv.frontend.contained import inside
 from graphconv.frontend.contrib import cases
 from graphconv.frontend.contrib import quant
-from graphconv.errors import InputError, UnsupportedError
+from graphconv.dtypes import PRECISION_OF_TYPE
+from graphconv.errors import InputError, UnsupportedError, first_line
 from graphconv.onnx_domains import default_opset  # (load.default_opset is API)
 
 MIN_OPSET = 13
@@ -228,7 +229,7 @@ def zero_sized_inputs(model: onnx.ModelProto) -> str | None:
 
 
 # A float value's type as generation.json and --dtype name it.
-FLOAT_TYPE_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
+FLOAT_TYPE_NAMES = PRECISION_OF_TYPE
 
 
 def value_dims(vi: onnx.ValueInfoProto) -> list[int | str]:
@@ -271,9 +272,8 @@ def upgrade(model: onnx.ModelProto) -> onnx.ModelProto:
 
         return version_converter.convert_version(model, MIN_OPSET)
     except Exception as e:  # noqa: BLE001 - the converter raises bare RuntimeErrors from C++
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UnsupportedError(f"opset {opset} is below {MIN_OPSET} and onnx.version_converter cannot upgrade "
-                               f"this model: {first[:200]}") from None
+                               f"this model: {first_line(e, 200)}") from None
 
 
 def name_nodes(model: onnx.ModelProto) -> None:
@@ -384,7 +384,7 @@ def infer_shapes(model: onnx.ModelProto, path: Path, notes: list[str] | None = N
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as e:
-        raise InputError(f"{path}: shape inference failed: {str(e).strip().splitlines()[0]}") from None
+        raise InputError(f"{path}: shape inference failed: {first_line(e)}") from None
 
 
 def _drop_value_info_contradicting_initializers(model: onnx.ModelProto, notes: list[str] | None) -> None:
@@ -415,13 +415,9 @@ def _check(model: onnx.ModelProto | str, path: Path) -> None:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
-        raise InputError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
+        raise InputError(f"{path}: invalid ONNX model: {first_line(e)}") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: invalid ONNX model: a name or string is not valid UTF-8") from None
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _contrib_note(model: onnx.ModelProto, nodes: list[onnx.NodeProto], approximated: bool) -> ContribNote:
@@ -431,5 +427,5 @@ def _contrib_note(model: onnx.ModelProto, nodes: list[onnx.NodeProto], approxima
         onnx.checker.check_model(weights.stripped(model)[0] if weights.external_refs(model) else model)
         complaint = "onnx.checker accepts it"
     except (onnx.checker.ValidationError, UnicodeDecodeError) as e:
-        complaint = f"onnx.checker: {_first_line(e)}"
+        complaint = f"onnx.checker: {first_line(e)}"
     return ContribNote(ops, complaint, approximated)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from graphconv.errors import InputError
+from graphconv.errors import InputError, first_line
 
 # What AutoTokenizer.save_pretrained writes, for the tokenizer kinds transformers has
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
@@ -37,6 +37,6 @@ def load(gen_dir: Path, generation: dict):
     try:
         return AutoTokenizer.from_pretrained(str(gen_dir / generation["tokenizer"]), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers' own refusal, reported in one line
-        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        first = first_line(e)
         raise InputError(f"{gen_dir / generation['tokenizer']}: transformers cannot load the tokenizer "
                          f"({first[:200]})") from None

@@ -24,6 +24,7 @@ import math
 import struct
 from pathlib import Path
 
+from graphconv.dtypes import PRECISION_DTYPES
 from graphconv.errors import InputError, UnsupportedError
 
 # safetensors dtype -> torch dtype name; ONNX stores what torch.onnx maps them to. The format's F4 and F6 types
@@ -32,7 +33,7 @@ _SAFETENSORS_TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF1
                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
                       "U16": "uint16", "U32": "uint32", "U64": "uint64", "C64": "complex64",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
-STORE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+STORE_DTYPES = PRECISION_DTYPES
 
 
 def torch_dtype(dtype: str, key: str):

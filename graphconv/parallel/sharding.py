@@ -30,15 +30,18 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
+from graphconv.dtypes import FLOATS
 from graphconv.errors import UnsupportedError
 from graphconv.frontend import weights
+from graphconv.onnx_domains import GRAPHCONV_DOMAIN_VERSION, canonical_domain, default_opset, is_default_domain
+from opmap import graphconv_ops
+from opmap.graphconv_ops import DOMAIN
 
-DOMAIN = "graphconv"
-ALL_REDUCE = "AllReduce"
-ALL_GATHER = "AllGather"
+ALL_REDUCE = graphconv_ops.ALL_REDUCE.name
+ALL_GATHER = graphconv_ops.ALL_GATHER.name
 ATTENTION_OPS = ("FlashAttentionScore", "FusedInferAttentionScore")
 # A KV cache held in place (passes/stateful_cache.py): the initializer its update node writes, [MB, kv heads, MS, D].
-CACHE_UPDATE = ("graphconv", "KVCacheUpdate")
+CACHE_UPDATE = (DOMAIN, graphconv_ops.KV_CACHE_UPDATE.name)
 # Ops a q/k/v value passes through between its projection and the attention, head by head.
 _HEAD_WISE = {("", "Transpose"), ("", "Cast"), ("", "Identity"), ("mindspore", "RotaryPositionEmbedding")}
 # Ops an MLP's hidden value passes through between its up and down projections, feature by feature.
@@ -49,7 +52,6 @@ _FUSED_ELEMENTWISE = {"GeluTanh", "Gelu", "FastGelu", "SiLU", "Swiglu"}
 _UNIT_AXIS = {"Squeeze", "Unsqueeze"}
 # Ops linear in a partial sum, one input being the partial: the AllReduce can follow them (fewer values to sum).
 _LINEAR = {"Reshape", "Squeeze", "Unsqueeze", "Transpose", "ReduceSum", "Mul"}
-_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
 
 class ShardingError(UnsupportedError):
@@ -57,23 +59,13 @@ class ShardingError(UnsupportedError):
 
 
 def all_reduce_function(opset: int) -> onnx.FunctionProto:
-    """graphconv::AllReduce(x) -> y: the sum of x over the ranks. The body is one rank's view (the identity):
-    onnxruntime runs a rank graph with it, and tests sum the ranks' partial values where it sits. It is lowered
-    to ops.AllReduce on both targets (opmap/collective.py), never inlined."""
-    return helper.make_function(DOMAIN, ALL_REDUCE, ["x"], ["y"], [helper.make_node("Identity", ["x"], ["y"])],
-                                opset_imports=[helper.make_opsetid("", opset)], doc_string=all_reduce_function.__doc__)
+    """graphconv::AllReduce's function body at `opset` (opmap/graphconv_ops.py defines it)."""
+    return graphconv_ops.ALL_REDUCE.function(opset)
 
 
 def all_gather_function(opset: int, rank: int, axis: int, sizes: list[int], ndim: int) -> onnx.FunctionProto:
-    """graphconv::AllGather(x; axis) -> y: the ranks' x concatenated along `axis` in rank order. The body is
-    rank `rank`'s view, as AllReduce's is: its x padded with zeros to its place in y (the gather where every
-    other rank's part is zero), so y has the gathered shape and the ranks' bodies sum to the gathered value.
-    Lowered to ops.AllGather (axis 0) between transposes (opmap/collective.py), never inlined."""
-    pads = [0] * (2 * ndim)
-    pads[axis], pads[ndim + axis] = sum(sizes[:rank]), sum(sizes[rank + 1:])
-    body = [helper.make_node("Constant", [], ["pads"], value_ints=pads), helper.make_node("Pad", ["x", "pads"], ["y"])]
-    return helper.make_function(DOMAIN, ALL_GATHER, ["x"], ["y"], body, attributes=["axis"],
-                                opset_imports=[helper.make_opsetid("", opset)], doc_string=all_gather_function.__doc__)
+    """graphconv::AllGather's function body at `opset`, rank `rank`'s view (opmap/graphconv_ops.py defines it)."""
+    return graphconv_ops.ALL_GATHER.function(opset, rank=rank, axis=axis, sizes=sizes, ndim=ndim)
 
 
 @dataclasses.dataclass
@@ -157,7 +149,7 @@ class _Graph:
 
     def weight(self, node: onnx.NodeProto) -> tuple[str, bool] | None:
         """(initializer, stored [out, in]) of a MatMul/Gemm's weight (read directly or through a Cast)."""
-        if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        if node.op_type not in ("MatMul", "Gemm") or not is_default_domain(node.domain) or len(node.input) < 2:
             return None
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type == "Gemm" and attrs.get("transA", 0):
@@ -177,7 +169,7 @@ class _Graph:
         w = self.weight(node)
         if w is not None:
             return w[0], 0, int(w[1]), int(not w[1])
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "MatMul" or not is_default_domain(node.domain):
             return None
         for k in (0, 1):
             p = self.producer.get(node.input[k])
@@ -273,7 +265,7 @@ class _Planner:
                 _fail(f"the {which} input of {fa.name!r} does not come from a projection")
             if self.g.only_consumer(value) is None:
                 _fail(f"{value!r} (the {which} of {fa.name!r}) is used outside the attention block")
-            key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+            key = (canonical_domain(node.domain), node.op_type)
             if self.g.weight(node) is not None:
                 break
             if key in _HEAD_WISE:
@@ -521,7 +513,7 @@ class _Planner:
                 ups.append(node)
                 region.add(node.name)
                 continue
-            default = node.domain in ("", "ai.onnx")
+            default = is_default_domain(node.domain)
             elementwise = node.op_type in _ELEMENTWISE | _UNIT_AXIS and default or \
                 node.op_type in _FUSED_ELEMENTWISE and node.domain == "mindspore"
             if not elementwise:
@@ -599,7 +591,7 @@ class _Planner:
         value = node.output[0]
         while True:
             user = self.g.only_consumer(value)
-            if user is None or user.op_type not in _LINEAR or user.domain not in ("", "ai.onnx") or \
+            if user is None or user.op_type not in _LINEAR or not is_default_domain(user.domain) or \
                     (user.input[0] != value if user.op_type != "Mul" else list(user.input).count(value) != 1):
                 return node.name
             node, value = user, user.output[0]
@@ -646,7 +638,7 @@ class _Planner:
             if node.name not in self.claimed and self.g.weight(node) is not None and node.output[0] in self.g.outputs:
                 self.lm_head(node)
         for t in self.g.model.graph.initializer:
-            if t.name not in self.weights and t.data_type in _FLOATS and int(np.prod(t.dims)) > 1:
+            if t.name not in self.weights and t.data_type in FLOATS and int(np.prod(t.dims)) > 1:
                 self.weights[t.name] = WeightSplit(t.name, self.replicated_role(t.name), list(t.dims))
         return Plan(self.tp, self.weights, self.heads, self.reshapes, self.reduces, self.blocks, self.notes,
                     self.gathers, self.cache_updates)
@@ -767,13 +759,13 @@ def _rank_graph(model: onnx.ModelProto, p: Plan, rank: int, shards: dict[str, on
     del g.node[:]
     g.node.extend(new_nodes)
     del g.value_info[:]
-    opset = next(i.version for i in out.opset_import if i.domain in ("", "ai.onnx"))
+    opset = default_opset(out)
     if not any(f.domain == DOMAIN and f.name == ALL_REDUCE for f in out.functions):
         out.functions.append(all_reduce_function(opset))
     for axis, sizes in list(p.gathers.values())[:1]:  # (one function per rank graph: the gathers share sizes)
         out.functions.append(all_gather_function(opset, rank, axis, sizes, axis + 1))  # (axis: the last, vocab)
     if not any(i.domain == DOMAIN for i in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+        out.opset_import.append(helper.make_opsetid(DOMAIN, GRAPHCONV_DOMAIN_VERSION))
     return onnx.shape_inference.infer_shapes(out, data_prop=True)
 
 

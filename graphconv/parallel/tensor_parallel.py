@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 import opmap.fused
+from graphconv.dtypes import FLOATS
 from graphconv.errors import InternalError, VerificationError
 from graphconv.runtime import msrun
 from graphconv.parallel import sharding
@@ -180,4 +181,4 @@ def _weight_bytes(model: onnx.ModelProto) -> int:
     """The bytes of a graph's float weights (what its MindIR holds, up to folded constants)."""
     return sum(int(np.prod(t.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
                for t in model.graph.initializer
-               if t.data_type in sharding._FLOATS and not t.name.startswith(CACHE_PREFIX))  # (state, not weights)
+               if t.data_type in FLOATS and not t.name.startswith(CACHE_PREFIX))  # (state, not weights)

@@ -7,8 +7,12 @@ import gc
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from graphconv.runtime import network
+
+if TYPE_CHECKING:  # (the child never imports the compiler: the type is for readers)
+    from graphconv.compiler.export_task import ExportTask
 
 
 def simplify(task: dict) -> dict:
@@ -26,7 +30,7 @@ def simplify(task: dict) -> dict:
     return {"nodes": len(simplified.graph.node)}
 
 
-def export(task: dict) -> dict:
+def export(task: ExportTask) -> dict:
     network.cpu_graph_mode()
     if task.get("streamed"):
         return _export_streamed(task)[0]
@@ -34,7 +38,7 @@ def export(task: dict) -> dict:
     return {**_export_built(net, task), "build_seconds": build_seconds}
 
 
-def _export_streamed(task: dict, put_by_verification: bool = False) -> tuple[dict, object]:
+def _export_streamed(task: ExportTask, put_by_verification: bool = False) -> tuple[dict, object]:
     """graphconv/runtime/mindir_stream: the network built on lazy Parameters, its graph exported, the weights
     copied from their files into <file_base>_variables/data_0 in bounded chunks. With put_by_verification
     the weights file is only laid out: the returned writer (else None) takes the weights the layer-streamed
@@ -62,7 +66,7 @@ def _export_streamed(task: dict, put_by_verification: bool = False) -> tuple[dic
             "export_seconds": round(time.perf_counter() - t1, 2)}, None
 
 
-def _export_built(net, task: dict) -> dict:
+def _export_built(net, task: ExportTask) -> dict:
     import mindspore as ms
 
     t1 = time.perf_counter()

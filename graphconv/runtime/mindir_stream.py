@@ -59,6 +59,8 @@ from pathlib import Path
 
 import numpy as np
 
+from graphconv.dtypes import FLOAT_NAMES
+
 HEADER_BYTES = 64
 ALIGN = 64
 CHUNK_BYTES = 16 * 2**20  # at most this many source bytes in memory at a time (plus their cast and transpose)
@@ -68,7 +70,6 @@ CHUNK_BYTES = 16 * 2**20  # at most this many source bytes in memory at a time (
 MIND_IR_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
                   9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
                   17: "float64"}
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 class StreamError(RuntimeError):
@@ -428,7 +429,7 @@ def _check(name: str, src: Source, dims: tuple, target: np.dtype, flip: bool) ->
         raise StreamError(f"parameter {name!r}: only 2-D weights are stored transposed, the source is {src.shape}")
     if dims != want:
         raise StreamError(f"parameter {name!r}: the graph declares {list(dims)}, the source gives {list(want)}")
-    if src.dtype != target.name and not (src.dtype in _FLOATS and target.name in _FLOATS):
+    if src.dtype != target.name and not (src.dtype in FLOAT_NAMES and target.name in FLOAT_NAMES):
         raise StreamError(f"parameter {name!r}: cannot convert {src.dtype} to {target.name}")
     if src.array is None:
         expected = int(np.prod(src.shape, dtype=np.int64)) * numpy_dtype(src.dtype).itemsize

@@ -10,6 +10,10 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (the child never imports the compiler: the type is for readers)
+    from graphconv.compiler.export_task import ExportTask, Placeholder
 
 
 def import_class(source: str, class_name: str):
@@ -89,7 +93,7 @@ def shareable(task: dict, built, built_task: dict) -> dict:
     return found
 
 
-def sources(task: dict) -> dict:
+def sources(task: ExportTask) -> dict:
     """Parameter name -> graphconv.runtime.mindir_stream.Source, from the same three places `weights` reads:
     the weights file emit wrote (its big tensors are in its .data file), the folded constants, and the
     model's own files (external refs: the ONNX data, the spill file)."""
@@ -120,7 +124,7 @@ def sources(task: dict) -> dict:
     return found
 
 
-def progress_writer(task: dict):
+def progress_writer(task: ExportTask):
     """A callback adding bytes read to the count the parent polls (graphconv.runtime.child.run_task), or None."""
     path = task.get("progress_file")
     if not path:
@@ -137,7 +141,7 @@ def progress_writer(task: dict):
     return advance
 
 
-def build(task: dict, shared: dict | None = None):
+def build(task: ExportTask, shared: dict | None = None):
     """The generated network with its Parameters bound (weights read as it asks for them; `shared` ones
     reused), in eval mode; and the seconds that took."""
     t0 = time.perf_counter()
@@ -146,7 +150,7 @@ def build(task: dict, shared: dict | None = None):
     return net, round(time.perf_counter() - t0, 2)
 
 
-def placeholders(specs: list[dict]) -> list:
+def placeholders(specs: list[Placeholder]) -> list:
     """Input placeholders (None for every symbolic dim) from the task's input specs."""
     import mindspore as ms
     from mindspore import Tensor
@@ -203,5 +207,6 @@ def cpu_graph_mode() -> None:
 
 
 def first_line(message: str) -> str:
-    """MindSpore errors carry long C++ call stacks: keep the first meaningful line."""
+    """MindSpore errors carry long C++ call stacks: keep the first meaningful line. It differs from
+    errors.first_line on purpose: MindSpore frames its stack in lines starting with "-", which it skips."""
     return next((ln for ln in message.strip().splitlines() if ln.strip() and not ln.startswith("-")), "")[:500]

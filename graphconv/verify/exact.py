@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
-FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE} | LOW_PRECISION
+from graphconv.dtypes import FLOATS, LOW_PRECISION
+
 _DTYPE_ATTRS = ("to", "dtype")  # Cast's target; EyeLike's, the Random ops' and Bernoulli's output dtype
 
 

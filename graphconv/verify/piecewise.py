@@ -23,7 +23,7 @@ import time
 import numpy as np
 import onnx
 
-from graphconv.errors import UnsupportedError
+from graphconv.errors import UnsupportedError, first_line
 from graphconv.frontend import weights
 from graphconv.verify.exact import as_float, declared_low_precision, reference_ops, upcast
 
@@ -198,7 +198,7 @@ class _Runner:
                 else "onnxruntime could not run"
             where = "the model" if len(self.pieces) == 1 else \
                 f"the model's {piece.name} (the oracle runs it layer by layer)"
-            raise UnsupportedError(f"{what} {where}: {str(e).strip().splitlines()[0][:300]}") from None
+            raise UnsupportedError(f"{what} {where}: {first_line(e, 300)}") from None
         mapped = sum(f.nbytes for f in feeds.values())
         made = sum(bool(self.refs[r].parts) for r in feeds)  # (weights.read concatenated their parts)
         del sess, feeds, ort_feeds

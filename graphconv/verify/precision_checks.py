@@ -14,6 +14,7 @@ import onnx
 import opmap.fused
 from passes import precision
 from graphconv.errors import VerificationError
+from graphconv.onnx_domains import is_default_domain
 from graphconv.verify import compare, reference
 
 
@@ -106,7 +107,7 @@ _GATING = "MoeGatingTopKSoftmax"
 
 def _choices(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The nodes that choose by rank: TopK, and the fused routers (MoeGatingTopKSoftmax: a softmax's top k)."""
-    return [n for n in model.graph.node if (n.op_type == "TopK" and n.domain in ("", "ai.onnx"))
+    return [n for n in model.graph.node if (n.op_type == "TopK" and is_default_domain(n.domain))
             or (n.op_type == _GATING and n.domain == opmap.fused.DOMAIN)]
 
 

@@ -21,7 +21,7 @@ import onnx
 
 from graphconv.frontend import weights
 from graphconv.verify import dims, integer_products
-from graphconv.errors import InputError, UnsupportedError
+from graphconv.errors import InputError, UnsupportedError, first_line
 
 # Sizes per symbolic dim, two cases. Chosen to differ from typical export sizes (1, 2, 8, 16, 32...).
 BATCH_SIZES = (3, 5)
@@ -584,9 +584,9 @@ class Oracle:
             return out
         except Exception as e:  # noqa: BLE001 - any ORT failure sends us to the fallback
             if not fallback:
-                raise UnsupportedError(f"onnxruntime could not run the model: {str(e).strip().splitlines()[0][:200]}"
+                raise UnsupportedError(f"onnxruntime could not run the model: {first_line(e, 200)}"
                                        ) from None
-            self.fallback_reason = f"onnxruntime could not run the model: {str(e).strip().splitlines()[0][:200]}"
+            self.fallback_reason = f"onnxruntime could not run the model: {first_line(e, 200)}"
             self.exact = {}  # (onnx.reference runs the model as given: its integer kernels are exact)
         try:
             out = self._reference(cases)
@@ -594,4 +594,4 @@ class Oracle:
             return out
         except Exception as e:  # noqa: BLE001
             raise UnsupportedError(f"no oracle can run this model ({self.fallback_reason}; "
-                                   f"onnx.reference: {str(e).strip().splitlines()[0][:200]})") from None
+                                   f"onnx.reference: {first_line(e, 200)})") from None

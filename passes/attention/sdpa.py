@@ -29,10 +29,10 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from opmap.graphconv_ops import DOMAIN, SDPA
 from passes import match
 
-DOMAIN = "graphconv"
-OP = "SDPA"
+OP = SDPA.name
 
 
 @dataclasses.dataclass

@@ -23,13 +23,12 @@ import math
 import numpy as np
 import onnx
 
+from graphconv.dtypes import FLOATS
 from graphconv.frontend import weights
 from graphconv.frontend.contrib import spell
 from graphconv.frontend.contrib.norm import back_to, to_float
 from graphconv.frontend.contrib.registry import MICROSOFT, decomposes
 from graphconv.frontend.contrib.rewrite import Rewrite
-
-_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
 
 
 def _float_dtype(rw: Rewrite, x: str):
@@ -37,7 +36,7 @@ def _float_dtype(rw: Rewrite, x: str):
     dtype = rw.dtype(x)
     if dtype is None:
         return np.float32
-    if dtype not in _FLOATS:
+    if dtype not in FLOATS:
         rw.fail(f"input dtype {onnx.TensorProto.DataType.Name(dtype)} (GELU takes floats)")
     return weights.np_dtype(dtype)
 

@@ -32,12 +32,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from graphconv.dtypes import LOW_PRECISION
 from graphconv.frontend.contrib.registry import MICROSOFT, decomposes
 from graphconv.frontend.contrib.rewrite import Rewrite
 
 FLOAT = onnx.TensorProto.FLOAT
 UINT8 = onnx.TensorProto.UINT8
-_LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
 def unpack(rw: Rewrite, packed: str, bits: int, rank: int | None = None) -> str:
@@ -101,7 +101,7 @@ def matmul_nbits(rw: Rewrite) -> None:
     if b_shape is not None and all(isinstance(d, int) for d in b_shape) and b_shape != [n, k_blocks, blob]:
         rw.fail(f"B has shape {b_shape}, expected [N, k_blocks, blob_size] = {[n, k_blocks, blob]}")
     a, a_type = rw.input(0), rw.dtype(rw.input(0))
-    work = FLOAT if a_type in _LOW_PRECISION or a_type is None else a_type
+    work = FLOAT if a_type in LOW_PRECISION or a_type is None else a_type
 
     q = unpack(rw, rw.input(1), bits, 3)  # uint8 [N, k_blocks, block_size]
     zp = _nbits_zero_point(rw, n, k_blocks, bits, work)

@@ -13,6 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphconv.errors import UnsupportedError
+from graphconv.onnx_domains import domain_name
 from graphconv.frontend.shapes import symbolic_inference
 
 
@@ -121,7 +122,7 @@ class Rewrite:
         return d if isinstance(d, int) and d > 0 else None
 
     def fail(self, why: str):
-        raise UnsupportedError(f"{self.node.domain or 'ai.onnx'}::{self.node.op_type} node {self.name!r}: {why}")
+        raise UnsupportedError(f"{domain_name(self.node.domain)}::{self.node.op_type} node {self.name!r}: {why}")
 
     # --- writing the replacement ---
     def fresh(self, what: str) -> str:
