@@ -745,8 +745,9 @@ def _compile_ranks(staging: Path, tp: int, meta: dict, sources: dict, options: d
     for form, suffix in forms:
         progress.info(f"{g}: compile {tp} ranks ({form})")
         ranks_dir = staging / f"ranks-{form}"
-        report = compile_graph(source, ranks_dir, progress=progress, inputs=per_inputs[g], tp=tp,
-                               **{**graph_options, "target": form}).to_dict()
+        with interrupts.nested():  # (into the staging folder: a signal until the folder's own moves interrupts)
+            report = compile_graph(source, ranks_dir, progress=progress, inputs=per_inputs[g], tp=tp,
+                                   **{**graph_options, "target": form}).to_dict()
         if form == target:
             graphs[g] = report
             os.replace(ranks_dir / "plan.json", staging / "plan.json")

@@ -898,6 +898,33 @@ def test_generate_tp_is_token_exact_with_unsharded_and_transformers(llama_with_p
                                                                               for s in got["sequences"]]
 
 
+def test_sigint_during_the_cpu_ranks_compile_interrupts_it(llama_with_past, tmp_path):
+    """Ctrl-C while the cpu ranks of a --tp generation folder compile, after the ascend ranks' compile has put
+    its results in the staging folder: the run stops (exit 130, one line), leaves no output folder, no
+    temporary directory and no process. (Each graph of a folder is compiled under interrupts.nested(): else the
+    first compile's final moves settle the run and the signal is ignored.)"""
+    import signal
+    import time
+
+    from test_faults import Run, _temporaries
+
+    out, tmp = tmp_path / "gen", tmp_path / "tmp"
+    tmp.mkdir()
+    run = Run(["compile", llama_with_past[1], "-o", out, *CAPACITY, "--tp", "2"], tmp)
+    assert run.wait_for("decode: compile 2 ranks (cpu)", timeout=240), run.lines[-5:]
+    start = next(k for k, line in enumerate(run.lines) if "compile 2 ranks (cpu)" in line)
+    while not any("simplify" in line for line in run.lines[start:]) and run.proc.poll() is None:
+        time.sleep(0.02)  # (the cpu form's own compile is under way)
+    os.killpg(run.proc.pid, signal.SIGINT)  # (as Ctrl-C: the whole group)
+    sent = time.monotonic()
+    code = run.finish(timeout=120)
+    took = time.monotonic() - sent
+    assert (code, run.outcome_lines()) == (130, ["graphconv: interrupted (SIGINT)"]), run.lines[-8:]
+    assert took < 30, f"{took:.0f} s from the signal to the exit"
+    assert not out.exists() and _temporaries(tmp_path, tmp) == []
+    assert run.session_processes() == []
+
+
 def test_generation_tp_bad_input_one_line_nothing_written(llama_with_past, tmp_path):
     export_dir = llama_with_past[1]
     for tp, extra, says in [(3, (), "3 ranks do not divide the 4 attention heads"),
