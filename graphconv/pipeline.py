@@ -146,7 +146,7 @@ class Compiler:
         if model.as_given is not None:
             # The oracle cannot run the contrib ops' graph without its cache inputs: it runs the decomposition,
             # rewritten (a prompt); the cached steps are checked against onnxruntime's kernels on the graph as
-            # given by generating (graphconv/pair.py).
+            # given by generating (graphconv/generation/build.py).
             detail["oracle"] = "the decomposed graph with its cache held in place (prompt calls); the contrib " \
                                "ops' kernels as given: the cached-steps check"
             notes = [n.replace("the oracle, onnxruntime, runs the model as given",

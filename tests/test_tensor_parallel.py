@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import opmap.fused
 from graphconv.parallel import sharding
+from graphconv.progress import SILENT
 from tp_simulate import run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -754,8 +755,10 @@ def llama_with_past(tmp_path_factory):
 
 def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
     """The fused stateful graph a `compile EXPORT_DIR --tp N` shards (the compile stopped at the shard stage)."""
-    from graphconv import pair, tensor_parallel
-    from graphconv.pipeline import compile as compile_graph
+    from graphconv.generation.build import Build
+    from graphconv.options import CompileOptions, GenerationOptions
+    from graphconv.parallel import tensor_parallel
+    from graphconv.pipeline import compile_model
 
     class Stop(Exception):
         pass
@@ -773,11 +776,12 @@ def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
         raise Stop
 
     monkeypatch.setattr(tensor_parallel.TensorParallel, "run", stop)
-    meta, sources = pair._pair_sources(export_dir)
-    _, graphs, options, _, _ = pair._stateful_plan(meta, sources, {"target": "cpu"},
-                                                   pair._cache_capacity(meta, sources, 4, 64))
+    options = CompileOptions(output=export_dir.parent / "never", target="cpu", tp=2,
+                             generation=GenerationOptions(max_batch=4, max_seq_len=64))
+    build = Build.plan(export_dir, options, SILENT)
+    (g, graph), = build.graphs.items()
     with pytest.raises(Stop):
-        compile_graph(next(iter(graphs.values())), export_dir.parent / "never", tp=2, **options)
+        compile_model(graph, build.graph_options(g, output=export_dir.parent / "never", tp=2))
     return seen["fused"]
 
 

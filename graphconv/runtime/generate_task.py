@@ -1,4 +1,4 @@
-"""The child's generation task: greedy decoding (or sampling) with a compiled prefill + decode pair (graphconv.generation)."""
+"""The child's generation task: greedy decoding (or sampling) with a compiled prefill + decode pair (graphconv/generation/run.py)."""
 
 from __future__ import annotations
 
