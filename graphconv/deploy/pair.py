@@ -34,7 +34,7 @@ def write_pair_files(directory: Path, generation: dict, reports: dict[str, dict]
     script = directory / "generate_mindspore.py"
     script.write_text(generate_script(inputs))
     script.chmod(0o755)
-    steps = {step: generation["graphs"][step].get("mindir", step) for step in ("prefill", "decode")}
+    steps = {step: generation["graphs"][step].get("mindir", step) for step in schema.GRAPHS}
     how = (f"one graph, `{steps['decode']}`, for the prompt (with an empty cache) and each decode step"
            if steps["prefill"] == steps["decode"] else "the prefill for the prompt, the decode for each step")
     (directory / "README.md").write_text(
