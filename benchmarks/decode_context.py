@@ -33,16 +33,19 @@ def build(work: Path) -> tuple[Path, Path]:
     import transformers as tf
 
     from graphconv.frontend.hf_export import export_checkpoint
-    from graphconv.pair import compile_pair
+    from graphconv.generation import compile_generation
+    from graphconv.options import CompileOptions, GenerationOptions
 
     torch.manual_seed(0)
     config = tf.LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, max_position_embeddings=4096, vocab_size=32000)
     tf.LlamaForCausalLM(config).save_pretrained(work / "ckpt")
     export_checkpoint(work / "ckpt", work / "export", "text-generation-with-past")
-    compile_pair(work / "export", work / "pair", target="cpu", stateful_cache=False)
-    compile_pair(work / "export", work / "stateful", target="cpu", stateful_cache=True, max_batch=1,
-                 max_seq_len=4096)
+    compile_generation(work / "export", CompileOptions(output=work / "pair", target="cpu",
+                                                       generation=GenerationOptions(stateful_cache=False)))
+    compile_generation(work / "export", CompileOptions(
+        output=work / "stateful", target="cpu",
+        generation=GenerationOptions(stateful_cache=True, max_batch=1, max_seq_len=4096)))
     return work / "pair", work / "stateful"
 
 

@@ -19,9 +19,9 @@ def __getattr__(name: str):
 
         return compile
     if name in ("generate", "GenerationResult"):
-        # (graphconv.generation, not graphconv.generate: a submodule of the function's name would replace the
-        # function on the package once imported)
-        from graphconv import generation
+        # (graphconv.generation.run, not graphconv.generate: a submodule of the function's name would replace
+        # the function on the package once imported)
+        from graphconv.generation import run
 
-        return getattr(generation, name)
+        return getattr(run, name)
     raise AttributeError(f"module 'graphconv' has no attribute {name!r}")

@@ -121,7 +121,9 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     MODEL may be the folder `graphconv export --task text-generation-with-past` wrote: both graphs are
     compiled and verified into the new folder -o GEN_DIR (see docs/cli.md), ready for `graphconv generate`.
     """
-    from graphconv import interrupts, pair
+    from graphconv import interrupts
+    from graphconv.generation.build import compile_generation, is_generation_source
+    from graphconv.generation.report import summary
     from graphconv.options import CompileOptions, GenerationOptions, parse_dims, parse_shape_ranges
     from graphconv.pipeline import compile_model
 
@@ -139,12 +141,12 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
     _writing(output or model.with_suffix(".mindir"))
     interrupts.one_result()
     progress = Progress.for_cli(quiet)
-    if pair.is_generation_source(model, options):
-        report = pair.compile_pair(model, options, progress)
+    if is_generation_source(model, options):
+        report = compile_generation(model, options, progress)
         if as_json:
             click.echo(json.dumps(report, indent=2, default=str))
         elif not quiet:
-            click.echo(pair.summary(report))
+            click.echo(summary(report))
         return
     if model.is_dir():
         raise click.UsageError(f"{model} is a folder without generation.json: give an .onnx file")
@@ -287,7 +289,7 @@ def generate_cmd(gen_dir, input_ids, input_ids_file, texts, max_new_tokens, devi
     prompt: its new token ids, or with --prompt its new text as a JSON string."""
     import tempfile
 
-    from graphconv.generation import generate, parse_input_ids, read_input_ids_file
+    from graphconv.generation.run import generate, parse_input_ids, read_input_ids_file
 
     _set_debug(debug)
     _writing(tempfile.gettempdir())  # (its only files: a private directory there)

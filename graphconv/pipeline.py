@@ -24,7 +24,7 @@ import onnx_ir as ir
 import opmap.fused
 import passes
 from graphconv.errors import (CacheNotHeld, DiskFullError, GraphconvError, InputError, InternalError, UnsupportedError,
-                              VerificationError, first_line)
+                              VerificationError)
 from graphconv.frontend import param_names, weights
 from graphconv.frontend.contrib import gqa, quant
 from graphconv.frontend.load import LoadedModel, infer_shapes, load
@@ -115,7 +115,7 @@ class Compiler:
         if model.as_given is not None:
             # The oracle cannot run the contrib ops' graph without its cache inputs: it runs the decomposition,
             # rewritten (a prompt); the cached steps are checked against onnxruntime's kernels on the graph as
-            # given by generating (graphconv/pair.py).
+            # given by generating (graphconv/generation/build.py).
             detail["oracle"] = "the decomposed graph with its cache held in place (prompt calls); the contrib " \
                                "ops' kernels as given: the cached-steps check"
             held = "with the KV cache held in place, the oracle runs the decomposition at the prompt calls, and " \
@@ -270,7 +270,8 @@ class Compiler:
         CompileOptions.validate)."""
         given = self.opt.generation.given()
         if given:
-            raise InputError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a generation folder (an export with --task "
+            verb = "applies" if len(given) == 1 else "apply"
+            raise InputError(f"{', '.join(given)} {verb} to a generation folder (an export with --task "
                              "text-generation-with-past) or, with --stateful-cache, to a with-past .onnx graph")
         if self.opt.tp is not None:
             if self.output.exists():

@@ -67,7 +67,8 @@ class Verification:
         with self.ctx.report.stage("emit") as st:
             out_dir = ws.path("out")
             out_dir.mkdir()
-            checkpoint = str(ws.path("network.ckpt")) if self.ctx.options.emit_source or self.ctx.options.bundle else None
+            keeps_checkpoint = self.ctx.options.emit_source or self.ctx.options.bundle
+            checkpoint = str(ws.path("network.ckpt")) if keeps_checkpoint else None
             task = {**network.task, "file_base": str(out_dir / self.ctx.output.stem), "checkpoint": checkpoint}
             external = sum(ref[2] for ref in task.get("external_weights", {}).values())
             tracker = self.ctx.progress.track("weights into MindSpore", external) if external else None
@@ -81,8 +82,9 @@ class Verification:
                                             ws.dir, "mindspore.export", tracker)
             except child.ChildError as e:
                 raise InternalError(f"mindspore.export rejected the generated network: {e.error}") from e
-            st.detail.update({k: result[k] for k in ("build_seconds", "export_seconds", "streamed", "graph_seconds",
-                                                     "weights_seconds", "weights_put_by_verification_bytes") if k in result})
+            timings = ("build_seconds", "export_seconds", "streamed", "graph_seconds", "weights_seconds",
+                       "weights_put_by_verification_bytes")
+            st.detail.update({k: result[k] for k in timings if k in result})
         done = None if run is None else result.get("verify") or {"error": result.get("verify_error", "no result")}
         return Emitted([Path(p) for p in result["files"]], done)
 
@@ -190,10 +192,10 @@ class Verification:
                 # Both sides overflowed, differently: where inf meets -inf (a NaN) depends on the order of the
                 # arithmetic, which neither runtime promises. Nothing can be verified on these inputs.
                 self.ctx.report.validation["status"] = "unverifiable"
-                raise UnsupportedError(f"cannot verify: the model overflows on the reference inputs ({check.failures[0]}, "
-                                       "and onnxruntime's and MindSpore's values there are all inf or NaN, or at the end "
-                                       "of float32's range, where rounding is beyond any tolerance: which way they go "
-                                       "depends on the order of the arithmetic)")
+                raise UnsupportedError(f"cannot verify: the model overflows on the reference inputs "
+                                       f"({check.failures[0]}, and onnxruntime's and MindSpore's values there are all "
+                                       "inf or NaN, or at the end of float32's range, where rounding is beyond any "
+                                       "tolerance: which way they go depends on the order of the arithmetic)")
             if check.failures:
                 listed = check.failures[:MAX_LISTED_FAILURES]
                 more = len(check.failures) - len(listed)
@@ -217,7 +219,8 @@ class Verification:
                          "child_peak_rss": done.get("peak_rss")}
             self.ctx.report.validation["layer_streamed"] = {"threshold_bytes": THRESHOLD_BYTES, "blocks": rows}
             if self.ctx.schedule.block_read_ahead:  # (how many weights of each block a second thread read ahead)
-                self.ctx.report.scheduling["block_weights_read_ahead"] = [b["weights_read_ahead"] for b in done["blocks"]]
+                read_ahead = [b["weights_read_ahead"] for b in done["blocks"]]
+                self.ctx.report.scheduling["block_weights_read_ahead"] = read_ahead
             if failure is not None:
                 self.ctx.report.validation["status"] = "failed"
                 raise VerificationError(f"layer-streamed verification failed at {failure}")
@@ -230,7 +233,8 @@ class Verification:
         twin_graph = cpu_form
         if precision.CPU_EMULATED.get(self.ctx.options.precision):
             twin_graph = precision.emulate_in_fp32(cpu_form, self.ctx.options.precision, spill=spill)
-        twin = lower(self.ctx, twin_graph, loaded, ws, "cpu_twin") if self.ctx.target.needs_twin(twin_graph, fused) else None
+        needs_twin = self.ctx.target.needs_twin(twin_graph, fused)
+        twin = lower(self.ctx, twin_graph, loaded, ws, "cpu_twin") if needs_twin else None
         checked_net = twin or network
         # --precision fp16|bf16: the exact values are the precision pass's graph's, on its low-precision weights
         exact_of = (fused, network.net.partition) if self.ctx.options.precision != "fp32" else None
@@ -295,8 +299,8 @@ class Verification:
                 self.ctx.report.validation["ascend_precision"] = section
                 self.ctx.report.warnings.extend([warning] if warning else [])
         if self.ctx.options.precision != "fp32" and plan is not None:
-            self.ctx.report.warnings.append("no per-layer precision profile: it runs the whole network, and this one is "
-                                        "verified layer by layer")
+            self.ctx.report.warnings.append("no per-layer precision profile: it runs the whole network, and this one "
+                                            "is verified layer by layer")
         elif self.ctx.options.precision != "fp32":
             self.ctx.progress.info("precision profile")
             with self.ctx.report.stage("precision-profile"):
@@ -315,8 +319,9 @@ class Verification:
         partition = checked_net.net.partition
         if partition is None:
             size = checked_net.net.param_bytes
-            self.ctx.report.warnings.append(f"no layers found ({(checked_net.net.layers or {}).get('reason', '')}): the "
-                                        f"network is verified as a whole ({size / 2**30:.2f} GiB of Parameters)")
+            why = (checked_net.net.layers or {}).get("reason", "")
+            self.ctx.report.warnings.append(f"no layers found ({why}): the network is verified as a whole "
+                                            f"({size / 2**30:.2f} GiB of Parameters)")
             return None
         self.ctx.report.validation["mode"] = "layer-streamed"
         return export_task.write_blocks(checked_net.net, ws.dir, Path(checked_net.task["source"]).stem)

@@ -23,9 +23,10 @@ request wrote it.
 
 The node's ONNX function body is the same write and read on its `cache` input. onnxruntime runs it with the
 initializer's zeros as the cache, which is the stateful graph's value at past length 0 only (a prompt): the
-compile verifies the prompt calls so, and the cached steps by generating against the ONNX pair
-(graphconv/pair.py). Applied by graphconv/pair.py before the compile's pipeline, not by the PassManager (it
-changes the graph's inputs and outputs, which the pipeline's oracle reads).
+compile verifies the prompt calls so, and the cached steps by generating against the ONNX graphs
+(graphconv/generation/build.py). Applied by the compile's load stage (graphconv.pipeline.Compiler.load, when
+CompileOptions.cache_capacity is set), not by the PassManager (it changes the graph's inputs and outputs,
+which the pipeline's oracle reads).
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ import onnx
 import pytest
 
 import graphconv
-from graphconv import generation, pair
+from gen_folder import compile_folder
+
+from graphconv.generation import run as generation
 
 VOCAB, LAYERS = 256, 2
 ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM"}
@@ -156,7 +158,7 @@ def test_builder_folder_compiles_into_a_generation_directory(arch, builds, tmp_p
 
     folder = builds(arch, "fp32")
     gen_dir = tmp_path / "gen"
-    report = pair.compile_pair(folder, gen_dir, target="ascend")
+    report = compile_folder(folder, gen_dir, target="ascend")
     assert report["status"] == "verified"
     assert report["cache"]["max_seq"] == 256  # genai_config's context_length (the checkpoint's 256)
     check = report["cache"]["cached_steps_check"]  # against onnxruntime's GroupQueryAttention on model.onnx
@@ -177,7 +179,7 @@ def test_builder_folder_compiles_into_a_generation_directory(arch, builds, tmp_p
     assert result.sequences == hf
     assert result.sequences == [genai_tokens(folder, p, 12) for p in prompts]
     # passed in and out on request: the same tokens
-    plain = pair.compile_pair(folder, tmp_path / "plain", target="cpu", stateful_cache=False)
+    plain = compile_folder(folder, tmp_path / "plain", target="cpu", stateful_cache=False)
     assert plain["cache"] == {"held_in_place": False, "why": "not asked for (--no-stateful-cache)"}
     assert generation.generate(tmp_path / "plain", prompts, 12, device="cpu").sequences == hf
 
@@ -198,7 +200,7 @@ def test_int4_builder_folder_generates_the_exact_semantics_tokens(builds, tmp_pa
     assert levels == [4] and exact is not None
     onnx.save(exact, exact_folder / "model.onnx")  # weights stay in model.onnx.data, referenced as before
     gen_dir = tmp_path / "gen"
-    assert pair.compile_pair(folder, gen_dir, target="cpu")["status"] == "verified"
+    assert compile_folder(folder, gen_dir, target="cpu")["status"] == "verified"
     result = generation.generate(gen_dir, [PROMPT], 12, check=True, device="cpu")
     assert result.sequences[0] == genai_tokens(exact_folder, PROMPT, 12)
     assert all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in result.steps)
@@ -212,7 +214,7 @@ def test_builder_folder_bundle_script_runs_prompts_grouped_by_length(builds, tmp
 
     folder = builds("llama", "fp32")
     bundle = tmp_path / "bundle"
-    report = pair.compile_pair(folder, tmp_path / "gen", target="cpu", bundle=bundle)
+    report = compile_folder(folder, tmp_path / "gen", target="cpu", bundle=bundle)
     assert report["status"] == "verified" and report["cache"]["max_seq"] == 256  # (held in place)
     assert json.loads((bundle / "generation.json").read_text())["prompt_padding"] == "none"
     prompts = [PROMPT, PROMPT[:3], PROMPT[::-1], PROMPT[1:]]

@@ -2,7 +2,7 @@
 `model.generate(do_sample=False)` token for token on a batch of left-padded prompts of different lengths, and
 --check finds every step's logits within 1e-4 of onnxruntime's on the same feed.
 
-GEN_DIR is what `graphconv compile X -o GEN_DIR --target cpu` writes (graphconv/pair.py; with --target cpu
+GEN_DIR is what `graphconv compile X -o GEN_DIR --target cpu` writes (graphconv/generation/build.py; with --target cpu
 the target's MindIRs are the cpu ones, so each graph compiles once).
 """
 
@@ -33,13 +33,13 @@ TIE = 1e-4  # a step whose top-2 logits in PyTorch are closer than this may go e
 def _gen_dir(model, base: Path, dtype: str = "fp32") -> tuple[Path, Path, Path]:
     """(checkpoint, export folder X, GEN_DIR) for `model` (exported with --dtype `dtype`)."""
     from graphconv.frontend.hf_export import export_checkpoint
-    from graphconv.pair import compile_pair
+    from gen_folder import compile_folder
 
     src = _save(model, base / "ckpt")
     out = base / "out"
     export_checkpoint(src, out, "text-generation-with-past", dtype=dtype)
     gen = base / "gen"
-    report = compile_pair(out, gen, target="cpu")
+    report = compile_folder(out, gen, target="cpu")
     # one graph serves both steps: the export found the decode graph at an empty cache equal to PyTorch's prompt;
     # by default its cache is held in place, and its cached steps were checked against onnxruntime
     assert report["status"] == "verified" and report["steps"] == {"prefill": "decode", "decode": "decode"}
@@ -196,7 +196,7 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
                                   "max-new-tokens 0", "ascend", "no onnx for --check", "both id options",
                                   "bad ids file"])
 def test_bad_input_is_one_line_exit_1(llama_gen, tmp_path, capsys, case):
-    from graphconv.generation import ascend_available
+    from graphconv.generation.run import ascend_available
 
     _, _, gen = llama_gen
     empty = tmp_path / "empty"
@@ -310,7 +310,7 @@ def test_a_folder_from_transformers_own_exporter_generates_as_transformers(tmp_p
     transformers' tokens."""
     from transformers.exporters import OnnxConfig, OnnxExporter
 
-    from graphconv.pair import compile_pair
+    from gen_folder import compile_folder
 
     torch.manual_seed(0)
     model = _llama().eval()
@@ -322,7 +322,7 @@ def test_a_folder_from_transformers_own_exporter_generates_as_transformers(tmp_p
     exported.save_pretrained(folder)
     assert {"prefill.onnx", "decode.onnx", "export.json"} <= {p.name for p in folder.iterdir()}
     gen = tmp_path / "gen"
-    report = compile_pair(folder, gen, target="cpu")
+    report = compile_folder(folder, gen, target="cpu")
     # a multi-token decode graph serves the prompt: one graph, its cache held in place; a one-token one cannot
     one = "decode" if multi_token_decode else "prefill"
     assert report["status"] == "verified" and report["steps"] == {"prefill": one, "decode": "decode"}
@@ -466,12 +466,12 @@ def test_pair_bundle_generates_the_same_tokens_with_its_own_script(llama_gen, tm
     `graphconv generate` does."""
     import inspect
 
-    from graphconv.pair import compile_pair
+    from gen_folder import compile_folder
     from graphconv.runtime import decoding
 
     _, out, gen = llama_gen
     bundle = tmp_path / "bundle"
-    compile_pair(out, tmp_path / "gen", target="cpu", bundle=bundle)
+    compile_folder(out, tmp_path / "gen", target="cpu", bundle=bundle)
     assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "decode", "generate_mindspore.py",
                                                         "generation.json"]
     assert (bundle / "decode" / "model" / "decode.mindir").is_file()
@@ -498,13 +498,13 @@ def test_the_cpu_twin_is_written_only_where_this_host_can_run_it(llama_gen, tmp_
     it could not, the MindIR is not written (the ascend MindIR is verified all the same, on its twin network),
     the report and generation.json say why, and a cpu generate names the reason and --cpu-twin. --cpu-twin
     writes it anyway."""
-    from graphconv import generation
-    from graphconv.pair import compile_pair
+    from graphconv.generation import run as generation
+    from gen_folder import compile_folder
 
     _, out, _ = llama_gen
     monkeypatch.setattr(generation, "fits_in_memory", lambda mindirs, gen: "needs about 25 GiB, 23.0 available")
     gen = tmp_path / "gen"
-    report = compile_pair(out, gen, target="ascend")
+    report = compile_folder(out, gen, target="ascend")
     assert report["status"] == "verified" and (gen / "decode.mindir").is_file()
     assert not (gen / "decode.cpu.mindir").exists() and "decode_cpu" not in report["artifacts"]
     assert report["cpu_twins"]["decode"] == {"status": "not written", "reason": "needs about 25 GiB, 23.0 available"}
@@ -513,7 +513,7 @@ def test_the_cpu_twin_is_written_only_where_this_host_can_run_it(llama_gen, tmp_
     with pytest.raises(graphconv.UnsupportedError, match=r"no cpu MindIR, the compile did not write it: needs about 25 "
                                                           r"GiB.*--cpu-twin"):
         graphconv.generate(gen, [[1, 2, 3]], 2, device="cpu")
-    forced = compile_pair(out, tmp_path / "forced", target="ascend", cpu_twin=True)
+    forced = compile_folder(out, tmp_path / "forced", target="ascend", cpu_twin=True)
     assert (tmp_path / "forced" / "decode.cpu.mindir").is_file()
     assert forced["cpu_twins"]["decode"]["status"] == "verified"
 
@@ -555,7 +555,7 @@ def test_the_checks_onnxruntime_takes_bf16_weights_from_external_data(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from graphconv import generation
+    from graphconv.generation import check
 
     w = (np.arange(64 * 64) % 16).astype(np.float32).reshape(64, 64) / 8  # (large enough to stay in its file)
     nodes = [helper.make_node("Cast", ["w"], ["w32"], to=TensorProto.FLOAT),
@@ -566,7 +566,7 @@ def test_the_checks_onnxruntime_takes_bf16_weights_from_external_data(tmp_path):
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     onnx.external_data_helper.convert_model_to_external_data(model, location="m.onnx.data", size_threshold=0)
     onnx.save(model, tmp_path / "m.onnx")
-    session, feeds = generation._oracle_session(tmp_path / "m.onnx")
+    session, feeds = check.oracle_session(tmp_path / "m.onnx")
     assert list(feeds) == ["w"]
     x = np.ones((2, 64), np.float32)
     (y,) = session.run(None, {"x": x, **feeds})

@@ -223,7 +223,7 @@ def test_llama_pair_compiles_into_a_generation_folder(llama_with_past, tmp_path,
     probe.mkdir()
     assert gen.stat().st_mode & 0o777 == probe.stat().st_mode & 0o777  # a new directory's, not mkdtemp's 0700
     # generate runs either layout, each step within 1e-4 of onnxruntime's (tests/test_generate.py: the tokens)
-    from graphconv import generation
+    from graphconv.generation import run as generation
 
     result = generation.generate(gen, [[5, 6, 7, 8, 9], [10, 11]], 4, check=True, device="cpu")
     assert len(result.steps) == 4 and all(s["argmax_match"] and s["max_abs"] <= 1e-4 for s in result.steps)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from graphconv.errors import InputError
-from graphconv.generation import sampling_options
+from graphconv.generation.run import sampling_options
 from graphconv.runtime import decoding
 
 torch = pytest.importorskip("torch")

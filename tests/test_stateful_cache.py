@@ -392,11 +392,11 @@ def test_the_stateful_bundle_script_generates_the_same_tokens(llama_stateful, tm
     cpu compile), passes ids, mask and positions only and prints the tokens `graphconv generate` does."""
     import os
 
-    from graphconv.pair import compile_pair
+    from gen_folder import compile_folder
 
     _, out, _, _ = llama_stateful
     bundle, gen = tmp_path / "bundle", tmp_path / "gen"
-    compile_pair(out, gen, target="cpu", bundle=bundle, stateful_cache=True, max_batch=4, max_seq_len=64)
+    compile_folder(out, gen, target="cpu", bundle=bundle, stateful_cache=True, max_batch=4, max_seq_len=64)
     assert "held in place" in (bundle / "README.md").read_text()
     prompts = "5,6,7,8,9,10,11;12,13,14;15,16,17,18,19"
     ran = subprocess.run([sys.executable, str(bundle / "generate_mindspore.py"), "--input-ids", prompts,
@@ -459,12 +459,13 @@ def test_a_low_precision_compile_holds_the_cache_low_and_its_cpu_mindir_fp32(tmp
 def test_cached_steps_too_large_for_this_host_are_skipped_with_the_reason(llama_stateful, tmp_path, monkeypatch):
     """Where MindSpore CPU cannot hold the model (the 1.1B), the compile still verifies the prompt calls, and
     the report says the cached steps were not checked and why."""
-    from graphconv import generation
-    from graphconv.pair import compile_pair, summary
+    from graphconv.generation import run as generation
+    from gen_folder import compile_folder
+    from graphconv.generation.report import summary
 
     _, out, _, _ = llama_stateful
     monkeypatch.setattr(generation, "fits_in_memory", lambda mindirs, gen: "needs about 25 GiB")
-    report = compile_pair(out, tmp_path / "gen", target="cpu", stateful_cache=True, max_batch=2, max_seq_len=16)
+    report = compile_folder(out, tmp_path / "gen", target="cpu", stateful_cache=True, max_batch=2, max_seq_len=16)
     assert report["status"] == "verified" and report["cache"]["cached_steps_check"] == {"skipped": "needs about 25 GiB"}
     assert "cached steps not checked: needs about 25 GiB" in summary(report)  # (what the CLI prints)
 
@@ -493,13 +494,13 @@ STATEFUL_ARCHITECTURES = {  # beyond Llama: learned positions, sliding windows o
 @pytest.mark.parametrize("arch", STATEFUL_ARCHITECTURES)
 def test_architecture_with_the_cache_held_in_place_generates_as_transformers(arch, tmp_path):
     from graphconv.frontend.hf_export import export_checkpoint
-    from graphconv.pair import compile_pair
+    from gen_folder import compile_folder
 
     torch.manual_seed(0)
     model = STATEFUL_ARCHITECTURES[arch]()
     src = _save(model, tmp_path / "ckpt")
     export_checkpoint(src, tmp_path / "out", "text-generation-with-past")
-    report = compile_pair(tmp_path / "out", tmp_path / "gen", target="cpu", stateful_cache=True, max_batch=4,
+    report = compile_folder(tmp_path / "out", tmp_path / "gen", target="cpu", stateful_cache=True, max_batch=4,
                           max_seq_len=32)
     assert report["status"] == "verified" and report["cache"]["cached_steps_check"]["argmax_match"]
     eos = model.config.eos_token_id
@@ -513,7 +514,7 @@ def test_a_transformers_exporter_folder_compiles_to_the_stateful_form(tmp_path):
     against its own prefill.onnx. One-token decode graphs are refused with the reason."""
     from transformers.exporters import OnnxConfig, OnnxExporter
 
-    from graphconv.pair import compile_pair
+    from gen_folder import compile_folder
 
     torch.manual_seed(0)
     model = _llama().eval()
@@ -524,9 +525,9 @@ def test_a_transformers_exporter_folder_compiles_to_the_stateful_form(tmp_path):
                                                         OnnxConfig(dynamic=True), multi_token_decode=multi)
         exported.save_pretrained(tmp_path / f"exported-{multi}")
     with pytest.raises(graphconv.InputError, match="cannot take the prompt"):
-        compile_pair(tmp_path / "exported-False", tmp_path / "gen1", target="cpu", stateful_cache=True)
+        compile_folder(tmp_path / "exported-False", tmp_path / "gen1", target="cpu", stateful_cache=True)
     gen = tmp_path / "gen"
-    report = compile_pair(tmp_path / "exported-True", gen, target="cpu", stateful_cache=True, max_batch=4)
+    report = compile_folder(tmp_path / "exported-True", gen, target="cpu", stateful_cache=True, max_batch=4)
     assert report["status"] == "verified" and report["steps"] == {"prefill": "decode", "decode": "decode"}
     assert report["cache"]["max_seq"] == 128 and report["cache"]["cached_steps_check"]["argmax_match"]
     assert sorted(report["cache"]["caches"]) == [f"input.cache.layers.{i}.{kv}" for i in (0, 1)
@@ -538,7 +539,7 @@ def test_a_streamed_mindir_keeps_no_cache_bytes_in_its_data_file(llama_stateful,
     """Weights arriving as external data past export_task.STREAM_MIN_BYTES (lowered so the tiny model takes it) go to
     the split MindIR (decode_variables/data_0): the cache's bytes are cut out of that file too, the other
     Parameters moved up, and the generation gives the tokens of the inline MindIR."""
-    from graphconv.pair import compile_pair
+    from gen_folder import compile_folder
     from graphconv.compiler import export_task
 
     _, out, gen_inline, _ = llama_stateful
@@ -550,7 +551,7 @@ def test_a_streamed_mindir_keeps_no_cache_bytes_in_its_data_file(llama_stateful,
         (src / f).symlink_to(out / f)
     monkeypatch.setattr(export_task, "STREAM_MIN_BYTES", 0)
     gen = tmp_path / "gen"
-    compile_pair(src, gen, target="cpu", stateful_cache=True, max_batch=4, max_seq_len=64)
+    compile_folder(src, gen, target="cpu", stateful_cache=True, max_batch=4, max_seq_len=64)
     model = mind_ir_pb2().ModelProto.FromString((gen / "decode.mindir").read_bytes())
     entries = [t.external_data for t in model.graph.parameter if t.HasField("external_data")]
     assert entries and {e.location for e in entries} == {"decode_variables/data_0"}
@@ -631,12 +632,13 @@ def test_a_decode_graph_exported_by_torch_directly_generates_as_transformers(tmp
 def test_the_cache_capacity_declares_the_batch_and_length_ranges():
     """--max-batch and --max-seq-len bound the graph's batch and length dims for the fusions' size limits
     (passes/dim_bounds.py); a --shape-range the user gave wins."""
-    from graphconv.pair import _stateful_options
+    from graphconv.generation import cache
+    from graphconv.options import CompileOptions
 
     inputs = {"input_ids": ["batch", "sequence_length"], "position_ids": ["batch", "sequence_length"],
               "attention_mask": ["batch", "past_sequence_length + sequence_length"],
               "past_key_values.0.key": ["batch", 2, "past_sequence_length", 16]}
     meta = {"graphs": {"decode": {"inputs": inputs}}}
-    assert _stateful_options(meta, (512, 64), {})["shape_ranges"] == {"batch": (1, 512), "sequence_length": (1, 64)}
-    given = _stateful_options(meta, (512, 64), {"shape_ranges": {"batch": (1, 4)}})["shape_ranges"]
+    assert cache.sizes(meta, (512, 64), CompileOptions()).ranges == {"batch": (1, 512), "sequence_length": (1, 64)}
+    given = cache.sizes(meta, (512, 64), CompileOptions(shape_ranges={"batch": (1, 4)})).ranges
     assert given == {"batch": (1, 4), "sequence_length": (1, 64)}

@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import opmap.fused
 from graphconv.parallel import sharding
+from graphconv.progress import SILENT
 from tp_simulate import run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -754,9 +755,10 @@ def llama_with_past(tmp_path_factory):
 
 def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
     """The fused stateful graph a `compile EXPORT_DIR --tp N` shards (the compile stopped at the shard stage)."""
-    from graphconv import pair
+    from graphconv.generation.build import Build
+    from graphconv.options import CompileOptions, GenerationOptions
     from graphconv.parallel import tensor_parallel
-    from graphconv.pipeline import compile as compile_graph
+    from graphconv.pipeline import compile_model
 
     class Stop(Exception):
         pass
@@ -774,11 +776,12 @@ def _fused_stateful(export_dir: Path, monkeypatch) -> onnx.ModelProto:
         raise Stop
 
     monkeypatch.setattr(tensor_parallel.TensorParallel, "run", stop)
-    meta, sources = pair._pair_sources(export_dir)
-    _, graphs, options, _, _ = pair._stateful_plan(meta, sources, {"target": "cpu"},
-                                                   pair._cache_capacity(meta, sources, 4, 64))
+    options = CompileOptions(output=export_dir.parent / "never", target="cpu", tp=2,
+                             generation=GenerationOptions(max_batch=4, max_seq_len=64))
+    build = Build.plan(export_dir, options, SILENT)
+    (g, graph), = build.graphs.items()
     with pytest.raises(Stop):
-        compile_graph(next(iter(graphs.values())), export_dir.parent / "never", tp=2, **options)
+        compile_model(graph, build.graph_options(g, output=export_dir.parent / "never", tp=2))
     return seen["fused"]
 
 
@@ -897,6 +900,33 @@ def test_generate_tp_is_token_exact_with_unsharded_and_transformers(llama_with_p
             assert r.returncode == 0, r.stdout[-2000:]
             assert (bundle / "generated.txt").read_text().split("\n")[:3] == [" ".join(map(str, s))
                                                                               for s in got["sequences"]]
+
+
+def test_sigint_during_the_cpu_ranks_compile_interrupts_it(llama_with_past, tmp_path):
+    """Ctrl-C while the cpu ranks of a --tp generation folder compile, after the ascend ranks' compile has put
+    its results in the staging folder: the run stops (exit 130, one line), leaves no output folder, no
+    temporary directory and no process. (Each graph of a folder is compiled under interrupts.nested(): else the
+    first compile's final moves settle the run and the signal is ignored.)"""
+    import signal
+    import time
+
+    from test_faults import Run, _temporaries
+
+    out, tmp = tmp_path / "gen", tmp_path / "tmp"
+    tmp.mkdir()
+    run = Run(["compile", llama_with_past[1], "-o", out, *CAPACITY, "--tp", "2"], tmp)
+    assert run.wait_for("decode: compile 2 ranks (cpu)", timeout=240), run.lines[-5:]
+    start = next(k for k, line in enumerate(run.lines) if "compile 2 ranks (cpu)" in line)
+    while not any("simplify" in line for line in run.lines[start:]) and run.proc.poll() is None:
+        time.sleep(0.02)  # (the cpu form's own compile is under way)
+    os.killpg(run.proc.pid, signal.SIGINT)  # (as Ctrl-C: the whole group)
+    sent = time.monotonic()
+    code = run.finish(timeout=120)
+    took = time.monotonic() - sent
+    assert (code, run.outcome_lines()) == (130, ["graphconv: interrupted (SIGINT)"]), run.lines[-8:]
+    assert took < 30, f"{took:.0f} s from the signal to the exit"
+    assert not out.exists() and _temporaries(tmp_path, tmp) == []
+    assert run.session_processes() == []
 
 
 def test_generation_tp_bad_input_one_line_nothing_written(llama_with_past, tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from graphconv.deploy.options import JIT_CONFIG
 from graphconv.deploy.scripts import fill, template
+from graphconv.generation import schema
 from graphconv.version import tool_versions
 from graphconv.runtime import decoding
 
@@ -29,11 +30,11 @@ def write_pair_files(directory: Path, generation: dict, reports: dict[str, dict]
     """The top of the bundle (the graphs' bundles are already in directory/<graph>)."""
     inputs = {g: [{k: s[k] for k in ("name", "dtype", "shape")} for s in r["model"]["inputs"]]
               for g, r in reports.items()}
-    (directory / "generation.json").write_text(json.dumps(generation, indent=2))
+    schema.write(directory / schema.FILE, generation)
     script = directory / "generate_mindspore.py"
     script.write_text(generate_script(inputs))
     script.chmod(0o755)
-    steps = {step: generation["graphs"][step].get("mindir", step) for step in ("prefill", "decode")}
+    steps = {step: generation["graphs"][step].get("mindir", step) for step in schema.GRAPHS}
     how = (f"one graph, `{steps['decode']}`, for the prompt (with an empty cache) and each decode step"
            if steps["prefill"] == steps["decode"] else "the prefill for the prompt, the decode for each step")
     (directory / "README.md").write_text(

@@ -37,6 +37,7 @@ from graphconv.frontend.contained import inside
 from graphconv.frontend.export import (ExportResult, check_against_torch, exporter_failure, fixed_dynamic_axes,
                                        grown_inputs, require_torch)
 from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
+from graphconv.generation import schema
 from graphconv.runtime import decoding
 from graphconv.workspace import partial_dir, release
 
@@ -537,7 +538,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
             generation["cache_dtype"] = _cache_dtype(graphs["decode"].path)
             if tokenizer.copy(folder, tmp / "tokenizer"):
                 generation["tokenizer"] = "tokenizer"
-        (tmp / "generation.json").write_text(json.dumps(generation, indent=2) + "\n")
+        schema.write(tmp / schema.FILE, generation)
         _out_dir_free(out_dir)
         with interrupts.final_moves():
             os.rename(release(tmp), out_dir)

@@ -78,8 +78,9 @@ class TensorParallel:
             cpu_form = opmap.fused.inline_fused(graph)
             net = lower(self.ctx, self.ctx.target.network_graph(graph, cpu_form), loaded, ws, f"rank_{r}",
                                lazy_inline=self.ctx.target.lazy_inline)
+            needs_twin = self.ctx.options.verify and self.ctx.target.needs_twin(cpu_form, graph)  # (only to verify)
             twin = lower(self.ctx, cpu_form, loaded, ws, f"rank_{r}_cpu_twin", lazy_inline=False) \
-                if self.ctx.options.verify and self.ctx.target.needs_twin(cpu_form, graph) else None  # (runs only to verify)
+                if needs_twin else None
             out_dir = ws.path(f"out_rank_{r}")
             out_dir.mkdir()
             run = case_run(cpu_form, cases, ws, f".rank{r}") if self.ctx.options.verify else None
@@ -154,8 +155,9 @@ class TensorParallel:
         (staged / "run_rank.py").write_text(RUN_RANK.format(
             inputs=[i.name for i in fused.graph.input if i.name not in {t.name for t in fused.graph.initializer}],
             outputs=[o.name for o in fused.graph.output]))
-        self.ctx.report.artifacts.update({"tp_dir": str(self.ctx.output), "plan": str(Path(self.ctx.output) / "plan.json"),
-                                        "launch": str(Path(self.ctx.output) / "launch_ascend.sh")})
+        out = Path(self.ctx.output)
+        self.ctx.report.artifacts.update({"tp_dir": str(out), "plan": str(out / "plan.json"),
+                                          "launch": str(out / "launch_ascend.sh")})
         return staged
 
     def _bundle(self, staged: Path, cases, expected, rows, ws) -> Path:

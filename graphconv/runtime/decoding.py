@@ -1,5 +1,6 @@
 """The decoding loop over a prefill + decode pair (greedy, or sampling as transformers samples), written once for
-`graphconv generate` (graphconv/runtime/generate_task.generate, in the MindSpore child) and for the pair bundle's
+`graphconv generate` (graphconv/runtime/generate_task.generate, in the MindSpore child), for its --check's
+onnxruntime run (graphconv/generation/check.py, the chosen tokens forced) and for the pair bundle's
 generate_mindspore.py (graphconv/deploy/pair.py copies this module's source into the script, so the bundle needs
 numpy and MindSpore only).
 
@@ -148,8 +149,9 @@ def decode_loop(prefill, decode, logits_of, ids, mask, max_new_tokens, eos, pad,
     """prefill(ids, mask, position_ids) and decode(ids, mask, position_ids, cache) each return
     (logits, cache) in the framework's tensors, `cache` passed back as it came (never copied to the host);
     `logits_of(logits)` gives the last position's logits as numpy [batch, vocab]; `choose(logits)` the next
-    token of each row (argmax, or a sampler). A row that produced one of the `eos` ids is fed `pad` from then
-    on, and its mask keeps growing. `on_step(step, logits)` sees every step's logits (step 0 the prefill's).
+    token of each row (argmax, a sampler, or generate --check's tokens MindSpore chose, forced on the oracle).
+    A row that produced one of the `eos` ids is fed `pad` from then on, and its mask keeps growing.
+    `on_step(step, logits)` sees every step's logits (step 0 the prefill's).
     Returns the chosen tokens [batch, steps]."""
     finished = np.zeros(ids.shape[0], bool)
     tokens = []

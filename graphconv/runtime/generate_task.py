@@ -1,5 +1,5 @@
 """The child's generation task: greedy decoding (or sampling) with a compiled prefill + decode pair
-(graphconv.generation)."""
+(graphconv/generation/run.py)."""
 
 from __future__ import annotations
 

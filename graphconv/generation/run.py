@@ -15,10 +15,9 @@ A GEN_DIR compiled with --stateful-cache holds its cache in the MindIR's Paramet
 graphs.<step>.state): each call then takes ids, mask and positions only, within the capacity it states.
 
 MindSpore runs in a child process (graphconv.runtime.worker's "generate" task: both GraphCells loaded once,
-the whole loop there); this parent checks the arguments and, with check=True, replays the same token feed
-through onnxruntime on the ONNX pair and compares every step's logits (the last position's) on the rows still
-generating: max_abs beyond the tolerance, or an argmax that differs from MindSpore's (unless the two are tied
-within the tolerance in onnxruntime's logits), is a VerificationError (exit 2).
+the whole loop there); this parent checks the arguments and, with check=True, runs onnxruntime on the ONNX
+pair through the same loop with MindSpore's tokens forced (graphconv/generation/check.py) and compares every
+step's logits: a mismatch is a VerificationError (exit 2).
 
 The ONNX pair for the check: `onnx_dir` if given, else generation.json's "source_dir", else GEN_DIR/onnx/;
 file names from generation.json's graphs.{prefill,decode}.file.
@@ -30,16 +29,16 @@ import dataclasses
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from graphconv.dtypes import PRECISION_DTYPES
 from graphconv.errors import InputError, UnsupportedError, VerificationError
 from graphconv.frontend import tokenizer
 from graphconv.frontend.contained import inside
-from graphconv.frontend.load import read_json
+from graphconv.generation import check as checking
+from graphconv.generation import schema
+from graphconv.generation.schema import GRAPHS, Generation, cache_dtype
 from graphconv.progress import SILENT, Progress
 from graphconv.runtime import decoding
 
@@ -50,8 +49,6 @@ ATOL = 1e-4
 # shape (docs/performance.md; it was over 5.6 while those weights' MatMuls went through ops.matmul). A cpu run
 # with less memory available per fp32 weight byte than this is refused rather than started and killed.
 CPU_BYTES_PER_WEIGHT_BYTE = 3
-GRAPHS = ("prefill", "decode")
-_TASK = "text-generation-with-past"
 
 
 @dataclasses.dataclass
@@ -132,22 +129,18 @@ def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def _load_generation(gen_dir: Path) -> dict:
+def _load_generation(gen_dir: Path) -> Generation:
+    """GEN_DIR's generation.json through the schema's reader, and the names in it that must stay inside
+    GEN_DIR checked: generate reads those files."""
     if not gen_dir.is_dir():
         raise InputError(f"{gen_dir}: no such directory")
-    path = gen_dir / "generation.json"
+    path = gen_dir / schema.FILE
     if not path.is_file():
-        raise InputError(f"{gen_dir}: no generation.json (compile a `graphconv export --task {_TASK}` folder)")
-    gen = read_json(path)
-    if gen.get("task") != _TASK:
-        raise InputError(f"{path}: task {gen.get('task')!r}, not {_TASK}")
-    graphs = gen.get("graphs") or {}
-    if not all(isinstance(graphs.get(g), dict) and graphs[g].get("inputs") and graphs[g].get("outputs")
-               for g in ("prefill", "decode")):
-        raise InputError(f"{path}: graphs.prefill and graphs.decode with their inputs and outputs are required")
+        raise InputError(f"{gen_dir}: no generation.json (compile a `graphconv export --task {schema.TASK}` folder)")
+    gen = schema.read(gen_dir)
     for g in GRAPHS:  # the files generate reads from GEN_DIR
-        if "mindir" in graphs[g]:
-            inside(gen_dir, graphs[g]["mindir"], path, f"graphs.{g}.mindir")
+        if "mindir" in gen["graphs"][g]:
+            inside(gen_dir, gen["graphs"][g]["mindir"], path, f"graphs.{g}.mindir")
     tp = gen.get("tensor_parallel")
     if tp is not None and not (isinstance(tp, dict) and _is_int(tp.get("tp")) and tp["tp"] >= 2):
         raise InputError(f"{path}: tensor_parallel.tp must be an integer >= 2 (the ranks' count)")
@@ -198,27 +191,9 @@ def _state_params(graph: dict, device: str) -> dict | None:
     return state.get("cpu_params", state.get("params")) if device == "cpu" else state.get("params")
 
 
-def cache_dtype(gen: dict) -> str:
-    """The cache's dtype: generation.json's cache_dtype; before it was written, `dtype` (then the same)."""
-    return gen.get("cache_dtype") or gen.get("dtype", "fp32")
-
-
-def _specs(inputs: dict, dtype: str) -> list[dict]:
-    """set_inputs placeholders from generation.json's dims ({input: dims}): named dims dynamic, numbers fixed;
-    ids, masks and positions int64, the cache in the model's dtype."""
-    float_dtype = PRECISION_DTYPES.get(dtype, "float32")
-    specs = []
-    for name, dims in inputs.items():
-        shape = [d if isinstance(d, int) else None for d in dims]
-        cache = name not in ("input_ids", "attention_mask", "position_ids")
-        specs.append({"name": name, "shape": shape, "ms_dtype": float_dtype if cache else "int64",
-                      "np_dtype": "float32" if cache and dtype == "bf16" else float_dtype if cache else "int64"})
-    return specs
-
-
 def mindir_io(graph: dict) -> tuple[dict, list[str]]:
     """A step's MindIR inputs {name: dims} and output names: the ONNX graph's, or where its KV cache is held in
-    place (graphs.<g>.state, graphconv/pair.py), the ones the stateful MindIR takes and gives."""
+    place (graphs.<g>.state, graphconv/generation/build.py), the ones the stateful MindIR takes and gives."""
     state = graph.get("state")
     if state is None:
         return graph["inputs"], list(graph["outputs"])
@@ -295,23 +270,78 @@ def _onnx_pair(gen_dir: Path, gen: dict, onnx_dir: Path | None) -> tuple[Path, P
     return files
 
 
-def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = False, device: str = "auto", *,
-             onnx_dir: str | Path | None = None, atol: float = ATOL, progress: Progress | None = None,
-             text: list[str] | None = None, sampling: dict | None = None) -> GenerationResult:
-    """Greedy decoding (or, with `sampling` {temperature, top_k, top_p, seed}, each None for the default: see
-    sampling_options, sampling) of the prompts `input_ids` (a list of token-id lists; one list is one prompt), or of the
-    `text` prompts (input_ids None) encoded by the folder's tokenizer, with the compiled model in `gen_dir`.
-    Raises InputError (bad input, exit 1) or, with check, VerificationError (exit 2; the result is attached as
-    `.result`)."""
-    from graphconv.runtime.child import run_task
-    from graphconv.workspace import Workspace
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What generate takes besides the folder, the prompts and the count: each field a keyword of generate."""
 
-    progress = progress or SILENT
-    gen_dir = Path(gen_dir).absolute()  # (the MindSpore child works in another directory)
-    gen = _load_generation(gen_dir)
+    onnx_dir: str | Path | None = None  # --check's ONNX graphs (default: generation.json's source_dir)
+    atol: float = ATOL  # --check's tolerance on the logits
+    progress: Progress | None = None
+    text: list[str] | None = None  # text prompts (input_ids None), through the folder's tokenizer
+    sampling: dict | None = None  # {temperature, top_k, top_p, seed}, each None for the default
+
+
+@dataclasses.dataclass
+class _Run:
+    """A generate call with its arguments checked: the folder, the prompts and the files it runs."""
+
+    gen_dir: Path
+    gen: Generation
+    prompts: list[list[int]]
+    max_new_tokens: int
+    device: str
+    check: bool
+    request: Request
+    progress: Progress
+    notes: list[str]
+    mindirs: list[Path]
+    sampling: dict | None = None
+    tok: object = None
+    onnx_pair: tuple[Path, Path] | None = None
+
+
+def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = False, device: str = "auto",
+             **options) -> GenerationResult:
+    """Greedy decoding (or, with `sampling` {temperature, top_k, top_p, seed}, each None for the default: see
+    sampling_options) of the prompts `input_ids` (a list of token-id lists; one list is one prompt), or of the
+    `text` prompts (input_ids None) encoded by the folder's tokenizer, with the compiled model in `gen_dir`.
+    The keywords are Request's (onnx_dir, atol, progress, text, sampling). Raises InputError (bad input, exit
+    1) or, with check, VerificationError (exit 2; the result is attached as `.result`)."""
+    run = _prepare(Path(gen_dir).absolute(), input_ids, max_new_tokens, check, device, Request(**options))
+    for note in run.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    n = len(run.prompts)
+    sequences, reasons, steps, ms_logits, timings = [None] * n, [None] * n, [], [], {}
+    failure = None
+    for number, batch in enumerate(_batches(run.prompts, run.gen)):
+        tokens, done, checked = _run_batch(run, number, batch)
+        if checked is not None:
+            ms_logits.append(checked.ms_logits)
+            steps += [{**s, "prompts": [k + 1 for k in batch]} if len(batch) < n else s for s in checked.steps]
+            failure = failure or checked.failure
+        for k, seq, why in zip(batch, *decoding.sequences(tokens, decoding.eos_ids(run.gen))):
+            sequences[k], reasons[k] = seq, why
+        for key, value in done.get("timings", {}).items():
+            timings.setdefault(key, value)
+    result = GenerationResult(
+        sequences=sequences, prompt_lengths=[len(p) for p in run.prompts], finish_reasons=reasons, device=run.device,
+        steps=steps, sampling=run.sampling, timings=timings, notes=run.notes,
+        step_logits=(ms_logits[0] if len(ms_logits) == 1 else ms_logits) if check else None,
+        texts=None if run.tok is None else [run.tok.decode(s, skip_special_tokens=True) for s in sequences])
+    if failure:
+        error = VerificationError(failure)
+        error.result = result
+        raise error
+    return result
+
+
+def _prepare(gen_dir: Path, input_ids, max_new_tokens, check: bool, device: str, request: Request) -> _Run:
+    """The arguments checked against the folder before MindSpore starts: the prompts (ids, or text through the
+    tokenizer), the cache's capacity, the device and its MindIRs, the memory a cpu run needs, --check's graphs."""
+    gen = _load_generation(gen_dir)  # (absolute: the MindSpore child works in another directory)
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
-    tok = None
+    tok, text = None, request.text
     if text is not None:
         if input_ids is not None:
             raise InputError("give the prompts as token ids or as text, not both")
@@ -322,11 +352,21 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     prompts = _prompts(input_ids, gen.get("vocab_size"))
     _check_capacity(gen, prompts, max_new_tokens)
     device, notes = _resolve_device(device)
-    if sampling is not None:
-        sampling = sampling_options(gen, **sampling)
+    sampling = None
+    if request.sampling is not None:
+        sampling = sampling_options(gen, **request.sampling)
         notes.append("sampling: " + ", ".join(f"{k} {v}" for k, v in sampling.items()))  # (the seed: a rerun)
-    mindirs = [gen_dir / f for f in mindir_files(gen, device)]
-    every = [gen_dir / f for f in all_files(gen, device)]  # (a tensor-parallel folder: every rank's, run here)
+    _check_files(gen_dir, gen, device)
+    onnx_dir = Path(request.onnx_dir) if request.onnx_dir else None
+    return _Run(gen_dir, gen, prompts, max_new_tokens, device, check, request, request.progress or SILENT, notes,
+                [gen_dir / f for f in mindir_files(gen, device)], sampling, tok,
+                _onnx_pair(gen_dir, gen, onnx_dir) if check else None)
+
+
+def _check_files(gen_dir: Path, gen: Generation, device: str) -> None:
+    """Every MindIR the run on `device` loads is there (a tensor-parallel folder: every rank's), and a cpu
+    run's weights fit this host's memory."""
+    every = [gen_dir / f for f in all_files(gen, device)]
     missing = sorted({m.name for m in every if not m.is_file()})
     if missing and device == "cpu" and gen.get("cpu_twin", {}).get("written") is False:
         raise UnsupportedError(f"{gen_dir}: no cpu MindIR, the compile did not write it: {gen['cpu_twin']['reason']} "
@@ -336,58 +376,49 @@ def generate(gen_dir: str | Path, input_ids, max_new_tokens: int, check: bool = 
     too_large = fits_in_memory(sorted(set(every)), gen) if device == "cpu" else None
     if too_large:
         raise UnsupportedError(f"{too_large}: generate on an Ascend host")
-    onnx_pair = _onnx_pair(gen_dir, gen, Path(onnx_dir) if onnx_dir else None) if check else None
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr, flush=True)
 
-    pad = decoding.pad_id(gen)
-    sequences, reasons, steps, ms_logits, timings = [None] * len(prompts), [None] * len(prompts), [], [], {}
-    failure = None
-    for number, batch in enumerate(_batches(prompts, gen)):
-        ids, mask = decoding.left_pad([prompts[k] for k in batch], pad)
-        with Workspace(Path(tempfile.gettempdir()) / "graphconv-generate") as ws:
-            prompt_path = ws.path("prompt.npz")
-            np.savez(prompt_path, input_ids=ids, attention_mask=mask)
-            task = {"device": device, "prompt": str(prompt_path), "max_new_tokens": int(max_new_tokens),
-                    "eos_token_ids": decoding.eos_ids(gen), "pad_token_id": pad, "cache_feeds": gen.get("cache_feeds"),
-                    "logits": str(ws.path("logits.npz")) if check else None,
-                    # each batch its own stream of draws, all from the one seed
-                    "sampling": {**sampling, "seed": [sampling["seed"], number]} if sampling else None,
-                    **{g: {"mindir": str(m), "inputs": _specs(mindir_io(gen["graphs"][g])[0], cache_dtype(gen)),
-                           "outputs": mindir_io(gen["graphs"][g])[1],
-                           "empty_cache": bool(gen["graphs"][g].get("empty_cache")),
-                           "state_params": _state_params(gen["graphs"][g], device)}
-                       for g, m in zip(GRAPHS, mindirs)}}
-            ranks = f" ({gen['tensor_parallel']['tp']} ranks under msrun)" if gen.get("tensor_parallel") else ""
-            progress.info(f"generate: {len(batch)} prompt(s), up to {max_new_tokens} new tokens on {device}{ranks}")
-            if gen.get("tensor_parallel"):
-                done = _run_ranks(gen_dir, gen, device, task, ws.dir)
-            else:
-                done = run_task("generate", task, ws.dir, f"MindSpore {device} generation")
-            tokens = np.array(done["tokens"], np.int64).reshape(len(batch), -1)
-            if check:
-                with np.load(done["logits"]) as data:
-                    logits = [data[f"step{k}"] for k in range(tokens.shape[1])]
-                ms_logits.append(logits)
-                batch_steps, batch_failure = _check(onnx_pair, gen, ids, mask, tokens, logits,
-                                                    decoding.eos_ids(gen), atol, progress)
-                steps += [{**s, "prompts": [k + 1 for k in batch]} if len(batch) < len(prompts) else s
-                          for s in batch_steps]
-                failure = failure or batch_failure
-        for k, seq, why in zip(batch, *decoding.sequences(tokens, decoding.eos_ids(gen))):
-            sequences[k], reasons[k] = seq, why
-        for key, value in done.get("timings", {}).items():
-            timings.setdefault(key, value)
-    result = GenerationResult(sequences=sequences, prompt_lengths=[len(p) for p in prompts],
-                              finish_reasons=reasons, device=device, steps=steps, sampling=sampling,
-                              timings=timings, notes=notes,
-                              step_logits=(ms_logits[0] if len(ms_logits) == 1 else ms_logits) if check else None,
-                              texts=None if tok is None else [tok.decode(s, skip_special_tokens=True) for s in sequences])
-    if failure:
-        error = VerificationError(failure)
-        error.result = result
-        raise error
-    return result
+
+def _task(run: _Run, number: int, prompt_path: Path, logits_path: Path | None) -> dict:
+    """The MindSpore child's generate task for one batch: its prompt file, each step's MindIR and inputs."""
+    gen, sampling = run.gen, run.sampling
+    return {"device": run.device, "prompt": str(prompt_path), "max_new_tokens": int(run.max_new_tokens),
+            "eos_token_ids": decoding.eos_ids(gen), "pad_token_id": decoding.pad_id(gen),
+            "cache_feeds": gen.get("cache_feeds"), "logits": None if logits_path is None else str(logits_path),
+            # each batch its own stream of draws, all from the one seed
+            "sampling": {**sampling, "seed": [sampling["seed"], number]} if sampling else None,
+            **{g: {"mindir": str(m), "inputs": schema.input_specs(mindir_io(gen["graphs"][g])[0], cache_dtype(gen)),
+                   "outputs": mindir_io(gen["graphs"][g])[1], "empty_cache": bool(gen["graphs"][g].get("empty_cache")),
+                   "state_params": _state_params(gen["graphs"][g], run.device)}
+               for g, m in zip(GRAPHS, run.mindirs)}}
+
+
+def _run_batch(run: _Run, number: int, batch: list[int]):
+    """One batch of prompts (left padded) generated in the MindSpore child (or its ranks under msrun); with
+    check, its steps compared with onnxruntime. Returns (tokens [batch, steps], the child's result, the check
+    or None)."""
+    from graphconv.runtime.child import run_task
+    from graphconv.workspace import Workspace
+
+    ids, mask = decoding.left_pad([run.prompts[k] for k in batch], decoding.pad_id(run.gen))
+    with Workspace(Path(tempfile.gettempdir()) / "graphconv-generate") as ws:
+        prompt_path = ws.path("prompt.npz")
+        np.savez(prompt_path, input_ids=ids, attention_mask=mask)
+        task = _task(run, number, prompt_path, ws.path("logits.npz") if run.check else None)
+        tp = run.gen.get("tensor_parallel")
+        ranks = f" ({tp['tp']} ranks under msrun)" if tp else ""
+        run.progress.info(f"generate: {len(batch)} prompt(s), up to {run.max_new_tokens} new tokens on "
+                          f"{run.device}{ranks}")
+        if tp:
+            done = _run_ranks(run.gen_dir, run.gen, run.device, task, ws.dir)
+        else:
+            done = run_task("generate", task, ws.dir, f"MindSpore {run.device} generation")
+        tokens = np.array(done["tokens"], np.int64).reshape(len(batch), -1)
+        if not run.check:
+            return tokens, done, None
+        with np.load(done["logits"]) as data:
+            logits = [data[f"step{k}"] for k in range(tokens.shape[1])]
+    return tokens, done, checking.check(run.onnx_pair, run.gen, ids, mask, tokens, logits, run.request.atol,
+                                        run.progress)
 
 
 def _run_ranks(gen_dir: Path, gen: dict, device: str, task: dict, workdir: Path) -> dict:
@@ -433,72 +464,3 @@ def fits_in_memory(mindirs: list[Path], gen: dict) -> str | None:
                 f"generate on MindSpore CPU ({CPU_BYTES_PER_WEIGHT_BYTE}x, measured); this host has "
                 f"{available / 2**30:.1f} GiB available")
     return None
-
-
-def _oracle_session(path: Path):
-    """onnxruntime on the graph as the compile's oracle ran it (graphconv.frontend.load: as given, except
-    MatMulNBits at accuracy_level 0, the op's exact semantics; integer products exact, as
-    reference.exact_integer_products writes them), and the memory-mapped weights to feed."""
-    import onnxruntime as ort
-
-    from graphconv.frontend import load, weights
-    from graphconv.verify import reference
-
-    loaded = load.load(path)
-    model = loaded.as_given if loaded.as_given is not None else loaded.proto
-    bare, refs = weights.stripped(model)
-    bare = reference.exact_integer_products(bare)[0]
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(bare.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    # (bf16 weights, a --dtype auto export's, as OrtValues: onnxruntime's numpy bridge does not know ml_dtypes)
-    return session, {name: reference.ort_feed(a) for name, a in weights.feeds(refs).items()}
-
-
-def _check(onnx_pair, gen, ids, mask, tokens, ms_logits, eos, atol, progress) -> tuple[list[dict], str | None]:
-    """onnxruntime on the same feed (the prompt, then the tokens MindSpore chose), its own cache; every step's
-    last-position logits compared on the rows still generating at that step."""
-    progress.info(f"check: onnxruntime on {onnx_pair[0].name} + {onnx_pair[1].name}")
-    sessions = {p: _oracle_session(p) for p in set(onnx_pair)}
-    graphs = [gen["graphs"][g] for g in GRAPHS]
-
-    def run(k, ids, mask, positions, cache=None):
-        session, weight_feeds = sessions[onnx_pair[k]]
-        by_name = {sp["name"]: sp for sp in _specs(graphs[k]["inputs"], cache_dtype(gen))}
-        specs = [by_name[i.name] for i in session.get_inputs() if i.name in by_name]
-        feed = decoding.step_feed(specs, ids, mask, positions, cache, bool(graphs[k].get("empty_cache")))
-        out = session.run(None, {**{sp["name"]: v for sp, v in zip(specs, feed)}, **weight_feeds})
-        return decoding.split_outputs([o.name for o in session.get_outputs()], out, gen.get("cache_feeds"))
-
-    logits, cache = run(0, ids, mask, decoding.positions(mask))
-    steps, failure = [], None
-    running = np.ones(ids.shape[0], bool)
-    t0 = time.perf_counter()
-    for k in range(tokens.shape[1]):
-        if k > 0:
-            mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
-            logits, cache = run(1, tokens[:, k - 1:k], mask, decoding.positions(mask)[:, -1:], cache)
-        ref = logits[:, -1]
-        got = ms_logits[k]
-        rows = np.flatnonzero(running)
-        diff = np.abs(ref[rows].astype(np.float64) - got[rows])
-        max_abs = float(diff.max()) if diff.size and np.isfinite(diff).all() else float("inf") if diff.size else 0.0
-        ort_tokens = ref[rows].argmax(-1)
-        chosen = got[rows].argmax(-1)  # (what greedy decoding chose; a sampled token may be another)
-        match = bool((ort_tokens == chosen).all())
-        steps.append({"step": k, "max_abs": max_abs, "argmax_match": match})
-        if failure is None:
-            if not max_abs <= atol:
-                failure = (f"--check: step {k} ({'prefill' if k == 0 else 'decode'}): logits differ from "
-                           f"onnxruntime by max_abs {max_abs:.3g} > {atol:g}")
-            elif not match:
-                for r, o, c in zip(rows, ort_tokens, chosen):
-                    gap = float(ref[r, o] - ref[r, c])
-                    if o != c and gap > atol:  # not a tie within the tolerance
-                        failure = (f"--check: step {k}, prompt {r + 1}: MindSpore's highest logit is token {c}, "
-                                   f"onnxruntime's {o} (its logits {gap:.3g} apart)")
-                        break
-        running &= ~np.isin(tokens[:, k], eos)
-    progress.info(f"check: {len(steps)} steps in {time.perf_counter() - t0:.1f}s, max_abs "
-                  f"{max((s['max_abs'] for s in steps), default=0):.3g}")
-    return steps, failure
