@@ -107,7 +107,7 @@ def test_the_walk_sees_imports():
 LAYERS = [
     ("graphconv.zoo",),  # the test zoo: PyTorch factories, importing nothing of graphconv
     ("graphconv.errors", "graphconv.version", "graphconv.progress", "graphconv.workspace", "graphconv.interrupts",
-     "graphconv.onnx_domains", "graphconv.dtypes",
+     "graphconv.onnx_domains", "graphconv.dtypes", "graphconv.json_io",
      "graphconv.generation.schema"),  # shared contracts (generation.json: the export and the bundle write it)
     ("graphconv.frontend",),                          # load an ONNX model, its weights and their names
     ("graphconv.verify.compare", "graphconv.verify.reference", "graphconv.verify.census",

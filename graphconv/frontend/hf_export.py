@@ -36,7 +36,8 @@ from graphconv.frontend import export_rewrites, quantized_checkpoint, tasks, tok
 from graphconv.frontend.contained import inside
 from graphconv.frontend.export import (ExportResult, check_against_torch, exporter_failure, fixed_dynamic_axes,
                                        grown_inputs, require_torch)
-from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
+from graphconv.frontend.load import FLOAT_TYPE_NAMES, value_dims
+from graphconv.json_io import read_json
 from graphconv.generation import schema
 from graphconv.runtime import decoding
 from graphconv.workspace import partial_dir, release

@@ -10,7 +10,6 @@ one does.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from pathlib import Path
@@ -237,17 +236,6 @@ def value_dims(vi: onnx.ValueInfoProto) -> list[int | str]:
     number (transformers' exporter writes fixed cache dims so) as that number."""
     return [d.dim_value if d.HasField("dim_value") else int(d.dim_param) if d.dim_param.isdigit() else d.dim_param
             for d in vi.type.tensor_type.shape.dim]
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from `path` (config.json, generation.json), or a one-line InputError."""
-    try:
-        value = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot read as JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise InputError(f"{path}: not a JSON object")
-    return value
 
 
 def check_opsets(model: onnx.ModelProto) -> None:

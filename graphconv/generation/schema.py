@@ -19,6 +19,7 @@ from typing import TypedDict
 
 from graphconv.dtypes import PRECISION_DTYPES
 from graphconv.errors import InputError, InternalError
+from graphconv.json_io import read_json
 
 SCHEMA_VERSION = 1
 TASK = "text-generation-with-past"
@@ -132,23 +133,12 @@ def write(path: Path, meta: Generation) -> None:
     Path(path).write_text(json.dumps({**meta, "schema_version": SCHEMA_VERSION}, indent=2, default=str) + "\n")
 
 
-def _load(path: Path) -> dict:
-    """The JSON object at `path`, or a one-line InputError."""
-    try:
-        value = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot read as JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise InputError(f"{path}: not a JSON object")
-    return value
-
-
 def read(folder: Path, *, compiled: bool = True) -> Generation:
     """The generation.json of `folder`, checked: its version is one this graphconv reads, its task is
     generation's, and it holds what a reader needs (`compiled`: a GEN_DIR's two steps with their inputs and
     outputs; else an export folder's decode graph). InputError names every missing field at once."""
     path = Path(folder) / FILE
-    meta = _load(path)
+    meta = read_json(path)
     version = meta.get("schema_version", 0)
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise InputError(f"{path}: schema_version {version!r}: written by a newer graphconv (this one reads up to "

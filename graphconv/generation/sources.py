@@ -17,7 +17,8 @@ from pathlib import Path
 
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend.contained import inside
-from graphconv.frontend.load import FLOAT_TYPE_NAMES, read_json, value_dims
+from graphconv.frontend.load import FLOAT_TYPE_NAMES, value_dims
+from graphconv.json_io import read_json
 from graphconv.generation import schema
 from graphconv.generation.schema import GRAPHS, TASK, Generation
 from graphconv.runtime import decoding
