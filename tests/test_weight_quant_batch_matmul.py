@@ -176,3 +176,19 @@ def test_tiny_llama_quantized_by_onnxruntime_keeps_its_fusions(tmp_path, float_l
     weights = _qint4x2_bytes(tmp_path / "q.mindir")
     assert sum(b for _, b in weights.values()) == sum(a["K"] * a["N"] // 2 for a in attrs)
     assert all(b == dims[0] * dims[1] for dims, b in weights.values())
+
+
+def test_the_cpu_form_unpacks_the_same_bytes_at_run_time_exactly(tmp_path):
+    """A weight above the lowering's folding limit (65536 elements): the cpu network holds the int8 container
+    and runs the body's integer unpacking on MindSpore's CPU, equal to onnxruntime's MatMulNBits."""
+    from mindspore.train import mind_ir_pb2
+
+    m = nbits_model(k=512, n=512, zp="packed", opset=18)
+    report = compile_verified(m, tmp_path, target="cpu")
+    assert "WeightQuantBatchMatmul" not in report.census and report.census["MatMulExt"] == 1
+    assert all(o["max_abs"] == 0 for c in report.validation["cases"] for o in c["outputs"])
+    proto = mind_ir_pb2.ModelProto()
+    proto.ParseFromString((tmp_path / "contrib.mindir").read_bytes())
+    int8 = mind_ir_pb2.TensorProto.DataType.Value("INT8")
+    assert [(list(p.dims), len(p.raw_data)) for p in proto.graph.parameter if p.data_type == int8] == \
+        [([512, 256], 512 * 256)]
