@@ -192,3 +192,36 @@ def test_the_cpu_form_unpacks_the_same_bytes_at_run_time_exactly(tmp_path):
     int8 = mind_ir_pb2.TensorProto.DataType.Value("INT8")
     assert [(list(p.dims), len(p.raw_data)) for p in proto.graph.parameter if p.data_type == int8] == \
         [([512, 256], 512 * 256)]
+
+
+def _gated_mlp(blocks: tuple[int, int], k: int = 128, n: int = 96):
+    """silu(MatMulNBits(x, Wg)) * MatMulNBits(x, Wu), 4-bit, the two projections' block sizes `blocks`."""
+    from tests.contrib_utils import model
+    from tests.test_contrib_quant import pack
+
+    nodes, inits = [], []
+    for name, block in zip(("gate", "up"), blocks):
+        q = RNG.integers(0, 16, (n, k // block, block))
+        inits += [numpy_helper.from_array(pack(q, 4), f"{name}_q"),
+                  numpy_helper.from_array(RNG.uniform(0.01, 0.1, (n, k // block)).astype(np.float32), f"{name}_s")]
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"{name}_q", f"{name}_s"], [name], domain="com.microsoft",
+                                      name=name, K=k, N=n, bits=4, block_size=block))
+    nodes += [helper.make_node("Sigmoid", ["gate"], ["sig"]), helper.make_node("Mul", ["gate", "sig"], ["act"]),
+              helper.make_node("Mul", ["act", "up"], ["y"])]
+    return model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", n])], inits, opset=18)
+
+
+def test_fuse_swiglu_merges_a_gate_up_pair_into_one_weight_quant_batch_matmul(tmp_path):
+    report = compile_verified(_gated_mlp((32, 32)), tmp_path)
+    assert report.fusions["fuse-swiglu"] == 1 and report.fusions["fuse-quant-matmul"] == 1
+    assert report.census["WeightQuantBatchMatmul"] == 1 and report.census["Swiglu"] == 1
+    # the merged weight [2N, K/2]: gate rows first
+    assert list(_qint4x2_bytes(tmp_path / "contrib.mindir").values()) == [([192, 64], 192 * 64)]
+
+
+def test_a_gate_up_pair_of_two_group_sizes_is_not_merged_and_says_why(tmp_path):
+    report = compile_verified(_gated_mlp((32, 64)), tmp_path)
+    assert report.fusions["fuse-swiglu"] == 0 and report.census["WeightQuantBatchMatmul"] == 2
+    (reason,) = report.coverage["gated_mlp"]["refused"]
+    assert "group sizes 32 and 64" in reason, reason
