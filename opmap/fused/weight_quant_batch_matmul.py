@@ -20,8 +20,9 @@ opset 21 (models here are at 17/18) and graphconv binds no 4-bit tensor on CPU.
 
 The ascend lowering: WeightQuantBatchMatmul(transpose_x=False, transpose_weight=True, antiquant_group_size=g)
 (x, weight as a qint4x2 Parameter, scale, offset). The primitive takes x, scale and offset in fp16/bf16 only
-(scale/offset dtype = x's): an fp32 model's x, scale and offset are cast to fp16 around it and the result
-back, as FlashAttentionScore's lowering does; the ascend-precision body rounds those through fp16.
+(scale/offset dtype = x's): an fp32 model's x is cast to fp16 around it and the result back, as
+FlashAttentionScore's lowering does, and its constant scale and offset are stored in fp16 (converted once at
+compile time); the ascend-precision body rounds those through fp16.
 UNCONFIRMED without a device: the nibble order (element 2j in the low nibble, read from MindSpore's qint4x2
 docs) and the offset's sign (y = x @ ((w + offset) * scale), MindSpore 2.10's docstring).
 """
@@ -131,7 +132,18 @@ def lower_weight_quant_batch_matmul(n):
     model_dt = n.dtype(0)
     compute = model_dt if model_dt in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) else ir.DataType.FLOAT16
     cdt = n.ms_dtype(compute)
-    x, scale, offset = (n.x(i) if n.dtype(i) == compute else n.call("ops.cast", n.x(i), cdt) for i in (0, 2, 3))
+
+    def fed(i: int, hint: str):
+        """Input i in the compute dtype: a constant scale/offset converted once here (numpy's round to nearest
+        even, as a Cast rounds), anything else cast in the network."""
+        if n.dtype(i) == compute:
+            return n.x(i)
+        held = n.const(i) if i else None
+        if held is not None and compute == ir.DataType.FLOAT16:
+            return n.const_tensor(held.astype(np.float16), hint)
+        return n.call("ops.cast", n.x(i), cdt)
+
+    x, scale, offset = fed(0, "x"), fed(2, "antiquant_scale"), fed(3, "antiquant_offset")
     prim = n.call("ops.auto_generate.WeightQuantBatchMatmul", transpose_x=False, transpose_weight=True,
                   antiquant_group_size=int(n.attr("antiquant_group_size")))
     y = n.call(prim, x, n.x(1), scale, offset)
