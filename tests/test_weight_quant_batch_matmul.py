@@ -123,6 +123,7 @@ def test_compiles_to_one_primitive_with_a_qint4x2_weight(tmp_path):
     report = compile_verified(m, tmp_path)
     assert report.census["WeightQuantBatchMatmul"] == 1 and report.fusions["fuse-quant-matmul"] == 1
     assert not {"RightShift", "FloorDiv", "MatMulExt", "MatMul"} & set(report.census)
+    assert report.census["Cast"] == 2  # x to fp16 and y back; the scales and offsets are stored in fp16
     assert all(o["max_abs"] == 0 for c in report.validation["cases"] for o in c["outputs"])
     assert len(report.validation["cases"]) == 2
     assert _qint4x2_bytes(tmp_path / "contrib.mindir") == {"proj::weight_qint4x2": ([48, 64], 48 * 128 // 2)}
