@@ -29,12 +29,13 @@ def _param(weights, name, shape, dtype, transposed=False):
     `weights` maps each name to the initializer's array (transposed here where the Parameter is stored
     transposed), or to a ready Parameter, which is used as it is."""
     if weights is None:
-        value = ops.zeros(shape, dtype)
+        value = Tensor(np.zeros(shape, np.int8), dtype) if dtype == ms.qint4x2 else ops.zeros(shape, dtype)
     else:
         value = weights[name]
         if isinstance(value, Parameter):
             return value
-        value = _param_value(value, transposed)
+        # qint4x2 (two int4 per byte): the int8 container's bytes and shape, typed qint4x2
+        value = Tensor(value, ms.qint4x2) if dtype == ms.qint4x2 else _param_value(value, transposed)
     # Parameter(value) would copy value (mindspore 2.10 shares a Tensor only at a reference count no call from
     # here has); a lazily initialized Parameter given value by set_data holds value's own memory: one copy
     # less while the network is built.

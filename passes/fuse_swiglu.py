@@ -209,6 +209,73 @@ def _free_sources(sources: list[ir.Value]) -> None:
             node.graph.remove(node, safe=True)
 
 
+# --- gate and up as two WeightQuantBatchMatmuls (MatMulNBits, graphconv/frontend/contrib/quant.py) -------------
+
+
+class SwigluQuantFusion(pattern.RewriteRuleClassBase):
+    """silu(WQBMM(x, Wg, sg, og)) * WQBMM(x, Wu, su, ou), one group size -> Swiglu(WQBMM(x, [Wg ; Wu],
+    [sg | su], [og | ou])): the qint4x2 weights [N, K/2] concatenated along N (axis 0), the scales and offsets
+    (K/g, N) along N (axis 1): each output column keeps its own bytes, scale and offset, so it is exact."""
+
+    def __init__(self, name: str, up_first: bool):
+        super().__init__(name)
+        self._up_first = up_first
+        self._graph: ir.Graph | None = None
+        self._sources: list[ir.Value] = []
+
+    def pattern(self, op, x, wg, sg, og, wu, su, ou):
+        gate = op.WeightQuantBatchMatmul(x, wg, sg, og, _domain="mindspore", _outputs=["gate"])
+        up = op.WeightQuantBatchMatmul(x, wu, su, ou, _domain="mindspore", _outputs=["up"])
+        act = pattern.OrValue([match.mul(op, gate, op.Sigmoid(gate)), op.SiLU(gate, _domain="mindspore")])
+        return op.Mul(up, act) if self._up_first else op.Mul(act, up)
+
+    def check(self, context, x, gate, up, **operands) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        wg = operands["wg"]
+        groups = [v.producer().attributes.get_int("antiquant_group_size") for v in (gate, up)]
+        if groups[0] != groups[1]:
+            return result.fail(f"gate/up group sizes {groups[0]} and {groups[1]}: not one WeightQuantBatchMatmul", gate)
+        held = [operands[k].const_value for k in ("wg", "sg", "og", "wu", "su", "ou")]
+        if any(h is None for h in held):
+            return result.fail("the gate/up quantized weights are not initializers (nothing to merge)", wg)
+        if held[0].shape[1:] != held[3].shape[1:] or held[1].shape[0] != held[4].shape[0]:
+            return result.fail(f"gate/up weights of shapes {held[0].shape} and {held[3].shape}: not one K", wg)
+        if len(list(gate.uses())) > 2 or len(list(up.uses())) > 1:
+            return result.fail("the projections' results are used elsewhere too", gate)
+        if x.dtype not in match.FLOATS:
+            return result.fail(f"dtype {x.dtype}: Swiglu takes float32, float16 or bfloat16", x)
+        from opmap.fused.weight_quant_batch_matmul import WEIGHT_QUANT_BATCH_MATMUL
+
+        k, n = 2 * held[0].shape[1], held[0].shape[0] + held[3].shape[0]
+        broken = WEIGHT_QUANT_BATCH_MATMUL.broken({"K": k, "N": n, "G": groups[0]})
+        if broken is not None:
+            return result.fail(f"the merged WeightQuantBatchMatmul would break: {broken.text} ({broken.source}) "
+                               f"at N={n}", wg)
+        self._graph = context.graph_or_function
+        return result
+
+    def rewrite(self, op, x, gate, **operands):
+        graph = self._graph
+        merged = []
+        for parts, axis in ((("wg", "wu"), 0), (("sg", "su"), 1), (("og", "ou"), 1)):  # [N, K/2]; (K/g, N)
+            g, u = (operands[k] for k in parts)
+            name = match.unique_initializer_name(graph, f"{g.name}_gate_up")
+            tensor = ir.tensor(np.concatenate([g.const_value.numpy(), u.const_value.numpy()], axis=axis), name=name)
+            merged.append(op.initializer(tensor, name=name))
+            record_made(graph, name, [g.name, u.name], f"concat axis {axis}", made_by="fuse-swiglu")
+            self._sources += [g, u]
+        group = gate.producer().attributes.get_int("antiquant_group_size")
+        h = op.WeightQuantBatchMatmul(x, *merged, antiquant_group_size=group, _domain="mindspore")
+        return op.Swiglu(h, dim=-1, _domain="mindspore")
+
+    def setup(self):
+        self._sources = []
+
+    def cleanup(self):
+        _free_sources(self._sources)
+        self._sources = []
+
+
 # --- one tensor split into its two halves: silu(first half) * second half -------------------------------------
 
 
@@ -499,6 +566,8 @@ def rules() -> pattern.RewriteRuleSet:
                                f"{'-up-first' if up_first else ''}", bias, up_first, reshaped)
              for bias, reshaped in ((False, False), (True, False), (True, True)) for up_first in (False, True)]
     found += [SwigluFusion.rule(f"Swiglu-cast{'-up-first' if up_first else ''}", False, up_first, cast=True)
+              for up_first in (False, True)]
+    found += [SwigluQuantFusion.rule(f"Swiglu-weight-quant{'-up-first' if up_first else ''}", up_first)
               for up_first in (False, True)]
     found += [SwigluGemmFusion.rule(f"Swiglu-gemm{'-bias' if bias else ''}{'-up-first' if up_first else ''}", bias,
                                     up_first) for bias in (False, True) for up_first in (False, True)]

@@ -168,6 +168,7 @@ def available_passes() -> list[Pass]:
 DEFAULT_ORDER: list[str] = [
     "settle-ifs", "canonicalize", "tie-weights", "refine-shapes", "fuse-rmsnorm", "fuse-layernorm", "fuse-gelu",
     "fuse-silu", "fuse-swiglu", "fuse-rope", "fuse-attention", "fuse-moe", "fuse-lstm",
+    "fuse-quant-matmul",
 ]
 
 

@@ -148,16 +148,28 @@ def test_gather_block_quantized_int4_data_is_refused():
 @pytest.mark.parametrize("target", ["ascend", pytest.param("cpu", marks=pytest.mark.slow)])
 def test_matmul_nbits_compiles_packed_and_verifies_against_accuracy_level_0(tmp_path, target):
     """accuracy_level 4 (the model builder's CPU default) lets onnxruntime quantize A to int8: the oracle runs
-    the model at level 0 and the report gives the difference; the weight is reported as dequantized, and the
-    MindIR holds it packed (smaller than the float weight alone)."""
+    the model at level 0 and the report gives the difference; a 4-bit weight of whole blocks of 32 becomes a
+    WeightQuantBatchMatmul's qint4x2 weight (tests/test_weight_quant_batch_matmul.py), an 8-bit one is
+    dequantized in the network; the MindIR holds either packed (smaller than the float weight alone)."""
     m = nbits_model(k=256, n=512, zp="packed", bias=True, accuracy_level=4)  # B [512, 8, 16]
     report = compile_verified(m, tmp_path, target=target)
     load = next(s for s in report.stages if s.name == "load")
-    assert load.detail["quantized_weights"] == {"w_q": "uint4 block 32, zero points given; " + quant.KEPT}
+    assert load.detail["quantized_weights"] == {"w_q": "uint4 block 32, zero points given; " + quant.AS_QINT4X2}
     diff = report.validation["accuracy_level_4_vs_0"]["y"]
     assert 0 < diff["max_abs"] < 0.5 and diff["cosine"] > 0.999
-    assert report.census["RightShift"] == 1 and report.census["MatMulExt"] == 1  # unpacked in the network
-    assert "WeightQuantBatchMatmul" not in report.census
+    if target == "ascend":
+        assert report.census["WeightQuantBatchMatmul"] == 1 and "RightShift" not in report.census
+    assert (tmp_path / "contrib.mindir").stat().st_size < 256 * 512 * 4
+
+
+def test_matmul_nbits_8_bit_compiles_dequantized_in_the_network(tmp_path):
+    m = nbits_model(k=256, n=512, bits=8, zp="packed", bias=True)
+    report = compile_verified(m, tmp_path)
+    load = next(s for s in report.stages if s.name == "load")
+    assert load.detail["quantized_weights"] == {
+        "w_q": f"uint8 block 32, zero points given; {quant.KEPT} (bits=8 (only 4-bit weights are emitted, as qint4x2))"}
+    assert report.census["MatMulExt"] == 1 and "WeightQuantBatchMatmul" not in report.census
+    assert report.coverage["quant_matmul"]["refused"] == {"bits=8 (only 4-bit weights are emitted, as qint4x2)": 1}
     assert (tmp_path / "contrib.mindir").stat().st_size < 256 * 512 * 4
 
 

@@ -373,11 +373,11 @@ def test_ascend_precision_body_rounds_through_fp16():
 
 
 def test_pass_runs_after_the_other_transformer_fusions_and_can_be_disabled():
-    """fuse-attention matches what the norm, activation and rotary fusions leave (only fuse-moe and fuse-lstm,
-    which it does not touch, come after it)."""
+    """fuse-attention matches what the norm, activation and rotary fusions leave (only fuse-moe, fuse-lstm and
+    fuse-quant-matmul's report, which it does not touch, come after it)."""
     names = passes.PassManager().names
     later = names[names.index("fuse-attention") + 1:]
-    assert later == ["fuse-moe", "fuse-lstm"]
+    assert later == ["fuse-moe", "fuse-lstm", "fuse-quant-matmul"]
     assert "fuse-attention" not in passes.PassManager(disabled=("fuse-attention",)).names
 
 

@@ -1252,6 +1252,12 @@ case("DynamicRNN_fused", "DynamicRNN", [x("seq", "batch", 4), k(weights(1, 12, 4
      {"hidden_size": 3, "direction": "forward"}, n_out=3, domain=fused.DOMAIN,
      xfail="DynamicRNN has no CPU kernel (Ascend only); tests/test_fuse_lstm.py and tests/test_compile.py check the "
            "cpu twin")
+case("WeightQuantBatchMatmul_fused", "WeightQuantBatchMatmul",
+     [x("batch", 64), k(np.random.default_rng(3).integers(-128, 128, (8, 32)), np.int8),
+      k(np.random.default_rng(4).uniform(0.01, 0.1, (2, 8)), F32), k(np.full((2, 8), 8.0), F32)],
+     {"antiquant_group_size": 32}, domain=fused.DOMAIN,
+     xfail="WeightQuantBatchMatmul has no CPU kernel (Ascend only); tests/test_weight_quant_batch_matmul.py checks "
+           "the cpu twin")
 case("MoeGatingTopKSoftmax_fused", "MoeGatingTopKSoftmax", [x("batch", 8)], {"k": 2}, n_out=2, domain=fused.DOMAIN,
      xfail="MoeGatingTopKSoftmax has no CPU kernel (Ascend only); tests/test_moe.py checks the cpu twin")
 

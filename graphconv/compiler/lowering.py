@@ -30,6 +30,9 @@ from graphconv.compiler.node_context import NodeContext, Operand
 # Initializers with more elements than this become Parameters (bound from the weights file at emit time);
 # smaller ones are written into the source as literals.
 PARAM_MIN_ELEMENTS = 64
+# A ParamSpec dtype that is no numpy name: int8 bytes each holding two int4 (mindspore.qint4x2), the weight of a
+# mindspore::WeightQuantBatchMatmul (qint4x2_weights); the Parameter keeps the int8 container's shape.
+QINT4X2 = "qint4x2"
 
 
 @dataclasses.dataclass
@@ -46,7 +49,7 @@ class ParamSpec:
 
     @property
     def nbytes(self) -> int:
-        itemsize = 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
+        itemsize = 2 if self.dtype == "bfloat16" else 1 if self.dtype == QINT4X2 else np.dtype(self.dtype).itemsize
         return int(np.prod(self.shape, dtype=np.int64)) * itemsize
 
 
@@ -105,6 +108,9 @@ class Lowering:
     def is_dense_weight(self, value: ir.Value) -> bool:
         return value in self.dense_weights
 
+    def is_qint4x2(self, value: ir.Value) -> bool:
+        return value in self.qint4x2_weights
+
     def constant(self, value: np.ndarray, hint: str) -> AttrValue:
         key = (value.dtype.str, value.shape, value.tobytes()) if value.size <= PARAM_MIN_ELEMENTS else None
         if key is not None and key in self._constants:  # one attribute per small constant value
@@ -151,7 +157,8 @@ class Lowering:
                     transposed = init in self.dense_weights
                     if transposed:
                         shape = shape[::-1]
-                    spec = ParamSpec(py_name(name, self.used_attrs, "p"), init.name, shape, _np_name(dtype),
+                    dtype_name = QINT4X2 if init in self.qint4x2_weights else _np_name(dtype)
+                    spec = ParamSpec(py_name(name, self.used_attrs, "p"), init.name, shape, dtype_name,
                                      transposed, name)
                     self.params.append(spec)
                     attr = Attr(spec.attr, shape, spec.dtype, param=spec)
@@ -185,6 +192,7 @@ class Lowering:
         for v in self.graph.initializers.values():
             self.operands[v] = Operand(value=None, initializer=v)
         self.dense_weights = dense_weights(self.graph)
+        self.qint4x2_weights = qint4x2_weights(self.graph)
         for node in self.graph:
             key = f"{node.domain + '::' if node.domain else ''}{node.op_type}"
             self.histogram[key] = self.histogram.get(key, 0) + 1
@@ -391,6 +399,19 @@ def dense_weights(graph: ir.Graph) -> set[ir.Value]:
                          for u in v.uses()):
             picked.add(v)
             picked.update(c.outputs[0] for c in casts)
+    return picked
+
+
+def qint4x2_weights(graph: ir.Graph) -> set[ir.Value]:
+    """int8 initializers read only as the weight (input 1) of mindspore::WeightQuantBatchMatmul nodes: their
+    Parameters are qint4x2 (the same bytes; opmap/fused/weight_quant_batch_matmul.py)."""
+    picked = set()
+    for v in graph.initializers.values():
+        uses = list(v.uses())
+        if v.const_value is not None and v.const_value.dtype == ir.DataType.INT8 and uses and not v.is_graph_output() \
+                and all(u.node.op_type == "WeightQuantBatchMatmul" and u.node.domain == "mindspore" and u.idx == 1
+                        for u in uses):
+            picked.add(v)
     return picked
 
 

@@ -306,6 +306,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
             as_shipped, as_given = model, exact
         quantized, packed = quant.describe_quantized_weights(model), quant.packed_initializers(model)
         model, decomposed = contrib.decompose(model)
+        packed = sorted({*packed, *quant.weight_quant_weights(model)})
         case_dims, pad_masks = cases.case_dims(as_given), cases.pads_masks(as_given)
         _check(weights.stripped(model)[0], path)
     else:

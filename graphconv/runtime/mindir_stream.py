@@ -69,7 +69,7 @@ CHUNK_BYTES = 16 * 2**20  # at most this many source bytes in memory at a time (
 # by mindspore 2.10, which writes DOUBLE for float64)
 MIND_IR_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
                   9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
-                  17: "float64"}
+                  17: "float64", 18: "int8"}  # 18: QINT4X2, two int4 per byte: written as its int8 container
 
 
 class StreamError(RuntimeError):
@@ -164,7 +164,7 @@ def numpy_dtype(name: str) -> np.dtype:
         import ml_dtypes
 
         return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+    return np.dtype("int8" if name == "qint4x2" else name)  # (qint4x2: its int8 container, lowering.QINT4X2)
 
 
 def _cast(block: np.ndarray, target: np.dtype) -> np.ndarray:

@@ -28,7 +28,7 @@ import onnx
 
 from graphconv.errors import UnsupportedError
 from graphconv.onnx_domains import canonical_domain, default_opset, find_default_opset
-from graphconv.frontend.contrib.registry import DECOMPOSITIONS, MICROSOFT, decomposes  # noqa: F401 (API)
+from graphconv.frontend.contrib.registry import DECOMPOSITIONS, FUSED_TABLE, MICROSOFT, decomposes  # noqa: F401 (API)
 from graphconv.frontend.contrib.rewrite import Rewrite, read_values, static_shapes
 
 @functools.cache
@@ -100,6 +100,7 @@ def decompose(model: onnx.ModelProto, only: tuple[str, ...] = ()) -> tuple[onnx.
     counts: collections.Counter[str] = collections.Counter()
     chosen = {id(n) for n in nodes}  # the contrib nodes found above, by the one rule (contrib_nodes)
     new_nodes: list[onnx.NodeProto] = []
+    made: list[onnx.TensorProto] = []
     for node in model.graph.node:
         if id(node) not in chosen:
             new_nodes.append(node)
@@ -107,9 +108,12 @@ def decompose(model: onnx.ModelProto, only: tuple[str, ...] = ()) -> tuple[onnx.
         rw = Rewrite(node, shapes, opset, taken, read, initializers)
         DECOMPOSITIONS[(canonical_domain(node.domain), node.op_type)](rw)
         new_nodes.extend(rw.finish())
+        made.extend(rw.initializers)
         counts[label(node)] += 1
     del out.graph.node[:]
     out.graph.node.extend(new_nodes)
+    if made:  # (MatMulNBits as WeightQuantBatchMatmul: its weights re-laid; the sources no node reads go)
+        _replace_initializers(out, made)
     # Value infos of the replaced nodes' outputs stay valid (same names, same values); the ones the
     # decompositions add are inferred later. Domains no node uses any more are dropped from the imports.
     used = {canonical_domain(n.domain) for n in out.graph.node} | {""}
@@ -120,6 +124,20 @@ def decompose(model: onnx.ModelProto, only: tuple[str, ...] = ()) -> tuple[onnx.
     del out.opset_import[:]
     out.opset_import.extend(kept)
     return out, dict(counts)
+
+
+def _replace_initializers(model: onnx.ModelProto, made: list[onnx.TensorProto]) -> None:
+    """Add the initializers decompositions made, drop those nothing reads any more, and attach the bodies of
+    the fused ops a decomposition wrote (mindspore::WeightQuantBatchMatmul: onnxruntime, onnxsim and shape
+    inference run them until the passes)."""
+    model.graph.initializer.extend(made)
+    read = read_values(model)
+    inputs = {i.name for i in model.graph.input}
+    kept = [t for t in model.graph.initializer if t.name in read or t.name in inputs]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    if any(n.domain == "mindspore" for n in model.graph.node):
+        FUSED_TABLE["attach"](model)
 
 
 def oracle_semantics(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, dict[str, str]]:

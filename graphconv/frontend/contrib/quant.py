@@ -1,11 +1,19 @@
 """Quantized contrib ops -> standard ONNX that dequantizes in the graph.
 
-The packed weights stay the initializers they are (same bytes, same uint8 type), so the compiled network
-carries them packed; the graph unpacks them with BitShift and BitwiseAnd (Mod below opset 18), subtracts the
-zero point, multiplies by the scale and then runs the float op (MatMul, Gather) a PyTorch export would have.
-MindSpore's WeightQuantBatchMatmul is not emitted: its int4 nibble order is unconfirmed
-(docs/fused_ops.md), so the weights are dequantized in the network on every target, and the load
-stage reports that for each weight (`quantized_weights`).
+A 4-bit MatMulNBits of whole blocks (block_size a multiple of 32, within WeightQuantBatchMatmul's limits)
+becomes mindspore::WeightQuantBatchMatmul here, directly: this is where its packed bytes, scales and zero
+points are read, so its weight is re-laid once as the qint4x2 [N, K/2] the primitive takes (B XOR 0x88), the
+scales as (K/g, N) and the zero points as the offsets 8 - zp (opmap/fused/weight_quant_batch_matmul.py: the
+record, its body and its limits, read through registry.FUSED_TABLE). Emitting the node here rather than
+recognising an unpack + MatMul in a pass keeps it one node through onnxsim (its weights are held out of it,
+like the packed ones) and needs no pattern of twenty nodes; passes/fuse_quant_matmul.py reports it, and
+fuse-swiglu merges a gate/up pair of them. The ascend MindIR holds the weight packed (QINT4X2), the cpu twin
+unpacks the same bytes with integer ops.
+Every other form keeps the decomposition: the packed weights stay the initializers they are (same bytes, same
+uint8 type), so the compiled network carries them packed; the graph unpacks them with BitShift and BitwiseAnd
+(Mod below opset 18), subtracts the zero point, multiplies by the scale and then runs the float op (MatMul,
+Gather) a PyTorch export would have; the MatMul's doc_string says why it is no WeightQuantBatchMatmul, and the
+load stage reports what happens to each weight (`quantized_weights`).
 
 Semantics read from onnxruntime's contrib schemas (docs/ContribOperators.md) and CPU kernels
 (contrib_ops/cpu/quantization/matmul_nbits.cc, matmul_nbits_impl.cc, gather_block_quantized.cc); the integer
@@ -33,11 +41,12 @@ import numpy as np
 import onnx
 
 from graphconv.dtypes import LOW_PRECISION
-from graphconv.frontend.contrib.registry import MICROSOFT, decomposes
+from graphconv.frontend.contrib.registry import FUSED_TABLE, MICROSOFT, decomposes
 from graphconv.frontend.contrib.rewrite import Rewrite
 
 FLOAT = onnx.TensorProto.FLOAT
 UINT8 = onnx.TensorProto.UINT8
+_CASTLIKE_OPSET = 15  # a fused body's fp32 island needs CastLike (opmap/fused/record.py ISLAND_OPSET)
 
 
 def unpack(rw: Rewrite, packed: str, bits: int, rank: int | None = None) -> str:
@@ -101,6 +110,10 @@ def matmul_nbits(rw: Rewrite) -> None:
     if b_shape is not None and all(isinstance(d, int) for d in b_shape) and b_shape != [n, k_blocks, blob]:
         rw.fail(f"B has shape {b_shape}, expected [N, k_blocks, blob_size] = {[n, k_blocks, blob]}")
     a, a_type = rw.input(0), rw.dtype(rw.input(0))
+    refusal = weight_quant_refusal(k, n, bits, block) or _held_refusal(rw, a_type)
+    if refusal is None:
+        _weight_quant_batch_matmul(rw, k, n, block)
+        return
     work = FLOAT if a_type in LOW_PRECISION or a_type is None else a_type
 
     q = unpack(rw, rw.input(1), bits, 3)  # uint8 [N, k_blocks, block_size]
@@ -115,7 +128,7 @@ def matmul_nbits(rw: Rewrite) -> None:
     w_t = rw.op("Transpose", w, perm=[1, 0])  # [K, N], as a PyTorch export's MatMul weight
     if work != a_type:
         a = rw.op("Cast", a, to=work)
-    y = rw.op("MatMul", a, w_t)
+    y = rw.op("MatMul", a, w_t, doc_string=NOT_FUSED + refusal)  # (passes/fuse_quant_matmul.py reads it)
     if rw.has(5):
         bias = rw.input(5)
         y = rw.op("Add", y, bias if rw.dtype(bias) == work else rw.op("Cast", bias, to=work))
@@ -125,8 +138,75 @@ def matmul_nbits(rw: Rewrite) -> None:
         rw.identity(y, rw.output(0))
 
 
-KEPT = ("kept packed, dequantized in the network (a small one is folded at compile time); "
-        "WeightQuantBatchMatmul unconfirmed")
+KEPT = "kept packed, dequantized in the network (a small one is folded at compile time)"
+AS_QINT4X2 = ("kept packed: the qint4x2 [N, K/2] weight of a WeightQuantBatchMatmul (its bytes XOR 0x88), the "
+              "scales (K/g, N), the offsets 8 - zero point")
+# The doc_string of a dequantized MatMulNBits' MatMul: then why it is no WeightQuantBatchMatmul (coverage)
+NOT_FUSED = "graphconv: not WeightQuantBatchMatmul: "
+
+
+def weight_quant_refusal(k: int, n: int, bits: int, block: int) -> str | None:
+    """Why a MatMulNBits of these attributes cannot be a WeightQuantBatchMatmul (None: it can, as far as its
+    attributes tell): 4 bits only (qint4x2), whole blocks, and the primitive's documented limits."""
+    record = FUSED_TABLE.get("records", {}).get("WeightQuantBatchMatmul")
+    if record is None:
+        return "the fused-op table (opmap.fused) is not loaded"
+    if bits != 4:
+        return f"bits={bits} (only 4-bit weights are emitted, as qint4x2)"
+    if k % block:
+        return f"K={k} is not a multiple of block_size={block} (a padded last block)"
+    broken = record.broken({"K": k, "N": n, "G": block})
+    if broken is not None:
+        return f"WeightQuantBatchMatmul needs {broken.text} ({broken.source}) at K={k}, N={n}, group {block}"
+    return None
+
+
+def _held_refusal(rw: Rewrite, a_type: int | None) -> str | None:
+    """What of the node itself keeps it from a WeightQuantBatchMatmul: its weights must be held in the model
+    (they are re-laid at load), integer zero points, a float A, and CastLike (opset 15) for the body."""
+    if a_type not in (FLOAT, *LOW_PRECISION):
+        return f"A of type {onnx.TensorProto.DataType.Name(a_type or 0)} (fp32, fp16 or bf16 taken)"
+    if rw.opset < _CASTLIKE_OPSET:
+        return f"opset {rw.opset} (the fused body needs CastLike, opset {_CASTLIKE_OPSET})"
+    held = [rw.array(rw.input(i)) for i in (1, 2, 3) if rw.has(i)]
+    if any(h is None for h in held):
+        return "B, the scales or the zero points are not initializers held in the model (external or computed)"
+    if rw.has(3) and rw.dtype(rw.input(3)) != UINT8:
+        zp = held[2].astype(np.float64)
+        if not np.array_equal(zp, np.round(zp)) or zp.min() < 0 or zp.max() > 15:
+            return "float zero points that are not integers in [0, 15] (8 - zp would round)"
+    return None
+
+
+def _weight_quant_batch_matmul(rw: Rewrite, k: int, n: int, block: int) -> None:
+    """MatMulNBits (4 bits, whole blocks) as mindspore::WeightQuantBatchMatmul (opmap/fused/weight_quant_batch_matmul):
+    B [N, K/block, block/2] uint8 is, reshaped to [N, K/2], XOR 0x88 exactly the two's-complement qint4x2 of
+    q - 8 (each nibble's top bit flipped), element 2j in the low nibble as MatMulNBits packs it; the offsets
+    8 - zp make (q - 8 + 8 - zp) * s = (q - zp) * s exactly, in integers; the scales are laid (K/g, N)."""
+    k_blocks = k // block
+    packed = rw.array(rw.input(1)).reshape(n, k // 2)
+    weight = (packed ^ np.uint8(0x88)).view(np.int8)
+    scales = rw.array(rw.input(2)).reshape(n, k_blocks)
+    zp = np.full((n, k_blocks), 8, np.int64)
+    if rw.has(3):
+        z = rw.array(rw.input(3))
+        if z.dtype == np.uint8:  # packed along the blocks, low nibble first, each row padded to a byte
+            rows = z.reshape(n, -1)
+            z = np.stack([rows & 0xF, rows >> 4], axis=-1).reshape(n, -1)
+        zp = z.reshape(n, -1)[:, :k_blocks].astype(np.int64)
+    offsets = (8 - zp).T.astype(scales.dtype)
+    ins = [rw.input(0), rw.initializer(weight, "weight_qint4x2"), rw.initializer(scales.T, "antiquant_scale"),
+           rw.initializer(offsets, "antiquant_offset")]
+    out = rw.output(0) if not rw.has(5) else ""
+    y = rw.op("WeightQuantBatchMatmul", *ins, outputs=[out] if out else 1, domain="mindspore",
+              antiquant_group_size=block)
+    if rw.has(5):
+        rw.op("Add", y, rw.input(5), outputs=[rw.output(0)])
+
+
+def weight_quant_weights(model: onnx.ModelProto) -> list[str]:
+    """The qint4x2 weights of the WeightQuantBatchMatmul nodes the load wrote: held out of onnxsim too."""
+    return [n.input[1] for n in model.graph.node if n.domain == "mindspore" and n.op_type == "WeightQuantBatchMatmul"]
 
 
 # --- integer matmuls and com.microsoft's (De)QuantizeLinear -------------------------------------------
@@ -238,7 +318,11 @@ def nbits_description(node: onnx.NodeProto) -> str:
     bits = attrs.get("bits", 4)
     has_zp = len(node.input) > 3 and bool(node.input[3])
     zp = "zero points given" if has_zp else f"symmetric (zero point {1 << (bits - 1)})"
-    return f"uint{bits} block {attrs.get('block_size')}, {zp}; {KEPT}"
+    k, n, block = attrs.get("K"), attrs.get("N"), attrs.get("block_size")
+    why = weight_quant_refusal(k, n, bits, block) if None not in (k, n, block) else "K, N or block_size missing"
+    if len(node.input) > 4 and node.input[4]:
+        why = "g_idx"
+    return f"uint{bits} block {block}, {zp}; {AS_QINT4X2 if why is None else f'{KEPT} ({why})'}"
 
 
 # --- GatherBlockQuantized ----------------------------------------------------------------------------

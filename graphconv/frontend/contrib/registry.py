@@ -21,3 +21,10 @@ def decomposes(*op_types: str, domain: str = MICROSOFT):
         return fn
 
     return deco
+
+
+# The fused-op table, which opmap.fused (a higher layer) registers here when it is imported (graphconv.pipeline
+# imports it before any load): "records", name -> FusedOp, for the fused ops a decomposition writes directly
+# (MatMulNBits as mindspore::WeightQuantBatchMatmul, whose limits it checks with the record's `broken`), and
+# "attach", the function giving a model those ops' bodies. Without it they are decomposed into standard ops.
+FUSED_TABLE: dict[str, object] = {}

@@ -80,6 +80,7 @@ class Rewrite:
         self._shapes = shapes
         self._taken = taken
         self._nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []  # new initializers (`initializer`), added to the model
         self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         self.name = node.name or f"{node.op_type}_{id(node)}"
 
@@ -152,6 +153,13 @@ class Rewrite:
         self._nodes.append(helper.make_node("Constant", [], [out], name=self.fresh(f"Constant_{len(self._nodes)}"),
                                             value=numpy_helper.from_array(arr, out)))
         return out
+
+    def initializer(self, value: np.ndarray, what: str) -> str:
+        """A new initializer holding `value` (a weight: an initializer stays a Parameter, a Constant node would be
+        folded into the source); named `<contrib node>::<what>`."""
+        name = self.fresh(what)
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
 
     def identity(self, src: str, dst: str) -> None:
         """Make output `dst` (a contrib node's output name) the value `src`."""
