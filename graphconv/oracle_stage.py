@@ -58,8 +58,8 @@ def validate(ctx: StageContext, loaded: Loaded, simplified: onnx.ModelProto, cas
         except UnsupportedError as e:
             if ctx.options.inputs or oracle.load_failed:  # (onnxruntime refused the model, not its inputs)
                 raise
-            expected, cases, tried = _at_a_stride(ctx, loaded.model, oracle, cases,
-                                                       f"onnxruntime refused the generated inputs ({first_line(e)})")
+            why = f"onnxruntime refused the generated inputs ({first_line(e, 160)})"
+            expected, cases, tried = _at_a_stride(ctx, loaded.model, oracle, cases, why)
             if expected is None:  # dims the graph relates but neither names nor implies: the likely cause
                 raise UnsupportedError(f"{e}; the generated inputs had {'; then '.join(tried)}: if some of these "
                                        "dims are related, give --dim NAME=A,B for each free one or --inputs") \

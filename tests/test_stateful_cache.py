@@ -188,7 +188,7 @@ def test_group_query_attention_caches_are_held_in_place(tmp_path):
     of 4 tokens then two 1-token steps on one GraphCell give onnxruntime's kernel fed the presents back."""
     import graphconv
     from graphconv.frontend.load import load
-    from graphconv.pipeline import gqa_presents
+    from graphconv.frontend.contrib.gqa import gqa_presents
 
     path = tmp_path / "gqa_step.onnx"
     onnx.save(_gqa_step_graph(), path)
