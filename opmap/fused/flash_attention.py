@@ -42,7 +42,8 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused.record import Constraint, FusedOp, attr_constant, define, from_fp32, int64_constant
+from opmap.fused.record import (Constraint, FusedOp, attr_constant, define, from_fp32, int64_constant,
+                                rounded_to_fp32)
 from opmap.registry import register
 
 ATTRIBUTES = ("scale", "head_num", "kv_head_num", "mask_kind", "input_layout", "sparse_mode", "dtype")
@@ -59,17 +60,11 @@ def _make_body(round_to: int | None):
     def body(opset: int) -> list[onnx.NodeProto]:
         nodes: list[onnx.NodeProto] = []
 
-        def to32(src: str, dst: str) -> None:
-            if round_to is None:
-                nodes.append(helper.make_node("Cast", [src], [dst], to=TensorProto.FLOAT))
-            else:
-                nodes.append(helper.make_node("Cast", [src], [dst + "_lp"], to=round_to))
-                nodes.append(helper.make_node("Cast", [dst + "_lp"], [dst], to=TensorProto.FLOAT))
-
-        to32("query", "q32")
-        to32("key", "k32")
-        to32("value", "v32")
-        to32("real_shift", "pse32")  # the ascend lowering casts it to the compute dtype as well
+        nodes += rounded_to_fp32("query", "q32", round_to)
+        nodes += rounded_to_fp32("key", "k32", round_to)
+        nodes += rounded_to_fp32("value", "v32", round_to)
+        # (the ascend lowering casts real_shift to the compute dtype as well)
+        nodes += rounded_to_fp32("real_shift", "pse32", round_to)
         nodes += [
             attr_constant("n1", "value_int", "head_num"),
             attr_constant("n2", "value_int", "kv_head_num"),
@@ -98,8 +93,7 @@ def _make_body(round_to: int | None):
             helper.make_node("MatMul", ["probs", "v_rep"], ["o32" if round_to is None else "o32_full"]),
         ]
         if round_to is not None:
-            nodes += [helper.make_node("Cast", ["o32_full"], ["o_lp"], to=round_to),
-                      helper.make_node("Cast", ["o_lp"], ["o32"], to=TensorProto.FLOAT)]
+            nodes += rounded_to_fp32("o32_full", "o32", round_to)
         # (before opset 15 no CastLike back to the query's dtype: the fusion takes fp32 only there)
         nodes.append(from_fp32(opset, "o32", "query", "attention_out"))
         return nodes

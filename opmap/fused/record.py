@@ -110,6 +110,15 @@ def from_fp32(opset: int, src: str, like: str, dst: str) -> onnx.NodeProto:
     return onnx.helper.make_node("Identity", [src], [dst])
 
 
+def rounded_to_fp32(src: str, dst: str, round_to: int | None) -> list[onnx.NodeProto]:
+    """`src` cast to fp32 as `dst`. With round_to (a TensorProto dtype) it is rounded through that dtype first,
+    as an ascend lowering that computes in that dtype rounds its inputs (a FusedOp's ascend_body)."""
+    if round_to is None:
+        return [onnx.helper.make_node("Cast", [src], [dst], to=onnx.TensorProto.FLOAT)]
+    return [onnx.helper.make_node("Cast", [src], [dst + "_lp"], to=round_to),
+            onnx.helper.make_node("Cast", [dst + "_lp"], [dst], to=onnx.TensorProto.FLOAT)]
+
+
 def fp32_island(opset: int, core: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """A body computed in fp32: x -> x32, `core` computes y32 from x32 (and casts any other input it
     reads with to_fp32), y32 -> y in x's dtype."""

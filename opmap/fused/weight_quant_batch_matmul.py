@@ -33,7 +33,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused.record import Constraint, FusedOp, attr_constant, define, from_fp32, int64_constant
+from opmap.fused.record import (Constraint, FusedOp, attr_constant, define, from_fp32, int64_constant,
+                                rounded_to_fp32)
 from opmap.registry import register
 
 _DOCSTRING = "mindspore 2.10 WeightQuantBatchMatmul docstring"
@@ -77,16 +78,9 @@ def _make_body(round_to: int | None):
     def body(opset: int) -> list[onnx.NodeProto]:
         nodes: list[onnx.NodeProto] = []
 
-        def to32(src: str, dst: str) -> None:
-            if round_to is None:
-                nodes.append(helper.make_node("Cast", [src], [dst], to=TensorProto.FLOAT))
-            else:
-                nodes.append(helper.make_node("Cast", [src], [dst + "_lp"], to=round_to))
-                nodes.append(helper.make_node("Cast", [dst + "_lp"], [dst], to=TensorProto.FLOAT))
-
-        to32("x", "x32")
-        to32("antiquant_scale", "s32")
-        to32("antiquant_offset", "o32")
+        nodes += rounded_to_fp32("x", "x32", round_to)
+        nodes += rounded_to_fp32("antiquant_scale", "s32", round_to)
+        nodes += rounded_to_fp32("antiquant_offset", "o32", round_to)
         nodes += _unpack_nodes()
         nodes += [
             attr_constant("g", "value_int", "antiquant_group_size"),
@@ -105,8 +99,7 @@ def _make_body(round_to: int | None):
             helper.make_node("MatMul", ["x32", "w_kn"], ["y32" if round_to is None else "y32_full"]),
         ]
         if round_to is not None:
-            nodes += [helper.make_node("Cast", ["y32_full"], ["y_lp"], to=round_to),
-                      helper.make_node("Cast", ["y_lp"], ["y32"], to=TensorProto.FLOAT)]
+            nodes += rounded_to_fp32("y32_full", "y32", round_to)
         nodes.append(from_fp32(opset, "y32", "x", "y"))
         return nodes
 
