@@ -499,7 +499,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     tasks.check_text_inputs(cls, task)
     if task == "text-generation-with-past":
         _with_past_supported(config)
-    notes: list[str] = [quant.note()] if quant is not None else []
+    notes: list[str] = []
     if quant is not None:
         stored.discard("fp8")  # (dequantized: float32(q) * scale, then stored as --dtype says)
     store = _store_dtype(dtype, stored, notes)
@@ -508,6 +508,8 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     tmp = partial_dir(out_dir)
     try:
         checkpoint = _checkpoint(files, quant)
+        if quant is not None:
+            notes.insert(0, checkpoint.note)
         graphs, shapes = _export_and_check(folder, checkpoint, cls, config, task, tmp, opset, store, say, notes)
         text = config.get_text_config(decoder=True)
         generation = {
@@ -664,12 +666,13 @@ CHECK_LAYERS = 2
 EXTERNAL_DATA_BYTES = 1 << 30  # graphs with more weight bytes keep them in FILE.onnx.data (protobuf stops at 2 GB)
 
 
-def _checkpoint(files: list[Path], quant: quantized_checkpoint.Fp8Blocks | None):
-    """The checkpoint's tensors as the export reads them: as stored, or dequantized where the format says."""
+def _checkpoint(files: list[Path], quant):
+    """The checkpoint's tensors as the export reads them: as stored, or dequantized where the format says
+    (`quant`, from quantized_checkpoint.scheme, gives the view)."""
     from graphconv.frontend import weightless_export as wl
 
     checkpoint = wl.Checkpoint(files)
-    return checkpoint if quant is None else quantized_checkpoint.Fp8Checkpoint(checkpoint, quant)
+    return checkpoint if quant is None else quant.view(checkpoint)
 
 
 def _export_and_check(folder: Path, checkpoint, cls, config, task: str, tmp: Path, opset: int, store: str, say,
@@ -683,7 +686,7 @@ def _export_and_check(folder: Path, checkpoint, cls, config, task: str, tmp: Pat
     pad = _pad_id(config)
     if full or not layers or layers <= CHECK_LAYERS:
         say("check against PyTorch")
-        _check_all(lambda: _load_model(folder, cls, config, task, []), graphs, pad)
+        _check_all(lambda: _reference(folder, cls, config, task, checkpoint), graphs, pad)
     else:
         small = _truncated(config, CHECK_LAYERS)
         say(f"check against PyTorch: the first {CHECK_LAYERS} of {layers} layers, with the checkpoint's weights "
@@ -692,7 +695,7 @@ def _export_and_check(folder: Path, checkpoint, cls, config, task: str, tmp: Pat
         part = tmp / ".check"
         part.mkdir()
         checked, _ = _write(cls, small, checkpoint, task, part, opset, store, lambda _m: None, [], folder)
-        _check_all(lambda: _load_model(folder, cls, small, task, []), checked, pad)
+        _check_all(lambda: _reference(folder, cls, small, task, checkpoint), checked, pad)
         for name, r in graphs.items():
             r.checks = [{**c, "layers": f"first {CHECK_LAYERS} of {layers}"} for c in checked[name].checks]
             r.warnings += checked[name].warnings
@@ -702,6 +705,16 @@ def _export_and_check(folder: Path, checkpoint, cls, config, task: str, tmp: Pat
                      f"{layers} layers with the checkpoint's weights (the fp32 model did not fit in memory "
                      "twice); the compile verifies every layer")
     return graphs, shapes
+
+
+def _reference(folder: Path, cls, config, task: str, checkpoint):
+    """The model the export is checked against: transformers' load of the folder, or, for a weight-only quantized
+    checkpoint, the float model holding the format's dequantized weights (frontend/quantized_linears.py)."""
+    from graphconv.frontend import quantized_linears
+
+    if isinstance(checkpoint, quantized_linears.WeightOnlyCheckpoint):
+        return quantized_linears.dequantized_model(cls, config, checkpoint)
+    return _load_model(folder, cls, config, task, [])
 
 
 def _truncated(config, layers: int):
@@ -767,7 +780,10 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         fixed = fixed_dynamic_axes(ir_model, g.inputs, g.input_names, g.axes)
         if fixed:
             raise UnsupportedError(f"{g.name}.onnx: {fixed}")
-        nbytes = wl.attach_weights(ir_model, source, keys, "model.", store)
+        attached: dict[str, str] = {}
+        nbytes = wl.attach_weights(ir_model, source, keys, "model.", store, attached)
+        if getattr(source, "linears", None):
+            nbytes = _quantized_matmuls(ir_model, source.linears, attached, g.name, notes)
         if g.rename:
             wl.rename_dim(ir_model, *g.rename)
         path = tmp / f"{g.name}.onnx"
@@ -777,6 +793,20 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         results[g.name].graph = g
         results[g.name].serves_prompt = None
     return results, shapes
+
+
+def _quantized_matmuls(ir_model, linears: dict, attached: dict, graph: str, notes: list[str]) -> int:
+    """The quantized linears' MatMuls as MatMulNBits (frontend/quantized_linears.py); the weights kept in float
+    are noted once. Returns the bytes the initializers now take."""
+    from graphconv.frontend import quantized_linears
+
+    kept = quantized_linears.to_matmul_nbits(ir_model, linears, attached)
+    written = sum(1 for n in ir_model.graph if n.op_type == "MatMulNBits")
+    line = (f"{graph}.onnx: {written} MatMulNBits carry the checkpoint's integers"
+            + (f"; {len(kept)} quantized weights kept in float ({'; '.join(kept[:3])}"
+               f"{' ...' if len(kept) > 3 else ''})" if kept else ""))
+    notes.append(line)
+    return sum(v.const_value.nbytes for v in ir_model.graph.initializers.values() if v.const_value is not None)
 
 
 def _tied(model) -> list[list[str]]:

@@ -13,6 +13,9 @@ the dtype `--dtype` stores (bf16 for a bf16 release). Activations stay in float:
 on a CPU, for `activation_scheme` "dynamic" and "static" alike.
 
 MXFP4 (`quant_method: "mxfp4"`, gpt-oss's experts) is read through transformers, which dequantizes it at load.
+
+compressed-tensors (`quant_method: "compressed-tensors"`): its weight-only int formats are read by
+graphconv/frontend/compressed_tensors.py, and the export keeps those weights quantized.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from graphconv.errors import InputError, UnsupportedError
 
 # quant_method -> what the format is, for the refusal of a format graphconv does not read.
 _NOT_READ = {
-    "compressed-tensors": "compressed-tensors",
     "gptq": "GPTQ",
     "awq": "AWQ",
     "bitsandbytes": "bitsandbytes (NF4/FP4 or LLM.int8: no Ascend kernel takes its codebook)",
@@ -44,7 +46,7 @@ _NOT_READ = {
     "quark": "Quark",
     "fp_quant": "FP-Quant",
 }
-READ = ("fp8", "mxfp4")
+READ = ("fp8", "mxfp4", "compressed-tensors")
 MSMODELSLIM_DESCRIPTIONS = ("quant_model_description.json", "quant_model_description_w8a8sc.json",
                             "quantization_description.json")
 
@@ -62,10 +64,15 @@ class Fp8Blocks:
                 "weights dequantized exactly (float32(q) * weight_scale_inv), as transformers does on a CPU; "
                 "Atlas A2/A3 compute no FP8, so the export carries them in float; activations stay in float")
 
+    def view(self, checkpoint) -> Fp8Checkpoint:
+        """The checkpoint with each FP8 weight read as its dequantized value."""
+        return Fp8Checkpoint(checkpoint, self)
 
-def scheme(folder: Path, raw: dict) -> Fp8Blocks | None:
-    """The quantization a checkpoint folder needs read specially, or None (a float checkpoint, or MXFP4, which
-    transformers dequantizes). Refuses, in one line, a format graphconv does not read."""
+
+def scheme(folder: Path, raw: dict):
+    """The quantization a checkpoint folder needs read specially (Fp8Blocks, compressed_tensors.Scheme), or None
+    (a float checkpoint, or MXFP4, which transformers dequantizes). Refuses, in one line, a format graphconv does
+    not read."""
     for name in MSMODELSLIM_DESCRIPTIONS:
         if (folder / name).is_file():
             raise UnsupportedError(f"{folder}: {name} says msModelSlim quantized this checkpoint: graphconv does "
@@ -81,6 +88,10 @@ def scheme(folder: Path, raw: dict) -> Fp8Blocks | None:
     method = config.get("quant_method")
     if config.get("load_in_4bit") or config.get("load_in_8bit"):
         method = method or "bitsandbytes"
+    if method == "compressed-tensors":
+        from graphconv.frontend import compressed_tensors
+
+        return compressed_tensors.scheme(where, config)
     if method in READ:
         return _fp8(where, config) if method == "fp8" else None
     if method in _NOT_READ:
@@ -113,6 +124,7 @@ class Fp8Checkpoint:
 
     def __init__(self, checkpoint, blocks: Fp8Blocks):
         self._checkpoint, self._blocks = checkpoint, blocks
+        self.note = blocks.note()
         self.quantized: set[str] = set()
         self.entries = {}
         for key, (path, dtype, shape) in checkpoint.entries.items():

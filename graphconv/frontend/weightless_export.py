@@ -246,10 +246,12 @@ def export_graph(module, example_inputs: dict, dynamic_axes: dict, opset: int, i
     return program.model
 
 
-def attach_weights(model, checkpoint: Checkpoint, keys: dict[str, str], prefix: str, store: str = "fp32") -> int:
+def attach_weights(model, checkpoint: Checkpoint, keys: dict[str, str], prefix: str, store: str = "fp32",
+                   attached: dict[str, str] | None = None) -> int:
     """Replace the fake initializers of `model` (named `prefix` + module path) by lazy reads of the checkpoint,
     stored as `store` (fp32, or bf16/fp16 with a Cast to fp32 at the reader), then run the exporter's optimizer.
-    Returns the bytes the initializers will take."""
+    Returns the bytes the initializers will take; `attached`, when given, receives each float initializer's
+    name -> its checkpoint key."""
     import onnx_ir as ir
     import torch
 
@@ -282,6 +284,8 @@ def attach_weights(model, checkpoint: Checkpoint, keys: dict[str, str], prefix: 
         else:
             value.const_value = _lazy(checkpoint, key, target, False, value.name)
         lazy.add(value.name)
+        if attached is not None:
+            attached[value.name] = key
         if target is not torch.float32:
             _cast_at_readers(graph, value)
     # the optimizer may fold what does not read a lazy weight (shapes, masks); a node reading one stays

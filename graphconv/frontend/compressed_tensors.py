@@ -1,0 +1,235 @@
+"""compressed-tensors checkpoints (`quant_method: "compressed-tensors"`, as llm-compressor writes them), read
+exactly, their weight-only linears kept quantized (graphconv/frontend/quantized_linears.py).
+
+config.json's quantization_config has `config_groups`, each with the modules it `targets` (a class name such
+as "Linear", a module name, or "re:" and a regular expression), its `weights` arguments (num_bits, type,
+symmetric, strategy, group_size, actorder) and `input_activations`; `ignore` lists modules left in float;
+`format` says how the tensors are stored (per group, or once for all). Formats read here:
+
+- pack-quantized: `weight_packed` int32 [N, ceil(K * bits / 32)], the values q + 2^(bits - 1) packed densely
+  along K, element i at bit i * bits (lowest first); `weight_scale` [N, K / g] (group), [N, 1] (channel) or
+  [1] (tensor); `weight_shape` [2] = (N, K); `weight_zero_point` only when asymmetric, packed the same way but
+  along N: int32 [ceil(N * bits / 32), K / g].
+- int-quantized and naive-quantized: `weight` int8 [N, K] holding q, the same scale and zero point (int8, not
+  packed).
+
+The value is W = (q - zp) * scale (compressed-tensors' `_dequantize`), so the unsigned q_u = q + 2^(bits - 1)
+and zp_u = zp + 2^(bits - 1) give the same W; compressed-tensors computes it in the scale's dtype (bf16 for a
+bf16 release), which rounds it, and transformers loading the folder in fp32 computes it in fp32 (the scale
+upcast first), exactly as here.
+
+Refused in one line, naming what: quantized activations (W8A8 static or dynamic: the activation quantization
+is part of the model's arithmetic and is not built yet), float formats (FP8, NVFP4, MXFP4 in this layout),
+activation order (`actorder` with `weight_g_idx`), sparsity, transforms (rotations) and a quantized KV cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+
+from graphconv.errors import InputError, UnsupportedError
+from graphconv.frontend.quantized_linears import QuantizedLinear, WeightOnlyCheckpoint
+
+_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightArgs:
+    """One config group's weight quantization, as far as the reader needs it."""
+
+    bits: int
+    symmetric: bool
+    strategy: str  # group | channel | tensor
+    group: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A config group: the modules it targets, its weights' arguments and its storage format."""
+
+    targets: tuple[str, ...]
+    weights: WeightArgs
+    format: str
+
+    def takes(self, module: str) -> bool:
+        return any(_matches(t, module) for t in self.targets)
+
+
+def _matches(target: str, module: str) -> bool:
+    if target.startswith("re:"):
+        return re.match(target[3:], module) is not None
+    return target == "Linear" or target == module
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """A compressed-tensors checkpoint's weight-only quantization."""
+
+    groups: tuple[Group, ...]
+    ignore: tuple[str, ...]
+
+    def note(self, linears: int) -> str:
+        parts = sorted({f"{g.format} int{g.weights.bits} {g.weights.strategy}"
+                        f"{f' {g.weights.group}' if g.weights.group else ''}"
+                        f"{'' if g.weights.symmetric else ' asymmetric'}" for g in self.groups})
+        return (f"compressed-tensors checkpoint ({'; '.join(parts)}): {linears} weight-only quantized linears read "
+                "exactly, W = (q - zero point) * scale in fp32")
+
+    def view(self, checkpoint) -> WeightOnlyCheckpoint:
+        """The checkpoint with each quantized weight read as its dequantized value, its integers kept."""
+        linears: dict[str, QuantizedLinear] = {}
+        consumed: set[str] = set()
+        for key in checkpoint.entries:
+            module, _, suffix = key.rpartition(".")
+            if suffix not in ("weight_packed", "weight_scale") or f"{module}.weight" in linears:
+                continue
+            group = next((g for g in self.groups if g.takes(module)), None)
+            if group is None:
+                raise InputError(f"{key}: no config group of quantization_config targets {module}")
+            linears[f"{module}.weight"] = _linear(checkpoint, module, group)
+            consumed |= {f"{module}.{s}" for s in (*_SUFFIXES, "weight")} & set(checkpoint.entries)
+        consumed -= set(linears)
+        return WeightOnlyCheckpoint(checkpoint, linears, consumed, self.note(len(linears)))
+
+
+def scheme(where: Path, config: dict) -> Scheme:
+    """The scheme of a compressed-tensors quantization_config, or one line naming what is not read."""
+    def refuse(what: str):
+        raise UnsupportedError(f"{where}: compressed-tensors checkpoint with {what}: graphconv does not read this "
+                               "yet (it reads weight-only int quantization, pack-quantized or int-quantized)")
+
+    for key, what in (("sparsity_config", "a sparsity config"), ("transform_config", "transforms (rotations)"),
+                      ("kv_cache_scheme", "a quantized KV cache")):
+        if config.get(key):
+            refuse(what)
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise InputError(f"{where}: quantization_config.config_groups is not a non-empty object")
+    top = config.get("format")
+    parsed = []
+    for name, group in groups.items():
+        if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
+            raise InputError(f"{where}: quantization_config.config_groups.{name} has no weights arguments")
+        if group.get("input_activations") or group.get("output_activations"):
+            refuse(f"quantized activations (config group {name!r}: W8A8)")
+        fmt = group.get("format") or top
+        if fmt not in _FORMATS:
+            refuse(f"format {fmt!r}")
+        parsed.append(Group(_targets(where, name, group), _weights(where, name, group["weights"], refuse), fmt))
+    ignore = config.get("ignore") or []
+    return Scheme(tuple(parsed), tuple(ignore) if isinstance(ignore, list) else ())
+
+
+def _targets(where: Path, name: str, group: dict) -> tuple[str, ...]:
+    targets = group.get("targets")
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise InputError(f"{where}: quantization_config.config_groups.{name}.targets is not a list of names")
+    return tuple(targets)
+
+
+def _weights(where: Path, name: str, args: dict, refuse) -> WeightArgs:
+    bits, kind = args.get("num_bits"), args.get("type", "int")
+    if kind != "int":
+        refuse(f"{kind} weights (config group {name!r})")
+    if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 8:
+        raise InputError(f"{where}: config group {name!r}: num_bits {bits!r} is not an integer in 1..8")
+    if args.get("actorder") not in (None, False, "static", "weight"):
+        refuse(f"activation order {args.get('actorder')!r} (config group {name!r})")
+    if args.get("dynamic"):
+        refuse(f"dynamic weight quantization (config group {name!r})")
+    strategy = args.get("strategy", "tensor")
+    if strategy not in ("group", "channel", "tensor"):
+        refuse(f"strategy {strategy!r} (config group {name!r})")
+    group = args.get("group_size")
+    if strategy == "group" and (not isinstance(group, int) or isinstance(group, bool) or group <= 0):
+        raise InputError(f"{where}: config group {name!r}: strategy group with group_size {group!r}")
+    return WeightArgs(bits, args.get("symmetric", True) is not False, strategy, group if strategy == "group" else None)
+
+
+def _linear(checkpoint, module: str, group: Group) -> QuantizedLinear:
+    """One linear's tensors checked against the format, as a QuantizedLinear that reads them when asked."""
+    entries = checkpoint.entries
+    args = group.weights
+    if f"{module}.weight_g_idx" in entries:
+        raise UnsupportedError(f"{module}.weight_g_idx: compressed-tensors activation order (g_idx): graphconv does "
+                               "not read it yet")
+    scale_shape = _entry(entries, f"{module}.weight_scale")[2]
+    if group.format == "pack-quantized":
+        n, k = (int(v) for v in checkpoint.tensor(f"{module}.weight_shape").tolist())
+        _expect(entries, f"{module}.weight_packed", "I32", (n, -(-k * args.bits // 32)))
+    else:
+        n, k = _entry(entries, f"{module}.weight")[2]
+        _expect(entries, f"{module}.weight", "I8", (n, k))
+    g = {"group": args.group, "channel": k, "tensor": k}[args.strategy]
+    blocks = -(-k // g)
+    if tuple(scale_shape) not in ((n, blocks), *(((1,), (1, 1)) if args.strategy == "tensor" else ())):
+        raise InputError(f"{module}.weight_scale has the shape {list(scale_shape)}: {args.strategy} quantization of "
+                         f"[{n}, {k}] takes {[n, blocks]}")
+    zp_key = f"{module}.weight_zero_point"
+    if not args.symmetric and zp_key not in entries:
+        raise InputError(f"{zp_key} is absent, and the config group's weights are asymmetric")
+    if k % g:
+        raise UnsupportedError(f"{module}: K={k} is not a multiple of the group {g}: graphconv does not read a "
+                               "padded last group yet")
+
+    def read():
+        return _read(checkpoint, module, group, n, k, g)
+
+    return QuantizedLinear(f"{module}.weight", n, k, args.bits, g, not args.symmetric, read)
+
+
+def _read(checkpoint, module: str, group: Group, n: int, k: int, g: int):
+    """(q_u uint8 [N, K], scale fp32 [N, K/g], zp_u uint8 [N, K/g] or None)."""
+    import torch
+
+    bits, offset = group.weights.bits, 1 << (group.weights.bits - 1)
+    if group.format == "pack-quantized":
+        q = unpack(_numpy(checkpoint.tensor(f"{module}.weight_packed")), bits, k)
+    else:
+        q = (_numpy(checkpoint.tensor(f"{module}.weight")).astype(np.int16) + offset).astype(np.uint8)
+    scale = checkpoint.tensor(f"{module}.weight_scale").to(torch.float32).numpy()
+    scale = np.broadcast_to(scale.reshape(-1, 1) if scale.size == 1 else scale, (n, k // g)).astype(np.float32)
+    zp = None
+    zp_key = f"{module}.weight_zero_point"
+    if not group.weights.symmetric:
+        stored = _numpy(checkpoint.tensor(zp_key))
+        if group.format == "pack-quantized" and stored.dtype == np.int32:
+            zp = unpack(np.ascontiguousarray(stored.T), bits, n).T
+        else:
+            zp = (stored.astype(np.int16) + offset).astype(np.uint8)
+        zp = np.broadcast_to(zp.reshape(-1, 1) if zp.size == 1 else zp, (n, k // g)).astype(np.uint8)
+    return q, scale, zp
+
+
+def unpack(words: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """int32 [rows, W] packed densely (element i at bit i * bits, lowest first) -> uint8 [rows, count]."""
+    rows = words.shape[0]
+    data = np.ascontiguousarray(words).astype("<i4").view(np.uint8).reshape(rows, -1)
+    if bits == 8:
+        return data[:, :count].copy()
+    if bits == 4:
+        return np.stack([data & 0xF, data >> 4], axis=-1).reshape(rows, -1)[:, :count]
+    stream = np.unpackbits(data, axis=1, bitorder="little")[:, : count * bits].reshape(rows, count, bits)
+    return (stream.astype(np.uint16) << np.arange(bits, dtype=np.uint16)).sum(-1).astype(np.uint8)
+
+
+def _numpy(tensor) -> np.ndarray:
+    return tensor.numpy()
+
+
+def _entry(entries: dict, key: str) -> tuple:
+    entry = entries.get(key)
+    if entry is None:
+        raise InputError(f"{key} is absent from the compressed-tensors checkpoint")
+    return entry
+
+
+def _expect(entries: dict, key: str, dtype: str, shape: tuple) -> None:
+    _path, stored, stored_shape = _entry(entries, key)
+    if stored != dtype or tuple(stored_shape) != tuple(shape):
+        raise InputError(f"{key} is {stored} {list(stored_shape)}: the format stores {dtype} {list(shape)}")
