@@ -34,7 +34,7 @@ from graphconv.progress import SILENT, Progress
 from graphconv.report import Report, model_info, op_histogram
 from graphconv.runtime import child, scheduling
 from graphconv.compiler import layers, lowering, targets
-from graphconv.verify import census, compare, reference
+from graphconv.verify import census, compare, quantized_census, reference
 from graphconv.stage_context import StageContext, lower
 from graphconv.stage_results import Emitted, Loaded
 from graphconv import oracle_stage, verification
@@ -84,6 +84,7 @@ class Compiler:
                 st.detail["onnxruntime_contrib_ops_decomposed"] = model.decomposed
             if model.quantized_weights:
                 st.detail["quantized_weights"] = model.quantized_weights
+            self.report.quantized_linears = quantized_census.at_load(model.proto)
             self.report.warnings.extend(model.warnings())
         self.report.model = model_info(model.proto)
         self.report.op_histogram = op_histogram(model.proto)
@@ -335,6 +336,8 @@ class Compiler:
             self.report.validation["status"] = self.report.status = "unverified"
         else:
             emitted, expected = Verification(self.ctx).run(loaded, checked, fused, cpu_form, network, cases, spill, ws)
+        if self.report.quantized_linears is not None:
+            quantized_census.finish(self.report.quantized_linears, emitted.mindir, self.report.census)
         moves = self._artifacts(emitted.files, ws)
         if self.opt.bundle:
             moves.update(self.write_bundle(checked.model, emitted, cases, expected, ws))

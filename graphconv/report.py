@@ -59,6 +59,8 @@ class Report:
     coverage: dict[str, dict] = dataclasses.field(default_factory=dict)
     skipped_fusions: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # pass -> why not fused
     census: dict[str, int] = dataclasses.field(default_factory=dict)
+    # how many quantized linears run on a low-bit primitive, which fell back and why (verify/quantized_census)
+    quantized_linears: Any = None  # a QuantizedLinears, or None for a model without quantized linears
     op_histogram: dict[str, int] = dataclasses.field(default_factory=dict)
     unsupported_ops: list[str] = dataclasses.field(default_factory=list)
     validation: Validation = dataclasses.field(default_factory=dict)
@@ -125,6 +127,8 @@ class Report:
         if self.census:
             top = sorted(self.census.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
             lines.append("  MindIR primitives: " + ", ".join(f"{k} {v}" for k, v in top))
+        if self.quantized_linears is not None:
+            lines.append("  " + self.quantized_linears.summary())
         if self.validation:
             v = self.validation
             lines.append(f"  validation: {v.get('status')} (oracle {v.get('oracle')}, checked {v.get('checked', '-')})")

@@ -203,7 +203,7 @@ def test_the_ascend_compile_runs_int4_weights_on_weight_quant_batch_matmul(compr
     if bits != 4:
         pytest.skip("8-bit weights: see the int8 WeightQuantBatchMatmul tests")
     out = base / "gen-ascend"
-    compiled = _graphconv("compile", str(base / "exp"), "-o", str(out), "--target", "ascend", "-q")
+    compiled = _graphconv("compile", str(base / "exp"), "-o", str(out), "--target", "ascend")
     assert compiled.returncode == 0, compiled.stderr
     inspect = _graphconv("inspect", str(out / "decode.mindir"), "--json")
     primitives = json.loads(inspect.stdout)["primitives"]
@@ -217,6 +217,11 @@ def test_the_ascend_compile_runs_int4_weights_on_weight_quant_batch_matmul(compr
     floats = [dims for dtype, dims, _ in params.values() if dtype in ("FLOAT", "FLOAT16", "BFLOAT16")
               and len(dims) == 2 and min(dims) >= 64]
     assert sorted(floats) == [[128, 128], [128, 128]], floats  # embed_tokens and lm_head
+    quantized = json.loads((out / "report.json").read_text())["graphs"]["decode"]["quantized_linears"]
+    assert quantized["linears"] == quantized["on_low_bit_primitives"] == LINEARS and not quantized["fell_back"]
+    assert quantized["primitives"] == {"WeightQuantBatchMatmul": 12}
+    assert quantized["integer_weight_bytes"] == packed and quantized["bytes_per_parameter"] == 0.5
+    assert f"{LINEARS}/{LINEARS} quantized linears on low-bit primitives, 0.5 weight bytes" in compiled.stdout
 
 
 # --- what is not read: one line, exit 1, nothing written -----------------------------------------------------

@@ -80,6 +80,12 @@ def summary(report: dict) -> str:
         fused = ", ".join(f"{k} {v}" for k, v in r["census"].items() if k in fused_primitives())
         lines.append(f"  {g}: {r['status']}, attention {attention.get('fused', 0)}/{attention.get('candidates', 0)} "
                      f"fused ({fused or 'no fused primitive'})" + (f"; cpu MindIR {twin['status']}" if twin else ""))
+        quantized = r.get("quantized_linears")
+        if quantized:
+            lines.append(f"    {quantized['on_low_bit_primitives']}/{quantized['linears']} quantized linears on "
+                         "low-bit primitives" + (f", {quantized['bytes_per_parameter']:g} weight bytes per parameter"
+                                                 if quantized.get("bytes_per_parameter") is not None else "")
+                         + "".join(f"; {n} dequantized: {why}" for why, n in quantized["fell_back"].items()))
     lines += _cache_lines(report.get("cache"))
     w = report["weights"]
     if tp:
