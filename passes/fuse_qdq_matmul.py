@@ -62,8 +62,11 @@ def _weight(dq: ir.Node | None) -> tuple[np.ndarray, np.ndarray] | str:
     if dq is None:
         return "the weight is not computed by a DequantizeLinear (W8A8 needs an int8 weight)"
     w, scale = match.const_value(dq.inputs[0]), match.const_value(dq.inputs[1])
-    if w is None or scale is None:
-        return "the weight or its scale is not a constant"
+    if w is None:
+        return ("the second operand is dequantized from a computed tensor, not a constant int8 weight (a product "
+                "of two activations, such as attention's)")
+    if scale is None:
+        return "the weight's scale is not a constant"
     q_type = dq.inputs[0].dtype
     if q_type not in (_INT8, _UINT8) or w.ndim != 2:
         return f"a {getattr(q_type, 'name', q_type)} weight of rank {w.ndim} (int8/uint8 2-D [K, N] taken)"
@@ -130,8 +133,8 @@ def plan(node: ir.Node):
         return f"the activation's shape {dims} is not [..., K={k}] with a static K"
     if k >= MAX_K:
         return f"K={k}: the int32 accumulator could overflow (K < {MAX_K} taken)"
-    if x.dtype != ir.DataType.BFLOAT16 and not 1.0 / np.float32(s_x) <= FP16_MAX:
-        return f"1/s_x = {1.0 / s_x:.6g} overflows fp16, QuantV2's scale type on Ascend for this model"
+    if x.dtype == ir.DataType.FLOAT16 and not 1.0 / np.float32(s_x) <= FP16_MAX:
+        return f"1/s_x = {1.0 / s_x:.6g} overflows fp16 (QuantV2's scale is in x's dtype)"
     return q, s_x, zp, weight
 
 

@@ -593,6 +593,10 @@ def explain(node: ir.Node) -> str | None:
             if gate_index == 1:
                 return f"{_SWAP_NEEDS}: {_swap_blocker(h)}"
             return _dtype_reason(h)
+        rounded = next(((what, q) for what, v in (("gate", gate), ("up", other)) if (q := match.qdq_pair(v))), None)
+        if rounded is not None:
+            return (f"the {rounded[0]} operand is rounded by a QuantizeLinear -> DequantizeLinear pair "
+                    f"({rounded[1].name}): a Swiglu would drop that rounding")
         pg, pu = _projection(gate), _projection(other)
         if pg is not None and pu is not None:
             if pg.inputs[0] is not pu.inputs[0]:

@@ -17,17 +17,17 @@ fp32; QuantBatchMatmul casts both int8 operands to int32 and multiplies in int32
 the pass refuses K >= 2^17), adds the bias in int32, then casts to fp32 and multiplies by the scale. No int8
 MatMul: MindSpore's CPU int8 MatMul returns int8; its int32 MatMul is exact.
 
-The ascend lowerings: QuantV2()(x, 1/scale, zero_point) with scale and offset [K] (the docstring: the last
-axis of x) in the compute dtype (x's for fp16/bf16, fp16 for an fp32 model, x cast to it), computed once at
-compile time (1/scale in fp32, then rounded to the compute dtype); the kernel computes round(x * scale +
-offset), so it multiplies by the reciprocal where ONNX divides. QuantBatchMatmul(transpose_x1=False,
+The ascend lowerings: QuantV2()(x, 1/scale, zero_point) in x's own dtype (the docstring takes fp16, fp32 and
+bf16), scale and offset [K] (the docstring: the last axis of x), computed once at compile time (1/scale in
+fp32, then rounded to x's dtype); the kernel computes round(x * scale + offset), so it multiplies by the
+reciprocal where ONNX divides. QuantBatchMatmul(transpose_x1=False,
 transpose_x2=True, dtype=fp16|bf16)(x1 as 2-D [M, K], x2 an int8 Parameter, scale, None, bias, None), the
 result reshaped back (MindFormers' A8W8 linear flattens x1 the same way). Its scale: for fp16 output an int64
 holding the fp32 bits (MindSpore's tests' trans_fp32_to_u64), of which the hardware reads the top 19 bits
 (sign, exponent, 10 mantissa bits: `bits & 0xFFFFE000`, aclnnTransQuantParamV2); for bf16 output the float32
 scale itself (MindFormers' A8W8LinearMethod).
-The ascend-precision bodies model the fp16 path (an fp32 or fp16 model): QuantV2 rounds x and 1/scale through
-fp16 and multiplies; QuantBatchMatmul truncates the scale to its top 19 bits and rounds y through fp16.
+The ascend-precision bodies: QuantV2 multiplies x by 1/scale rounded to x's dtype; QuantBatchMatmul models the
+fp16 output (an fp32 or fp16 model): the scale truncated to its top 19 bits, y rounded through fp16.
 UNCONFIRMED without a device: the kernel's tie rule (ONNX rounds half to even; the body does too, AscendQuantV2's
 "ROUND" is not documented further), whether it computes x * scale in fp32 or in x's dtype, the 19-bit
 truncation, and the offset's dtype (the docstring says x's; MindFormers passes an int8 offset).
@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from opmap.fused.record import FusedOp, define, rounded_to_fp32
+from opmap.fused.record import FusedOp, define, from_fp32, rounded_to_fp32
 from opmap.registry import register
 
 FP16_MAX = 65504.0
@@ -57,14 +57,15 @@ def _quant_v2_body(opset: int) -> list[onnx.NodeProto]:
 
 
 def _quant_v2_ascend_body(opset: int) -> list[onnx.NodeProto]:
-    """round(fp16(x) * fp16(1/scale) + zero_point), saturated to int8: the kernel's arithmetic as read from
-    its docstring, multiplied in fp32 (UNCONFIRMED)."""
-    return [*rounded_to_fp32("x", "x16", TensorProto.FLOAT16),
+    """round(x * dtype(1/scale) + zero_point), saturated to int8: the kernel's arithmetic as read from its
+    docstring, 1/scale rounded to x's dtype, multiplied in fp32 (UNCONFIRMED)."""
+    return [helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT),
             helper.make_node("Cast", ["scale"], ["s32"], to=TensorProto.FLOAT),
             helper.make_node("Reciprocal", ["s32"], ["inv32"]),
-            *rounded_to_fp32("inv32", "inv16", TensorProto.FLOAT16),
+            from_fp32(opset, "inv32", "x", "inv_x"),
+            helper.make_node("Cast", ["inv_x"], ["inv"], to=TensorProto.FLOAT),
             helper.make_node("Cast", ["zero_point"], ["offset"], to=TensorProto.FLOAT),
-            helper.make_node("Mul", ["x16", "inv16"], ["scaled"]),
+            helper.make_node("Mul", ["x32", "inv"], ["scaled"]),
             helper.make_node("Add", ["scaled", "offset"], ["shifted"]),
             helper.make_node("Round", ["shifted"], ["rounded"]),
             _f32("lo", -128.0), _f32("hi", 127.0),
@@ -129,9 +130,9 @@ _DOC_QUANT = __doc__.split("QuantBatchMatmul: ")[0]
 QUANT_V2 = define(FusedOp(
     name="QuantV2", inputs=("x", "scale", "zero_point"), outputs=("y",), attributes=(), body=_quant_v2_body,
     primitive="QuantV2", doc=_DOC_QUANT, ascend_body=_quant_v2_ascend_body, producer="fuse-qdq-matmul",
-    family="qdq_matmul", as_is_inputs=(1, 2), ascend_compute="fp16",
-    likely_causes="the kernel multiplies by 1/scale where QuantizeLinear divides, and rounds x and 1/scale to "
-                  "fp16 (a value near a rounding boundary moves by one quantum); the tie rule"))
+    family="qdq_matmul", as_is_inputs=(1, 2),
+    likely_causes="the kernel multiplies by 1/scale where QuantizeLinear divides (a value near a rounding "
+                  "boundary moves by one quantum), 1/scale rounded to x's dtype; the tie rule"))
 
 QUANT_BATCH_MATMUL = define(FusedOp(
     name="QuantBatchMatmul", inputs=("x1", "x2", "scale", "bias"), outputs=("y",), attributes=("dtype",),
@@ -142,26 +143,12 @@ QUANT_BATCH_MATMUL = define(FusedOp(
                   "the activation's zero point (-zp * sum_k W[n, k]), the weight stored [N, K]"))
 
 
-def _compute(n):
-    import onnx_ir as ir
-
-    model_dt = n.dtype(0)
-    return model_dt, (model_dt if model_dt in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) else ir.DataType.FLOAT16)
-
-
-def _in_compute(n, value: np.ndarray, compute, hint: str):
-    """A float32 constant in the compute dtype: converted here for fp16 (numpy rounds to nearest even, as a
-    Cast does), cast in the network for bf16 (numpy has no bf16)."""
-    import onnx_ir as ir
-
-    if compute == ir.DataType.FLOAT16:
-        return n.const_tensor(value.astype(np.float16), hint)
-    return n.call("ops.cast", n.const_tensor(value.astype(np.float32), hint), n.ms_dtype(compute))
-
-
 @register("QuantV2", since=1, domain="mindspore")
 def lower_quant_v2(n):
-    model_dt, compute = _compute(n)
+    """QuantV2 in x's own dtype (its docstring takes fp16, fp32 and bf16): no rounding of x before the scale."""
+    import onnx_ir as ir
+
+    dtype = n.dtype(0)
     scale, zero_point, shape = n.const(1), n.const(2), n.shape(0)
     if scale is None or zero_point is None or scale.size != 1 or zero_point.size != 1:
         n.fail("the scale and zero point must be constant scalars (QuantV2's scale is computed at compile time)")
@@ -169,12 +156,22 @@ def lower_quant_v2(n):
         n.fail("the last dim of x must be static (QuantV2's scale and offset have its size)")
     k = shape[-1]
     inverse = np.float32(1.0) / scale.astype(np.float32).reshape(())
-    if compute.name == "FLOAT16" and not abs(float(inverse)) <= FP16_MAX:
-        n.fail(f"1/scale = {float(inverse):.6g} overflows fp16 (QuantV2's scale is in the compute dtype)")
-    x = n.x(0) if model_dt == compute else n.call("ops.cast", n.x(0), n.ms_dtype(compute))
-    scale_k = _in_compute(n, np.full((k,), inverse, np.float32), compute, "quant_scale")
-    offset_k = _in_compute(n, np.full((k,), float(zero_point.reshape(())), np.float32), compute, "quant_offset")
-    return n.call(n.call("ops.auto_generate.QuantV2"), x, scale_k, offset_k)
+    if dtype == ir.DataType.FLOAT16 and not abs(float(inverse)) <= FP16_MAX:
+        n.fail(f"1/scale = {float(inverse):.6g} overflows fp16 (QuantV2's scale is in x's dtype)")
+
+    def in_x_dtype(value: float, hint: str):
+        """[K] of `value` in x's dtype: converted here for fp32/fp16 (numpy rounds to nearest even, as a Cast
+        does), cast in the network for bf16 (numpy has no bf16)."""
+        full = np.full((k,), value, np.float32)
+        if dtype == ir.DataType.FLOAT16:
+            return n.const_tensor(full.astype(np.float16), hint)
+        if dtype == ir.DataType.FLOAT:
+            return n.const_tensor(full, hint)
+        return n.call("ops.cast", n.const_tensor(full, hint), n.ms_dtype(dtype))
+
+    scale_k = in_x_dtype(float(inverse), "quant_scale")
+    offset_k = in_x_dtype(float(zero_point.reshape(())), "quant_offset")
+    return n.call(n.call("ops.auto_generate.QuantV2"), n.x(0), scale_k, offset_k)
 
 
 def scale_as_int64(scale: np.ndarray) -> np.ndarray:
