@@ -51,8 +51,8 @@ def _qdq_linears(act: str, per_channel: bool, bias: bool, linears: int = 1, seed
             arrays[f"b{i}"] = rng.standard_normal(N).astype(np.float32)
             nodes.append(helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"y{i}"]))
         outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["batch", "seq", N]))
-    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])],
-                              outputs, [numpy_helper.from_array(v, k) for k, v in arrays.items()])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])
+    graph = helper.make_graph(nodes, "qdq", [x], outputs, [numpy_helper.from_array(v, k) for k, v in arrays.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), arrays
 
 
