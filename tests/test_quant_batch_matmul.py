@@ -110,6 +110,17 @@ def test_linears_on_one_quantized_activation_share_one_quant_v2():
         np.testing.assert_array_equal(got, _exact(arrays, x, i, "uint8"))
 
 
+def test_a_uint8_weight_centred_at_128_is_shifted_to_int8_exactly():
+    """(w_u - 128) * s_w is the int8 weight w_u - 128 with zero point 0: the same product, in integers."""
+    m, arrays = _qdq_linears("int8", True, False)
+    _replace(m, "w0", (arrays["w0"].astype(np.int16) + 128).astype(np.uint8))
+    _replace(m, "zp_w0", np.full(N, 128, np.uint8))
+    fused, _, counts = _fuse(m)
+    assert counts == {"fuse-qdq-matmul": 1}
+    x = np.random.default_rng(4).uniform(-3, 3, (2, 3, K)).astype(np.float32)
+    np.testing.assert_array_equal(_run(fused, x)[0], _exact(arrays, x, 0, "int8"))
+
+
 def _refused(m: onnx.ModelProto) -> dict:
     fused, pm, counts = _fuse(m)
     assert counts == {"fuse-qdq-matmul": 0} and pm.coverage["qdq_matmul"]["fused"] == 0
