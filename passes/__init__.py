@@ -19,4 +19,5 @@ from passes import fuse_attention  # noqa: F401
 from passes import fuse_moe  # noqa: F401
 from passes import fuse_lstm  # noqa: F401
 from passes import fuse_quant_matmul  # noqa: F401
+from passes import fuse_qdq_matmul  # noqa: F401
 from passes import coverage  # noqa: F401  (the fusion families and their candidate rules)

@@ -276,6 +276,62 @@ class SwigluQuantFusion(pattern.RewriteRuleClassBase):
         self._sources = []
 
 
+class SwigluQuantBatchFusion(pattern.RewriteRuleClassBase):
+    """silu(QBMM(xq, Wg, sg, bg)) * QBMM(xq, Wu, su, bu) on one int8 xq (one QuantV2: passes/fuse_qdq_matmul.py)
+    -> Swiglu(QBMM(xq, [Wg ; Wu], [sg | su], [bg | bu])): the int8 weights [N, K], the dequantization scales
+    and the int32 biases [N] concatenated along N; each output column keeps its own weights, scale and bias,
+    so it is exact."""
+
+    def __init__(self, name: str, up_first: bool):
+        super().__init__(name)
+        self._up_first = up_first
+        self._graph: ir.Graph | None = None
+        self._sources: list[ir.Value] = []
+
+    def pattern(self, op, x, wg, sg, bg, wu, su, bu):
+        gate = op.QuantBatchMatmul(x, wg, sg, bg, _domain="mindspore", _outputs=["gate"])
+        up = op.QuantBatchMatmul(x, wu, su, bu, _domain="mindspore", _outputs=["up"])
+        act = pattern.OrValue([match.mul(op, gate, op.Sigmoid(gate)), op.SiLU(gate, _domain="mindspore")])
+        return op.Mul(up, act) if self._up_first else op.Mul(act, up)
+
+    def check(self, context, x, gate, up, **operands) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        dtypes = [v.producer().attributes.get_int("dtype") for v in (gate, up)]
+        if dtypes[0] != dtypes[1]:
+            return result.fail(f"gate/up output dtypes {dtypes[0]} and {dtypes[1]}: not one QuantBatchMatmul", gate)
+        held = [operands[k].const_value for k in ("wg", "sg", "bg", "wu", "su", "bu")]
+        if any(h is None for h in held):
+            return result.fail("the gate/up quantized weights are not initializers (nothing to merge)", operands["wg"])
+        if held[0].shape[1:] != held[3].shape[1:]:
+            return result.fail(f"gate/up weights of shapes {held[0].shape} and {held[3].shape}: not one K",
+                               operands["wg"])
+        if len(list(gate.uses())) > 2 or len(list(up.uses())) > 1:
+            return result.fail("the projections' results are used elsewhere too", gate)
+        self._graph = context.graph_or_function
+        return result
+
+    def rewrite(self, op, x, gate, **operands):
+        graph = self._graph
+        merged = []
+        for parts in (("wg", "wu"), ("sg", "su"), ("bg", "bu")):  # all along N (axis 0)
+            g, u = (operands[k] for k in parts)
+            name = match.unique_initializer_name(graph, f"{g.name}_gate_up")
+            tensor = ir.tensor(np.concatenate([g.const_value.numpy(), u.const_value.numpy()]), name=name)
+            merged.append(op.initializer(tensor, name=name))
+            record_made(graph, name, [g.name, u.name], "concat axis 0", made_by="fuse-swiglu")
+            self._sources += [g, u]
+        dtype = gate.producer().attributes.get_int("dtype")
+        h = op.QuantBatchMatmul(x, *merged, dtype=dtype, _domain="mindspore")
+        return op.Swiglu(h, dim=-1, _domain="mindspore")
+
+    def setup(self):
+        self._sources = []
+
+    def cleanup(self):
+        _free_sources(self._sources)
+        self._sources = []
+
+
 # --- one tensor split into its two halves: silu(first half) * second half -------------------------------------
 
 
@@ -537,6 +593,10 @@ def explain(node: ir.Node) -> str | None:
             if gate_index == 1:
                 return f"{_SWAP_NEEDS}: {_swap_blocker(h)}"
             return _dtype_reason(h)
+        rounded = next(((what, q) for what, v in (("gate", gate), ("up", other)) if (q := match.qdq_pair(v))), None)
+        if rounded is not None:
+            return (f"the {rounded[0]} operand is rounded by a QuantizeLinear -> DequantizeLinear pair "
+                    f"({rounded[1].name}): a Swiglu would drop that rounding")
         pg, pu = _projection(gate), _projection(other)
         if pg is not None and pu is not None:
             if pg.inputs[0] is not pu.inputs[0]:
@@ -568,6 +628,8 @@ def rules() -> pattern.RewriteRuleSet:
     found += [SwigluFusion.rule(f"Swiglu-cast{'-up-first' if up_first else ''}", False, up_first, cast=True)
               for up_first in (False, True)]
     found += [SwigluQuantFusion.rule(f"Swiglu-weight-quant{'-up-first' if up_first else ''}", up_first)
+              for up_first in (False, True)]
+    found += [SwigluQuantBatchFusion.rule(f"Swiglu-quant-batch{'-up-first' if up_first else ''}", up_first)
               for up_first in (False, True)]
     found += [SwigluGemmFusion.rule(f"Swiglu-gemm{'-bias' if bias else ''}{'-up-first' if up_first else ''}", bias,
                                     up_first) for bias in (False, True) for up_first in (False, True)]

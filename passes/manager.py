@@ -164,10 +164,11 @@ def available_passes() -> list[Pass]:
 # settle-ifs first (what follows reads one rank per value), then canonicalization; norms before the activations
 # that read their outputs; GELU before the gated MLPs that take a GELU gate; rotary before attention, which
 # reads the rotated q and k; MoE routing after it (attention's coverage explains a router's Softmax as no
-# attention before fuse-moe takes it); the LSTMs (independent of the rest) last.
+# attention before fuse-moe takes it); the LSTMs (independent of the rest) last. The W8A8 linears before the
+# fusions, which then see a quantized linear as one node (fuse-swiglu merges a gate/up pair of them).
 DEFAULT_ORDER: list[str] = [
-    "settle-ifs", "canonicalize", "tie-weights", "refine-shapes", "fuse-rmsnorm", "fuse-layernorm", "fuse-gelu",
-    "fuse-silu", "fuse-swiglu", "fuse-rope", "fuse-attention", "fuse-moe", "fuse-lstm",
+    "settle-ifs", "canonicalize", "tie-weights", "refine-shapes", "fuse-qdq-matmul", "fuse-rmsnorm",
+    "fuse-layernorm", "fuse-gelu", "fuse-silu", "fuse-swiglu", "fuse-rope", "fuse-attention", "fuse-moe", "fuse-lstm",
     "fuse-quant-matmul",
 ]
 

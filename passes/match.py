@@ -159,6 +159,13 @@ def producer(value: ir.Value | None, *op_types: str) -> ir.Node | None:
     return p if p is not None and is_default_domain(p.domain) and p.op_type in op_types else None
 
 
+def qdq_pair(value: ir.Value | None) -> ir.Node | None:
+    """The QuantizeLinear when `value` = DequantizeLinear(QuantizeLinear(.)), a rounding a fusion must not drop
+    (the coverage reasons name it), else None."""
+    dq = producer(value, "DequantizeLinear")
+    return producer(dq.inputs[0], "QuantizeLinear") if dq is not None else None
+
+
 def users(value: ir.Value, *op_types: str) -> list[ir.Node]:
     """The standard-domain nodes of one of `op_types` that read `value`."""
     return [u.node for u in value.uses() if is_default_domain(u.node.domain) and u.node.op_type in op_types]

@@ -23,7 +23,7 @@ from models import EXAMPLES_DIR
 
 LLAMA = EXAMPLES_DIR / "tiny_llama.onnx"
 ARCHITECTURE = {"attention": 2, "norm": 5, "rotary": 4, "gated_mlp": 2, "gelu": 0, "moe": 0, "recurrent": 0,
-                "quant_matmul": 0}
+                "quant_matmul": 0, "qdq_matmul": 0}
 FAMILY_PASS = {"attention": "fuse-attention", "norm": "fuse-rmsnorm", "rotary": "fuse-rope",
                "gated_mlp": "fuse-swiglu"}
 

@@ -102,6 +102,7 @@ from opmap.fused import fast_gelu  # noqa: E402,F401
 from opmap.fused import moe_gating  # noqa: E402,F401
 from opmap.fused import dynamic_rnn  # noqa: E402,F401
 from opmap.fused import weight_quant_batch_matmul  # noqa: E402,F401
+from opmap.fused import quant_batch_matmul  # noqa: E402,F401
 
 from graphconv.frontend.contrib.registry import FUSED_TABLE  # noqa: E402  (what the load's decompositions write)
 
