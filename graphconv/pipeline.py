@@ -337,7 +337,8 @@ class Compiler:
         else:
             emitted, expected = Verification(self.ctx).run(loaded, checked, fused, cpu_form, network, cases, spill, ws)
         if self.report.quantized_linears is not None:
-            quantized_census.finish(self.report.quantized_linears, emitted.mindir, self.report.census)
+            quantized_census.finish(self.report.quantized_linears, emitted.mindir, self.report.census,
+                                    self.report.coverage)
         moves = self._artifacts(emitted.files, ws)
         if self.opt.bundle:
             moves.update(self.write_bundle(checked.model, emitted, cases, expected, ws))

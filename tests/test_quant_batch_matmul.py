@@ -267,6 +267,9 @@ def _check_llama(onnx_path: Path, report: dict, float_llama: dict, mindir: Path)
     # the gate/up pair of each layer merged into one by fuse-swiglu
     assert census["QuantBatchMatmul"] == LINEARS - 2 and census["QuantV2"] == ACTIVATIONS
     assert not {"MatMul", "MatMulExt", "Round"} & set(census) and census["Swiglu"] == 2
+    quantized = report["quantized_linears"]  # (graphconv/verify/quantized_census.py)
+    assert quantized["linears"] == quantized["on_low_bit_primitives"] == LINEARS and not quantized["fell_back"]
+    assert quantized["bytes_per_parameter"] == 1.0
     weights = _mindir_int8_weights_of(mindir, "QuantBatchMatmul")
     assert len(weights) == LINEARS - 2 and sum(d[0] * d[1] for d in weights.values()) == sum(
         numpy_helper.to_array(t).size for t in model.graph.initializer if t.data_type == TensorProto.INT8
