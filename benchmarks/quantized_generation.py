@@ -190,7 +190,8 @@ def main() -> int:
 
 
 def _table(result: dict) -> str:
-    lines = [f"W4A16 {result['size']}: checkpoint quantized bytes {result['checkpoint_quantized_bytes'] / 2**30:.3f} GiB",
+    gib = result["checkpoint_quantized_bytes"] / 2**30
+    lines = [f"W4A16 {result['size']}: checkpoint quantized bytes {gib:.3f} GiB",
              "| step | wall s | peak RSS GiB | exit |", "|---|---|---|---|"]
     lines += [f"| {s['step']} | {s['wall_s']} | {s['peak_rss_gib']} | {s['exit']} |" for s in result["steps"]]
     lines.append(f"MindIR bytes: {result['graphs_bytes']}")

@@ -83,6 +83,16 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=_json_default)
 
+    def _mindir_lines(self) -> list[str]:
+        """The MindIR's most called primitives, and where its quantized linears run."""
+        lines = []
+        if self.census:
+            top = sorted(self.census.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
+            lines.append("  MindIR primitives: " + ", ".join(f"{k} {v}" for k, v in top))
+        if self.quantized_linears is not None:
+            lines.append("  " + self.quantized_linears.summary())
+        return lines
+
     def summary(self) -> str:
         lines = [f"graphconv {self.graphconv_version}: {self.status}"
                  + (f" (target {self.provenance.get('target')})" if self.provenance.get("target") else "")]
@@ -124,11 +134,7 @@ class Report:
             if grouping.get("reason") or grouping.get("inline"):
                 line += f" ({grouping.get('reason') or 'inline: layers ' + ', '.join(map(str, grouping['inline']))})"
             lines.append(line)
-        if self.census:
-            top = sorted(self.census.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
-            lines.append("  MindIR primitives: " + ", ".join(f"{k} {v}" for k, v in top))
-        if self.quantized_linears is not None:
-            lines.append("  " + self.quantized_linears.summary())
+        lines += self._mindir_lines()
         if self.validation:
             v = self.validation
             lines.append(f"  validation: {v.get('status')} (oracle {v.get('oracle')}, checked {v.get('checked', '-')})")

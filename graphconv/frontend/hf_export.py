@@ -507,9 +507,7 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
 
     tmp = partial_dir(out_dir)
     try:
-        checkpoint = _checkpoint(files, quant)
-        if quant is not None:
-            notes.insert(0, checkpoint.note)
+        checkpoint = _checkpoint(files, quant, notes)
         graphs, shapes = _export_and_check(folder, checkpoint, cls, config, task, tmp, opset, store, say, notes)
         text = config.get_text_config(decoder=True)
         generation = {
@@ -666,13 +664,17 @@ CHECK_LAYERS = 2
 EXTERNAL_DATA_BYTES = 1 << 30  # graphs with more weight bytes keep them in FILE.onnx.data (protobuf stops at 2 GB)
 
 
-def _checkpoint(files: list[Path], quant):
+def _checkpoint(files: list[Path], quant, notes: list[str]):
     """The checkpoint's tensors as the export reads them: as stored, or dequantized where the format says
-    (`quant`, from quantized_checkpoint.scheme, gives the view)."""
+    (`quant`, from quantized_checkpoint.scheme, gives the view, whose note leads `notes`)."""
     from graphconv.frontend import weightless_export as wl
 
     checkpoint = wl.Checkpoint(files)
-    return checkpoint if quant is None else quant.view(checkpoint)
+    if quant is None:
+        return checkpoint
+    view = quant.view(checkpoint)
+    notes.insert(0, view.note)
+    return view
 
 
 def _export_and_check(folder: Path, checkpoint, cls, config, task: str, tmp: Path, opset: int, store: str, say,
@@ -780,10 +782,7 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         fixed = fixed_dynamic_axes(ir_model, g.inputs, g.input_names, g.axes)
         if fixed:
             raise UnsupportedError(f"{g.name}.onnx: {fixed}")
-        attached: dict[str, str] = {}
-        nbytes = wl.attach_weights(ir_model, source, keys, "model.", store, attached)
-        if getattr(source, "linears", None):
-            nbytes = _quantized_matmuls(ir_model, source.linears, attached, g.name, notes)
+        nbytes = _attach(ir_model, source, keys, store, g.name, notes)
         if g.rename:
             wl.rename_dim(ir_model, *g.rename)
         path = tmp / f"{g.name}.onnx"
@@ -795,12 +794,18 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
     return results, shapes
 
 
-def _quantized_matmuls(ir_model, linears: dict, attached: dict, graph: str, notes: list[str]) -> int:
-    """The quantized linears' MatMuls as MatMulNBits (frontend/quantized_linears.py); the weights kept in float
-    are noted once. Returns the bytes the initializers now take."""
+def _attach(ir_model, source, keys: dict, store: str, graph: str, notes: list[str]) -> int:
+    """The checkpoint's weights attached (weightless_export.attach_weights); a quantized linear's MatMuls then
+    MatMulNBits (frontend/quantized_linears.py), the weights kept in float noted. Returns the bytes the
+    initializers take."""
     from graphconv.frontend import quantized_linears
+    from graphconv.frontend import weightless_export as wl
 
-    kept = quantized_linears.to_matmul_nbits(ir_model, linears, attached)
+    attached: dict[str, str] = {}
+    nbytes = wl.attach_weights(ir_model, source, keys, "model.", store, attached)
+    if not getattr(source, "linears", None):
+        return nbytes
+    kept = quantized_linears.to_matmul_nbits(ir_model, source.linears, attached)
     written = sum(1 for n in ir_model.graph if n.op_type == "MatMulNBits")
     line = (f"{graph}.onnx: {written} MatMulNBits carry the checkpoint's integers"
             + (f"; {len(kept)} quantized weights kept in float ({'; '.join(kept[:3])}"

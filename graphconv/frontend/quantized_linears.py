@@ -31,7 +31,7 @@ MICROSOFT = "com.microsoft"
 
 @dataclasses.dataclass(frozen=True)
 class QuantizedLinear:
-    """One Linear weight [N, K] stored as integers: W[n, k] = (q_u[n, k] - zp_u[n, k // group]) * scale[n, k // group]."""
+    """One Linear weight [N, K] stored as integers: W[n, k] = (q_u[n, k] - zp_u[n, g]) * scale[n, g], g = k // group."""
 
     key: str  # the weight's parameter name (`model.layers.0.mlp.down_proj.weight`)
     n: int
