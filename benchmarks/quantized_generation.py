@@ -8,8 +8,9 @@ What it does, in one run:
    llm-compressor ships it: each Linear of the decoder layers as `weight_packed` int32 (random int4 values,
    packed by compressed-tensors' own `pack_to_int32`), `weight_scale` bf16 per group of 128 and
    `weight_shape`; embeddings, norms and lm_head in bf16 (the presets' `ignore: ["lm_head"]`); config.json's
-   quantization_config as the package writes it. The random weights are seeded; scales are drawn so that each
-   weight has the spread of a trained checkpoint's (about 0.02).
+   quantization_config as the package writes it. The weights are seeded N(0, STD) values quantized round to
+   nearest (symmetric min-max per group, as llm-compressor's default observer); STD is large enough that
+   greedy decoding gives varied tokens.
 2. Runs, each in a fresh subprocess with its wall time and peak RSS (ru_maxrss of the child): `graphconv
    export` (--dtype auto: the checkpoint's bf16), `graphconv compile --target cpu`, `graphconv generate` (three
    left-padded prompts, greedy), and transformers' greedy generate on the same folder in fp32 (skipped with
@@ -43,6 +44,7 @@ SIZES = {  # (hidden, intermediate, layers, heads, kv heads, vocab)
     "7b": (4096, 11008, 32, 32, 32, 32000),  # Llama-2-7B
 }
 GROUP = 128
+STD = 0.06  # the weights' spread: a random model with a trained checkpoint's 0.02 repeats one token
 PROMPTS = [[1, 450, 4996, 17354, 1701, 432, 29889, 975], [1, 306, 763, 278], [1, 1724, 338, 263, 1243, 29973]]
 
 
@@ -69,8 +71,8 @@ def write_checkpoint(folder: Path, size: str, seed: int) -> int:
     shapes = {"self_attn.q_proj": (hidden, hidden), "self_attn.k_proj": (kv * head, hidden),
               "self_attn.v_proj": (kv * head, hidden), "self_attn.o_proj": (hidden, hidden),
               "mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
-    tensors = {"model.embed_tokens.weight": (torch.randn(vocab, hidden, generator=gen) * 0.02).bfloat16(),
-               "lm_head.weight": (torch.randn(vocab, hidden, generator=gen) * 0.02).bfloat16(),
+    tensors = {"model.embed_tokens.weight": (torch.randn(vocab, hidden, generator=gen) * STD).bfloat16(),
+               "lm_head.weight": (torch.randn(vocab, hidden, generator=gen) * STD).bfloat16(),
                "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)}
     quantized = 0
     for i in range(layers):
@@ -78,8 +80,9 @@ def write_checkpoint(folder: Path, size: str, seed: int) -> int:
         tensors[f"{p}.input_layernorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
         tensors[f"{p}.post_attention_layernorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
         for name, (n, k) in shapes.items():
-            q = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
-            scale = (0.02 / 4.6 * (1 + 0.1 * torch.rand(n, k // GROUP, generator=gen))).bfloat16()
+            w = torch.randn(n, k // GROUP, GROUP, generator=gen) * STD
+            scale = (w.abs().amax(-1) / 7.5).bfloat16()  # round to nearest, min-max per group (symmetric)
+            q = (w / scale.float()[..., None]).round().clamp(-8, 7).to(torch.int8).reshape(n, k)
             tensors[f"{p}.{name}.weight_packed"] = pack_to_int32(q, 4)
             tensors[f"{p}.{name}.weight_scale"] = scale
             tensors[f"{p}.{name}.weight_shape"] = torch.tensor([n, k], dtype=torch.int64)
