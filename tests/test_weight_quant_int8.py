@@ -6,6 +6,11 @@ quantized by onnxruntime's own tools."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -273,3 +278,87 @@ def test_fuse_swiglu_merges_an_int8_gate_up_pair_into_one_weight_quant_batch_mat
     assert report.fusions["fuse-swiglu"] == 1 and report.fusions["fuse-quant-matmul"] == 1
     assert report.census["WeightQuantBatchMatmul"] == 1 and report.census["Swiglu"] == 1
     assert list(_parameters(tmp_path / "contrib.mindir", "INT8").values()) == [([192, 128], 192 * 128)]
+
+
+# --- a tiny Llama quantized by onnxruntime's own tools ---------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = 2  # models/llama.py's default, which models/examples/tiny_llama.onnx was exported with
+LINEARS = 7 * LAYERS + 1  # q, k, v, o, gate, up, down per layer, and the lm_head
+# MatMulNBitsQuantizer as a user runs it: blocks of 32, with zero points; 8 bits as MatMulNBits (QOperator), 4
+# bits as DequantizeLinear of int4 / uint4 (QDQ: the only width its QDQ format writes). onnxruntime 1.32 has no
+# weight-only int8 QDQ: quantize_static quantizes activations too, quantize_dynamic writes integer matmuls.
+QUANTIZE = """
+import sys, onnx
+from onnxruntime.quantization import QuantFormat
+from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+bits, qdq = int(sys.argv[3]), sys.argv[4] == "qdq"
+q = MatMulNBitsQuantizer(onnx.load(sys.argv[1]), algo_config=DefaultWeightOnlyQuantConfig(
+    block_size=32, is_symmetric=False, bits=bits, quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator))
+q.process()
+onnx.save(q.model.model, sys.argv[2])
+"""
+
+
+def _compile(onnx_path: Path, out: Path, target: str = "ascend") -> dict:
+    subprocess.run([sys.executable, "-m", "graphconv", "compile", str(onnx_path), "-o", str(out), "--target", target,
+                    "--report", str(out.with_suffix(".json")), "-q"], check=True, cwd=ROOT)
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+@pytest.fixture(scope="module")
+def float_llama_fusions(tmp_path_factory):
+    report = _compile(ROOT / "models/examples/tiny_llama.onnx", tmp_path_factory.mktemp("float") / "float.mindir")
+    return {k: v for k, v in report["fusions"].items() if k != "fuse-quant-matmul"}
+
+
+def _quantized_llama(tmp_path: Path, bits: int, fmt: str) -> tuple[Path, list[tuple[int, int]]]:
+    """The quantized model and the (K, N) of each quantized weight, read from it."""
+    path = tmp_path / "q.onnx"
+    # In a child: onnxruntime.transformers imports a module `fusion_utils`, which tests/ also has.
+    subprocess.run([sys.executable, "-c", QUANTIZE, str(ROOT / "models/examples/tiny_llama.onnx"), str(path),
+                    str(bits), fmt], check=True, cwd=tmp_path, capture_output=True)
+    m = onnx.load(path)
+    if fmt == "qoperator":
+        nbits = [{a.name: helper.get_attribute_value(a) for a in n.attribute} for n in m.graph.node
+                 if n.op_type == "MatMulNBits"]
+        assert all(a["bits"] == bits for a in nbits)
+        return path, [(a["K"], a["N"]) for a in nbits]
+    dims = {t.name: list(t.dims) for t in m.graph.initializer}
+    dq = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
+    assert {TensorProto.UINT4} == {t.data_type for t in m.graph.initializer if t.name in {n.input[0] for n in dq}}
+    return path, [tuple(dims[n.input[0]]) for n in dq]
+
+
+@pytest.mark.parametrize("bits,fmt", [(8, "qoperator"), pytest.param(4, "qdq", marks=pytest.mark.slow)])
+def test_tiny_llama_quantized_by_onnxruntime_is_weight_quant_batch_matmuls_with_the_float_fusions(
+        tmp_path, float_llama_fusions, bits, fmt):
+    path, weights = _quantized_llama(tmp_path, bits, fmt)
+    assert len(weights) == LINEARS
+    report = _compile(path, tmp_path / "q.mindir")
+    assert report["status"] == "verified"
+    assert {k: v for k, v in report["fusions"].items() if k != "fuse-quant-matmul"} == float_llama_fusions
+    assert float_llama_fusions["fuse-swiglu"] == LAYERS and float_llama_fusions["fuse-attention"] == LAYERS
+    # every linear a WeightQuantBatchMatmul, each layer's gate/up pair merged into one by fuse-swiglu
+    census = subprocess.run([sys.executable, "-m", "graphconv", "inspect", str(tmp_path / "q.mindir"), "--json"],
+                            check=True, cwd=ROOT, capture_output=True, text=True)
+    primitives = json.loads(census.stdout)["primitives"]
+    assert primitives["WeightQuantBatchMatmul"] == LINEARS - LAYERS == report["fusions"]["fuse-quant-matmul"]
+    assert not {"MatMulExt", "MatMul", "BatchMatMul", "RightShift", "Dequantize"} & set(primitives)
+    stored = _parameters(tmp_path / "q.mindir", "INT8" if bits == 8 else "QINT4X2")
+    assert len(stored) == LINEARS - LAYERS
+    assert sum(b for _, b in stored.values()) == sum(k * n * bits // 8 for k, n in weights)
+    assert all(b == dims[0] * dims[1] for dims, b in stored.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bits,fmt", [(8, "qoperator"), (4, "qdq")])
+def test_tiny_llama_quantized_compiles_for_cpu_equal_to_onnxruntime(tmp_path, bits, fmt):
+    """--target cpu: the network (the bodies' integer unpacking, in MindSpore) against onnxruntime on the
+    quantized model at the reference cases' shapes, (3, 5) and (5, 11): not the export's (2, 7)."""
+    path, _ = _quantized_llama(tmp_path, bits, fmt)
+    report = _compile(path, tmp_path / "q.mindir", target="cpu")
+    assert report["status"] == "verified" and report["fusions"]["fuse-quant-matmul"] == LINEARS - LAYERS
+    outputs = [o for c in report["validation"]["cases"] for o in c["outputs"]]
+    assert [c["inputs"]["input_ids"] for c in report["validation"]["cases"]] == [[3, 5], [5, 11]]
+    assert all(o["max_abs"] < 1e-4 and o["cosine"] > 0.99999 for o in outputs), outputs
