@@ -119,7 +119,7 @@ def qdq_model(q_type=TensorProto.INT8, layout="channel", zp=False, k=128, n=48, 
     for i in range(weights):
         ins = [f"w{i}_q", f"w{i}_s"] + ([f"w{i}_zp"] if zp else [])
         inits += [_q_tensor(f"w{i}_q", q_type, RNG.integers(lo, hi, (k, n))),
-                  numpy_helper.from_array(RNG.uniform(0.01, 0.1, shape).astype(np.float32) * 8 / (hi - lo),
+                  numpy_helper.from_array((RNG.uniform(0.01, 0.1, shape) * 8 / (hi - lo)).astype(np.float32),
                                           f"w{i}_s")]  # weights of about 4-bit ones' magnitude
         if zp:
             inits.append(_q_tensor(f"w{i}_zp", q_type, RNG.integers(lo, hi, shape)))
