@@ -1,30 +1,44 @@
-"""mindspore::WeightQuantBatchMatmul(x, weight, antiquant_scale, antiquant_offset; antiquant_group_size) -> y,
-MindSpore's `WeightQuantBatchMatmul` (ops.auto_generate) with int4 weights (docs/fused_ops.md).
+"""mindspore::WeightQuantBatchMatmul(x, weight, antiquant_scale, antiquant_offset; antiquant_group_size,
+weight_bits) -> y, MindSpore's `WeightQuantBatchMatmul` (ops.auto_generate) with int4 or int8 weights
+(docs/fused_ops.md).
 
-y = x @ W, W[k, j] = (q[j, k] + antiquant_offset[k // g, j]) * antiquant_scale[k // g, j], g = antiquant_group_size.
+y = x @ W, W[k, j] = (q[j, k] + antiquant_offset[k // g, j]) * antiquant_scale[k // g, j], g = antiquant_group_size
+(g = 0: per channel, W[k, j] = (q[j, k] + antiquant_offset[j]) * antiquant_scale[j]).
 
-weight is the int8 container of the qint4x2 tensor [N, K/2] (transpose_weight=True: the weight stored [N, K]):
-byte (j, i) holds q[j, 2i] in its low nibble and q[j, 2i + 1] in its high one, each a two's-complement int4
-(-8..7). antiquant_scale and antiquant_offset are (K/g, N) in x's dtype: MindSpore 2.10's per-group layout
-(ceil(k/g), n), not transposed by transpose_weight. Ascend's offset is ADDED to the weight, so it is MINUS
-the zero point: from MatMulNBits' unsigned q_u with zero point zp, q = q_u - 8 (the byte XOR 0x88) and
-offset = 8 - zp give (q + offset) * s = (q_u - zp) * s exactly (graphconv/frontend/contrib/quant.py).
+Two weight forms, told apart by the attribute weight_bits: MindSpore tells them apart by the weight's dtype
+(qint4x2 or int8), but in the graph both are int8 containers, whose shapes alone do not say which one is
+meant. transpose_weight=True in both: the weight is stored [N, K].
+- weight_bits 4: the int8 container of the qint4x2 tensor [N, K/2]: byte (j, i) holds q[j, 2i] in its low nibble
+  and q[j, 2i + 1] in its high one, each a two's-complement int4 (-8..7). K even.
+- weight_bits 8: the int8 tensor [N, K] itself (A16W8), q = the byte.
+antiquant_scale and antiquant_offset are in x's dtype, (K/g, N) per group (MindSpore 2.10's per-group layout
+(ceil(k/g), n), not transposed by transpose_weight; g a multiple of 32 in [32, K-1]) or (N,) per channel with
+g = 0 (the layout MindFormers' A8W4 dense linear gives its int8 [N, K] weight's (N,) scale, calling
+WeightQuantBatchMatmul(False, True, group_size)). Ascend's offset is ADDED to the weight, so it is MINUS the
+zero point: from an unsigned q_u with zero point zp, q = q_u - 2^(bits-1) (the byte XOR 0x88 for 4 bits, XOR
+0x80 for 8) and offset = 2^(bits-1) - zp give (q + offset) * s = (q_u - zp) * s exactly; a signed q is kept,
+offset -zp (graphconv/frontend/contrib/quant.py for MatMulNBits, graphconv/frontend/weight_only_qdq.py for
+DequantizeLinear weights).
 
 Reference body (what onnxruntime runs and the cpu twin inlines): the bytes cast to int32 (sign-extended);
-lo_u = Mod(b, 16) (fmod 0: the divisor's sign, 0..15), hi = (b - lo_u) / 16 (exact, -8..7: an arithmetic
-shift), lo = Mod(lo_u + 8, 16) - 8 (the low nibble sign-extended); interleaved [lo, hi] per byte into [N, K];
-then in fp32: (q + offset) * scale per group, transposed to [K, N], x @ W, cast back to x's dtype. Integer
-ops only up to the int32 -> fp32 Cast (every value exact), and no int8 MatMul: MindSpore's CPU has none
-(its int8 MatMul returns int8). Integers rather than DequantizeLinear on an INT4 initializer: INT4 needs
-opset 21 (models here are at 17/18) and graphconv binds no 4-bit tensor on CPU.
+with m = 2^weight_bits: lo_u = Mod(b, m) (fmod 0: the divisor's sign, 0..m-1), hi = (b - lo_u) / m (exact: an
+arithmetic shift), lo = Mod(lo_u + m/2, m) - m/2 (lo_u sign-extended); the first 8 / weight_bits of [lo, hi]
+per byte kept (both nibbles for 4 bits; lo = b for 8, hi then unused) into [N, K]; then in fp32:
+(q + offset) * scale per group (the groups read from the scale's shape, (N,) being one group of K), transposed
+to [K, N], x @ W, cast back to x's dtype. Integer ops only up to the int32 -> fp32 Cast (every value exact),
+and no int8 MatMul: MindSpore's CPU has none (its int8 MatMul returns int8). Integers rather than
+DequantizeLinear on an INT4 initializer: INT4 needs opset 21 (models here are at 17/18) and graphconv binds no
+4-bit tensor on CPU.
 
 The ascend lowering: WeightQuantBatchMatmul(transpose_x=False, transpose_weight=True, antiquant_group_size=g)
-(x, weight as a qint4x2 Parameter, scale, offset). The primitive takes x, scale and offset in fp16/bf16 only
-(scale/offset dtype = x's): an fp32 model's x is cast to fp16 around it and the result back, as
-FlashAttentionScore's lowering does, and its constant scale and offset are stored in fp16 (converted once at
-compile time); the ascend-precision body rounds those through fp16.
+(x, weight as a qint4x2 Parameter (weight_bits 4) or an int8 one (8), scale, offset). The primitive takes x,
+scale and offset in fp16/bf16 only (scale/offset dtype = x's): an fp32 model's x is cast to fp16 around it and
+the result back, as FlashAttentionScore's lowering does, and its constant scale and offset are stored in fp16
+(converted once at compile time); the ascend-precision body rounds those through fp16.
 UNCONFIRMED without a device: the nibble order (element 2j in the low nibble, read from MindSpore's qint4x2
-docs) and the offset's sign (y = x @ ((w + offset) * scale), MindSpore 2.10's docstring).
+docs), the offset's sign (y = x @ ((w + offset) * scale), MindSpore 2.10's docstring and CANN's
+aclnnWeightQuantBatchMatmulV2), and the per-channel form's (N,) scale with group 0 for int8 (CANN documents
+(N,), (1, N) and (1,); MindFormers passes (N,)); an fp16 offset of up to 255 in magnitude is exact in fp16.
 """
 
 from __future__ import annotations
@@ -133,7 +147,7 @@ WEIGHT_QUANT_BATCH_MATMUL = define(FusedOp(
     ascend_body=_make_body(TensorProto.FLOAT16), producer="fuse-quant-matmul", family="quant_matmul",
     as_is_inputs=(1,), ascend_compute="fp16",
     likely_causes="the nibble order (element 2j in the low nibble), the offset's sign (+offset = -zero point), "
-                  "the scale layout (K/g, N), fp16 rounding of x and the scales",
+                  "the scale layout ((K/g, N), or (N,) per channel), fp16 rounding of x and the scales",
     constraints=CONSTRAINTS))
 
 

@@ -1,14 +1,16 @@
 """Quantized contrib ops -> standard ONNX that dequantizes in the graph.
 
-A 4-bit MatMulNBits of whole blocks (block_size a multiple of 32, within WeightQuantBatchMatmul's limits)
-becomes mindspore::WeightQuantBatchMatmul here, directly: this is where its packed bytes, scales and zero
-points are read, so its weight is re-laid once as the qint4x2 [N, K/2] the primitive takes (B XOR 0x88), the
-scales as (K/g, N) and the zero points as the offsets 8 - zp (opmap/fused/weight_quant_batch_matmul.py: the
-record, its body and its limits, read through registry.FUSED_TABLE). Emitting the node here rather than
-recognising an unpack + MatMul in a pass keeps it one node through onnxsim (its weights are held out of it,
-like the packed ones) and needs no pattern of twenty nodes; passes/fuse_quant_matmul.py reports it, and
-fuse-swiglu merges a gate/up pair of them. The ascend MindIR holds the weight packed (QINT4X2), the cpu twin
-unpacks the same bytes with integer ops.
+A 4-bit or 8-bit MatMulNBits of whole blocks (block_size a multiple of 32, within WeightQuantBatchMatmul's
+limits) becomes mindspore::WeightQuantBatchMatmul here, directly: this is where its packed bytes, scales and
+zero points are read, so its weight is re-laid once, 4 bits as the qint4x2 [N, K/2] the primitive takes (B
+XOR 0x88, weight_bits 4), 8 bits as int8 [N, K] (B XOR 0x80, weight_bits 8), the scales as (K/g, N) and the
+zero points as the offsets 2^(bits-1) - zp (opmap/fused/weight_quant_batch_matmul.py: the record, its body and
+its limits, read through registry.FUSED_TABLE). Emitting the node here rather than recognising an unpack +
+MatMul in a pass keeps it one node through onnxsim (its weights are held out of it, like the packed ones) and
+needs no pattern of twenty nodes; passes/fuse_quant_matmul.py reports it, and fuse-swiglu merges a gate/up
+pair of them. The ascend MindIR holds the weight packed (QINT4X2) or as int8 (INT8), the cpu twin unpacks the
+same bytes with integer ops. Weight-only DequantizeLinear + MatMul become the same op on load too
+(graphconv/frontend/weight_only_qdq.py).
 Every other form keeps the decomposition: the packed weights stay the initializers they are (same bytes, same
 uint8 type), so the compiled network carries them packed; the graph unpacks them with BitShift and BitwiseAnd
 (Mod below opset 18), subtracts the zero point, multiplies by the scale and then runs the float op (MatMul,
