@@ -59,7 +59,7 @@ CONSTRAINTS = (
     Constraint("N at most 65535", _DOCSTRING, ("N",), lambda N: 1 <= N <= 65535),
     Constraint("K even for 4-bit weights (two int4 per qint4x2 byte)", "mindspore 2.10 qint4x2", ("K", "bits"),
                lambda K, bits: bits != 4 or K % 2 == 0),
-    Constraint("weight_bits 4 (qint4x2) or 8 (int8)", "mindspore 2.10 WeightQuantBatchMatmul weight dtypes",
+    Constraint("weight_bits 4 (qint4x2) or 8 (int8)", "CANN aclnnWeightQuantBatchMatmulV2 weight dtypes (int4, int8)",
                ("bits",), lambda bits: bits in (4, 8)),
 )
 
