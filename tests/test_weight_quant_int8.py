@@ -234,6 +234,10 @@ def test_compiles_to_one_primitive_with_an_int8_weight(tmp_path, source):
     assert all(o["max_abs"] == 0 for c in report.validation["cases"] for o in c["outputs"])
     assert list(_parameters(tmp_path / "contrib.mindir", "INT8").values()) == [([96, 256], 96 * 256)]
     assert _parameters(tmp_path / "contrib.mindir", "QINT4X2") == {}
+    load = next(s for s in report.stages if s.name == "load")
+    assert load.detail["quantized_weights"] == {"w_q": f"uint8 block 32, zero points given; {quant.AS_INT8}"} \
+        if source == "matmul_nbits" else {"w0_q": "uint8 per channel, offsets 128 - zero point; the int8 [N, K] "
+                                                  "weight of a WeightQuantBatchMatmul"}
 
 
 def test_a_blocked_int4_dequantize_linear_compiles_to_a_qint4x2_weight(tmp_path):
