@@ -112,8 +112,10 @@ def form_of(dq: onnx.NodeProto, arrays: list[np.ndarray | None], q_type: int) ->
     if broken is not None:
         return f"WeightQuantBatchMatmul needs {broken.text} ({broken.source}) at K={k}, N={n}, group {group}"
     laid = (n,) if group == 0 else (k // group, n)
-    zero = np.zeros(laid, np.int16) if zp is None else np.broadcast_to(zp.astype(np.int16).reshape(-1), (n,)) \
-        if group == 0 else zp.astype(np.int16)
+    if zp is None:
+        zero = np.zeros(laid, np.int16)
+    else:  # (per tensor: one zero point, repeated over N like the scale)
+        zero = np.broadcast_to(zp.astype(np.int16).reshape(-1), laid) if group == 0 else zp.astype(np.int16)
     shift = 1 << (bits - 1) if q_type in _UNSIGNED else 0  # unsigned q_u is stored as q_u - 2^(bits-1)
     signed = (q - shift).T  # [N, K], -2^(bits-1)..2^(bits-1)-1
     weight = signed.astype(np.int8) if bits == 8 else _qint4x2(signed)
