@@ -213,9 +213,10 @@ def _free_sources(sources: list[ir.Value]) -> None:
 
 
 class SwigluQuantFusion(pattern.RewriteRuleClassBase):
-    """silu(WQBMM(x, Wg, sg, og)) * WQBMM(x, Wu, su, ou), one group size -> Swiglu(WQBMM(x, [Wg ; Wu],
-    [sg | su], [og | ou])): the qint4x2 weights [N, K/2] concatenated along N (axis 0), the scales and offsets
-    (K/g, N) along N (axis 1): each output column keeps its own bytes, scale and offset, so it is exact."""
+    """silu(WQBMM(x, Wg, sg, og)) * WQBMM(x, Wu, su, ou), one group size and one weight form -> Swiglu(WQBMM(x,
+    [Wg ; Wu], [sg | su], [og | ou])): the weights (qint4x2 [N, K/2] or int8 [N, K]) concatenated along N (axis
+    0), the scales and offsets ((K/g, N), or (N,) per channel) along N (their last axis): each output column
+    keeps its own bytes, scale and offset, so it is exact."""
 
     def __init__(self, name: str, up_first: bool):
         super().__init__(name)
@@ -235,10 +236,13 @@ class SwigluQuantFusion(pattern.RewriteRuleClassBase):
         groups = [v.producer().attributes.get_int("antiquant_group_size") for v in (gate, up)]
         if groups[0] != groups[1]:
             return result.fail(f"gate/up group sizes {groups[0]} and {groups[1]}: not one WeightQuantBatchMatmul", gate)
+        bits = [v.producer().attributes.get_int("weight_bits", 4) for v in (gate, up)]
+        if bits[0] != bits[1]:
+            return result.fail(f"gate/up weights of {bits[0]} and {bits[1]} bits: not one WeightQuantBatchMatmul", gate)
         held = [operands[k].const_value for k in ("wg", "sg", "og", "wu", "su", "ou")]
         if any(h is None for h in held):
             return result.fail("the gate/up quantized weights are not initializers (nothing to merge)", wg)
-        if held[0].shape[1:] != held[3].shape[1:] or held[1].shape[0] != held[4].shape[0]:
+        if held[0].shape[1:] != held[3].shape[1:] or held[1].shape[:-1] != held[4].shape[:-1]:
             return result.fail(f"gate/up weights of shapes {held[0].shape} and {held[3].shape}: not one K", wg)
         if len(list(gate.uses())) > 2 or len(list(up.uses())) > 1:
             return result.fail("the projections' results are used elsewhere too", gate)
@@ -246,8 +250,8 @@ class SwigluQuantFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"dtype {x.dtype}: Swiglu takes float32, float16 or bfloat16", x)
         from opmap.fused.weight_quant_batch_matmul import WEIGHT_QUANT_BATCH_MATMUL
 
-        k, n = 2 * held[0].shape[1], held[0].shape[0] + held[3].shape[0]
-        broken = WEIGHT_QUANT_BATCH_MATMUL.broken({"K": k, "N": n, "G": groups[0]})
+        k, n = held[0].shape[1] * 8 // bits[0], held[0].shape[0] + held[3].shape[0]
+        broken = WEIGHT_QUANT_BATCH_MATMUL.broken({"K": k, "N": n, "G": groups[0], "bits": bits[0]})
         if broken is not None:
             return result.fail(f"the merged WeightQuantBatchMatmul would break: {broken.text} ({broken.source}) "
                                f"at N={n}", wg)
@@ -257,15 +261,16 @@ class SwigluQuantFusion(pattern.RewriteRuleClassBase):
     def rewrite(self, op, x, gate, **operands):
         graph = self._graph
         merged = []
-        for parts, axis in ((("wg", "wu"), 0), (("sg", "su"), 1), (("og", "ou"), 1)):  # [N, K/2]; (K/g, N)
+        for parts, axis in ((("wg", "wu"), 0), (("sg", "su"), -1), (("og", "ou"), -1)):  # [N, .]; (K/g, N) | (N,)
             g, u = (operands[k] for k in parts)
             name = match.unique_initializer_name(graph, f"{g.name}_gate_up")
             tensor = ir.tensor(np.concatenate([g.const_value.numpy(), u.const_value.numpy()], axis=axis), name=name)
             merged.append(op.initializer(tensor, name=name))
             record_made(graph, name, [g.name, u.name], f"concat axis {axis}", made_by="fuse-swiglu")
             self._sources += [g, u]
-        group = gate.producer().attributes.get_int("antiquant_group_size")
-        h = op.WeightQuantBatchMatmul(x, *merged, antiquant_group_size=group, _domain="mindspore")
+        attrs = gate.producer().attributes
+        h = op.WeightQuantBatchMatmul(x, *merged, antiquant_group_size=attrs.get_int("antiquant_group_size"),
+                                      weight_bits=attrs.get_int("weight_bits", 4), _domain="mindspore")
         return op.Swiglu(h, dim=-1, _domain="mindspore")
 
     def setup(self):

@@ -44,11 +44,14 @@ DOCUMENTED = {
         [{"S1": 1, "S2": 20971520}], [{"S1": 1, "S2": 20971521}, {"S1": 20971521, "S2": 1}]),
     ("MoeGatingTopKSoftmax", "1 <= k <= 1024"): ([{"k": 1}, {"k": 1024}], [{"k": 0}, {"k": 1025}]),
     ("MoeGatingTopKSoftmax", "k at most the experts E"): ([{"k": 8, "E": 8}], [{"k": 9, "E": 8}]),
-    ("WeightQuantBatchMatmul", "antiquant_group_size a multiple of 32 in [32, K-1]"): (
-        [{"K": 34, "G": 32}, {"K": 128, "G": 64}], [{"K": 32, "G": 32}, {"K": 128, "G": 48}, {"K": 128, "G": 16}]),
+    ("WeightQuantBatchMatmul", "antiquant_group_size 0 (per channel) or a multiple of 32 in [32, K-1]"): (
+        [{"K": 34, "G": 32}, {"K": 128, "G": 64}, {"K": 128, "G": 0}],
+        [{"K": 32, "G": 32}, {"K": 128, "G": 48}, {"K": 128, "G": 16}]),
     ("WeightQuantBatchMatmul", "K at most 65535"): ([{"K": 65534}], [{"K": 65536}]),
     ("WeightQuantBatchMatmul", "N at most 65535"): ([{"N": 65535}], [{"N": 65536}]),
-    ("WeightQuantBatchMatmul", "K even (two int4 per qint4x2 byte)"): ([{"K": 64}], [{"K": 65}]),
+    ("WeightQuantBatchMatmul", "K even for 4-bit weights (two int4 per qint4x2 byte)"): (
+        [{"K": 64, "bits": 4}, {"K": 65, "bits": 8}], [{"K": 65, "bits": 4}]),
+    ("WeightQuantBatchMatmul", "weight_bits 4 (qint4x2) or 8 (int8)"): ([{"bits": 4}, {"bits": 8}], [{"bits": 2}]),
 }
 
 

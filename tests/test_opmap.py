@@ -1255,7 +1255,7 @@ case("DynamicRNN_fused", "DynamicRNN", [x("seq", "batch", 4), k(weights(1, 12, 4
 case("WeightQuantBatchMatmul_fused", "WeightQuantBatchMatmul",
      [x("batch", 64), k(np.random.default_rng(3).integers(-128, 128, (8, 32)), np.int8),
       k(np.random.default_rng(4).uniform(0.01, 0.1, (2, 8)), F32), k(np.full((2, 8), 8.0), F32)],
-     {"antiquant_group_size": 32}, domain=fused.DOMAIN,
+     {"antiquant_group_size": 32, "weight_bits": 4}, domain=fused.DOMAIN,
      xfail="WeightQuantBatchMatmul has no CPU kernel (Ascend only); tests/test_weight_quant_batch_matmul.py checks "
            "the cpu twin")
 case("MoeGatingTopKSoftmax_fused", "MoeGatingTopKSoftmax", [x("batch", 8)], {"k": 2}, n_out=2, domain=fused.DOMAIN,

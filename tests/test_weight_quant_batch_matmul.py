@@ -30,7 +30,7 @@ WQBMM = FUSED_OPS["WeightQuantBatchMatmul"]
 
 def _body_model(k: int, n: int, group: int, x_type=TensorProto.FLOAT):
     node = helper.make_node("WeightQuantBatchMatmul", ["x", "w", "s", "o"], ["y"], domain="mindspore",
-                            antiquant_group_size=group)
+                            antiquant_group_size=group, weight_bits=4)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", x_type, ["m", k]),
                                             helper.make_tensor_value_info("w", TensorProto.INT8, [n, k // 2]),
                                             helper.make_tensor_value_info("s", x_type, [k // group, n]),
@@ -84,9 +84,9 @@ def test_matmul_nbits_becomes_one_fused_node_equal_to_onnxruntime(zp, bias):
 
 
 @pytest.mark.parametrize("change,reason", [
-    (dict(bits=8), "bits=8 (only 4-bit weights are emitted, as qint4x2)"),
-    (dict(block=16), "WeightQuantBatchMatmul needs antiquant_group_size a multiple of 32 in [32, K-1]"),
-    (dict(k=32), "WeightQuantBatchMatmul needs antiquant_group_size a multiple of 32 in [32, K-1]"),
+    (dict(bits=2), "bits=2 (WeightQuantBatchMatmul takes 4-bit weights, as qint4x2, and 8-bit ones, as int8)"),
+    (dict(block=16), "WeightQuantBatchMatmul needs antiquant_group_size 0 (per channel) or a multiple of 32 in"),
+    (dict(k=32), "WeightQuantBatchMatmul needs antiquant_group_size 0 (per channel) or a multiple of 32 in"),
     (dict(k=80), "K=80 is not a multiple of block_size=32 (a padded last block)"),
     (dict(opset=14), "opset 14 (the fused body needs CastLike, opset 15)"),
 ])
@@ -105,7 +105,9 @@ def test_constraints_at_their_boundaries():
     assert "multiple of 32" in WQBMM.broken({"K": 128, "N": 8, "G": 48}).text
     assert "N at most" in WQBMM.broken({"K": 64, "N": 65536, "G": 32}).text
     assert "K at most" in WQBMM.broken({"K": 65536, "N": 8, "G": 64}).text
-    assert "K even" in WQBMM.broken({"K": 65, "N": 8, "G": 32}).text
+    assert "K even" in WQBMM.broken({"K": 65, "N": 8, "G": 32, "bits": 4}).text
+    assert WQBMM.broken({"K": 65, "N": 8, "G": 0, "bits": 8}) is None  # int8, per channel: K odd is fine
+    assert "weight_bits 4" in WQBMM.broken({"K": 64, "N": 8, "G": 32, "bits": 2}).text
 
 
 def _qint4x2_bytes(mindir: Path) -> dict[str, tuple[list, int]]:

@@ -403,14 +403,19 @@ def dense_weights(graph: ir.Graph) -> set[ir.Value]:
 
 
 def qint4x2_weights(graph: ir.Graph) -> set[ir.Value]:
-    """int8 initializers read only as the weight (input 1) of mindspore::WeightQuantBatchMatmul nodes: their
-    Parameters are qint4x2 (the same bytes; opmap/fused/weight_quant_batch_matmul.py)."""
+    """int8 initializers read only as the 4-bit weight (input 1, weight_bits 4) of mindspore::WeightQuantBatchMatmul
+    nodes: their Parameters are qint4x2 (the same bytes; opmap/fused/weight_quant_batch_matmul.py). An 8-bit
+    weight (weight_bits 8) stays the int8 Parameter it is."""
+    def as_qint4x2(use) -> bool:
+        node = use.node
+        return node.op_type == "WeightQuantBatchMatmul" and node.domain == "mindspore" and use.idx == 1 \
+            and node.attributes.get_int("weight_bits", 4) == 4
+
     picked = set()
     for v in graph.initializers.values():
         uses = list(v.uses())
         if v.const_value is not None and v.const_value.dtype == ir.DataType.INT8 and uses and not v.is_graph_output() \
-                and all(u.node.op_type == "WeightQuantBatchMatmul" and u.node.domain == "mindspore" and u.idx == 1
-                        for u in uses):
+                and all(as_qint4x2(u) for u in uses):
             picked.add(v)
     return picked
 

@@ -18,7 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
-from graphconv.frontend import contrib, weights
+from graphconv.frontend import contrib, weight_only_qdq, weights
 from graphconv.frontend.contained import inside
 from graphconv.frontend.contrib import cases
 from graphconv.frontend.contrib import quant
@@ -321,6 +321,14 @@ def load(path: str | os.PathLike) -> LoadedModel:
         # subgraph's) keep the check by path, which resolves their files relative to the model.
         nested = any(uses_external_data(t) for t in _get_all_tensors(bare))
         _check(str(path) if nested else bare, path)
+    # Weight-only QDQ MatMuls as WeightQuantBatchMatmul (graphconv.frontend.weight_only_qdq): the oracle runs
+    # the model as given, the re-laid weights are held out of onnxsim like MatMulNBits' ones.
+    fused, qdq_weights, written = weight_only_qdq.fuse(model)
+    quantized = {**quantized, **qdq_weights}
+    if written:
+        as_given = as_given or model
+        packed = sorted({*packed, *quant.weight_quant_weights(fused)})
+    model = fused
     if external:
         external = sum(r.length for r in weights.external_refs(model).values())
     if default_opset(model) < MIN_OPSET:

@@ -1,14 +1,16 @@
 """Quantized contrib ops -> standard ONNX that dequantizes in the graph.
 
-A 4-bit MatMulNBits of whole blocks (block_size a multiple of 32, within WeightQuantBatchMatmul's limits)
-becomes mindspore::WeightQuantBatchMatmul here, directly: this is where its packed bytes, scales and zero
-points are read, so its weight is re-laid once as the qint4x2 [N, K/2] the primitive takes (B XOR 0x88), the
-scales as (K/g, N) and the zero points as the offsets 8 - zp (opmap/fused/weight_quant_batch_matmul.py: the
-record, its body and its limits, read through registry.FUSED_TABLE). Emitting the node here rather than
-recognising an unpack + MatMul in a pass keeps it one node through onnxsim (its weights are held out of it,
-like the packed ones) and needs no pattern of twenty nodes; passes/fuse_quant_matmul.py reports it, and
-fuse-swiglu merges a gate/up pair of them. The ascend MindIR holds the weight packed (QINT4X2), the cpu twin
-unpacks the same bytes with integer ops.
+A 4-bit or 8-bit MatMulNBits of whole blocks (block_size a multiple of 32, within WeightQuantBatchMatmul's
+limits) becomes mindspore::WeightQuantBatchMatmul here, directly: this is where its packed bytes, scales and
+zero points are read, so its weight is re-laid once, 4 bits as the qint4x2 [N, K/2] the primitive takes (B
+XOR 0x88, weight_bits 4), 8 bits as int8 [N, K] (B XOR 0x80, weight_bits 8), the scales as (K/g, N) and the
+zero points as the offsets 2^(bits-1) - zp (opmap/fused/weight_quant_batch_matmul.py: the record, its body and
+its limits, read through registry.FUSED_TABLE). Emitting the node here rather than recognising an unpack +
+MatMul in a pass keeps it one node through onnxsim (its weights are held out of it, like the packed ones) and
+needs no pattern of twenty nodes; passes/fuse_quant_matmul.py reports it, and fuse-swiglu merges a gate/up
+pair of them. The ascend MindIR holds the weight packed (QINT4X2) or as int8 (INT8), the cpu twin unpacks the
+same bytes with integer ops. Weight-only DequantizeLinear + MatMul become the same op on load too
+(graphconv/frontend/weight_only_qdq.py).
 Every other form keeps the decomposition: the packed weights stay the initializers they are (same bytes, same
 uint8 type), so the compiled network carries them packed; the graph unpacks them with BitShift and BitwiseAnd
 (Mod below opset 18), subtracts the zero point, multiplies by the scale and then runs the float op (MatMul,
@@ -112,7 +114,7 @@ def matmul_nbits(rw: Rewrite) -> None:
     a, a_type = rw.input(0), rw.dtype(rw.input(0))
     refusal = weight_quant_refusal(k, n, bits, block) or _held_refusal(rw, a_type)
     if refusal is None:
-        _weight_quant_batch_matmul(rw, k, n, block)
+        _weight_quant_batch_matmul(rw, k, n, bits, block)
         return
     work = FLOAT if a_type in LOW_PRECISION or a_type is None else a_type
 
@@ -141,21 +143,23 @@ def matmul_nbits(rw: Rewrite) -> None:
 KEPT = "kept packed, dequantized in the network (a small one is folded at compile time)"
 AS_QINT4X2 = ("kept packed: the qint4x2 [N, K/2] weight of a WeightQuantBatchMatmul (its bytes XOR 0x88), the "
               "scales (K/g, N), the offsets 8 - zero point")
+AS_INT8 = ("the int8 [N, K] weight of a WeightQuantBatchMatmul (its bytes XOR 0x80), the scales (K/g, N), the "
+           "offsets 128 - zero point")
 # The doc_string of a dequantized MatMulNBits' MatMul: then why it is no WeightQuantBatchMatmul (coverage)
 NOT_FUSED = "graphconv: not WeightQuantBatchMatmul: "
 
 
 def weight_quant_refusal(k: int, n: int, bits: int, block: int) -> str | None:
     """Why a MatMulNBits of these attributes cannot be a WeightQuantBatchMatmul (None: it can, as far as its
-    attributes tell): 4 bits only (qint4x2), whole blocks, and the primitive's documented limits."""
+    attributes tell): 4 bits (a qint4x2 weight) or 8 (int8), whole blocks, and the primitive's documented limits."""
     record = FUSED_TABLE.get("records", {}).get("WeightQuantBatchMatmul")
     if record is None:
         return "the fused-op table (opmap.fused) is not loaded"
-    if bits != 4:
-        return f"bits={bits} (only 4-bit weights are emitted, as qint4x2)"
+    if bits not in (4, 8):
+        return f"bits={bits} (WeightQuantBatchMatmul takes 4-bit weights, as qint4x2, and 8-bit ones, as int8)"
     if k % block:
         return f"K={k} is not a multiple of block_size={block} (a padded last block)"
-    broken = record.broken({"K": k, "N": n, "G": block})
+    broken = record.broken({"K": k, "N": n, "G": block, "bits": bits})
     if broken is not None:
         return f"WeightQuantBatchMatmul needs {broken.text} ({broken.source}) at K={k}, N={n}, group {block}"
     return None
@@ -172,40 +176,43 @@ def _held_refusal(rw: Rewrite, a_type: int | None) -> str | None:
     if any(h is None for h in held):
         return "B, the scales or the zero points are not initializers held in the model (external or computed)"
     if rw.has(3) and rw.dtype(rw.input(3)) != UINT8:
-        zp = held[2].astype(np.float64)
-        if not np.array_equal(zp, np.round(zp)) or zp.min() < 0 or zp.max() > 15:
-            return "float zero points that are not integers in [0, 15] (8 - zp would round)"
+        zp, top = held[2].astype(np.float64), (1 << rw.attr("bits", 4)) - 1
+        if not np.array_equal(zp, np.round(zp)) or zp.min() < 0 or zp.max() > top:
+            return f"float zero points that are not integers in [0, {top}] (the offset would round)"
     return None
 
 
-def _weight_quant_batch_matmul(rw: Rewrite, k: int, n: int, block: int) -> None:
-    """MatMulNBits (4 bits, whole blocks) as mindspore::WeightQuantBatchMatmul (opmap/fused/weight_quant_batch_matmul):
-    B [N, K/block, block/2] uint8 is, reshaped to [N, K/2], XOR 0x88 exactly the two's-complement qint4x2 of
-    q - 8 (each nibble's top bit flipped), element 2j in the low nibble as MatMulNBits packs it; the offsets
-    8 - zp make (q - 8 + 8 - zp) * s = (q - zp) * s exactly, in integers; the scales are laid (K/g, N)."""
-    k_blocks = k // block
-    packed = rw.array(rw.input(1)).reshape(n, k // 2)
-    weight = (packed ^ np.uint8(0x88)).view(np.int8)
+def _weight_quant_batch_matmul(rw: Rewrite, k: int, n: int, bits: int, block: int) -> None:
+    """MatMulNBits (4 or 8 bits, whole blocks) as mindspore::WeightQuantBatchMatmul
+    (opmap/fused/weight_quant_batch_matmul.py). B [N, K/block, block * bits / 8] uint8, reshaped to
+    [N, K * bits / 8], is XOR 0x88 (4 bits: each nibble's top bit flipped) exactly the two's-complement qint4x2
+    of q - 8, element 2j in the low nibble as MatMulNBits packs it, and XOR 0x80 (8 bits) exactly the int8 q -
+    128; the offsets 2^(bits-1) - zp make (q - 2^(bits-1) + 2^(bits-1) - zp) * s = (q - zp) * s exactly, in
+    integers; the scales are laid (K/g, N)."""
+    k_blocks, half = k // block, 1 << (bits - 1)
+    packed = rw.array(rw.input(1)).reshape(n, k * bits // 8)
+    weight = (packed ^ np.uint8(0x88 if bits == 4 else 0x80)).view(np.int8)
     scales = rw.array(rw.input(2)).reshape(n, k_blocks)
-    zp = np.full((n, k_blocks), 8, np.int64)
+    zp = np.full((n, k_blocks), half, np.int64)
     if rw.has(3):
         z = rw.array(rw.input(3))
-        if z.dtype == np.uint8:  # packed along the blocks, low nibble first, each row padded to a byte
+        if z.dtype == np.uint8 and bits == 4:  # packed along the blocks, low nibble first, each row padded to a byte
             rows = z.reshape(n, -1)
             z = np.stack([rows & 0xF, rows >> 4], axis=-1).reshape(n, -1)
         zp = z.reshape(n, -1)[:, :k_blocks].astype(np.int64)
-    offsets = (8 - zp).T.astype(scales.dtype)
-    ins = [rw.input(0), rw.initializer(weight, "weight_qint4x2"), rw.initializer(scales.T, "antiquant_scale"),
+    offsets = (half - zp).T.astype(scales.dtype)
+    name = "weight_qint4x2" if bits == 4 else "weight_int8"
+    ins = [rw.input(0), rw.initializer(weight, name), rw.initializer(scales.T, "antiquant_scale"),
            rw.initializer(offsets, "antiquant_offset")]
     out = rw.output(0) if not rw.has(5) else ""
     y = rw.op("WeightQuantBatchMatmul", *ins, outputs=[out] if out else 1, domain="mindspore",
-              antiquant_group_size=block)
+              antiquant_group_size=block, weight_bits=bits)
     if rw.has(5):
         rw.op("Add", y, rw.input(5), outputs=[rw.output(0)])
 
 
 def weight_quant_weights(model: onnx.ModelProto) -> list[str]:
-    """The qint4x2 weights of the WeightQuantBatchMatmul nodes the load wrote: held out of onnxsim too."""
+    """The qint4x2 and int8 weights of the WeightQuantBatchMatmul nodes the load wrote: held out of onnxsim too."""
     return [n.input[1] for n in model.graph.node if n.domain == "mindspore" and n.op_type == "WeightQuantBatchMatmul"]
 
 
@@ -322,7 +329,8 @@ def nbits_description(node: onnx.NodeProto) -> str:
     why = weight_quant_refusal(k, n, bits, block) if None not in (k, n, block) else "K, N or block_size missing"
     if len(node.input) > 4 and node.input[4]:
         why = "g_idx"
-    return f"uint{bits} block {block}, {zp}; {AS_QINT4X2 if why is None else f'{KEPT} ({why})'}"
+    fused = AS_QINT4X2 if bits == 4 else AS_INT8
+    return f"uint{bits} block {block}, {zp}; {fused if why is None else f'{KEPT} ({why})'}"
 
 
 # --- GatherBlockQuantized ----------------------------------------------------------------------------
