@@ -193,15 +193,13 @@ def _mindir_params(mindir: Path) -> dict[str, tuple[str, list, int]]:
     return {p.name: (name(p.data_type), list(p.dims), len(p.raw_data)) for p in proto.graph.parameter}
 
 
-def test_the_ascend_compile_runs_int4_weights_on_weight_quant_batch_matmul(compressed):
-    """The 4-bit folders' ascend MindIR: 12 WeightQuantBatchMatmul (14 linears, gate/up merged per layer as
-    fuse-swiglu does), no float copy of a quantized weight, and its QINT4X2 bytes exactly K * N / 2 summed: the
-    checkpoint's weight_packed bytes."""
+def test_the_ascend_compile_runs_the_weights_on_weight_quant_batch_matmul(compressed):
+    """The ascend MindIR: 12 WeightQuantBatchMatmul (14 linears, gate/up merged per layer as fuse-swiglu does),
+    no float copy of a quantized weight, and its integer weights (QINT4X2 for 4 bits, INT8 for 8) exactly the
+    checkpoint's weight_packed bytes: K * N * bits / 8 summed."""
     from safetensors import safe_open
 
     bits, _, src, base = compressed
-    if bits != 4:
-        pytest.skip("8-bit weights: see the int8 WeightQuantBatchMatmul tests")
     out = base / "gen-ascend"
     compiled = _graphconv("compile", str(base / "exp"), "-o", str(out), "--target", "ascend")
     assert compiled.returncode == 0, compiled.stderr
@@ -210,18 +208,20 @@ def test_the_ascend_compile_runs_int4_weights_on_weight_quant_batch_matmul(compr
     assert primitives["WeightQuantBatchMatmul"] == 12, primitives
     assert not {"MatMulExt", "MatMul", "BatchMatMul", "RightShift", "FloorDiv"} & set(primitives), primitives
     params = _mindir_params(out / "decode.mindir")
-    qint4 = sum(b for dtype, _, b in params.values() if dtype == "QINT4X2")
+    kind = {4: "QINT4X2", 8: "INT8"}[bits]
+    integer = sum(b for dtype, _, b in params.values() if dtype == kind)
     with safe_open(str(src / "model.safetensors"), "pt") as f:
         packed = sum(f.get_tensor(k).numel() * 4 for k in f.keys() if k.endswith("weight_packed"))
-    assert qint4 == packed == 2 * (128 * 128 * 2 + 128 * 64 * 2 + 128 * 256 * 3) // 2
+    assert integer == packed == 2 * (128 * 128 * 2 + 128 * 64 * 2 + 128 * 256 * 3) * bits // 8
     floats = [dims for dtype, dims, _ in params.values() if dtype in ("FLOAT", "FLOAT16", "BFLOAT16")
               and len(dims) == 2 and min(dims) >= 64]
     assert sorted(floats) == [[128, 128], [128, 128]], floats  # embed_tokens and lm_head
     quantized = json.loads((out / "report.json").read_text())["graphs"]["decode"]["quantized_linears"]
     assert quantized["linears"] == quantized["on_low_bit_primitives"] == LINEARS and not quantized["fell_back"]
     assert quantized["primitives"] == {"WeightQuantBatchMatmul": 12}
-    assert quantized["integer_weight_bytes"] == packed and quantized["bytes_per_parameter"] == 0.5
-    assert f"{LINEARS}/{LINEARS} quantized linears on low-bit primitives, 0.5 weight bytes" in compiled.stdout
+    per = bits / 8
+    assert quantized["integer_weight_bytes"] == packed and quantized["bytes_per_parameter"] == per
+    assert f"{LINEARS}/{LINEARS} quantized linears on low-bit primitives, {per:g} weight bytes" in compiled.stdout
 
 
 # --- what is not read: one line, exit 1, nothing written -----------------------------------------------------
