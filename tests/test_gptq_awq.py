@@ -101,10 +101,10 @@ def _gptq_tensors(w: np.ndarray, bits: int, group: int, sym: bool, v1: bool, act
     return tensors, ref.T
 
 
-def _awq_tensors(w: np.ndarray, group: int):
+def _awq_tensors(w: np.ndarray, group: int, sym: bool = False):
     k, n = w.shape
     g_idx = np.arange(k) // group
-    q, scales, zeros = _quantize(w, 4, g_idx, False, awq=True)
+    q, scales, zeros = _quantize(w, 4, g_idx, sym, awq=not sym)
     tensors = {"qweight": _pack_awq(q), "qzeros": _pack_awq(zeros), "scales": scales}
     ref = (q - zeros[g_idx]).astype(np.float32) * scales.astype(np.float32)[g_idx]
     return tensors, ref.T
@@ -299,12 +299,17 @@ def test_gptq_reads_every_layout_exactly(bits, sym, v1, group, act_order):
         assert why is None, why
 
 
-def test_awq_reads_its_interleaved_columns():
+@pytest.mark.parametrize("zero_point", [True, False])
+def test_awq_reads_its_interleaved_columns(zero_point):
+    """zero_point false: no qzeros, every zero point 8 (left out of MatMulNBits)."""
     w = np.random.default_rng(4).standard_normal((128, 64)).astype(np.float32)
-    tensors, ref = _awq_tensors(w, 32)
-    view = _one("awq", AWQ_CONFIG | {"group_size": 32}, tensors)
+    tensors, ref = _awq_tensors(w, 32, sym=not zero_point)
+    if not zero_point:
+        del tensors["qzeros"]
+    view = _one("awq", AWQ_CONFIG | {"group_size": 32, "zero_point": zero_point}, tensors)
     assert torch.equal(view.tensor("m.weight"), torch.from_numpy(np.ascontiguousarray(ref)))
     assert view.linears["m.weight"].refusal() is None
+    assert view.linears["m.weight"].zero_points == zero_point
 
 
 def _gptq_v1(**change):

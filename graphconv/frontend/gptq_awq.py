@@ -61,10 +61,11 @@ class Scheme:
     def note(self, linears: dict[str, QuantizedLinear]) -> str:
         what = (f"GPTQ ({'gptq v1' if self.v1 else 'gptq_v2'}, desc_act {self.desc_act})" if self.method == "gptq"
                 else f"AWQ (gemm, zero_point {self.zero_point})")
-        kept = sum(1 for lin in linears.values() if lin.kept)
+        kept = [lin.kept for lin in linears.values() if lin.kept]
         return (f"{what} checkpoint, int{self.bits} group {self.group}: {len(linears)} weight-only quantized linears "
                 "read exactly, W = (q - zero point) * scale in fp32"
-                + (f"; {kept} with activation order kept in float" if kept else ""))
+                + (f"; {len(kept)} kept in float, their groups spread per row ({'; '.join(sorted(set(kept)))})"
+                   if kept else ""))
 
     def view(self, checkpoint) -> WeightOnlyCheckpoint:
         """The checkpoint with each quantized weight read as its dequantized value, its integers kept."""
@@ -130,7 +131,7 @@ def _gptq(checkpoint, module: str, s: Scheme) -> QuantizedLinear:
     zeros_key = f"{module}.qzeros"
     if zeros_key not in entries:
         raise InputError(f"{zeros_key} is absent from the GPTQ checkpoint")
-    _expect(entries, zeros_key, (blocks, n * bits // 32), n * bits % 32 == 0, "I32")
+    _expect(entries, zeros_key, (blocks, n * bits // 32), whole=n * bits % 32 == 0)
     if g_key in entries:
         g_idx = _numpy(checkpoint.tensor(g_key)).astype(np.int64)
         if g_idx.min(initial=0) < 0 or g_idx.max(initial=0) >= blocks:
@@ -161,7 +162,7 @@ def _awq(checkpoint, module: str, s: Scheme) -> QuantizedLinear:
     zeros_key = f"{module}.qzeros"
     order = (np.arange(n).reshape(-1, 8)[:, AWQ_REVERSE_ORDER]).reshape(-1)
     if zeros_key in entries:
-        _expect(entries, zeros_key, (blocks, words), True, "I32")
+        _expect(entries, zeros_key, (blocks, words))
         zeros = unpack(_numpy(checkpoint.tensor(zeros_key)), 4, n)[:, order]
     elif s.zero_point:
         raise InputError(f"{zeros_key} is absent, and the AWQ checkpoint has zero_point true")
@@ -211,12 +212,13 @@ def _shape(entries: dict, key: str, dtype: str, rank: int = 2) -> tuple:
     return tuple(shape)
 
 
-def _expect(entries: dict, key: str, shape: tuple, whole: bool, dtype: str = "I32") -> None:
+def _expect(entries: dict, key: str, shape: tuple, whole: bool = True) -> None:
+    """`key` is int32 of `shape`; `whole`: its values fill whole int32 words."""
     _path, stored, stored_shape = _entry(entries, key)
     if not whole:
         raise InputError(f"{key} is {stored} {list(stored_shape)}: its packing does not fill whole int32 words")
-    if stored != dtype or tuple(stored_shape) != tuple(shape):
-        raise InputError(f"{key} is {stored} {list(stored_shape)}: the format stores {dtype} {list(shape)}")
+    if stored != "I32" or tuple(stored_shape) != tuple(shape):
+        raise InputError(f"{key} is {stored} {list(stored_shape)}: the format stores I32 {list(shape)}")
 
 
 def _scales(entries: dict, key: str, shape: tuple) -> None:
