@@ -387,17 +387,31 @@ def test_a_malformed_config_is_an_input_error(change, says):
         gptq_awq.scheme(Path("config.json"), _gptq_config(4, 128, True, True, False) | change, "gptq")
 
 
-def test_the_cli_refuses_a_missing_tensor_in_one_line(tmp_path):
+def _no_scales(tensors):
+    del tensors["model.layers.1.self_attn.o_proj.scales"]
+
+
+def _short_qweight(tensors):  # (no g_idx to say K: the qweight gives K = 112, the model's is 128)
+    module = "model.layers.1.mlp.gate_proj"
+    tensors[f"{module}.qweight"] = tensors[f"{module}.qweight"][:-2].contiguous()
+    del tensors[f"{module}.g_idx"]
+
+
+@pytest.mark.parametrize("kind, change, says", [
+    ("awq", _no_scales, "model.layers.1.self_attn.o_proj.scales is absent"),
+    ("gptq", _short_qweight, "parameter model.layers.1.mlp.gate_proj.weight stored as [256, 112], the model's is "
+                             "[256, 128] in the checkpoint: the quantized checkpoint does not fit LlamaForCausalLM"),
+])
+def test_the_cli_refuses_a_malformed_tensor_in_one_line(tmp_path, kind, change, says):
     from safetensors.torch import load_file, save_file
 
-    src, _ = save_quantized(tmp_path / "ckpt", "awq")
+    src, _ = save_quantized(tmp_path / "ckpt", kind)
     tensors = load_file(src / "model.safetensors")
-    del tensors["model.layers.1.self_attn.o_proj.scales"]
+    change(tensors)
     save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "out"
     proc = _graphconv("export", str(src), "-o", str(out))
     assert proc.returncode == 1, proc.stderr
     line = proc.stderr.strip()
-    assert "\n" not in line and "Traceback" not in line, line
-    assert "model.layers.1.self_attn.o_proj.scales is absent" in line, line
+    assert "\n" not in line and "Traceback" not in line and says in line, line
     assert not out.exists() and not any(p.name.startswith(".graphconv") for p in tmp_path.iterdir())

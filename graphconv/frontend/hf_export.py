@@ -747,6 +747,8 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         keys = wl.plan(model, checkpoint)
         source = checkpoint
     except wl.NotPlain as e:
+        if getattr(checkpoint, "linears", None) is not None:  # (transformers would read the integers otherwise)
+            raise InputError(f"{folder}: {e}: the quantized checkpoint does not fit {cls.__name__}") from None
         notes.append(f"weights loaded into memory to export: {e} (transformers converts it at load)")
         model, mode = _load_model(folder, cls, config, task, notes), None
         source = wl.ModuleWeights(model)
