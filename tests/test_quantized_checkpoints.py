@@ -155,8 +155,9 @@ def _refused(src: Path, tmp_path: Path, says: str) -> None:
 
 
 @pytest.mark.parametrize("config, says", [
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq' (GPTQ): graphconv does not read"),
-    ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "quant_method 'awq' (AWQ)"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"},
+     "GPTQ checkpoint with format 'marlin': graphconv does not read this yet"),  # (gptq and gptq_v2 are read)
+    ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ checkpoint with version 'gemv'"),  # (gemm is read)
     ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "config_groups is not a non-empty object"),
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes' (bitsandbytes"),
     ({"load_in_8bit": True}, "quant_method 'bitsandbytes' (bitsandbytes"),

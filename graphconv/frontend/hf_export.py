@@ -469,11 +469,7 @@ def _out_dir_free(out_dir: Path) -> None:
         raise InputError(f"-o {out_dir}: the directory {out_dir.parent} does not exist")
 
 
-def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dtype: str = "fp32",
-                      opset: int = DEFAULT_OPSET, progress=None) -> CheckpointExport:
-    """Export the checkpoint folder `source` for `task` into the new directory `out_dir`. Task "auto" takes
-    the task the config implies (graphconv.frontend.tasks), and says which through `progress`."""
-    folder, out_dir = Path(source), Path(out_dir)
+def _check_arguments(folder: Path, out_dir: Path, task: str, dtype: str) -> None:
     if task not in tasks.NAMES:
         raise InputError(f"unknown task {task!r} (choose from {', '.join(tasks.NAMES)})")
     if dtype not in DTYPES:
@@ -481,6 +477,14 @@ def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dty
     if not folder.is_dir():
         raise InputError(f"{folder}: no such checkpoint folder")
     _out_dir_free(out_dir)
+
+
+def export_checkpoint(source: str | Path, out_dir: str | Path, task: str, *, dtype: str = "fp32",
+                      opset: int = DEFAULT_OPSET, progress=None) -> CheckpointExport:
+    """Export the checkpoint folder `source` for `task` into the new directory `out_dir`. Task "auto" takes
+    the task the config implies (graphconv.frontend.tasks), and says which through `progress`."""
+    folder, out_dir = Path(source), Path(out_dir)
+    _check_arguments(folder, out_dir, task, dtype)
     raw = _read_config(folder)
     quant = quantized_checkpoint.scheme(folder, raw)  # (a format it does not read: one line, now)
     files = _weight_files(folder)
@@ -745,20 +749,13 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         keys = wl.plan(model, checkpoint)
         source = checkpoint
     except wl.NotPlain as e:
+        if getattr(checkpoint, "linears", None) is not None:  # (transformers would read the integers otherwise)
+            raise InputError(f"{folder}: {e}: the quantized checkpoint does not fit {cls.__name__}") from None
         notes.append(f"weights loaded into memory to export: {e} (transformers converts it at load)")
         model, mode = _load_model(folder, cls, config, task, notes), None
         source = wl.ModuleWeights(model)
         keys = {name: name for name in source.entries}
-    attn = getattr(model.config, "_attn_implementation", None)
-    note = f"{cls.__name__}, attention implementation {attn!r} (transformers' default)"
-    if note not in notes:
-        notes.append(note)
-    rewrite = export_rewrites.names(config.model_type)
-    if rewrite and f"traced: {rewrite}" not in notes:
-        notes.append(f"traced: {rewrite}")
-    tied = _tied(model)
-    if tied:
-        notes.append(f"tied parameters ({'; '.join(' = '.join(n) for n in tied)}): stored once")
+    _traced_notes(cls, config, model, notes)
     graphs = _graphs(task, config, None)
     shapes: dict = {}
     if task == "text-generation-with-past":
@@ -792,6 +789,20 @@ def _write(cls, config, checkpoint, task: str, tmp: Path, opset: int, store: str
         results[g.name].graph = g
         results[g.name].serves_prompt = None
     return results, shapes
+
+
+def _traced_notes(cls, config, model, notes: list[str]) -> None:
+    """The notes on how the model was traced: its attention implementation, the export rewrites, tied weights."""
+    attn = getattr(model.config, "_attn_implementation", None)
+    note = f"{cls.__name__}, attention implementation {attn!r} (transformers' default)"
+    if note not in notes:
+        notes.append(note)
+    rewrite = export_rewrites.names(config.model_type)
+    if rewrite and f"traced: {rewrite}" not in notes:
+        notes.append(f"traced: {rewrite}")
+    tied = _tied(model)
+    if tied:
+        notes.append(f"tied parameters ({'; '.join(' = '.join(n) for n in tied)}): stored once")
 
 
 def _attach(ir_model, source, keys: dict, store: str, graph: str, notes: list[str]) -> int:

@@ -16,6 +16,9 @@ MXFP4 (`quant_method: "mxfp4"`, gpt-oss's experts) is read through transformers,
 
 compressed-tensors (`quant_method: "compressed-tensors"`): its weight-only int formats are read by
 graphconv/frontend/compressed_tensors.py, and the export keeps those weights quantized.
+
+GPTQ (`quant_method: "gptq"`, v1 and gptq_v2) and AWQ (`quant_method: "awq"`, the GEMM layout): read by
+graphconv/frontend/gptq_awq.py, their weights kept quantized the same way.
 """
 
 from __future__ import annotations
@@ -28,8 +31,6 @@ from graphconv.errors import InputError, UnsupportedError
 
 # quant_method -> what the format is, for the refusal of a format graphconv does not read.
 _NOT_READ = {
-    "gptq": "GPTQ",
-    "awq": "AWQ",
     "bitsandbytes": "bitsandbytes (NF4/FP4 or LLM.int8: no Ascend kernel takes its codebook)",
     "gguf": "GGUF",
     "hqq": "HQQ",
@@ -46,7 +47,7 @@ _NOT_READ = {
     "quark": "Quark",
     "fp_quant": "FP-Quant",
 }
-READ = ("fp8", "mxfp4", "compressed-tensors")
+READ = ("fp8", "mxfp4", "compressed-tensors", "gptq", "awq")
 MSMODELSLIM_DESCRIPTIONS = ("quant_model_description.json", "quant_model_description_w8a8sc.json",
                             "quantization_description.json")
 
@@ -70,9 +71,9 @@ class Fp8Blocks:
 
 
 def scheme(folder: Path, raw: dict):
-    """The quantization a checkpoint folder needs read specially (Fp8Blocks, compressed_tensors.Scheme), or None
-    (a float checkpoint, or MXFP4, which transformers dequantizes). Refuses, in one line, a format graphconv does
-    not read."""
+    """The quantization a checkpoint folder needs read specially (Fp8Blocks, compressed_tensors.Scheme,
+    gptq_awq.Scheme), or None (a float checkpoint, or MXFP4, which transformers dequantizes). Refuses, in one
+    line, a format graphconv does not read."""
     for name in MSMODELSLIM_DESCRIPTIONS:
         if (folder / name).is_file():
             raise UnsupportedError(f"{folder}: {name} says msModelSlim quantized this checkpoint: graphconv does "
@@ -92,6 +93,10 @@ def scheme(folder: Path, raw: dict):
         from graphconv.frontend import compressed_tensors
 
         return compressed_tensors.scheme(where, config)
+    if method in ("gptq", "awq"):
+        from graphconv.frontend import gptq_awq
+
+        return gptq_awq.scheme(where, config, method)
     if method in READ:
         return _fp8(where, config) if method == "fp8" else None
     if method in _NOT_READ:

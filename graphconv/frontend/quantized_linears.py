@@ -40,6 +40,7 @@ class QuantizedLinear:
     group: int
     zero_points: bool  # False: every zero point is 2^(bits - 1) (a symmetric format), and `read` gives None
     read: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray | None]]  # (q_u uint8, scale fp32, zp_u uint8|None)
+    kept: str | None = None  # why the export keeps it in float though it reads exactly (GPTQ's activation order)
 
     def dequantized(self):
         """The weight in fp32 as torch, exactly the format's value (small integers times an fp32 scale)."""
@@ -52,6 +53,8 @@ class QuantizedLinear:
 
     def refusal(self) -> str | None:
         """Why MatMulNBits cannot carry it (None: it can)."""
+        if self.kept is not None:
+            return self.kept
         if self.bits not in (2, 4, 8):
             return f"{self.bits}-bit (MatMulNBits takes 2, 4 and 8 bits)"
         if self.group < 16 or self.group & (self.group - 1):
