@@ -67,7 +67,9 @@ class Compiler:
         """The model loaded, with its KV cache held in place where asked (its zeros a hole of a file in `ws`)."""
         self.progress.info(f"load {self.model_path}")
         with self.report.stage("load") as st:
-            model = load(self.model_path)  # (external weights stay on disk for the whole compile)
+            # (external weights stay on disk for the whole compile; quantized ones re-laid for a low-bit
+            # primitive go to a file of the workspace)
+            model = load(self.model_path, weights.SpillFile(ws.path("relaid-weights.bin")) if ws is not None else None)
             cache = None
             if self.opt.cache_capacity is not None:
                 model, cache = self.hold_cache(model, ws)
@@ -419,8 +421,8 @@ def analyze_fusions(model_path: str | Path, *, simplify: bool = True, passes: st
     opts = CompileOptions(simplify=simplify, verify=False, passes=passes, disable_passes=tuple(disable_passes),
                           plugins=tuple(plugins))
     compiler = Compiler(Path(model_path), opts, SILENT)
-    loaded = compiler.load()
     with Workspace(Path(tempfile.gettempdir()) / "graphconv-inspect.mindir") as ws:
+        loaded = compiler.load(ws)
         spill = weights.SpillFile(ws.path("made-weights.bin")) if loaded.model.external_bytes else None
         compiler.fuse(compiler.simplify(loaded.model, ws), None, None, spill)
     compiler.report.status = "analyzed"

@@ -277,9 +277,11 @@ def name_nodes(model: onnx.ModelProto) -> None:
             used.add(name)
 
 
-def load(path: str | os.PathLike) -> LoadedModel:
+def load(path: str | os.PathLike, spill: weights.SpillFile | None = None) -> LoadedModel:
     """Read, check and shape-infer. Checks and inference run on the proto without its weights (external
-    tensors keep their dims), so they cost the same for a 10 MB and a 30 GB model."""
+    tensors keep their dims), so they cost the same for a 10 MB and a 30 GB model. `spill` (a file in the
+    compile's private directory): where quantized weights in external files go once re-laid for a low-bit
+    primitive; without it such weights are dequantized in the network."""
     path = Path(path)
     model = read_proto(path)
     external = check_external_data(model, path.parent, path)
@@ -305,7 +307,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         if exact is not None:
             as_shipped, as_given = model, exact
         quantized, packed = quant.describe_quantized_weights(model), quant.packed_initializers(model)
-        model, decomposed = contrib.decompose(model)
+        model, decomposed = contrib.decompose(model, spill=spill if external else None)
         packed = sorted({*packed, *quant.weight_quant_weights(model)})
         case_dims, pad_masks = cases.case_dims(as_given), cases.pads_masks(as_given)
         _check(weights.stripped(model)[0], path)
@@ -323,7 +325,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         _check(str(path) if nested else bare, path)
     # Weight-only QDQ MatMuls as WeightQuantBatchMatmul (graphconv.frontend.weight_only_qdq): the oracle runs
     # the model as given, the re-laid weights are held out of onnxsim like MatMulNBits' ones.
-    fused, qdq_weights, written = weight_only_qdq.fuse(model)
+    fused, qdq_weights, written = weight_only_qdq.fuse(model, spill if external else None)
     quantized = {**quantized, **qdq_weights}
     if written:
         as_given = as_given or model

@@ -33,10 +33,10 @@ import dataclasses
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from graphconv.dtypes import LOW_PRECISION
 from graphconv.frontend.contrib.quant import NOT_FUSED
+from graphconv.frontend import weights
 from graphconv.frontend.contrib.registry import FUSED_TABLE
 from graphconv.onnx_domains import default_opset, is_default_domain
 
@@ -129,7 +129,8 @@ def form_of(dq: onnx.NodeProto, arrays: list[np.ndarray | None], q_type: int) ->
 class _Graph:
     """Who produces and who reads each value of a model's main graph (subgraphs' reads counted too)."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, spill=None):
+        self.spill = spill  # (a weights.SpillFile: external weights are read, re-laid ones written there)
         self.producer = {o: node for node in model.graph.node for o in node.output if o}
         self.readers: dict[str, int] = {}
         todo = [model.graph]
@@ -145,10 +146,11 @@ class _Graph:
         self.initializers = {t.name: t for t in model.graph.initializer}
 
     def held(self, name: str) -> np.ndarray | None:
+        """An initializer's value: in the model, or in a file where the re-laid weights can go too (`spill`)."""
         t = self.initializers.get(name)
-        if t is None or t.data_location == T.EXTERNAL:
+        if t is None or (t.data_location == T.EXTERNAL and self.spill is None):
             return None
-        return numpy_helper.to_array(t)
+        return weights.to_array(t)
 
     def made_by(self, name: str, op_type: str) -> onnx.NodeProto | None:
         node = self.producer.get(name)
@@ -170,8 +172,8 @@ def _form(g: _Graph, dq: onnx.NodeProto, opset: int) -> Form | str:
     names = [dq.input[i] if i < len(dq.input) else "" for i in range(3)]
     arrays = [g.held(name) if name else None for name in names]
     if arrays[0] is None or arrays[1] is None or (names[2] and arrays[2] is None):
-        return "the quantized weight, its scale or its zero point is not an initializer held in the model " \
-               "(external or computed)"
+        return "the quantized weight, its scale or its zero point is not an initializer (computed, or in an " \
+               "external file outside a compile)"
     read = max(g.readers.get(names[0], 0), g.readers.get(dq.output[0], 0))
     if read > 1:
         return f"the quantized weight is read {read} times (re-laid for one WeightQuantBatchMatmul, it would be " \
@@ -180,11 +182,12 @@ def _form(g: _Graph, dq: onnx.NodeProto, opset: int) -> Form | str:
     return form_of(dq, [arrays[0].astype(np.int16), arrays[1], arrays[2]], q_type)
 
 
-def fuse(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str], int]:
+def fuse(model: onnx.ModelProto, spill=None) -> tuple[onnx.ModelProto, dict[str, str], int]:
     """`model` with every weight-only QDQ MatMul it can take written as mindspore::WeightQuantBatchMatmul and
     the others' reasons in their doc_strings (a copy; `model` itself when it has no weight-only QDQ MatMul),
-    weight name -> what is done with it (the load report), and how many were written."""
-    g = _Graph(model)
+    weight name -> what is done with it (the load report), and how many were written. `spill`: where large
+    re-laid weights go (weights.made_initializer), for a model whose weights are in files."""
+    g = _Graph(model, spill)
     pairs = [(mm, dq) for mm in model.graph.node if (dq := _weight_only(g, mm)) is not None]
     if not pairs:
         return model, {}, 0
@@ -208,7 +211,7 @@ def fuse(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str], int]:
         for array, what in ((form.weight, "weight_int8" if form.bits == 8 else "weight_qint4x2"),
                             (form.scale, "antiquant_scale"), (form.offset, "antiquant_offset")):
             name = _unique(f"{base}::{what}", taken)
-            inits.append(numpy_helper.from_array(array, name))
+            inits.append(weights.made_initializer(array, name, spill))
         made += inits
         nodes[by_name[id(matmul)]] = onnx.helper.make_node(
             "WeightQuantBatchMatmul", [matmul.input[0], *(t.name for t in inits)], [matmul.output[0]],

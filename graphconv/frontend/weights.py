@@ -154,6 +154,16 @@ def to_array(t: onnx.TensorProto) -> np.ndarray:
     return read(weight_ref(t)) if uses_external_data(t) else onnx.numpy_helper.to_array(t)
 
 
+def made_initializer(array: np.ndarray, name: str, spill: "SpillFile | None") -> onnx.TensorProto:
+    """A weight the load makes (a quantized weight re-laid for a low-bit primitive): in `spill` (the compile's
+    private file) when given and it is at least SPILL_MIN_BYTES, so a model of many gigabytes never holds
+    its re-laid weights in memory nor in the proto (which stops at 2 GB); else in the proto."""
+    array = np.ascontiguousarray(array)
+    if spill is not None and array.nbytes >= SPILL_MIN_BYTES:
+        return spill.tensor_proto(name, array)
+    return onnx.numpy_helper.from_array(array, name)
+
+
 def weight_ref(t: onnx.TensorProto) -> WeightRef:
     """Where an external tensor's bytes are (its length from its dims when the file does not say)."""
     info = ExternalDataInfo(t)

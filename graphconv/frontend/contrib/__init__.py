@@ -71,11 +71,11 @@ def label(node: onnx.NodeProto) -> str:
     return f"{domain}::{node.op_type}" if domain else node.op_type
 
 
-def decompose(model: onnx.ModelProto, only: tuple[str, ...] = ()) -> tuple[onnx.ModelProto, dict[str, int]]:
+def decompose(model: onnx.ModelProto, only: tuple[str, ...] = (), spill=None) -> tuple[onnx.ModelProto, dict[str, int]]:
     """`model` with every onnxruntime contrib node replaced by its standard decomposition (a new proto; the
     input is left as given, for the oracle). Returns it and the count of decomposed nodes per op. An op
     onnxruntime registers that graphconv cannot decompose is refused, naming it. `only`: just the nodes of
-    these op types."""
+    these op types. `spill`: where the weights a decomposition re-lays go (Rewrite)."""
     nodes = [n for n in contrib_nodes(model) if not only or n.op_type in only]
     if not nodes:
         return model, {}
@@ -105,7 +105,7 @@ def decompose(model: onnx.ModelProto, only: tuple[str, ...] = ()) -> tuple[onnx.
         if id(node) not in chosen:
             new_nodes.append(node)
             continue
-        rw = Rewrite(node, shapes, opset, taken, read, initializers)
+        rw = Rewrite(node, shapes, opset, taken, read, initializers, spill)
         DECOMPOSITIONS[(canonical_domain(node.domain), node.op_type)](rw)
         new_nodes.extend(rw.finish())
         made.extend(rw.initializers)

@@ -174,7 +174,7 @@ def _held_refusal(rw: Rewrite, a_type: int | None) -> str | None:
         return f"opset {rw.opset} (the fused body needs CastLike, opset {_CASTLIKE_OPSET})"
     held = [rw.array(rw.input(i)) for i in (1, 2, 3) if rw.has(i)]
     if any(h is None for h in held):
-        return "B, the scales or the zero points are not initializers held in the model (external or computed)"
+        return "B, the scales or the zero points are not initializers (computed, or external outside a compile)"
     if rw.has(3) and rw.dtype(rw.input(3)) != UINT8:
         zp, top = held[2].astype(np.float64), (1 << rw.attr("bits", 4)) - 1
         if not np.array_equal(zp, np.round(zp)) or zp.min() < 0 or zp.max() > top:

@@ -70,10 +70,14 @@ def read_values(model: onnx.ModelProto) -> set[str]:
 
 class Rewrite:
     def __init__(self, node: onnx.NodeProto, shapes: dict, opset: int, taken: set[str],
-                 read: set[str] | None = None, initializers: dict[str, onnx.TensorProto] | None = None):
+                 read: set[str] | None = None, initializers: dict[str, onnx.TensorProto] | None = None,
+                 spill=None):
         """`read`: the values the model reads (read_values); an output of the node outside it counts as unused.
-        None: every named output is used. `initializers`: the model's, by name (`array` reads them)."""
+        None: every named output is used. `initializers`: the model's, by name (`array` reads them). `spill`
+        (a weights.SpillFile, for a model whose weights are in files): where large new initializers go, and
+        then `array` reads external initializers too."""
         self.node = node
+        self._spill = spill
         self._initializers = initializers or {}
         self._read = read
         self.opset = opset
@@ -109,11 +113,14 @@ class Rewrite:
         return None if s is None else s[1]
 
     def array(self, value: str) -> np.ndarray | None:
-        """The value of an initializer held in the model (not in an external file); None for anything else."""
+        """The value of an initializer: held in the model, or in an external file where new weights can leave
+        memory too (`spill`); None for anything else."""
+        from graphconv.frontend import weights
+
         t = self._initializers.get(value)
-        if t is None or t.data_location == onnx.TensorProto.EXTERNAL:
+        if t is None or (t.data_location == onnx.TensorProto.EXTERNAL and self._spill is None):
             return None
-        return numpy_helper.to_array(t)
+        return weights.to_array(t)
 
     def static_dim(self, value: str, axis: int) -> int | None:
         s = self.shape(value)
@@ -157,8 +164,10 @@ class Rewrite:
     def initializer(self, value: np.ndarray, what: str) -> str:
         """A new initializer holding `value` (a weight: an initializer stays a Parameter, a Constant node would be
         folded into the source); named `<contrib node>::<what>`."""
+        from graphconv.frontend import weights
+
         name = self.fresh(what)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.initializers.append(weights.made_initializer(value, name, self._spill))
         return name
 
     def identity(self, src: str, dst: str) -> None:
