@@ -1258,6 +1258,16 @@ case("WeightQuantBatchMatmul_fused", "WeightQuantBatchMatmul",
      {"antiquant_group_size": 32, "weight_bits": 4}, domain=fused.DOMAIN,
      xfail="WeightQuantBatchMatmul has no CPU kernel (Ascend only); tests/test_weight_quant_batch_matmul.py checks "
            "the cpu twin")
+case("QuantV2_fused", "QuantV2",
+     [x("batch", 8), k(np.random.default_rng(5).uniform(0.01, 0.1, 8), F32), k(np.full(8, 3), np.int8)],
+     domain=fused.DOMAIN,
+     xfail="QuantV2 has no CPU kernel (Ascend only); tests/test_quant_batch_matmul.py checks the cpu twin")
+case("QuantBatchMatmul_fused", "QuantBatchMatmul",
+     [x("batch", 32, dtype=np.int8, gen=lambda rng, shape, _d: rng.integers(-128, 128, shape)),
+      k(np.random.default_rng(6).integers(-128, 128, (8, 32)), np.int8),
+      k(np.random.default_rng(7).uniform(1e-4, 1e-3, 8), F32), k(np.arange(8) * 10, np.int32)],
+     {"dtype": 1}, domain=fused.DOMAIN,
+     xfail="QuantBatchMatmul has no CPU kernel (Ascend only); tests/test_quant_batch_matmul.py checks the cpu twin")
 case("MoeGatingTopKSoftmax_fused", "MoeGatingTopKSoftmax", [x("batch", 8)], {"k": 2}, n_out=2, domain=fused.DOMAIN,
      xfail="MoeGatingTopKSoftmax has no CPU kernel (Ascend only); tests/test_moe.py checks the cpu twin")
 
