@@ -197,8 +197,8 @@ def error_vs_float(float_model: Path, quantized: Path, cases) -> dict:
     onnxruntime on the compile's reference inputs (the worst case of each)."""
     from graphconv.verify.reference import Oracle
 
-    want = Oracle(Path(float_model)).run(cases, fallback=False)
-    got = Oracle(Path(quantized)).run(cases, fallback=False)
+    want = Oracle(_with_weights_in_place(Path(float_model))).run(cases, fallback=False)
+    got = Oracle(_with_weights_in_place(Path(quantized))).run(cases, fallback=False)
     out: dict[str, dict] = {}
     for exp, act in zip(want, got):
         for name, ref in exp.items():
@@ -211,3 +211,13 @@ def error_vs_float(float_model: Path, quantized: Path, cases) -> dict:
             row["mean_abs"] = max(row["mean_abs"], float(diff.mean()) if diff.size else 0.0)
             row["cosine"] = min(row["cosine"], cosine)
     return out
+
+
+def _with_weights_in_place(path: Path) -> onnx.ModelProto:
+    """The model with its small external tensors read in and the others referenced where they are (the oracle
+    feeds them from their files: graphconv.frontend.weights)."""
+    from graphconv.frontend import weights
+
+    proto = onnx.load(str(path), load_external_data=False)
+    weights.take_over_external(proto, path.parent)
+    return proto
