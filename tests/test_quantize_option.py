@@ -194,3 +194,5 @@ def test_a_generation_folder_quantized_parts_from_float_late(tmp_path):
         parted = [next((i for i, (a, b) in enumerate(zip(f, q)) if a != b), None)
                   for f, q in zip(folders[None], folders[scheme])]
         print(f"{scheme}: first generated token that differs from float, per prompt: {parted} of {steps}")
+        if scheme == "w8a16":  # (measured: none of 16 differs; w4a16 parts at the first or second token)
+            assert all(p is None or p >= steps // 2 for p in parted), parted
