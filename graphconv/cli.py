@@ -109,13 +109,17 @@ def _precision_options(command):
 @click.option("--tp", type=int, metavar="N",
               help="Tensor parallelism over N ranks: -o names a new directory of rank_<i>.mindir, plan.json and an "
                    "msrun launch script; verified under msrun on CPU (see docs/cli.md).")
+@click.option("--quantize", metavar="SCHEME",
+              help="Quantize the float model first, with onnxruntime's tools: w4a16[:GROUP] (default group 128), "
+                   "w8a16[:GROUP] (default per channel) or w8a8 (with --calibration); see docs/cli.md.")
+@click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.npz",
+              help="--quantize w8a8: calibration inputs (.npz keyed by graph input name, as --inputs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the summary.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
 def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mask_inputs, precision, keep_fp32,
                 atol, rtol, report_path, emit_source, pass_spec, disable_passes, plugins, verify_each, layer_streamed,
-                save_fused, bundle, soc, cann, shape_range, stateful_cache, max_batch, max_seq_len, cpu_twin, tp,
-                as_json, quiet, debug):
+                save_fused, bundle, soc, cann, shape_range, tp, as_json, quiet, debug, **flags):
     """Compile MODEL (.onnx) into a MindIR, verified against onnxruntime on CPU.
 
     MODEL may be the folder `graphconv export --task text-generation-with-past` wrote: both graphs are
@@ -134,9 +138,8 @@ def compile_cmd(model, output, target, no_simplify, no_verify, inputs, dims, mas
         emit_source=emit_source, passes=pass_spec, disable_passes=tuple(disable_passes), plugins=tuple(plugins),
         verify_each=verify_each, save_fused=save_fused, bundle=bundle, soc=soc, cann=cann,
         shape_ranges=parse_shape_ranges(shape_range), precision=precision, keep_fp32=keep_fp32,
-        layer_streamed=layer_streamed, tp=tp,
-        generation=GenerationOptions(stateful_cache=stateful_cache, max_batch=max_batch, max_seq_len=max_seq_len,
-                                     cpu_twin=cpu_twin))
+        layer_streamed=layer_streamed, tp=tp, quantize=flags.pop("quantize"), calibration=flags.pop("calibration"),
+        generation=GenerationOptions(**flags))  # (the rest: --[no-]stateful-cache, --max-batch, ...)
     options.validate()
     _writing(output or model.with_suffix(".mindir"))
     interrupts.one_result()

@@ -68,11 +68,17 @@ class CompileOptions:
     # call writes (passes/stateful_cache.py). None compiles the graph as given. The generation build sets it.
     cache_capacity: tuple[int, int] | None = None
     tp: int | None = None  # tensor parallelism over this many ranks: -o names a new directory
+    # --quantize w4a16[:GROUP] | w8a16[:GROUP] | w8a8 (graphconv/quantize.py): the float model quantized by
+    # onnxruntime's tools in the workspace, then compiled; --calibration: w8a8's inputs (.npz by input name)
+    quantize: str | None = None
+    calibration: Path | None = None
+    save_quantized: Path | None = None  # also write the quantized ONNX model here (the generation build sets it)
     generation: GenerationOptions = GenerationOptions()
 
     def validate(self) -> None:
         """Raise InputError for options that contradict each other or take no valid value. This is the one
         place such checks live; nothing here reads the model or the filesystem."""
+        from graphconv import quantize
         from graphconv.compiler import targets
         from passes import precision
 
@@ -92,6 +98,9 @@ class CompileOptions:
             if not 1 <= lo <= hi:
                 raise InputError(f"--shape-range {name}={lo}..{hi}: expected 1 <= MIN <= MAX")
         self._validate_generation()
+        quantize.check_options(self.quantize, self.calibration)
+        if self.quantize is not None and self.tp is not None:
+            raise InputError("--quantize is not supported with --tp yet")
         if self.tp is not None:
             self._validate_tp()
 

@@ -50,6 +50,7 @@ class Compiler:
 
     def __init__(self, model_path: Path, options: CompileOptions, progress: Progress):
         self.model_path = Path(model_path)
+        self.float_path: Path | None = None  # with --quantize: the user's float model (model_path: the quantized)
         self.opt = options
         self.progress = progress
         self.report = Report()
@@ -63,6 +64,37 @@ class Compiler:
         self.ctx = StageContext(options, self.report, progress, self.target, self.schedule, self.output)
 
     # --- the stages ---------------------------------------------------------------------------------
+    def quantize(self, ws: Workspace) -> None:
+        """--quantize: the float model quantized by onnxruntime's tools into the workspace (graphconv/quantize.py);
+        the stages after it compile the quantized model, and the oracle runs it."""
+        from graphconv import quantize
+
+        scheme = quantize.Scheme.parse(self.opt.quantize)
+        self.progress.info(f"quantize {scheme.text()} (onnxruntime)")
+        with self.report.stage("quantize") as st:
+            directory = ws.path("quantized")
+            directory.mkdir()
+            name = Path(self.opt.save_quantized).name if self.opt.save_quantized else "quantized.onnx"
+            done = quantize.quantize(self.model_path, scheme, self.opt.calibration, directory / name, ws.dir)
+            st.detail = {"scheme": scheme.text(), "linears": done.info["linears"]}
+        self.report.quantization = done.info
+        self.float_path, self.model_path = self.model_path, done.path
+
+    def quantization_error(self, loaded: Loaded, cases) -> None:
+        """The quantized model's error against the float model on the reference cases (both by onnxruntime),
+        into the report's `quantization` section; why not, where the float model cannot run them."""
+        from graphconv import quantize
+
+        info = self.report.quantization
+        if loaded.layer_streamed:
+            info["error_vs_float"] = "not computed: the model is verified layer by layer (past the whole-network " \
+                                     "threshold); the float model is not run whole"
+            return
+        try:
+            info["error_vs_float"] = quantize.error_vs_float(self.float_path, self.model_path, cases)
+        except UnsupportedError as e:
+            info["error_vs_float"] = f"not computed: the float model does not take these cases ({e})"
+
     def load(self, ws: Workspace | None = None) -> Loaded:
         """The model loaded, with its KV cache held in place where asked (its zeros a hole of a file in `ws`)."""
         self.progress.info(f"load {self.model_path}")
@@ -256,6 +288,8 @@ class Compiler:
     def run(self) -> Report:
         self.check_output()
         with Workspace(self.output) as ws, child.children(ws.dir):
+            if self.opt.quantize is not None:
+                self.quantize(ws)
             loaded = self.load(ws)
             self.check_against_model(loaded)
             self.report.scheduling = {"switches": self.schedule.as_dict()}
@@ -314,6 +348,8 @@ class Compiler:
 
     def _run_in(self, loaded: Loaded, ws: Workspace) -> None:
         cases = self.reference_cases(loaded)
+        if self.float_path is not None:
+            self.quantization_error(loaded, cases)
         checked = oracle_stage.validate(self.ctx, loaded, self.simplify(loaded.model, ws), cases)
         cases = checked.cases or cases
         checked = oracle_stage.observed_ranks(self.ctx, loaded, checked, cases)
@@ -352,6 +388,11 @@ class Compiler:
             for written in weights.save_self_contained(fused, staged / target.name):
                 moves[written] = target.with_name(written.name)
             self.report.artifacts["fused_onnx"] = str(self.opt.save_fused)
+        if self.opt.save_quantized:
+            target = Path(self.opt.save_quantized)
+            for written in self.model_path.parent.iterdir():  # (the model and its weights file, if any)
+                moves[written] = target.with_name(written.name)
+            self.report.artifacts["quantized_onnx"] = str(target)
         self._commit(ws, moves)
 
     def _artifacts(self, files: list[Path], ws: Workspace) -> dict[Path, Path]:

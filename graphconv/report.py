@@ -61,6 +61,9 @@ class Report:
     census: dict[str, int] = dataclasses.field(default_factory=dict)
     # how many quantized linears run on a low-bit primitive, which fell back and why (verify/quantized_census)
     quantized_linears: Any = None  # a QuantizedLinears, or None for a model without quantized linears
+    # --quantize: the scheme, the tool, the groups and the quantized model's error against the float model
+    # (graphconv/quantize.py); None without --quantize
+    quantization: dict | None = None
     op_histogram: dict[str, int] = dataclasses.field(default_factory=dict)
     unsupported_ops: list[str] = dataclasses.field(default_factory=list)
     validation: Validation = dataclasses.field(default_factory=dict)
@@ -91,6 +94,8 @@ class Report:
             lines.append("  MindIR primitives: " + ", ".join(f"{k} {v}" for k, v in top))
         if self.quantized_linears is not None:
             lines.append("  " + self.quantized_linears.summary())
+        if self.quantization is not None:
+            lines.append("  " + quantization_line(self.quantization))
         return lines
 
     def summary(self) -> str:
@@ -231,3 +236,17 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()
     return str(o)
+
+
+def quantization_line(info: dict) -> str:
+    """`quantized w4a16:128 by onnxruntime (15 linears, groups 32 x 13, 64 x 2); vs float: logits max abs ...`"""
+    groups = ", ".join(f"{g} x {n}" for g, n in info.get("groups", {}).items())
+    line = f"quantized {info['scheme']} by onnxruntime ({info['linears']} linears" + (f"; groups {groups})" if groups
+                                                                                    else ")")
+    error = info.get("error_vs_float")
+    if isinstance(error, dict):
+        line += "; vs float: " + ", ".join(f"{k} max abs {v['max_abs']:.3g}, cosine {v['cosine']:.6f}"
+                                          for k, v in list(error.items())[:3])
+    elif error:
+        line += f"; vs float {error}"
+    return line

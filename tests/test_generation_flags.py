@@ -77,6 +77,8 @@ REACHES = [
     (["--max-batch", "3", "--max-seq-len", "40"], lambda o: o.cache_capacity == (3, 40)),
     (["--stateful-cache"], lambda o: o.cache_capacity is not None),
     (["--no-stateful-cache"], lambda o: o.cache_capacity is None),
+    (["--quantize", "w4a16:32"], lambda o: o.quantize == "w4a16:32" and o.save_quantized.parent.name == "onnx"),
+    (["--quantize", "w8a16"], lambda o: o.quantize == "w8a16" and o.calibration is None),
 ]
 
 
@@ -99,6 +101,7 @@ def test_inputs_and_bundle_reach_the_graph_compile(export_dir, tmp_path, monkeyp
 
 @pytest.mark.parametrize("flags, says", [
     (["--emit-source", "SRC"], "--emit-source"),
+    (["--quantize", "w8a8", "--calibration", "C.npz"], "--quantize w8a8 takes one .onnx graph"),
     (["--save-fused", "F.onnx"], "--save-fused"),
 ])
 def test_a_flag_the_folder_does_not_take_is_one_line(export_dir, tmp_path, monkeypatch, capsys, flags, says):

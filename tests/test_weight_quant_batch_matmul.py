@@ -83,6 +83,22 @@ def test_matmul_nbits_becomes_one_fused_node_equal_to_onnxruntime(zp, bias):
         np.testing.assert_array_equal(got, want)  # the same float weights, the same fp32 MatMul
 
 
+@pytest.mark.parametrize("k,block", [(128, 128), (96, 128)])
+def test_an_8_bit_matmul_nbits_of_one_block_over_k_is_per_channel_exactly(k, block):
+    """One block spanning K (padded past it where K is no power of 2): one scale per output channel, written
+    as the per-channel form (group 0, scale and offset (N,)), equal to onnxruntime's kernel."""
+    m = nbits_model(k=k, n=48, bits=8, block=block, zp="packed", opset=18)
+    fused, _ = contrib.decompose(m)
+    (node,) = [n for n in fused.graph.node if n.op_type == "WeightQuantBatchMatmul"]
+    assert {a.name: helper.get_attribute_value(a) for a in node.attribute}["antiquant_group_size"] == 0
+    inits = {t.name: numpy_helper.to_array(t) for t in fused.graph.initializer}
+    assert inits["proj::weight_int8"].shape == (48, k) and inits["proj::antiquant_scale"].shape == (48,)
+    a = RNG.standard_normal((2, 3, k)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString()).run(None, {"a": a})[0]
+    got = ort.InferenceSession(fused.SerializeToString()).run(None, {"a": a})[0]
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("change,reason", [
     (dict(bits=2), "bits=2 (WeightQuantBatchMatmul takes 4-bit weights, as qint4x2, and 8-bit ones, as int8)"),
     (dict(block=16), "WeightQuantBatchMatmul needs antiquant_group_size 0 (per channel) or a multiple of 32 in"),

@@ -11,6 +11,8 @@ GEN_DIR (new; written beside it under a private name and renamed at the end, so 
                                            `graphconv generate` runs on a host without Ascend (for --target
                                            cpu, the same files as the target's, hard-linked)
     generation.json                        the source's, with `source_dir` (the source folder: the ONNX graphs)
+    onnx/                                  with --quantize: the quantized ONNX graphs the MindIRs were compiled
+                                           from (each graph's compile quantizes it; source_dir "onnx")
     report.json                            the contract fields, plus `graphs` with each compile's report (and
                                            `cpu_twins` for the cpu ones)
 With --bundle DIR (new), the deploy bundle (graphconv/deploy/pair.py). With --tp N, each rank's stateful
@@ -131,6 +133,9 @@ class Build:
                 raise InputError(f"{flag} is not supported for a generation pair yet")
         if self.options.bundle is not None and Path(self.options.bundle).exists():
             raise InputError(f"--bundle {self.options.bundle} already exists")
+        if self.options.quantize is not None and self.options.quantize.startswith("w8a8"):
+            raise InputError("--quantize w8a8 takes one .onnx graph in this version (a generation folder's decode "
+                             "graph would need its KV cache in the calibration inputs): use w8a16 or w4a16 here")
         self.inputs = split_inputs(self.options.inputs, tuple(self.graphs))
 
     def hold_cache(self) -> None:
@@ -166,8 +171,18 @@ class Build:
         capacity, and none of what only the folder takes (its report, its generation flags, --tp)."""
         own = {"output": self.staging / f"{g}.mindir" if self.staging else None, "inputs": self.inputs[g],
                "dims": self.dims[g], "shape_ranges": self.shape_ranges, "cache_capacity": self.held, "bundle": None,
-               "report_path": None, "generation": GenerationOptions(), "tp": None}
+               "report_path": None, "generation": GenerationOptions(), "tp": None,
+               "save_quantized": self.quantized_graph(g)}
         return dataclasses.replace(self.options, **{**own, **changes})
+
+    def quantized_graph(self, g: str) -> Path | None:
+        """With --quantize: where graph `g`'s compile writes the quantized ONNX graph it compiled, GEN_DIR/onnx/
+        (generation.json's source_dir then: what the cached steps and `generate --check` run onnxruntime on)."""
+        if self.options.quantize is None or self.staging is None:
+            return None
+        path = self.staging / "onnx" / self.meta["graphs"].get(g, {}).get("file", f"{g}.onnx")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     def compile(self, path: Path, options: CompileOptions) -> dict:
         """One graph compiled and verified into the staging folder; its report as a dict. Under the interrupt
@@ -221,7 +236,7 @@ class Build:
             self.progress.info(f"{g}: compile the cpu MindIR")
             self.current = f"{g}.cpu"
             self.twins[g] = self.compile(path, self.graph_options(
-                g, output=twin, target="cpu", precision="fp32", keep_fp32=None))
+                g, output=twin, target="cpu", precision="fp32", keep_fp32=None, save_quantized=None))
             if self.held is not None:
                 twin_params = cache.strip([twin])
                 if twin_params != self.state["params"]:  # (an fp16/bf16 compile's cache is low, its twin's fp32)
@@ -247,7 +262,8 @@ class Build:
         from graphconv.generation import report
 
         folder = self.source.folder
-        self.meta = {**self.meta, "source_dir": str(folder.resolve())}
+        # (quantized: the ONNX graphs the MindIRs were compiled from are GEN_DIR/onnx's, relative to the folder)
+        self.meta = {**self.meta, "source_dir": "onnx" if self.options.quantize else str(folder.resolve())}
         if tokenizer.copy(tokenizer_dir(folder, self.meta), self.staging / "tokenizer"):
             self.meta["tokenizer"] = "tokenizer"
         schema.write(self.staging / schema.FILE, self.meta)

@@ -30,6 +30,7 @@ TASKS = {
     "run_network": ("run_tasks", "run_network"),
     "export_and_run": ("run_tasks", "export_and_run"),
     "generate": ("generate_task", "generate"),
+    "quantize": ("quantize_task", "quantize"),
 }
 
 

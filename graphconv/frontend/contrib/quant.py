@@ -1,16 +1,16 @@
 """Quantized contrib ops -> standard ONNX that dequantizes in the graph.
 
-A 4-bit or 8-bit MatMulNBits of whole blocks (block_size a multiple of 32, within WeightQuantBatchMatmul's
-limits) becomes mindspore::WeightQuantBatchMatmul here, directly: this is where its packed bytes, scales and
-zero points are read, so its weight is re-laid once, 4 bits as the qint4x2 [N, K/2] the primitive takes (B
-XOR 0x88, weight_bits 4), 8 bits as int8 [N, K] (B XOR 0x80, weight_bits 8), the scales as (K/g, N) and the
-zero points as the offsets 2^(bits-1) - zp (opmap/fused/weight_quant_batch_matmul.py: the record, its body and
-its limits, read through registry.FUSED_TABLE). Emitting the node here rather than recognising an unpack +
-MatMul in a pass keeps it one node through onnxsim (its weights are held out of it, like the packed ones) and
-needs no pattern of twenty nodes; passes/fuse_quant_matmul.py reports it, and fuse-swiglu merges a gate/up
-pair of them. The ascend MindIR holds the weight packed (QINT4X2) or as int8 (INT8), the cpu twin unpacks the
-same bytes with integer ops. Weight-only DequantizeLinear + MatMul become the same op on load too
-(graphconv/frontend/weight_only_qdq.py).
+A 4-bit or 8-bit MatMulNBits of whole blocks (block_size a multiple of 32, within WeightQuantBatchMatmul's limits;
+an 8-bit one whose single block spans K is per channel, group 0) becomes mindspore::WeightQuantBatchMatmul here,
+directly: this is where its packed bytes, scales and zero points are read, so its weight is re-laid once, 4 bits as
+the qint4x2 [N, K/2] the primitive takes (B XOR 0x88, weight_bits 4), 8 bits as int8 [N, K] (B XOR 0x80,
+weight_bits 8), the scales as (K/g, N) and the zero points as the offsets 2^(bits-1) - zp
+(opmap/fused/weight_quant_batch_matmul.py: the record, its body and its limits, read through registry.FUSED_TABLE).
+Emitting the node here rather than recognising an unpack + MatMul in a pass keeps it one node through onnxsim (its
+weights are held out of it, like the packed ones) and needs no pattern of twenty nodes; passes/fuse_quant_matmul.py
+reports it, and fuse-swiglu merges a gate/up pair of them. The ascend MindIR holds the weight packed (QINT4X2) or
+as int8 (INT8), the cpu twin unpacks the same bytes with integer ops. Weight-only DequantizeLinear + MatMul become
+the same op on load too (graphconv/frontend/weight_only_qdq.py).
 Every other form keeps the decomposition: the packed weights stay the initializers they are (same bytes, same
 uint8 type), so the compiled network carries them packed; the graph unpacks them with BitShift and BitwiseAnd
 (Mod below opset 18), subtracts the zero point, multiplies by the scale and then runs the float op (MatMul,
@@ -157,12 +157,19 @@ def weight_quant_refusal(k: int, n: int, bits: int, block: int) -> str | None:
         return "the fused-op table (opmap.fused) is not loaded"
     if bits not in (4, 8):
         return f"bits={bits} (WeightQuantBatchMatmul takes 4-bit weights, as qint4x2, and 8-bit ones, as int8)"
-    if k % block:
+    group = antiquant_group(k, bits, block)
+    if group and k % block:
         return f"K={k} is not a multiple of block_size={block} (a padded last block)"
-    broken = record.broken({"K": k, "N": n, "G": block, "bits": bits})
+    broken = record.broken({"K": k, "N": n, "G": group, "bits": bits})
     if broken is not None:
-        return f"WeightQuantBatchMatmul needs {broken.text} ({broken.source}) at K={k}, N={n}, group {block}"
+        return f"WeightQuantBatchMatmul needs {broken.text} ({broken.source}) at K={k}, N={n}, group {group}"
     return None
+
+
+def antiquant_group(k: int, bits: int, block: int) -> int:
+    """WeightQuantBatchMatmul's antiquant_group_size for a MatMulNBits: the block size, or 0 (per channel) for
+    an 8-bit one whose single block spans K (its padding, past K, dropped): one scale per output channel."""
+    return 0 if bits == 8 and block >= k else block
 
 
 def _held_refusal(rw: Rewrite, a_type: int | None) -> str | None:
@@ -183,14 +190,15 @@ def _held_refusal(rw: Rewrite, a_type: int | None) -> str | None:
 
 
 def _weight_quant_batch_matmul(rw: Rewrite, k: int, n: int, bits: int, block: int) -> None:
-    """MatMulNBits (4 or 8 bits, whole blocks) as mindspore::WeightQuantBatchMatmul
+    """MatMulNBits (4 or 8 bits, whole blocks, or 8 bits in one block over K) as mindspore::WeightQuantBatchMatmul
     (opmap/fused/weight_quant_batch_matmul.py). B [N, K/block, block * bits / 8] uint8, reshaped to
     [N, K * bits / 8], is XOR 0x88 (4 bits: each nibble's top bit flipped) exactly the two's-complement qint4x2
     of q - 8, element 2j in the low nibble as MatMulNBits packs it, and XOR 0x80 (8 bits) exactly the int8 q -
     128; the offsets 2^(bits-1) - zp make (q - 2^(bits-1) + 2^(bits-1) - zp) * s = (q - zp) * s exactly, in
     integers; the scales are laid (K/g, N)."""
-    k_blocks, half = k // block, 1 << (bits - 1)
-    packed = rw.array(rw.input(1)).reshape(n, k * bits // 8)
+    group = antiquant_group(k, bits, block)
+    k_blocks, half = max(k // block, 1), 1 << (bits - 1)
+    packed = rw.array(rw.input(1)).reshape(n, -1)[:, :k * bits // 8]  # (a single block's padding dropped)
     weight = (packed ^ np.uint8(0x88 if bits == 4 else 0x80)).view(np.int8)
     scales = rw.array(rw.input(2)).reshape(n, k_blocks)
     zp = np.full((n, k_blocks), half, np.int64)
@@ -201,12 +209,15 @@ def _weight_quant_batch_matmul(rw: Rewrite, k: int, n: int, bits: int, block: in
             z = np.stack([rows & 0xF, rows >> 4], axis=-1).reshape(n, -1)
         zp = z.reshape(n, -1)[:, :k_blocks].astype(np.int64)
     offsets = (half - zp).T.astype(scales.dtype)
+    scales = scales.T
+    if group == 0:  # per channel: the (N,) layout
+        scales, offsets = scales.reshape(n), offsets.reshape(n)
     name = "weight_qint4x2" if bits == 4 else "weight_int8"
-    ins = [rw.input(0), rw.initializer(weight, name), rw.initializer(scales.T, "antiquant_scale"),
-           rw.initializer(offsets, "antiquant_offset")]
+    ins = [rw.input(0), rw.initializer(np.ascontiguousarray(weight), name), rw.initializer(scales, "antiquant_scale"),
+           rw.initializer(np.ascontiguousarray(offsets), "antiquant_offset")]
     out = rw.output(0) if not rw.has(5) else ""
     y = rw.op("WeightQuantBatchMatmul", *ins, outputs=[out] if out else 1, domain="mindspore",
-              antiquant_group_size=block, weight_bits=bits)
+              antiquant_group_size=group, weight_bits=bits)
     if rw.has(5):
         rw.op("Add", y, rw.input(5), outputs=[rw.output(0)])
 
