@@ -207,20 +207,50 @@ def test_the_export_keeps_the_integers(exported):
     assert diff.max() <= 1e-4 and cosine > 0.99999, (diff.max(), diff.mean(), cosine)
 
 
+# One int8 rounding step: two implementations that agree to fp32 rounding (onnxruntime's float QDQ, the
+# compile's integer QuantBatchMatmul, the float64 reference) still round an activation that sits within that
+# rounding of a k + 0.5 boundary apart; one step (s_x, about 1/255 of the calibrated range) moves every later
+# rounding near it, and here moves the logits by up to 0.34 (their range is about +-8) once it happens. The
+# W8A8 logits are compared within FLIP, and a token only until the first step whose reference top-2 gap is
+# within twice the logits' difference there (either token is then the format's).
+FLIP = 0.5
+
+
+def _w8a8_match(got, want, logits, step_logits):
+    worst, compared = 0.0, 0
+    for r, row in enumerate(want):
+        for k, token in enumerate(row):
+            diff = float(np.abs(step_logits[k][r] - logits[k][r]).max())
+            worst = max(worst, diff)
+            top = np.sort(logits[k][r])[-2:]
+            if top[1] - top[0] <= 2 * diff:
+                break
+            assert got[r][k] == token, (r, k, got[r], row)
+            compared += 1
+    return worst, compared
+
+
 def test_generates_as_the_reference(exported):
     """A left-padded batch of three prompts on the cpu compile: greedy tokens equal the reference's, every step's
-    logits within 1e-4, and the tokens varied."""
+    logits within 1e-4 (W8A8: within FLIP, the tokens up to a step the difference can tie), and the tokens
+    varied."""
     import graphconv
 
-    name, _, src, reference, base = exported
+    name, case, src, reference, base = exported
     if name not in END_TO_END:
         pytest.skip("export and onnxruntime only")
     gen = base / "gen"
     compiled = _graphconv("compile", str(base / "exp"), "-o", str(gen), "--target", "cpu", "-q")
     assert compiled.returncode == 0, compiled.stderr
     want, ties, logits = _hf_greedy(reference, PROMPTS, NEW)
-    print(name, _match(_generated(gen, src), want, ties))
     assert len({t for row in want for t in row}) >= 8, want
+    if case["kind"] == "W8A8":
+        api = graphconv.generate(gen, PROMPTS, NEW, check=True, atol=FLIP)
+        worst, compared = _w8a8_match(api.sequences, want, logits, api.step_logits)
+        print(f"{name}: {compared} of {sum(map(len, want))} tokens compared and equal, worst step logits {worst:.3g}")
+        assert worst <= FLIP and compared >= sum(map(len, want)) // 2, (worst, compared)
+        return
+    print(name, _match(_generated(gen, src), want, ties))
     api = graphconv.generate(gen, PROMPTS, NEW, check=True)
     worst = max(float(np.abs(step[r] - logits[k][r]).max()) for k, step in enumerate(api.step_logits)
                 for r in range(len(PROMPTS)) if k < len(want[r]) and (ties[r] is None or k < ties[r]))

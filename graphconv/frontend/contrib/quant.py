@@ -159,10 +159,16 @@ def weight_quant_refusal(k: int, n: int, bits: int, block: int) -> str | None:
         return f"bits={bits} (WeightQuantBatchMatmul takes 4-bit weights, as qint4x2, and 8-bit ones, as int8)"
     if k % block:
         return f"K={k} is not a multiple of block_size={block} (a padded last block)"
-    broken = record.broken({"K": k, "N": n, "G": block, "bits": bits})
+    broken = record.broken({"K": k, "N": n, "G": _group_size(k, block), "bits": bits})
     if broken is not None:
         return f"WeightQuantBatchMatmul needs {broken.text} ({broken.source}) at K={k}, N={n}, group {block}"
     return None
+
+
+def _group_size(k: int, block: int) -> int:
+    """WeightQuantBatchMatmul's antiquant_group_size for MatMulNBits' block: 0 (per channel) for one block of
+    all K, which the primitive takes as scales (N,) and not as a group of K (its groups are below K)."""
+    return 0 if block == k else block
 
 
 def _held_refusal(rw: Rewrite, a_type: int | None) -> str | None:
@@ -201,12 +207,15 @@ def _weight_quant_batch_matmul(rw: Rewrite, k: int, n: int, bits: int, block: in
             z = np.stack([rows & 0xF, rows >> 4], axis=-1).reshape(n, -1)
         zp = z.reshape(n, -1)[:, :k_blocks].astype(np.int64)
     offsets = (half - zp).T.astype(scales.dtype)
+    group = _group_size(k, block)
+    if not group:  # per channel: (N,)
+        scales, offsets = scales.reshape(n), offsets.reshape(n)
     name = "weight_qint4x2" if bits == 4 else "weight_int8"
     ins = [rw.input(0), rw.initializer(weight, name), rw.initializer(scales.T, "antiquant_scale"),
            rw.initializer(offsets, "antiquant_offset")]
     out = rw.output(0) if not rw.has(5) else ""
     y = rw.op("WeightQuantBatchMatmul", *ins, outputs=[out] if out else 1, domain="mindspore",
-              antiquant_group_size=block, weight_bits=bits)
+              antiquant_group_size=group, weight_bits=bits)
     if rw.has(5):
         rw.op("Add", y, rw.input(5), outputs=[rw.output(0)])
 
