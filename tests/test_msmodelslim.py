@@ -328,3 +328,88 @@ def test_what_is_not_read_is_one_line(w8a8_folder, tmp_path, edit, says):
     line = proc.stderr.strip()
     assert "\n" not in line and "Traceback" not in line and says in line, line
     assert not out.exists() and not any(p.name.startswith(".graphconv") for p in tmp_path.iterdir())
+
+
+# --- compressed-tensors' static W8A8 (int-quantized, input_activations dynamic false): the same QDQ route -----
+
+class _StaticLinear(torch.nn.Module):
+    """compressed-tensors' fake quantization: ((clamp(round(x / s + zp)) - zp) * s) @ (q * weight_scale)^T."""
+
+    def __init__(self, q, weight_scale, s, zp):
+        super().__init__()
+        self.w = q.double() * weight_scale.double()
+        self.s, self.zp = float(s), float(zp)
+
+    def forward(self, x):
+        xq = torch.clamp(torch.round(x.double() / self.s + self.zp), -128, 127)
+        return (((xq - self.zp) * self.s) @ self.w.T).to(x.dtype)
+
+
+def save_ct_static_w8a8(folder: Path):
+    """A tiny Llama quantized by compressed-tensors itself (weights int8 per channel, inputs int8 per tensor,
+    asymmetric, static scales from a calibration range), saved int-quantized; returns the folder and the
+    reference built from the saved tensors by the formula above."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(_config()).to(torch.bfloat16)
+    ranges = _calibration(_fp32_copy(model))
+    weights = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="channel")
+    inputs = QuantizationArgs(num_bits=8, type="int", symmetric=False, strategy="tensor", dynamic=False)
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": QuantizationScheme(
+        targets=["Linear"], weights=weights, input_activations=inputs)}, ignore=["lm_head"]))
+    for name, module in model.named_modules():
+        if hasattr(module, "input_scale"):
+            w = module.weight.data.float()
+            scale, _ = calculate_qparams(w.amin(-1, keepdim=True), w.amax(-1, keepdim=True), weights)
+            module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape).to(module.weight_scale.dtype))
+            lo, hi = ranges[name]
+            s, z = calculate_qparams(torch.tensor([lo]), torch.tensor([hi]), inputs)
+            module.input_scale.data.copy_(s.reshape(module.input_scale.shape).to(module.input_scale.dtype))
+            module.input_zero_point.data.copy_(z.reshape(module.input_zero_point.shape).to(
+                module.input_zero_point.dtype))
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="int-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(folder)
+    compressor.update_config(str(folder))
+    stored = load_file(folder / "model.safetensors")
+    reference = tf.LlamaForCausalLM(_config())
+    reference.load_state_dict({k: v.float() for k, v in stored.items() if k in reference.state_dict()}, strict=False)
+    for key in [k for k in stored if k.endswith(".input_scale")]:
+        module = key.removesuffix(".input_scale")
+        zp = stored.get(f"{module}.input_zero_point", torch.zeros(1))
+        reference.set_submodule(module, _StaticLinear(stored[f"{module}.weight"], stored[f"{module}.weight_scale"],
+                                                      stored[key].float().reshape(-1)[0], zp.float().reshape(-1)[0]))
+    return folder, reference.float().eval()
+
+
+def _fp32_copy(model):
+    copy = tf.LlamaForCausalLM(_config())
+    copy.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    return copy.eval()
+
+
+def test_compressed_tensors_static_w8a8_is_kept_as_qdq(tmp_path):
+    """The compressed-tensors W8A8 folder exports as QDQ linears (int8 weights, 8 Q/DQ pairs), onnxruntime
+    equal to the package's formula at a shape not exported."""
+    import onnx
+
+    src, reference = save_ct_static_w8a8(tmp_path / "ckpt")
+    export = _graphconv("export", str(src), "-o", str(tmp_path / "exp"), "-q")
+    assert export.returncode == 0, export.stderr
+    graph = onnx.load(str(tmp_path / "exp" / "prefill.onnx")).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("QuantizeLinear") == 8 and "MatMulNBits" not in ops
+    int8 = [t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2]
+    assert len(int8) == LINEARS and sum(np.prod(t.dims) for t in int8) == SIZES
+    got = _logits(tmp_path / "exp" / "prefill.onnx", IDS)
+    with torch.no_grad():
+        want = reference(input_ids=torch.from_numpy(IDS)).logits.numpy()
+    diff = np.abs(got - want)
+    cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
+    print(f"compressed-tensors w8a8: max abs {diff.max():.3g}, cosine {cosine:.9f}")
+    assert diff.max() <= 1e-4 and cosine > 0.99999, (diff.max(), diff.mean(), cosine)
