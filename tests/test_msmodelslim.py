@@ -260,7 +260,7 @@ def test_generates_as_the_reference(exported):
 
 def test_the_ascend_compile_runs_the_linears_on_low_bit_primitives(exported):
     """The ascend MindIR: W8A16 on 12 WeightQuantBatchMatmul, W8A8 on 12 QuantBatchMatmul and 8 QuantV2 (14
-    linears, gate/up merged per layer; one QuantV2 per quantized activation, 4 a layer); the report's census agrees."""
+    linears, gate/up merged per layer; one QuantV2 per quantized activation, 4 a layer); the report agrees."""
     name, case, _, _, base = exported
     if name not in END_TO_END:
         pytest.skip("export and onnxruntime only")
@@ -308,11 +308,6 @@ def _retensor(key: str, change):
 
 @pytest.mark.parametrize("edit, says", [
     (_describe(lambda d: d.update(model_quant_type="W8A8_DYNAMIC")), "model_quant_type 'W8A8_DYNAMIC'"),
-    (_describe(lambda d: d.update(model_quant_type="W4A8_DYNAMIC")), "model_quant_type 'W4A8_DYNAMIC'"),
-    (_describe(lambda d: d.update({"model.layers.0.mlp.up_proj.weight": "W8A8SC"})),
-     "model.layers.0.mlp.up_proj.weight: 'W8A8SC'"),
-    (_describe(lambda d: d.update(kv_cache_type="C8")), "kv_cache_type 'C8'"),
-    (_describe(lambda d: d.update(fa_quant_type="FAQuant")), "fa_quant_type 'FAQuant'"),
     (_retensor("model.layers.1.self_attn.o_proj.deq_scale", lambda t: t[:-1]),
      "o_proj.deq_scale has the shape [127]: one per output channel (128) taken"),
     (_retensor("model.layers.0.self_attn.k_proj.input_offset", lambda t: t + 0.5),
@@ -413,3 +408,25 @@ def test_compressed_tensors_static_w8a8_is_kept_as_qdq(tmp_path):
     cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
     print(f"compressed-tensors w8a8: max abs {diff.max():.3g}, cosine {cosine:.9f}")
     assert diff.max() <= 1e-4 and cosine > 0.99999, (diff.max(), diff.mean(), cosine)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d.update(model_quant_type="W4A8_DYNAMIC"), "model_quant_type 'W4A8_DYNAMIC'"),
+    (lambda d: d.update(model_quant_type="W4A4_MXFP4"), "model_quant_type 'W4A4_MXFP4'"),
+    (lambda d: d.update({"model.layers.0.mlp.up_proj.weight": "W8A8SC"}), "up_proj.weight: 'W8A8SC'"),
+    (lambda d: d.update({"model.layers.0.mlp.up_proj.weight": "W8A8S"}), "up_proj.weight: 'W8A8S'"),
+    (lambda d: d.update(kv_cache_type="C8"), "kv_cache_type 'C8'"),
+    (lambda d: d.update(fa_quant_type="FAQuant"), "fa_quant_type 'FAQuant'"),
+])
+def test_each_type_not_read_is_refused_by_name(tmp_path, change, says):
+    from graphconv.errors import UnsupportedError
+    from graphconv.frontend import msmodelslim
+
+    description = {"model_quant_type": "W8A8", "version": "1.0.0", "model.layers.0.mlp.up_proj.weight": "W8A8",
+                   "model.norm.weight": "FLOAT"}
+    change(description)
+    path = tmp_path / "quant_model_description.json"
+    path.write_text(json.dumps(description))
+    with pytest.raises(UnsupportedError, match="graphconv does not read this yet") as e:
+        msmodelslim.scheme(path)
+    assert says in str(e.value) and "\n" not in str(e.value), e.value
