@@ -239,7 +239,7 @@ def _w8a8(q):
 
 
 @pytest.mark.parametrize("change, says", [
-    (_w8a8, "quantized activations (config group 'group_0': W8A8)"),
+    (_w8a8, "dynamic activations (config group 'group_0': W8A8 per token, no dynamic route yet)"),
     (lambda q: q["config_groups"]["group_0"].update(format="float-quantized"), "format 'float-quantized'"),
 ])
 def test_what_is_not_read_is_one_line(tmp_path, change, says):

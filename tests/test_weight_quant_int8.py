@@ -82,6 +82,20 @@ def test_8_bit_matmul_nbits_becomes_one_fused_node_equal_to_onnxruntime(zp, bloc
         np.testing.assert_array_equal(_run(fused, {"a": a}), _run(m, {"a": a}))
 
 
+def test_one_block_of_all_k_is_the_per_channel_form():
+    """block_size = K (a per-channel checkpoint: msModelSlim's W8A16, GPTQ group -1) is the primitive's group 0
+    with (N,) scales and offsets: its groups must be below K."""
+    m = nbits_model(k=256, n=48, bits=8, block=256, zp="packed", bias=False, opset=18)
+    fused, _ = contrib.decompose(m)
+    assert [n.op_type for n in fused.graph.node] == ["WeightQuantBatchMatmul"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in fused.graph.node[0].attribute}
+    assert attrs == {"antiquant_group_size": 0, "weight_bits": 8}
+    inits = {t.name: numpy_helper.to_array(t) for t in fused.graph.initializer}
+    assert inits["proj::antiquant_scale"].shape == inits["proj::antiquant_offset"].shape == (48,)
+    a = RNG.standard_normal((2, 3, 256)).astype(np.float32)
+    np.testing.assert_array_equal(_run(fused, {"a": a}), _run(m, {"a": a}))
+
+
 # --- weight-only QDQ --------------------------------------------------------------------------------------
 
 def _pack4(values: np.ndarray) -> bytes:

@@ -18,8 +18,14 @@ and zp_u = zp + 2^(bits - 1) give the same W; compressed-tensors computes it in 
 bf16 release), which rounds it, and transformers loading the folder in fp32 computes it in fp32 (the scale
 upcast first), exactly as here.
 
-Refused in one line, naming what: quantized activations (W8A8 static or dynamic: the activation quantization
-is part of the model's arithmetic and is not built yet), float formats (FP8, NVFP4, MXFP4 in this layout),
+Static W8A8 (`input_activations` int8, `dynamic: false`, strategy tensor; weights int8 symmetric per channel
+or tensor; int-quantized): `weight` int8 [N, K], `weight_scale` [N, 1] or [1], `input_scale` [1] and an
+optional `input_zero_point` [1] int8. compressed-tensors fake-quantizes the input as xq = clamp(round(x /
+input_scale + zp)) (torch.round) and computes ((xq - zp) * input_scale) @ (q * weight_scale)^T: a StaticLinear
+(graphconv/frontend/quantized_activations.py) with deq = input_scale * weight_scale and c = 0, kept as QDQ.
+
+Refused in one line, naming what: dynamic (per-token) activations (no dynamic route yet), activations other
+than static int8 per tensor, float formats (FP8, NVFP4, MXFP4 in this layout),
 activation order (`actorder` with `weight_g_idx`), sparsity, transforms (rotations) and a quantized KV cache.
 """
 
@@ -32,10 +38,12 @@ from pathlib import Path
 import numpy as np
 
 from graphconv.errors import InputError, UnsupportedError
-from graphconv.frontend.quantized_linears import QuantizedLinear, WeightOnlyCheckpoint
+from graphconv.frontend.quantized_activations import QuantizedCheckpoint, StaticLinear
+from graphconv.frontend.quantized_linears import QuantizedLinear
 
 _FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
 _SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
+_INPUT = ("input_scale", "input_zero_point")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +63,7 @@ class Group:
     targets: tuple[str, ...]
     weights: WeightArgs
     format: str
+    static: bool = False  # its inputs quantized statically (W8A8): quantized_activations.StaticLinear
 
     def takes(self, module: str) -> bool:
         return any(_matches(t, module) for t in self.targets)
@@ -80,21 +89,27 @@ class Scheme:
         return (f"compressed-tensors checkpoint ({'; '.join(parts)}): {linears} weight-only quantized linears read "
                 "exactly, W = (q - zero point) * scale in fp32")
 
-    def view(self, checkpoint) -> WeightOnlyCheckpoint:
+    def view(self, checkpoint) -> QuantizedCheckpoint:
         """The checkpoint with each quantized weight read as its dequantized value, its integers kept."""
         linears: dict[str, QuantizedLinear] = {}
+        static: dict = {}
         consumed: set[str] = set()
         for key in checkpoint.entries:
             module, _, suffix = key.rpartition(".")
-            if suffix not in ("weight_packed", "weight_scale") or f"{module}.weight" in linears:
+            if suffix not in ("weight_packed", "weight_scale") or f"{module}.weight" in {*linears, *static}:
                 continue
             group = next((g for g in self.groups if g.takes(module)), None)
             if group is None:
                 raise InputError(f"{key}: no config group of quantization_config targets {module}")
-            linears[f"{module}.weight"] = _linear(checkpoint, module, group)
-            consumed |= {f"{module}.{s}" for s in (*_SUFFIXES, "weight")} & set(checkpoint.entries)
-        consumed -= set(linears)
-        return WeightOnlyCheckpoint(checkpoint, linears, consumed, self.note(len(linears)))
+            lin = _linear(checkpoint, module, group)
+            if group.static:
+                static[lin.key] = _static(checkpoint, module, lin)
+            else:
+                linears[lin.key] = lin
+            consumed |= {f"{module}.{s}" for s in (*_SUFFIXES, *_INPUT, "weight")} & set(checkpoint.entries)
+        consumed -= {*linears, *static}
+        note = self.note(len(linears)) + (f"; {len(static)} static W8A8 linears kept as QDQ" if static else "")
+        return QuantizedCheckpoint(checkpoint, linears, static, consumed, note)
 
 
 def scheme(where: Path, config: dict) -> Scheme:
@@ -115,14 +130,33 @@ def scheme(where: Path, config: dict) -> Scheme:
     for name, group in groups.items():
         if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
             raise InputError(f"{where}: quantization_config.config_groups.{name} has no weights arguments")
-        if group.get("input_activations") or group.get("output_activations"):
-            refuse(f"quantized activations (config group {name!r}: W8A8)")
+        if group.get("output_activations"):
+            refuse(f"quantized outputs (config group {name!r})")
         fmt = group.get("format") or top
         if fmt not in _FORMATS:
             refuse(f"format {fmt!r}")
-        parsed.append(Group(_targets(where, name, group), _weights(where, name, group["weights"], refuse), fmt))
+        weights = _weights(where, name, group["weights"], refuse)
+        static = _static_activations(name, group.get("input_activations"), weights, fmt, refuse)
+        parsed.append(Group(_targets(where, name, group), weights, fmt, static))
     ignore = config.get("ignore") or []
     return Scheme(tuple(parsed), tuple(ignore) if isinstance(ignore, list) else ())
+
+
+def _static_activations(name: str, args, weights: WeightArgs, fmt: str, refuse) -> bool:
+    """Whether the group quantizes its inputs statically (W8A8), refusing every other activation scheme."""
+    if not args:
+        return False
+    if not isinstance(args, dict) or args.get("dynamic", False) is not False:
+        refuse(f"dynamic activations (config group {name!r}: W8A8 per token, no dynamic route yet)")
+    what = (f"{args.get('type', 'int')} {args.get('num_bits')}-bit activations, strategy {args.get('strategy')!r}"
+            f" (config group {name!r}: static int 8-bit per tensor taken)")
+    if args.get("type", "int") != "int" or args.get("num_bits") != 8 or args.get("strategy", "tensor") != "tensor":
+        refuse(what)
+    if weights.bits != 8 or not weights.symmetric or weights.strategy not in ("channel", "tensor") \
+            or fmt == "pack-quantized":
+        refuse(f"static activations over {weights.bits}-bit {weights.strategy} weights, format {fmt!r} (config "
+               f"group {name!r}: symmetric int8 per channel or tensor, int-quantized, taken)")
+    return True
 
 
 def _targets(where: Path, name: str, group: dict) -> tuple[str, ...]:
@@ -204,6 +238,31 @@ def _read(checkpoint, module: str, group: Group, n: int, k: int, g: int):
             zp = (stored.astype(np.int16) + offset).astype(np.uint8)
         zp = np.broadcast_to(zp.reshape(-1, 1) if zp.size == 1 else zp, (n, k // g)).astype(np.uint8)
     return q, scale, zp
+
+
+def _static(checkpoint, module: str, lin: QuantizedLinear) -> StaticLinear:
+    """A static W8A8 linear: its int8 weight (lin's q_u - 128), deq = input_scale * weight_scale, c = 0."""
+    import torch
+
+    entries = checkpoint.entries
+    for part in _INPUT:
+        key = f"{module}.{part}"
+        if (key in entries or part == "input_scale") and int(np.prod(_entry(entries, key)[2])) != 1:
+            raise InputError(f"{key} has the shape {list(entries[key][2])}: static per-tensor activations take [1]")
+    s_x = float(checkpoint.tensor(f"{module}.input_scale").to(torch.float32).reshape(-1)[0])
+    if not (np.isfinite(s_x) and s_x > 0):
+        raise InputError(f"{module}.input_scale is {s_x}: a positive scale taken")
+    zp_key = f"{module}.input_zero_point"
+    zp = float(checkpoint.tensor(zp_key).to(torch.float32).reshape(-1)[0]) if zp_key in entries else 0.0
+    if zp != round(zp) or not -128 <= zp <= 127:
+        raise InputError(f"{zp_key} is {zp}: an int8 zero point taken")
+
+    def read():
+        q, scale, _ = lin.read()
+        deq = (np.float32(s_x) * scale.reshape(-1)).astype(np.float32)
+        return (q.astype(np.int16) - 128).astype(np.int8), np.broadcast_to(deq, (lin.n,)).copy(), None
+
+    return StaticLinear(lin.key, lin.n, lin.k, s_x, int(zp), read)
 
 
 def unpack(words: np.ndarray, bits: int, count: int) -> np.ndarray:

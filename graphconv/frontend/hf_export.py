@@ -85,6 +85,8 @@ def _weight_files(folder: Path) -> list[Path]:
     """The safetensors files of the checkpoint; every shard the index names must be inside the folder and
     present. Pickle formats (.bin, .pt) are never loaded: unpickling runs code the file names."""
     index = folder / "model.safetensors.index.json"
+    named = sorted(folder.glob("quant_model_weight*.safetensors.index.json"))  # (msModelSlim's shards)
+    index = index if index.is_file() or len(named) != 1 else named[0]
     if index.is_file():
         try:
             weight_map = dict(json.loads(index.read_text())["weight_map"])
@@ -716,8 +718,10 @@ def _export_and_check(folder: Path, checkpoint, cls, config, task: str, tmp: Pat
 def _reference(folder: Path, cls, config, task: str, checkpoint):
     """The model the export is checked against: transformers' load of the folder, or, for a weight-only quantized
     checkpoint, the float model holding the format's dequantized weights (frontend/quantized_linears.py)."""
-    from graphconv.frontend import quantized_linears
+    from graphconv.frontend import quantized_activations, quantized_linears
 
+    if isinstance(checkpoint, quantized_activations.QuantizedCheckpoint):
+        return quantized_activations.fake_quantized_model(cls, config, checkpoint)
     if isinstance(checkpoint, quantized_linears.WeightOnlyCheckpoint):
         return quantized_linears.dequantized_model(cls, config, checkpoint)
     return _load_model(folder, cls, config, task, [])
@@ -809,16 +813,19 @@ def _attach(ir_model, source, keys: dict, store: str, graph: str, notes: list[st
     """The checkpoint's weights attached (weightless_export.attach_weights); a quantized linear's MatMuls then
     MatMulNBits (frontend/quantized_linears.py), the weights kept in float noted. Returns the bytes the
     initializers take."""
-    from graphconv.frontend import quantized_linears
+    from graphconv.frontend import quantized_activations, quantized_linears
     from graphconv.frontend import weightless_export as wl
 
     attached: dict[str, str] = {}
     nbytes = wl.attach_weights(ir_model, source, keys, "model.", store, attached)
-    if not getattr(source, "linears", None):
+    static = getattr(source, "static", None)
+    if not getattr(source, "linears", None) and not static:
         return nbytes
     kept = quantized_linears.to_matmul_nbits(ir_model, source.linears, attached)
+    qdq = quantized_activations.to_qdq(ir_model, static, attached) if static else 0
     written = sum(1 for n in ir_model.graph if n.op_type == "MatMulNBits")
     line = (f"{graph}.onnx: {written} MatMulNBits carry the checkpoint's integers"
+            + (f", {qdq} static W8A8 linears as QDQ (int8 weights, activations quantized)" if static else "")
             + (f"; {len(kept)} quantized weights kept in float ({'; '.join(kept[:3])}"
                f"{' ...' if len(kept) > 3 else ''})" if kept else ""))
     notes.append(line)

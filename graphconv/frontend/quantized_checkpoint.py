@@ -19,6 +19,10 @@ graphconv/frontend/compressed_tensors.py, and the export keeps those weights qua
 
 GPTQ (`quant_method: "gptq"`, v1 and gptq_v2) and AWQ (`quant_method: "awq"`, the GEMM layout): read by
 graphconv/frontend/gptq_awq.py, their weights kept quantized the same way.
+
+msModelSlim (a `quant_model_description.json` beside `quant_model_weight_*.safetensors`): W8A16 and W4A16
+read by graphconv/frontend/msmodelslim.py as weight-only linears, its static W8A8 as QDQ linears
+(graphconv/frontend/quantized_activations.py).
 """
 
 from __future__ import annotations
@@ -72,12 +76,13 @@ class Fp8Blocks:
 
 def scheme(folder: Path, raw: dict):
     """The quantization a checkpoint folder needs read specially (Fp8Blocks, compressed_tensors.Scheme,
-    gptq_awq.Scheme), or None (a float checkpoint, or MXFP4, which transformers dequantizes). Refuses, in one
-    line, a format graphconv does not read."""
+    gptq_awq.Scheme, msmodelslim.Scheme), or None (a float checkpoint, or MXFP4, which transformers
+    dequantizes). Refuses, in one line, a format graphconv does not read."""
     for name in MSMODELSLIM_DESCRIPTIONS:
         if (folder / name).is_file():
-            raise UnsupportedError(f"{folder}: {name} says msModelSlim quantized this checkpoint: graphconv does "
-                                   f"not read that format yet (it reads quant_method {', '.join(READ)})")
+            from graphconv.frontend import msmodelslim
+
+            return msmodelslim.scheme(folder / name)
     config = raw.get("quantization_config")
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
     config = config if config is not None else text.get("quantization_config")

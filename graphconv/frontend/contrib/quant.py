@@ -168,8 +168,9 @@ def weight_quant_refusal(k: int, n: int, bits: int, block: int) -> str | None:
 
 def antiquant_group(k: int, bits: int, block: int) -> int:
     """WeightQuantBatchMatmul's antiquant_group_size for a MatMulNBits: the block size, or 0 (per channel) for
-    an 8-bit one whose single block spans K (its padding, past K, dropped): one scale per output channel."""
-    return 0 if bits == 8 and block >= k else block
+    one block of all K (the primitive's groups are below K; per channel it takes scales (N,)), and for an
+    8-bit one whose single block spans K with padding past K, which is dropped."""
+    return 0 if block == k or (bits == 8 and block > k) else block
 
 
 def _held_refusal(rw: Rewrite, a_type: int | None) -> str | None:
