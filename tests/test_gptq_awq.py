@@ -169,6 +169,7 @@ CASES = {
     "gptq-v2-asym3": dict(kind="gptq", bits=3, sym=False, v1=False),
 }
 FAST = ("gptq-v1-sym4", "awq-gemm")
+FULL_IN_CI = ("gptq-v1-sym4",)  # generation too; the other fast case is exported and compiled for ascend
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -216,12 +217,14 @@ def test_the_export_keeps_the_integers_as_matmul_nbits(exported):
     assert diff.max() <= 1e-4 and cosine > 0.99999, (diff.max(), diff.mean(), cosine)
 
 
-def test_generates_as_the_reference(exported):
+def test_generates_as_the_reference(exported, request):
     """A left-padded batch of three prompts on the cpu compile: greedy tokens equal the reference's, every step's
     logits within 1e-4, and the tokens varied."""
     import graphconv
 
     name, _, src, reference, base = exported
+    if name not in FULL_IN_CI and not request.config.getoption("--runslow"):
+        pytest.skip("slow: run with --runslow (its export and ascend compile run in every run)")
     gen = base / "gen"
     compiled = _graphconv("compile", str(base / "exp"), "-o", str(gen), "--target", "cpu", "-q")
     assert compiled.returncode == 0, compiled.stderr
