@@ -115,7 +115,7 @@ LAYERS = [
      "graphconv.verify.exact", "graphconv.verify.observed_ranks",
      "graphconv.verify.quantized_census"),  # the oracle's side
     ("passes", "opmap", "graphconv.compiler"),          # graph passes, op mappings, the compiler to MindSpore
-    ("graphconv.runtime",),                           # what runs compiled programs: MindSpore children
+    ("graphconv.runtime", "graphconv.quantize"),      # what runs compiled programs: MindSpore children
     ("graphconv.verify.debug", "graphconv.verify.piecewise", "graphconv.verify.precision_checks",
      "graphconv.deploy", "graphconv.report",
      "graphconv.frontend.export", "graphconv.frontend.hf_export"),  # what runs a stage of the above end to end
@@ -154,13 +154,14 @@ def test_the_compile_path_imports_no_test_zoo_and_no_torch():
     # imported by hf_export only, imports torch inside the rewrites it swaps in while tracing;
     # graphconv.frontend.quantized_checkpoint, imported by hf_export only, dequantizes checkpoint tensors in torch;
     # graphconv.frontend.tasks reads transformers' auto classes inside `infer`, for `export --task auto` only;
-    # graphconv.frontend.quantized_linears, compressed_tensors and gptq_awq, imported by hf_export and
-    # quantized_checkpoint only, give quantized checkpoint tensors to the export in torch
+    # graphconv.frontend.quantized_linears, quantized_activations, compressed_tensors, gptq_awq and msmodelslim,
+    # imported by hf_export and quantized_checkpoint only, give quantized checkpoint tensors to the export in torch
     allowed = {"graphconv.frontend.export", "graphconv.frontend.hf_export", "graphconv.frontend.weightless_export",
                "graphconv.frontend.tokenizer", "graphconv.tools.matrix", "graphconv.frontend.export_rewrites",
                "graphconv.frontend.quantized_checkpoint", "graphconv.frontend.tasks",
                "graphconv.frontend.quantized_linears", "graphconv.frontend.compressed_tensors",
-               "graphconv.frontend.gptq_awq"}
+               "graphconv.frontend.gptq_awq", "graphconv.frontend.msmodelslim",
+               "graphconv.frontend.quantized_activations"}
     found = []
     for name, path in _modules().items():
         if name in allowed or name == "graphconv.zoo" or name.startswith("graphconv.zoo."):

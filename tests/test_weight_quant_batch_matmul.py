@@ -102,7 +102,6 @@ def test_an_8_bit_matmul_nbits_of_one_block_over_k_is_per_channel_exactly(k, blo
 @pytest.mark.parametrize("change,reason", [
     (dict(bits=2), "bits=2 (WeightQuantBatchMatmul takes 4-bit weights, as qint4x2, and 8-bit ones, as int8)"),
     (dict(block=16), "WeightQuantBatchMatmul needs antiquant_group_size 0 (per channel) or a multiple of 32 in"),
-    (dict(k=32), "WeightQuantBatchMatmul needs antiquant_group_size 0 (per channel) or a multiple of 32 in"),
     (dict(k=80), "K=80 is not a multiple of block_size=32 (a padded last block)"),
     (dict(opset=14), "opset 14 (the fused body needs CastLike, opset 15)"),
 ])
