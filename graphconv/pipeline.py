@@ -44,13 +44,21 @@ from graphconv.workspace import Workspace
 from passes import dim_bounds, precision, stateful_cache
 
 
+@dataclasses.dataclass
+class ModelPaths:
+    """The model a compile reads: the user's file, or with --quantize its quantized copy in the workspace, the
+    user's float model then kept for the error against it (the quantize stage sets both)."""
+
+    compiled: Path
+    float_model: Path | None = None
+
+
 class Compiler:
     """The stages of one compile. Its attributes are set once, here; stages hand each other typed results and
     write only their own sections of the report."""
 
     def __init__(self, model_path: Path, options: CompileOptions, progress: Progress):
-        self.model_path = Path(model_path)
-        self.float_path: Path | None = None  # with --quantize: the user's float model (model_path: the quantized)
+        self.paths = ModelPaths(Path(model_path))
         self.opt = options
         self.progress = progress
         self.report = Report()
@@ -58,7 +66,7 @@ class Compiler:
         plugins = passes.load_plugins(options.plugins)
         self.pass_manager = passes.PassManager(options.passes, options.disable_passes)
         self.target = targets.get(options.target)
-        self.output = Path(options.output) if options.output else self.model_path.with_suffix(".mindir")
+        self.output = Path(options.output) if options.output else self.paths.compiled.with_suffix(".mindir")
         self.report.provenance = {"tools": tool_versions(), "passes": self.pass_manager.names, "plugins": plugins,
                                   "target": options.target, "precision": options.precision}
         self.ctx = StageContext(options, self.report, progress, self.target, self.schedule, self.output)
@@ -75,10 +83,10 @@ class Compiler:
             directory = ws.path("quantized")
             directory.mkdir()
             name = Path(self.opt.save_quantized).name if self.opt.save_quantized else "quantized.onnx"
-            done = quantize.quantize(self.model_path, scheme, self.opt.calibration, directory / name, ws.dir)
+            done = quantize.quantize(self.paths.compiled, scheme, self.opt.calibration, directory / name, ws.dir)
             st.detail = {"scheme": scheme.text(), "linears": done.info["linears"]}
         self.report.quantization = done.info
-        self.float_path, self.model_path = self.model_path, done.path
+        self.paths.float_model, self.paths.compiled = self.paths.compiled, done.path
 
     def quantization_error(self, loaded: Loaded, cases) -> None:
         """The quantized model's error against the float model on the reference cases (both by onnxruntime),
@@ -91,17 +99,18 @@ class Compiler:
                                      "threshold); the float model is not run whole"
             return
         try:
-            info["error_vs_float"] = quantize.error_vs_float(self.float_path, self.model_path, cases)
+            info["error_vs_float"] = quantize.error_vs_float(self.paths.float_model, self.paths.compiled, cases)
         except UnsupportedError as e:
             info["error_vs_float"] = f"not computed: the float model does not take these cases ({e})"
 
     def load(self, ws: Workspace | None = None) -> Loaded:
         """The model loaded, with its KV cache held in place where asked (its zeros a hole of a file in `ws`)."""
-        self.progress.info(f"load {self.model_path}")
+        self.progress.info(f"load {self.paths.compiled}")
         with self.report.stage("load") as st:
             # (external weights stay on disk for the whole compile; quantized ones re-laid for a low-bit
             # primitive go to a file of the workspace)
-            model = load(self.model_path, weights.SpillFile(ws.path("relaid-weights.bin")) if ws is not None else None)
+            relaid = weights.SpillFile(ws.path("relaid-weights.bin")) if ws is not None else None
+            model = load(self.paths.compiled, relaid)
             cache = None
             if self.opt.cache_capacity is not None:
                 model, cache = self.hold_cache(model, ws)
@@ -157,7 +166,7 @@ class Compiler:
                    "onnxruntime on the model as given checks the cached steps"
             note = dataclasses.replace(model.contrib, oracle=held) if model.contrib is not None else None
             model = dataclasses.replace(model, as_given=None, as_shipped=None, case_dims={}, contrib=note)
-        return dataclasses.replace(model, proto=infer_shapes(proto, self.model_path)), detail
+        return dataclasses.replace(model, proto=infer_shapes(proto, self.paths.compiled)), detail
 
     def reference_cases(self, loaded: Loaded) -> list[reference.ReferenceCase]:
         model = loaded.model.proto
@@ -348,7 +357,7 @@ class Compiler:
 
     def _run_in(self, loaded: Loaded, ws: Workspace) -> None:
         cases = self.reference_cases(loaded)
-        if self.float_path is not None:
+        if self.paths.float_model is not None:
             self.quantization_error(loaded, cases)
         checked = oracle_stage.validate(self.ctx, loaded, self.simplify(loaded.model, ws), cases)
         cases = checked.cases or cases
@@ -390,7 +399,7 @@ class Compiler:
             self.report.artifacts["fused_onnx"] = str(self.opt.save_fused)
         if self.opt.save_quantized:
             target = Path(self.opt.save_quantized)
-            for written in self.model_path.parent.iterdir():  # (the model and its weights file, if any)
+            for written in self.paths.compiled.parent.iterdir():  # (the model and its weights file, if any)
                 moves[written] = target.with_name(written.name)
             self.report.artifacts["quantized_onnx"] = str(target)
         self._commit(ws, moves)

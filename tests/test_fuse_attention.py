@@ -858,7 +858,7 @@ def test_fp16_attention_inputs_beyond_fp16_tolerance(tmp_path, monkeypatch):
     assert report.status == "verified"
     assert report.validation["ascend_precision"]["status"] == "exceeds fp16 tolerance"
     warning = next(w for w in report.warnings if "FlashAttentionScore" in w)
-    assert "--disable-passes fuse-attention keeps them in fp32" in warning
+    assert "--disable-pass fuse-attention keeps them in fp32" in warning
     monkeypatch.setattr(compare, "default_tolerance", lambda p: (1e-9, 1e-9) if p == "float16" else real(p))
     with pytest.raises(graphconv.VerificationError, match="fp16 casts exceed fp16 tolerance"):
         graphconv.compile(tiny, tmp_path / "b.mindir")

@@ -98,7 +98,7 @@ def check_ascend_variant(variant: AscendVariant, cases, expected, got) -> tuple[
         # few logits in 10^5). The user is told, and how to keep the computation in fp32.
         warning = ("the fp16 inputs the ascend lowering gives " + ", ".join(sorted(variant.ops)) + " (Ascend has no "
                    "fp32 form) move values beyond fp16 tolerance, within 100x of it: " + "; ".join(failures)
-                   + "; --disable-passes " + ",".join(sorted(variant.passes)) + " keeps them in fp32")
+                   + "; " + " ".join(f"--disable-pass {p}" for p in sorted(variant.passes)) + " keeps them in fp32")
     return section, warning
 
 
