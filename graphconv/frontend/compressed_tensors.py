@@ -39,9 +39,10 @@ import numpy as np
 
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend.quantized_activations import QuantizedCheckpoint, StaticLinear
-from graphconv.frontend.quantized_linears import QuantizedLinear
+from graphconv.frontend.quantized_linears import checkpoint_entry, QuantizedLinear
 
 _FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+_WHERE = "the compressed-tensors checkpoint"  # (where an absent tensor is said to be missing from)
 _SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
 _INPUT = ("input_scale", "input_zero_point")
 
@@ -192,12 +193,12 @@ def _linear(checkpoint, module: str, group: Group) -> QuantizedLinear:
     if f"{module}.weight_g_idx" in entries:
         raise UnsupportedError(f"{module}.weight_g_idx: compressed-tensors activation order (g_idx): graphconv does "
                                "not read it yet")
-    scale_shape = _entry(entries, f"{module}.weight_scale")[2]
+    scale_shape = checkpoint_entry(entries, f"{module}.weight_scale", _WHERE)[2]
     if group.format == "pack-quantized":
         n, k = (int(v) for v in checkpoint.tensor(f"{module}.weight_shape").tolist())
         _expect(entries, f"{module}.weight_packed", "I32", (n, -(-k * args.bits // 32)))
     else:
-        n, k = _entry(entries, f"{module}.weight")[2]
+        n, k = checkpoint_entry(entries, f"{module}.weight", _WHERE)[2]
         _expect(entries, f"{module}.weight", "I8", (n, k))
     g = {"group": args.group, "channel": k, "tensor": k}[args.strategy]
     blocks = -(-k // g)
@@ -223,15 +224,15 @@ def _read(checkpoint, module: str, group: Group, n: int, k: int, g: int):
 
     bits, offset = group.weights.bits, 1 << (group.weights.bits - 1)
     if group.format == "pack-quantized":
-        q = unpack(_numpy(checkpoint.tensor(f"{module}.weight_packed")), bits, k)
+        q = unpack(checkpoint.tensor(f"{module}.weight_packed").numpy(), bits, k)
     else:
-        q = (_numpy(checkpoint.tensor(f"{module}.weight")).astype(np.int16) + offset).astype(np.uint8)
+        q = (checkpoint.tensor(f"{module}.weight").numpy().astype(np.int16) + offset).astype(np.uint8)
     scale = checkpoint.tensor(f"{module}.weight_scale").to(torch.float32).numpy()
     scale = np.broadcast_to(scale.reshape(-1, 1) if scale.size == 1 else scale, (n, k // g)).astype(np.float32)
     zp = None
     zp_key = f"{module}.weight_zero_point"
     if not group.weights.symmetric:
-        stored = _numpy(checkpoint.tensor(zp_key))
+        stored = checkpoint.tensor(zp_key).numpy()
         if group.format == "pack-quantized" and stored.dtype == np.int32:
             zp = unpack(np.ascontiguousarray(stored.T), bits, n).T
         else:
@@ -247,7 +248,7 @@ def _static(checkpoint, module: str, lin: QuantizedLinear) -> StaticLinear:
     entries = checkpoint.entries
     for part in _INPUT:
         key = f"{module}.{part}"
-        if (key in entries or part == "input_scale") and int(np.prod(_entry(entries, key)[2])) != 1:
+        if (key in entries or part == "input_scale") and int(np.prod(checkpoint_entry(entries, key, _WHERE)[2])) != 1:
             raise InputError(f"{key} has the shape {list(entries[key][2])}: static per-tensor activations take [1]")
     s_x = float(checkpoint.tensor(f"{module}.input_scale").to(torch.float32).reshape(-1)[0])
     if not (np.isfinite(s_x) and s_x > 0):
@@ -277,18 +278,9 @@ def unpack(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     return (stream.astype(np.uint16) << np.arange(bits, dtype=np.uint16)).sum(-1).astype(np.uint8)
 
 
-def _numpy(tensor) -> np.ndarray:
-    return tensor.numpy()
-
-
-def _entry(entries: dict, key: str) -> tuple:
-    entry = entries.get(key)
-    if entry is None:
-        raise InputError(f"{key} is absent from the compressed-tensors checkpoint")
-    return entry
 
 
 def _expect(entries: dict, key: str, dtype: str, shape: tuple) -> None:
-    _path, stored, stored_shape = _entry(entries, key)
+    _path, stored, stored_shape = checkpoint_entry(entries, key, _WHERE)
     if stored != dtype or tuple(stored_shape) != tuple(shape):
         raise InputError(f"{key} is {stored} {list(stored_shape)}: the format stores {dtype} {list(shape)}")

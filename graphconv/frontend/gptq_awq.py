@@ -39,7 +39,7 @@ import numpy as np
 
 from graphconv.errors import InputError, UnsupportedError
 from graphconv.frontend.compressed_tensors import unpack
-from graphconv.frontend.quantized_linears import QuantizedLinear, WeightOnlyCheckpoint
+from graphconv.frontend.quantized_linears import checkpoint_entry, QuantizedLinear, WeightOnlyCheckpoint
 
 _PARTS = ("qweight", "qzeros", "scales", "g_idx")
 _SCALE_DTYPES = ("F16", "BF16", "F32")
@@ -124,7 +124,7 @@ def _gptq(checkpoint, module: str, s: Scheme) -> QuantizedLinear:
     g_key = f"{module}.g_idx"
     if g_key in entries and _shape(entries, g_key, "I32", 1) != (k,):
         raise InputError(f"{module}.qweight is I32 {[rows, n]} (K={k} {bits}-bit rows), {g_key} has "
-                         f"{_entry(entries, g_key)[2][0]} rows: they disagree on K")
+                         f"{checkpoint_entry(entries, g_key)[2][0]} rows: they disagree on K")
     g = k if s.group == -1 else s.group
     blocks = -(-k // g)
     _scales(entries, f"{module}.scales", (blocks, n))
@@ -133,21 +133,21 @@ def _gptq(checkpoint, module: str, s: Scheme) -> QuantizedLinear:
         raise InputError(f"{zeros_key} is absent from the GPTQ checkpoint")
     _expect(entries, zeros_key, (blocks, n * bits // 32), whole=n * bits % 32 == 0)
     if g_key in entries:
-        g_idx = _numpy(checkpoint.tensor(g_key)).astype(np.int64)
+        g_idx = checkpoint.tensor(g_key).numpy().astype(np.int64)
         if g_idx.min(initial=0) < 0 or g_idx.max(initial=0) >= blocks:
             raise InputError(f"{g_key} holds groups outside 0..{blocks - 1}")
     elif s.desc_act:
         raise InputError(f"{g_key} is absent, and the GPTQ checkpoint has desc_act true")
     else:
         g_idx = np.arange(k) // g
-    zeros = unpack(_numpy(checkpoint.tensor(zeros_key)), bits, n).astype(np.int16) + (1 if s.v1 else 0)
+    zeros = unpack(checkpoint.tensor(zeros_key).numpy(), bits, n).astype(np.int16) + (1 if s.v1 else 0)
     if s.v1 and zeros.max(initial=0) >= 1 << bits:
         raise UnsupportedError(f"{zeros_key} stores {(1 << bits) - 1} in a gptq (v1) checkpoint: the zero point 0 "
                                "written as -1, which readers of the format take differently; graphconv does not "
                                "read it (re-save it as gptq_v2)")
 
     def q() -> np.ndarray:
-        return unpack(np.ascontiguousarray(_numpy(checkpoint.tensor(f"{module}.qweight")).T), bits, k)
+        return unpack(np.ascontiguousarray(checkpoint.tensor(f"{module}.qweight").numpy().T), bits, k)
 
     return _linear(checkpoint, module, (n, k, bits, g), g_idx, zeros.astype(np.uint8), q)
 
@@ -163,14 +163,14 @@ def _awq(checkpoint, module: str, s: Scheme) -> QuantizedLinear:
     order = (np.arange(n).reshape(-1, 8)[:, AWQ_REVERSE_ORDER]).reshape(-1)
     if zeros_key in entries:
         _expect(entries, zeros_key, (blocks, words))
-        zeros = unpack(_numpy(checkpoint.tensor(zeros_key)), 4, n)[:, order]
+        zeros = unpack(checkpoint.tensor(zeros_key).numpy(), 4, n)[:, order]
     elif s.zero_point:
         raise InputError(f"{zeros_key} is absent, and the AWQ checkpoint has zero_point true")
     else:
         zeros = np.full((blocks, n), 8, np.uint8)
 
     def q() -> np.ndarray:
-        return np.ascontiguousarray(unpack(_numpy(checkpoint.tensor(f"{module}.qweight")), 4, n)[:, order].T)
+        return np.ascontiguousarray(unpack(checkpoint.tensor(f"{module}.qweight").numpy(), 4, n)[:, order].T)
 
     return _linear(checkpoint, module, (n, k, 4, g), np.arange(k) // g, zeros, q)
 
@@ -194,19 +194,10 @@ def _linear(checkpoint, module: str, dims: tuple, g_idx: np.ndarray, zeros: np.n
     return QuantizedLinear(f"{module}.weight", n, k, bits, g if contiguous else 1, zero_points, read, why)
 
 
-def _numpy(tensor) -> np.ndarray:
-    return tensor.numpy()
-
-
-def _entry(entries: dict, key: str) -> tuple:
-    entry = entries.get(key)
-    if entry is None:
-        raise InputError(f"{key} is absent from the checkpoint")
-    return entry
 
 
 def _shape(entries: dict, key: str, dtype: str, rank: int = 2) -> tuple:
-    _path, stored, shape = _entry(entries, key)
+    _path, stored, shape = checkpoint_entry(entries, key)
     if stored != dtype or len(shape) != rank:
         raise InputError(f"{key} is {stored} {list(shape)}: the format stores {dtype} of rank {rank}")
     return tuple(shape)
@@ -214,7 +205,7 @@ def _shape(entries: dict, key: str, dtype: str, rank: int = 2) -> tuple:
 
 def _expect(entries: dict, key: str, shape: tuple, whole: bool = True) -> None:
     """`key` is int32 of `shape`; `whole`: its values fill whole int32 words."""
-    _path, stored, stored_shape = _entry(entries, key)
+    _path, stored, stored_shape = checkpoint_entry(entries, key)
     if not whole:
         raise InputError(f"{key} is {stored} {list(stored_shape)}: its packing does not fill whole int32 words")
     if stored != "I32" or tuple(stored_shape) != tuple(shape):
@@ -222,6 +213,6 @@ def _expect(entries: dict, key: str, shape: tuple, whole: bool = True) -> None:
 
 
 def _scales(entries: dict, key: str, shape: tuple) -> None:
-    _path, stored, stored_shape = _entry(entries, key)
+    _path, stored, stored_shape = checkpoint_entry(entries, key)
     if stored not in _SCALE_DTYPES or tuple(stored_shape) != tuple(shape):
         raise InputError(f"{key} is {stored} {list(stored_shape)}: the format stores F16 {list(shape)}")

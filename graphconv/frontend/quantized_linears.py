@@ -88,6 +88,16 @@ def _pack(values: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
+def checkpoint_entry(entries: dict, key: str, where: str = "the checkpoint") -> tuple:
+    """A tensor's (file, dtype, shape) in a checkpoint's entries, or one line naming the absent tensor."""
+    from graphconv.errors import InputError
+
+    entry = entries.get(key)
+    if entry is None:
+        raise InputError(f"{key} is absent from {where}")
+    return entry
+
+
 class WeightOnlyCheckpoint:
     """A checkpoint whose quantized Linear weights read as their fp32 dequantized values (the Checkpoint
     interface: `entries`, `tensor`); `linears` keeps each one's integers for `to_matmul_nbits`."""
